@@ -1,0 +1,1 @@
+//! gpu-tenancy: share GPUs between teams on Kubernetes.
