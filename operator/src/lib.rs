@@ -1,1 +1,7 @@
 //! gpu-tenancy: share GPUs between teams on Kubernetes.
+//!
+//! Pure decisions live in [`mig`], [`policy`] and [`planner`]: no network, no NVML. The command
+//! line in [`cli`] and the loops that come later are thin shells around them.
+
+pub mod api;
+pub mod mig;

@@ -1,0 +1,247 @@
+//! `GpuNode`: one per GPU node. The controller owns `spec` (the resolved desired state), the agent
+//! owns `status` (what the GPUs really are, and whether the spec is applied).
+
+use super::{Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The desired GPU state of one node, fully resolved, and what its agent reports.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "gputenancy.io",
+    version = "v1alpha1",
+    kind = "GpuNode",
+    plural = "gpunodes",
+    shortname = "gn",
+    category = "gputenancy",
+    status = "GpuNodeStatus",
+    printcolumn = r#"{"name":"Plan","type":"string","jsonPath":".spec.plan","description":"GpuPartitionPlan that governs this node"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount","description":"GPUs the agent found"}"#,
+    printcolumn = r#"{"name":"Layout","type":"string","jsonPath":".status.layout","description":"Per-GPU mode and MIG instances as applied"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeSpec {
+    /// The GpuPartitionPlan this state comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// Desired state per GPU. GPUs not listed are left as they are.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["index"]))]
+    pub gpus: Vec<GpuSpec>,
+    /// Key of the device-plugin ConfigMap this node uses (label `nvidia.com/device-plugin.config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_plugin_config: Option<String>,
+}
+
+/// Desired state of one GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.mode == 'MIG' || size(self.migInstances) == 0",
+     "message": "migInstances are allowed only with mode MIG", "fieldPath": ".migInstances", "reason": "FieldValueForbidden"}
+]))]
+pub struct GpuSpec {
+    /// GPU index as NVML numbers it.
+    #[schemars(range(max = 63))]
+    pub index: u32,
+    pub mode: Mode,
+    /// MIG instances with their placements; instances not listed are destroyed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub mig_instances: Vec<MigInstanceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingSettings>,
+    /// Tenants whose pods may run on the whole GPU (MPS, TimeSlicing, Exclusive), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
+    /// When to clear memory before the GPU or its instances change hands.
+    #[serde(default)]
+    pub scrub: ScrubMemory,
+}
+
+/// A MIG GPU instance (with one compute instance spanning it) at a fixed placement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstanceSpec {
+    #[schemars(extend("pattern" = r"^[1-7]g\.[0-9]+gb(\+me)?$"))]
+    pub profile: String,
+    pub placement: Placement,
+    /// Tenant this instance is reserved for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// A run of memory slices: `start:size`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub struct Placement {
+    #[schemars(range(max = 7))]
+    pub start: u32,
+    #[schemars(range(min = 1, max = 8))]
+    pub size: u32,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.start, self.size)
+    }
+}
+
+/// What the agent sees on the node, and whether the spec is applied.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_count: Option<u32>,
+    /// One line for `kubectl get`: per GPU its mode or MIG instances, e.g. `0:3g.40gb+2g.20gb 1:MPS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsDaemonStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverInfo {
+    pub driver_version: String,
+    pub nvml_version: String,
+    /// CUDA driver API version, e.g. `12.4`.
+    pub cuda_version: String,
+}
+
+/// One GPU as the driver reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuStatus {
+    pub index: u32,
+    #[serde(rename = "uuid")]
+    pub uuid: String,
+    pub name: String,
+    /// PCI device ID with vendor, as NVML and mig-parted write it: `0x233010DE`.
+    pub pci_device_id: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+    /// `Default`, `ExclusiveProcess` or `Prohibited`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<MigModeStatus>,
+    /// GPU instance profiles with IDs and placements, as the driver reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub profiles: Vec<MigProfileStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<MigInstanceStatus>,
+    /// Compute processes running on the GPU or its instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessStatus>,
+    /// Mode and tenants as last applied by the agent (what a change of hands is measured against).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_tenants: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<ScrubRecord>,
+    /// Whether this GPU matches its spec; `None` when the spec does not mention it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<bool>,
+    /// CamelCase reason when not applied (`Busy`, `ResetRequired`, `Failed`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct MigModeStatus {
+    pub current: bool,
+    pub pending: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigProfileStatus {
+    /// Profile ID as `nvidia-smi mig -lgip` prints it (not the NVML enum index).
+    pub id: u32,
+    pub name: String,
+    pub compute_slices: u32,
+    pub memory_slices: u32,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    pub max_instances: u32,
+    pub placements: Vec<Placement>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstanceStatus {
+    pub gpu_instance_id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+    pub profile_id: u32,
+    pub profile: String,
+    pub placement: Placement,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Tenant the instance was last applied for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<ScrubRecord>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessStatus {
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+    #[serde(default, rename = "usedMemoryMiB", skip_serializing_if = "Option::is_none")]
+    pub used_memory_mib: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrubRecord {
+    /// RFC 3339 time the scrub finished.
+    pub time: String,
+    /// `Scrubbed`, `Skipped` (policy Never) or `Failed`.
+    pub result: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, rename = "bytesCleared", skip_serializing_if = "Option::is_none")]
+    pub bytes_cleared: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemonStatus {
+    pub running: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// UUIDs of the GPUs the daemon serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

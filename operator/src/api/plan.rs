@@ -1,0 +1,168 @@
+//! `GpuPartitionPlan`: how the GPUs of selected nodes are cut.
+
+use super::{Mode, conditions::conditions_schema};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How the GPUs of the selected nodes are cut: MIG layouts, MPS, time-slicing or whole GPUs.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gputenancy.io",
+    version = "v1alpha1",
+    kind = "GpuPartitionPlan",
+    plural = "gpupartitionplans",
+    shortname = "gpp",
+    category = "gputenancy",
+    status = "GpuPartitionPlanStatus",
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"The higher plan wins a node two plans select"}"#,
+    printcolumn = r#"{"name":"Selected","type":"integer","jsonPath":".status.nodes.selected","description":"Nodes this plan governs"}"#,
+    printcolumn = r#"{"name":"Applied","type":"integer","jsonPath":".status.nodes.applied","description":"Nodes whose GPUs match the plan"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPartitionPlanSpec {
+    /// Nodes this plan applies to (e.g. by `nvidia.com/gpu.product`).
+    #[serde(default)]
+    pub node_selector: LabelSelector,
+    /// When two plans select a node the higher priority wins; a tie is a conflict and neither applies.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+    /// GPU groups by device index, each with its sharing mode.
+    #[schemars(length(min = 1, max = 16))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "!self.exists(g, g.devices == 'all') || self.size() == 1",
+         "message": "devices 'all' must be the only GPU group of a plan", "reason": "FieldValueInvalid"}
+    ]))]
+    pub gpus: Vec<GpuGroup>,
+    /// How fast the change rolls across nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// GPUs of a node, by index, and how they are shared.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.mode == 'MIG' ? has(self.mig) : !has(self.mig)",
+     "message": "mig settings are required with mode MIG and allowed only with it", "fieldPath": ".mig", "reason": "FieldValueInvalid"},
+    {"rule": "self.mode == 'MPS' || !has(self.mps)",
+     "message": "mps settings are allowed only with mode MPS", "fieldPath": ".mps", "reason": "FieldValueForbidden"},
+    {"rule": "self.mode == 'TimeSlicing' ? has(self.timeSlicing) : !has(self.timeSlicing)",
+     "message": "timeSlicing settings are required with mode TimeSlicing and allowed only with it", "fieldPath": ".timeSlicing", "reason": "FieldValueInvalid"}
+]))]
+pub struct GpuGroup {
+    /// Device indices: `all`, `0,2`, `4-7`, `0-3,6`.
+    #[schemars(length(min = 1, max = 64), extend("pattern" = r"^(all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$"))]
+    pub devices: String,
+    pub mode: Mode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingSettings>,
+    /// Dedicate these GPUs to these tenants; no other tenant is granted them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "set"))]
+    pub tenants: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigSettings {
+    /// MIG profiles to create on each GPU of the group, e.g. `[3g.40gb, 2g.20gb, 2g.20gb]`.
+    #[schemars(length(min = 1, max = 7))]
+    #[schemars(extend("items" = {"type": "string", "pattern": r"^[1-7]g\.[0-9]+gb(\+me)?$"}))]
+    pub profiles: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsSettings {
+    /// Client shares one GPU is divided into.
+    #[serde(default = "default_mps_clients")]
+    #[schemars(range(min = 2, max = 48))]
+    pub max_clients: u32,
+    /// Default share of SMs for each client (`set_default_active_thread_percentage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub active_thread_percentage: Option<u32>,
+    /// Default pinned device memory per client (`set_default_device_pinned_mem_limit`), e.g. `20Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = super::QUANTITY_PATTERN))]
+    pub pinned_memory_limit: Option<String>,
+}
+
+fn default_mps_clients() -> u32 {
+    4
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlicingSettings {
+    /// How many replicas the device plugin advertises each GPU as.
+    #[schemars(range(min = 2, max = 64))]
+    pub replicas: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// Nodes reconfiguring at once: a number (at least 1) or a percentage like `25%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "type(self) == int ? self >= 1 : self.matches('^[1-9][0-9]?%$|^100%$')",
+         "message": "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%", "reason": "FieldValueInvalid"}
+    ]))]
+    pub max_unavailable: Option<IntOrString>,
+    /// What to do when a GPU to change still runs processes.
+    #[serde(default)]
+    pub busy_gpu_policy: BusyGpuPolicy,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum BusyGpuPolicy {
+    /// Leave the GPU as it is until its processes end.
+    #[default]
+    Wait,
+    /// Evict the pods that use the GPU.
+    Evict,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPartitionPlanStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<PlanNodeCounts>,
+    /// Nodes not (yet) applied, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_details: Vec<PlanNodeDetail>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanNodeCounts {
+    pub selected: u32,
+    pub applied: u32,
+    pub pending: u32,
+    pub failed: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanNodeDetail {
+    pub node: String,
+    /// `Pending`, `Failed` or `Conflict`.
+    pub state: String,
+    pub message: String,
+}

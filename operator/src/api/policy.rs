@@ -1,0 +1,150 @@
+//! `SharingPolicy`: which isolation each trust tier may use.
+
+use super::{Mode, conditions::conditions_schema};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Which isolation each trust tier may use, and the guards that apply to all of them.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gputenancy.io",
+    version = "v1alpha1",
+    kind = "SharingPolicy",
+    plural = "sharingpolicies",
+    shortname = "gsp",
+    category = "gputenancy",
+    status = "SharingPolicyStatus",
+    printcolumn = r#"{"name":"Tiers","type":"string","jsonPath":".spec.tiers[*].name","description":"Trust tiers this policy defines"}"#,
+    printcolumn = r#"{"name":"Headroom","type":"integer","jsonPath":".spec.memoryHeadroomPercent","description":"Percent of shared GPU memory never granted"}"#,
+    printcolumn = r#"{"name":"Tenants","type":"integer","jsonPath":".status.tenants","description":"Tenants that reference this policy"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingPolicySpec {
+    /// Trust tiers, each with the sharing modes its tenants may receive.
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.all(t, self.filter(u, u.name == t.name).size() == 1)",
+         "message": "tier names must be unique", "reason": "FieldValueDuplicate"}
+    ]))]
+    pub tiers: Vec<Tier>,
+
+    /// Percent of a shared (MPS) GPU's memory never handed out as pinned memory: an overcommit guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 90))]
+    pub memory_headroom_percent: Option<u32>,
+
+    /// Limits on MPS GPUs that serve this policy's tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsPolicy>,
+
+    /// Limits on time-sliced GPUs that serve this policy's tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingPolicy>,
+
+    /// Keep a tenant's multi-GPU grants on one NUMA domain of one node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologyPolicy>,
+}
+
+/// One trust tier.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tier {
+    /// Name tenants use in `spec.tier`.
+    #[schemars(length(min = 1, max = 63), extend("pattern" = super::DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// Sharing modes tenants of this tier may receive.
+    #[schemars(length(min = 1, max = 4), extend("x-kubernetes-list-type" = "set"))]
+    pub modes: Vec<Mode>,
+    /// Whether tenants of this tier may share a non-MIG GPU with other tenants.
+    #[serde(default)]
+    pub co_location: CoLocation,
+    /// When the agent clears GPU memory before a GPU or MIG instance serves this tier's tenant.
+    #[serde(default)]
+    pub scrub_memory: ScrubMemory,
+}
+
+/// May a tier's tenants share a non-MIG GPU (MPS, time-slicing) with other tenants?
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum CoLocation {
+    /// Never: each non-MIG GPU serves this tenant alone.
+    Forbidden,
+    /// Only with tenants of the same tier.
+    #[default]
+    SameTier,
+}
+
+/// When GPU memory is cleared before a GPU or MIG instance is handed to a tenant.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum ScrubMemory {
+    /// Never clear (the GpuNode status says scrubbing was skipped).
+    Never,
+    /// Clear when the GPU or instance changes tenant or mode.
+    #[default]
+    OnTenantChange,
+    /// Clear on every (re)configuration, even for the same tenant.
+    Always,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsPolicy {
+    /// Most MPS clients one GPU may serve (Hopper supports 48).
+    #[schemars(range(min = 1, max = 48))]
+    pub max_clients_per_gpu: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlicingPolicy {
+    /// Most time-slicing replicas one GPU may be advertised as.
+    #[schemars(range(min = 2, max = 64))]
+    pub max_replicas: u32,
+}
+
+/// How strongly a tenant's multi-GPU grants stay on one NUMA domain of one node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TopologyPolicy {
+    /// A multi-GPU request is granted only on one NUMA domain.
+    Required,
+    /// Prefer one NUMA domain, spread when none has room.
+    #[default]
+    Preferred,
+    /// Place GPUs anywhere.
+    Ignore,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Number of tenants that reference this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+impl SharingPolicySpec {
+    pub fn tier(&self, name: &str) -> Option<&Tier> {
+        self.tiers.iter().find(|t| t.name == name)
+    }
+
+    pub fn headroom_percent(&self) -> u32 {
+        self.memory_headroom_percent.unwrap_or(0)
+    }
+
+    pub fn max_mps_clients(&self) -> u32 {
+        self.mps.as_ref().map_or(48, |m| m.max_clients_per_gpu)
+    }
+
+    pub fn max_time_slicing_replicas(&self) -> u32 {
+        self.time_slicing.as_ref().map_or(64, |t| t.max_replicas)
+    }
+}

@@ -1,0 +1,166 @@
+//! `GpuTenant`: a team, its namespaces, what it asks for and its limits.
+
+use super::{Mode, conditions::conditions_schema};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A team, its namespaces, the GPU capacity it asks for and its limits.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gputenancy.io",
+    version = "v1alpha1",
+    kind = "GpuTenant",
+    plural = "gputenants",
+    shortname = "gt",
+    category = "gputenancy",
+    status = "GpuTenantStatus",
+    printcolumn = r#"{"name":"Tier","type":"string","jsonPath":".spec.tier","description":"Trust tier"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Higher is served first when capacity is short"}"#,
+    printcolumn = r#"{"name":"Granted","type":"string","jsonPath":".status.summary","description":"Units granted of units requested"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuTenantSpec {
+    /// Trust tier, one of the referenced SharingPolicy's `spec.tiers[].name`.
+    #[schemars(length(min = 1, max = 63), extend("pattern" = super::DNS_LABEL_PATTERN))]
+    pub tier: String,
+
+    /// Name of the SharingPolicy that defines the tier.
+    #[serde(default = "default_policy_ref")]
+    #[schemars(length(min = 1, max = 253))]
+    pub policy_ref: String,
+
+    /// Namespaces whose pods use this tenant's capacity.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "set", "items" = {"type": "string", "maxLength": 63, "pattern": super::DNS_LABEL_PATTERN}))]
+    pub namespaces: Vec<String>,
+
+    /// Higher is served first when capacity is short.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+
+    /// Fair-share weight among tenants of equal priority.
+    #[serde(default = "default_weight")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: u32,
+
+    /// Capacity to reserve for this tenant.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub resources: Vec<ResourceRequest>,
+
+    /// Caps that apply to all of this tenant's grants and pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<TenantLimits>,
+}
+
+fn default_policy_ref() -> String {
+    "default".to_string()
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// One kind of capacity a tenant asks for.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.mode != 'MIG' || has(self.profile)", "message": "a MIG request needs a profile, e.g. 3g.40gb",
+     "fieldPath": ".profile", "reason": "FieldValueRequired"},
+    {"rule": "self.mode == 'MIG' || !has(self.profile)", "message": "profile applies only to mode MIG",
+     "fieldPath": ".profile", "reason": "FieldValueForbidden"}
+]))]
+pub struct ResourceRequest {
+    /// Sharing mode of this capacity.
+    pub mode: Mode,
+    /// MIG profile name as the GPU reports it (e.g. `3g.40gb`); only and always with mode MIG.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = r"^[1-7]g\.[0-9]+gb(\+me)?$"))]
+    pub profile: Option<String>,
+    /// MIG instances, whole GPUs (Exclusive) or client shares (MPS, TimeSlicing).
+    #[schemars(range(min = 1, max = 10000))]
+    pub count: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantLimits {
+    /// Most GPUs (or GPU shares) one pod may request; becomes a LimitRange in each namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_gpus_per_pod: Option<u32>,
+    /// Cap on the GPU memory of all grants together, e.g. `160Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = super::QUANTITY_PATTERN))]
+    pub memory: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuTenantStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Granted units of requested units, e.g. `5/7`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// What is reserved for this tenant, GPU by GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+    /// Requested and granted units per kind of capacity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocation: Vec<AllocationSummary>,
+    /// GPU memory of all grants, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_memory_mib: Option<u64>,
+    /// Quota state per namespace (written by the controller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceQuotaState>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Capacity reserved for a tenant on one GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    pub node: String,
+    /// GPU index on the node.
+    pub gpu: u32,
+    #[serde(default, rename = "gpuUUID", skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
+    pub mode: Mode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// MIG placement `start:size` in memory slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    #[serde(default, rename = "instanceUUID", skip_serializing_if = "Option::is_none")]
+    pub instance_uuid: Option<String>,
+    /// Units on this GPU: 1 for a MIG instance or an exclusive GPU, client shares for MPS and TimeSlicing.
+    pub count: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationSummary {
+    pub mode: Mode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    pub requested: u32,
+    pub granted: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceQuotaState {
+    pub namespace: String,
+    /// `Enforced`, `Missing` (namespace does not exist) or `Conflict` (claimed by another tenant).
+    pub state: String,
+}
