@@ -5,3 +5,4 @@
 
 pub mod api;
 pub mod mig;
+pub mod cli;

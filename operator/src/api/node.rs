@@ -42,7 +42,7 @@ pub struct GpuNodeSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "self.mode == 'MIG' || size(self.migInstances) == 0",
+    {"rule": "self.mode == 'MIG' || !has(self.migInstances) || size(self.migInstances) == 0",
      "message": "migInstances are allowed only with mode MIG", "fieldPath": ".migInstances", "reason": "FieldValueForbidden"}
 ]))]
 pub struct GpuSpec {
