@@ -6,3 +6,8 @@
 pub mod api;
 pub mod mig;
 pub mod cli;
+pub mod migparted;
+pub mod inventory;
+pub mod planner;
+pub mod policy;
+pub mod problem;

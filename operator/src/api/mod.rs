@@ -111,6 +111,9 @@ pub fn quantity_to_mib(q: &str) -> Option<u64> {
 /// The byte quantities the CRDs accept (a subset of Kubernetes quantities: no exponents, no milli).
 pub const QUANTITY_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(k|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$";
 
+/// MIG profile names as NVIDIA writes them: `3g.40gb`, `1g.10gb+me`, `1g.24gb+gfx`, `1g.24gb-me`.
+pub const MIG_PROFILE_PATTERN: &str = r"^[1-7]g\.[0-9]+gb([+-][a-z]+(\.[a-z]+)?)?$";
+
 /// Names of tenants, tiers, policies and namespaces: RFC 1123 labels.
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
     plural = "gpunodes",
     shortname = "gn",
     category = "gputenancy",
+    derive = "PartialEq",
     status = "GpuNodeStatus",
     printcolumn = r#"{"name":"Plan","type":"string","jsonPath":".spec.plan","description":"GpuPartitionPlan that governs this node"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount","description":"GPUs the agent found"}"#,
@@ -70,7 +71,7 @@ pub struct GpuSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigInstanceSpec {
-    #[schemars(extend("pattern" = r"^[1-7]g\.[0-9]+gb(\+me)?$"))]
+    #[schemars(extend("pattern" = super::MIG_PROFILE_PATTERN))]
     pub profile: String,
     pub placement: Placement,
     /// Tenant this instance is reserved for, if any.

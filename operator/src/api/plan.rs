@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
     plural = "gpupartitionplans",
     shortname = "gpp",
     category = "gputenancy",
+    derive = "PartialEq",
     status = "GpuPartitionPlanStatus",
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"The higher plan wins a node two plans select"}"#,
     printcolumn = r#"{"name":"Selected","type":"integer","jsonPath":".status.nodes.selected","description":"Nodes this plan governs"}"#,
@@ -76,12 +77,14 @@ pub struct GpuGroup {
 #[serde(rename_all = "camelCase")]
 pub struct MigSettings {
     /// MIG profiles to create on each GPU of the group, e.g. `[3g.40gb, 2g.20gb, 2g.20gb]`.
-    #[schemars(length(min = 1, max = 7))]
-    #[schemars(extend("items" = {"type": "string", "pattern": r"^[1-7]g\.[0-9]+gb(\+me)?$"}))]
+    /// Empty means MIG mode on with no instances (mig-parted's `all-enabled`).
+    #[serde(default)]
+    #[schemars(length(max = 7))]
+    #[schemars(extend("items" = {"type": "string", "pattern": super::MIG_PROFILE_PATTERN}))]
     pub profiles: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsSettings {
     /// Client shares one GPU is divided into.
@@ -100,6 +103,12 @@ pub struct MpsSettings {
 
 fn default_mps_clients() -> u32 {
     4
+}
+
+impl Default for MpsSettings {
+    fn default() -> Self {
+        MpsSettings { max_clients: default_mps_clients(), active_thread_percentage: None, pinned_memory_limit: None }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

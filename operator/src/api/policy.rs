@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
     plural = "sharingpolicies",
     shortname = "gsp",
     category = "gputenancy",
+    derive = "PartialEq",
     status = "SharingPolicyStatus",
     printcolumn = r#"{"name":"Tiers","type":"string","jsonPath":".spec.tiers[*].name","description":"Trust tiers this policy defines"}"#,
     printcolumn = r#"{"name":"Headroom","type":"integer","jsonPath":".spec.memoryHeadroomPercent","description":"Percent of shared GPU memory never granted"}"#,

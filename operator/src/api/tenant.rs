@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
     plural = "gputenants",
     shortname = "gt",
     category = "gputenancy",
+    derive = "PartialEq",
     status = "GpuTenantStatus",
     printcolumn = r#"{"name":"Tier","type":"string","jsonPath":".spec.tier","description":"Trust tier"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Higher is served first when capacity is short"}"#,
@@ -81,7 +82,7 @@ pub struct ResourceRequest {
     pub mode: Mode,
     /// MIG profile name as the GPU reports it (e.g. `3g.40gb`); only and always with mode MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = r"^[1-7]g\.[0-9]+gb(\+me)?$"))]
+    #[schemars(extend("pattern" = super::MIG_PROFILE_PATTERN))]
     pub profile: Option<String>,
     /// MIG instances, whole GPUs (Exclusive) or client shares (MPS, TimeSlicing).
     #[schemars(range(min = 1, max = 10000))]

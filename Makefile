@@ -1,0 +1,47 @@
+# gpu-tenancy: `make plan` runs it on the examples, `make test` tests it.
+
+CARGO ?= cargo
+E2E_PACKAGE := gpu-tenancy-e2e
+
+.PHONY: help build test unit lint fmt crds validate plan bench
+
+help:
+	@echo "make plan      offline plan of examples/ on examples/inventory.yaml"
+	@echo "make validate  validate examples/"
+	@echo "make test      unit, property and integration tests, then the e2e suite on a real kube-apiserver"
+	@echo "make unit      only the tests that need no control plane"
+	@echo "make e2e-up    start a local control plane (kube-apiserver + etcd) and print its KUBECONFIG"
+	@echo "make bench     criterion benchmarks (solver, planner)"
+	@echo "make lint      rustfmt check and clippy with warnings denied"
+	@echo "make crds      regenerate crds/ from the Rust types"
+
+build:
+	$(CARGO) build --workspace
+
+test: unit e2e
+
+# Build everything first: some tests drive the built binaries and the simulated NVML library.
+unit:
+	$(CARGO) build --workspace
+	$(CARGO) test --workspace --exclude $(E2E_PACKAGE)
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+crds:
+	$(CARGO) run -q -p gpu-tenancy -- crd --out-dir crds
+
+validate:
+	$(CARGO) run -q -p gpu-tenancy -- validate -f examples/
+
+plan:
+	$(CARGO) run -q -p gpu-tenancy -- plan -f examples/ --inventory examples/inventory.yaml
+
+bench:
+	$(CARGO) bench -p gpu-tenancy
+
+include e2e/e2e.mk

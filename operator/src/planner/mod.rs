@@ -1,0 +1,74 @@
+//! The planner, pure: from policies, tenants, plans and node inventories, each node's desired
+//! GpuNode spec and each tenant's grants, with conditions. Deterministic: the same input always
+//! gives the same output, and feeding its own output back as the current state changes nothing.
+
+mod allocate;
+mod devices;
+mod fairshare;
+mod nodes;
+mod status;
+
+pub use devices::{expand_devices, parse_devices, selector_matches, selector_problems};
+pub use fairshare::weighted_fair_share;
+
+use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
+use crate::inventory::NodeInventory;
+use crate::policy::{check_plan, check_policies, check_tenants};
+use crate::problem::Problem;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use serde::Serialize;
+use std::collections::BTreeSet;
+
+/// Everything the planner looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInput<'a> {
+    pub policies: &'a [SharingPolicy],
+    pub tenants: &'a [GpuTenant],
+    pub plans: &'a [GpuPartitionPlan],
+    pub nodes: &'a [NodeInventory],
+}
+
+/// What the controller would write.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct PlanOutput {
+    /// One GpuNode per inventory node with its desired spec, sorted by name.
+    pub nodes: Vec<GpuNode>,
+    /// Every tenant with its computed status, sorted by name.
+    pub tenants: Vec<GpuTenant>,
+    /// Every plan with its computed status, sorted by name.
+    pub plans: Vec<GpuPartitionPlan>,
+    /// Every problem found, sorted.
+    pub problems: Vec<Problem>,
+}
+
+/// Plans a fleet. `now` stamps condition transition times; pass a fixed time for reproducible output.
+pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
+    let mut problems = check_policies(input.policies);
+    let tenant_check = check_tenants(input.policies, input.tenants);
+    problems.extend(tenant_check.invalid.values().flatten().cloned());
+
+    let tenant_names: BTreeSet<String> = input.tenants.iter().map(|t| t.name_any()).collect();
+    let mut plans: Vec<&GpuPartitionPlan> = input.plans.iter().collect();
+    plans.sort_by_key(|p| p.name_any());
+    let plan_checks: Vec<_> = plans.iter().map(|p| check_plan(p, &tenant_names, &[])).collect();
+    for c in &plan_checks {
+        problems.extend(c.problems.iter().cloned());
+    }
+
+    let mut fleet = nodes::build_fleet(input.nodes, &plans, &plan_checks);
+    problems.extend(fleet.problems.iter().cloned());
+
+    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes);
+
+    let nodes = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();
+    let tenants = status::tenant_statuses(input.tenants, &tenant_check, &grants, now);
+    let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, now);
+
+    problems.sort();
+    problems.dedup();
+    PlanOutput { nodes, tenants, plans: plan_statuses, problems }
+}
+
+#[cfg(test)]
+mod tests;

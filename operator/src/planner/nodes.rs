@@ -1,0 +1,199 @@
+//! Which plan governs each node, and the node's desired GPU layout under it.
+
+use super::devices::{expand_devices, selector_matches};
+use crate::api::{GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory};
+use crate::inventory::NodeInventory;
+use crate::mig::{diff_layout, solve_named};
+use crate::policy::PlanCheck;
+use crate::problem::Problem;
+use kube::ResourceExt;
+use std::collections::{BTreeMap, HashMap};
+
+/// Why a node has no applied plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    /// The plan's layout is resolved for this node.
+    Planned,
+    /// No plan selects the node.
+    Unplanned,
+    /// Two plans of equal priority select it; neither applies.
+    Conflict(String),
+    /// The winning plan cannot be applied to this node (or is invalid); GPUs are left as they are.
+    Failed(String),
+}
+
+/// One node's desired state while the planner works on it.
+#[derive(Clone, Debug)]
+pub struct NodeDesired<'a> {
+    pub inventory: &'a NodeInventory,
+    pub plan: Option<String>,
+    pub state: NodeState,
+    pub gpus: Vec<GpuSpec>,
+    /// Per entry of `gpus`: the tenants the plan dedicates that GPU to (empty: open to all).
+    pub dedicated: Vec<Vec<String>>,
+}
+
+pub struct Fleet<'a> {
+    pub nodes: Vec<NodeDesired<'a>>,
+    pub problems: Vec<Problem>,
+}
+
+impl NodeDesired<'_> {
+    pub fn to_gpu_node(&self) -> GpuNode {
+        let mut node = GpuNode::new(
+            &self.inventory.name,
+            GpuNodeSpec { plan: self.plan.clone(), gpus: self.gpus.clone(), device_plugin_config: None },
+        );
+        node.spec.device_plugin_config = device_plugin_config(&self.gpus);
+        node
+    }
+}
+
+/// Key of the device-plugin config a node needs: one sharing setting per node (FACTS.md §3).
+fn device_plugin_config(gpus: &[GpuSpec]) -> Option<String> {
+    gpus.iter().find_map(|g| match g.mode {
+        Mode::Mps => Some(format!("mps-{}", g.mps.as_ref().map_or(4, |m| m.max_clients))),
+        Mode::TimeSlicing => Some(format!("time-slicing-{}", g.time_slicing.as_ref().map_or(1, |t| t.replicas))),
+        _ => None,
+    })
+}
+
+type LayoutMemo = HashMap<(usize, usize, &'static str), Result<Vec<MigInstanceSpec>, String>>;
+
+/// Picks each node's plan and resolves its layout. Plans come sorted by name, with their checks.
+pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], checks: &[PlanCheck]) -> Fleet<'a> {
+    let mut problems = Vec::new();
+    let mut memo: LayoutMemo = HashMap::new();
+    let mut sorted: Vec<&NodeInventory> = nodes.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    // Conflicts are reported once per plan pair, with the nodes they cover counted.
+    let mut conflicts: BTreeMap<(usize, usize), Vec<&str>> = BTreeMap::new();
+
+    let mut out = Vec::with_capacity(sorted.len());
+    for inv in sorted {
+        let mut candidates: Vec<usize> =
+            (0..plans.len()).filter(|&i| selector_matches(&plans[i].spec.node_selector, &inv.labels)).collect();
+        candidates.sort_by_key(|&i| std::cmp::Reverse(plans[i].spec.priority));
+        let mut node = NodeDesired { inventory: inv, plan: None, state: NodeState::Unplanned, gpus: vec![], dedicated: vec![] };
+        match candidates.as_slice() {
+            [] => {}
+            [first, second, ..] if plans[*first].spec.priority == plans[*second].spec.priority => {
+                let tied: Vec<usize> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&i| plans[i].spec.priority == plans[*first].spec.priority)
+                    .collect();
+                let names: Vec<String> = tied.iter().map(|&i| plans[i].name_any()).collect();
+                for (a, &i) in tied.iter().enumerate() {
+                    for &j in &tied[a + 1..] {
+                        conflicts.entry((i.min(j), i.max(j))).or_default().push(&inv.name);
+                    }
+                }
+                node.state = NodeState::Conflict(format!(
+                    "selected by {} at the same priority {}",
+                    names.join(" and "),
+                    plans[*first].spec.priority
+                ));
+            }
+            [winner, ..] => {
+                let plan = plans[*winner];
+                node.plan = Some(plan.name_any());
+                if !checks[*winner].is_valid() {
+                    node.state = NodeState::Failed("the plan is not valid; see its Valid condition".into());
+                } else {
+                    match resolve_layout(*winner, plan, inv, &mut memo) {
+                        Ok((gpus, dedicated)) => {
+                            node.gpus = gpus;
+                            node.dedicated = dedicated;
+                            node.state = NodeState::Planned;
+                        }
+                        Err((field, message)) => {
+                            problems.push(Problem::new(
+                                "GpuPartitionPlan",
+                                &plan.name_any(),
+                                field,
+                                format!("node {}: {message}", inv.name),
+                            ));
+                            node.state = NodeState::Failed(message);
+                        }
+                    }
+                }
+            }
+        }
+        out.push(node);
+    }
+    for ((i, j), nodes) in conflicts {
+        for (me, other) in [(i, j), (j, i)] {
+            problems.push(Problem::new(
+                "GpuPartitionPlan",
+                &plans[me].name_any(),
+                "spec.nodeSelector",
+                format!(
+                    "selects {} node{} ({}{}) that GpuPartitionPlan/{} also selects at the same priority {}; neither applies there. Raise one plan's priority or narrow a selector",
+                    nodes.len(),
+                    if nodes.len() == 1 { "" } else { "s" },
+                    nodes.iter().take(3).copied().collect::<Vec<_>>().join(", "),
+                    if nodes.len() > 3 { ", ..." } else { "" },
+                    plans[other].name_any(),
+                    plans[me].spec.priority
+                ),
+            ));
+        }
+    }
+    Fleet { nodes: out, problems }
+}
+
+type Resolved = (Vec<GpuSpec>, Vec<Vec<String>>);
+
+/// The plan's groups on this node's GPUs. Errors carry the plan field and a message.
+fn resolve_layout(
+    plan_idx: usize,
+    plan: &GpuPartitionPlan,
+    inv: &NodeInventory,
+    memo: &mut LayoutMemo,
+) -> Result<Resolved, (String, String)> {
+    let count = inv.gpus.len() as u32;
+    let mut gpus = Vec::new();
+    let mut dedicated = Vec::new();
+    for (g, group) in plan.spec.gpus.iter().enumerate() {
+        let field = format!("spec.gpus[{g}].devices");
+        let indices = expand_devices(&group.devices, count).map_err(|e| (field.clone(), e))?;
+        for index in indices {
+            let Some(gpu) = inv.gpus.get(index as usize) else {
+                return Err((field, format!("has {count} GPUs, so GPU {index} does not exist")));
+            };
+            let mut spec = GpuSpec {
+                index,
+                mode: group.mode,
+                mig_instances: vec![],
+                mps: group.mps.clone(),
+                time_slicing: group.time_slicing.clone(),
+                tenants: vec![],
+                scrub: ScrubMemory::default(),
+            };
+            if group.mode == Mode::Mps && spec.mps.is_none() {
+                spec.mps = Some(Default::default());
+            }
+            if let Some(mig) = &group.mig {
+                let field = format!("spec.gpus[{g}].mig.profiles");
+                let Some(model) = gpu.model else {
+                    return Err((field, format!("GPU {index} ({}) is not a MIG-capable model known here", gpu.name)));
+                };
+                spec.mig_instances = if gpu.instances.is_empty() {
+                    memo.entry((plan_idx, g, model.key))
+                        .or_insert_with(|| solve_named(model, &mig.profiles).map_err(|e| e.to_string()))
+                        .clone()
+                        .map_err(|e| (field.clone(), format!("GPU {index} ({}): {e}", model.key)))?
+                } else {
+                    // Keep the instances that can stay (minimal disruption).
+                    diff_layout(model, &gpu.instances, &mig.profiles)
+                        .map(|d| d.result())
+                        .map_err(|e| (field.clone(), format!("GPU {index} ({}): {e}", model.key)))?
+                };
+            }
+            gpus.push(spec);
+            dedicated.push(group.tenants.clone());
+        }
+    }
+    Ok((gpus, dedicated))
+}

@@ -1,0 +1,343 @@
+//! Planner scenarios, built with small fixture helpers.
+
+use super::*;
+use crate::api::*;
+use crate::inventory::{NodeGpu, NodeInventory};
+use crate::mig::model_by_name;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::collections::BTreeMap;
+
+pub(crate) fn now() -> Time {
+    Time(jiff::Timestamp::from_second(1_700_000_000).unwrap())
+}
+
+pub(crate) fn policy() -> SharingPolicy {
+    let tier = |name: &str, modes: &[Mode], co: CoLocation, scrub: ScrubMemory| Tier {
+        name: name.into(),
+        modes: modes.to_vec(),
+        co_location: co,
+        scrub_memory: scrub,
+    };
+    SharingPolicy::new(
+        "default",
+        SharingPolicySpec {
+            tiers: vec![
+                tier("external", &[Mode::Mig, Mode::Exclusive, Mode::Mps], CoLocation::Forbidden, ScrubMemory::Always),
+                tier("internal", &[Mode::Mig, Mode::Mps, Mode::Exclusive], CoLocation::SameTier, ScrubMemory::OnTenantChange),
+                tier("experimental", &Mode::ALL, CoLocation::SameTier, ScrubMemory::Never),
+            ],
+            memory_headroom_percent: Some(10),
+            mps: None,
+            time_slicing: None,
+            topology: Some(TopologyPolicy::Preferred),
+        },
+    )
+}
+
+pub(crate) struct TenantBuilder(GpuTenant);
+
+impl TenantBuilder {
+    pub fn new(name: &str, tier: &str) -> Self {
+        TenantBuilder(GpuTenant::new(
+            name,
+            GpuTenantSpec {
+                tier: tier.into(),
+                policy_ref: "default".into(),
+                namespaces: vec![name.to_string()],
+                priority: 0,
+                weight: 1,
+                resources: vec![],
+                limits: None,
+            },
+        ))
+    }
+    pub fn mig(mut self, profile: &str, count: u32) -> Self {
+        self.0.spec.resources.push(ResourceRequest { mode: Mode::Mig, profile: Some(profile.into()), count });
+        self
+    }
+    pub fn want(mut self, mode: Mode, count: u32) -> Self {
+        self.0.spec.resources.push(ResourceRequest { mode, profile: None, count });
+        self
+    }
+    pub fn priority(mut self, p: i32) -> Self {
+        self.0.spec.priority = p;
+        self
+    }
+    pub fn weight(mut self, w: u32) -> Self {
+        self.0.spec.weight = w;
+        self
+    }
+    pub fn memory(mut self, q: &str) -> Self {
+        self.0.spec.limits = Some(TenantLimits { max_gpus_per_pod: None, memory: Some(q.into()) });
+        self
+    }
+    pub fn build(self) -> GpuTenant {
+        self.0
+    }
+}
+
+pub(crate) fn group(devices: &str, mode: Mode) -> GpuGroup {
+    GpuGroup {
+        devices: devices.into(),
+        mode,
+        mig: None,
+        mps: (mode == Mode::Mps).then(MpsSettings::default),
+        time_slicing: (mode == Mode::TimeSlicing).then_some(TimeSlicingSettings { replicas: 4 }),
+        tenants: vec![],
+    }
+}
+
+pub(crate) fn mig_group(devices: &str, profiles: &[&str]) -> GpuGroup {
+    GpuGroup {
+        mig: Some(MigSettings { profiles: profiles.iter().map(|s| s.to_string()).collect() }),
+        ..group(devices, Mode::Mig)
+    }
+}
+
+pub(crate) fn plan_for(name: &str, pool: &str, gpus: Vec<GpuGroup>) -> GpuPartitionPlan {
+    GpuPartitionPlan::new(
+        name,
+        GpuPartitionPlanSpec {
+            node_selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+                match_expressions: None,
+            },
+            priority: 0,
+            gpus,
+            rollout: None,
+        },
+    )
+}
+
+pub(crate) fn node(name: &str, pool: &str, model: &str, count: u32, numa_split: bool) -> NodeInventory {
+    let model = model_by_name(model).unwrap();
+    NodeInventory {
+        name: name.into(),
+        labels: BTreeMap::from([("pool".to_string(), pool.to_string())]),
+        gpus: (0..count)
+            .map(|i| NodeGpu {
+                index: i,
+                model: Some(model),
+                name: model.name().into(),
+                memory_mib: model.memory_mib,
+                numa_node: if numa_split && i >= count / 2 { 1 } else { 0 },
+                uuid: Some(format!("GPU-{name}-{i}")),
+                instances: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory]) -> PlanOutput {
+    let policies = [policy()];
+    plan(&PlanInput { policies: &policies, tenants, plans, nodes }, &now())
+}
+
+fn tenant<'a>(out: &'a PlanOutput, name: &str) -> &'a GpuTenantStatus {
+    out.tenants.iter().find(|t| t.name_any() == name).unwrap().status.as_ref().unwrap()
+}
+
+fn granted(out: &PlanOutput, name: &str) -> Vec<u32> {
+    tenant(out, name).allocation.iter().map(|a| a.granted).collect()
+}
+
+fn condition<'a>(s: &'a GpuTenantStatus, t: &str) -> &'a Condition {
+    s.conditions.iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[test]
+fn mig_instances_go_to_tenants_with_placements() {
+    let nodes = [node("n1", "mig", "H100-80GB", 2, false)];
+    let plans = [plan_for("p", "mig", vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])])];
+    let tenants = [TenantBuilder::new("a", "external").mig("3g.40gb", 1).mig("2g.20gb", 4).build()];
+    let out = run(&tenants, &plans, &nodes);
+    assert!(out.problems.is_empty(), "{:?}", out.problems);
+    assert_eq!(granted(&out, "a"), [1, 4]);
+    let gpu0 = &out.nodes[0].spec.gpus[0];
+    assert_eq!(gpu0.mig_instances[2].profile, "3g.40gb");
+    assert_eq!(gpu0.mig_instances[2].placement, Placement { start: 4, size: 4 });
+    assert_eq!(gpu0.mig_instances[2].tenant.as_deref(), Some("a"));
+    assert_eq!(gpu0.scrub, ScrubMemory::Always);
+    assert_eq!(tenant(&out, "a").summary.as_deref(), Some("5/5"));
+    assert_eq!(condition(tenant(&out, "a"), "Ready").status, "True");
+}
+
+#[test]
+fn priority_first_then_weighted_fair_share() {
+    let nodes = [node("n1", "mps", "A100-40GB", 3, false)];
+    let mut g = group("all", Mode::Mps);
+    g.mps = Some(MpsSettings { max_clients: 4, ..Default::default() });
+    let plans = [plan_for("p", "mps", vec![g])];
+    let tenants = [
+        TenantBuilder::new("vip", "internal").want(Mode::Mps, 3).priority(5).build(),
+        TenantBuilder::new("heavy", "internal").want(Mode::Mps, 20).weight(2).build(),
+        TenantBuilder::new("light", "internal").want(Mode::Mps, 20).build(),
+    ];
+    let out = run(&tenants, &plans, &nodes);
+    // 12 shares: 3 to the high-priority tenant, then 9 split 2:1.
+    assert_eq!(granted(&out, "vip"), [3]);
+    assert_eq!(granted(&out, "heavy"), [6]);
+    assert_eq!(granted(&out, "light"), [3]);
+    let short = condition(tenant(&out, "light"), "CapacityShort");
+    assert_eq!(short.status, "True");
+    assert_eq!(
+        short.message,
+        "MPS shares: granted 3 of 20; capacity short: 9 free for 2 tenants at priority 0 asking for 40, split by weight (1)"
+    );
+    assert_eq!(condition(tenant(&out, "light"), "Ready").status, "False");
+}
+
+#[test]
+fn tiers_only_get_allowed_modes_and_invalid_tenants_get_nothing() {
+    let nodes = [node("n1", "ts", "H200", 2, false)];
+    let plans = [plan_for("p", "ts", vec![group("all", Mode::TimeSlicing)])];
+    let tenants = [TenantBuilder::new("ext", "external").want(Mode::TimeSlicing, 2).build()];
+    let out = run(&tenants, &plans, &nodes);
+    let s = tenant(&out, "ext");
+    assert!(s.grants.is_empty());
+    assert_eq!(condition(s, "Valid").status, "False");
+    assert_eq!(condition(s, "Stalled").status, "True");
+    assert_eq!(out.problems[0].field, "spec.resources[0].mode");
+    assert!(out.nodes[0].spec.gpus.iter().all(|g| g.tenants.is_empty()));
+}
+
+#[test]
+fn forbidden_tenants_never_share_a_non_mig_gpu() {
+    let nodes = [node("n1", "mps", "H100-80GB", 2, false)];
+    let plans = [plan_for("p", "mps", vec![group("all", Mode::Mps)])];
+    let tenants = [
+        TenantBuilder::new("ext-a", "external").want(Mode::Mps, 1).build(),
+        TenantBuilder::new("ext-b", "external").want(Mode::Mps, 1).build(),
+        TenantBuilder::new("int", "internal").want(Mode::Mps, 4).build(),
+    ];
+    let out = run(&tenants, &plans, &nodes);
+    for gpu in &out.nodes[0].spec.gpus {
+        assert!(gpu.tenants.len() <= 1 || !gpu.tenants.iter().any(|t| t.starts_with("ext")), "{:?}", gpu.tenants);
+    }
+    assert_eq!(granted(&out, "ext-a"), [1]);
+    assert_eq!(granted(&out, "ext-b"), [1]);
+    assert_eq!(granted(&out, "int"), [0], "both GPUs are locked by external tenants");
+}
+
+#[test]
+fn dedicated_gpus_serve_only_their_tenants() {
+    let nodes = [node("n1", "x", "H200", 4, false)];
+    let mut dedicated = group("0,1", Mode::Exclusive);
+    dedicated.tenants = vec!["gamma".into()];
+    let plans = [plan_for("p", "x", vec![dedicated, group("2,3", Mode::Exclusive)])];
+    let tenants = [
+        TenantBuilder::new("alpha", "internal").want(Mode::Exclusive, 4).priority(9).build(),
+        TenantBuilder::new("gamma", "internal").want(Mode::Exclusive, 2).build(),
+    ];
+    let out = run(&tenants, &plans, &nodes);
+    assert_eq!(granted(&out, "alpha"), [2]);
+    assert_eq!(granted(&out, "gamma"), [2]);
+    let gpus = &out.nodes[0].spec.gpus;
+    assert_eq!(gpus[0].tenants, ["gamma"]);
+    assert_eq!(gpus[3].tenants, ["alpha"]);
+}
+
+#[test]
+fn multi_gpu_grants_stay_on_one_numa_domain() {
+    let nodes = [node("a", "x", "H100-80GB", 8, true), node("b", "x", "H100-80GB", 8, true)];
+    let plans = [plan_for("p", "x", vec![group("all", Mode::Exclusive)])];
+    let tenants = [
+        TenantBuilder::new("one", "internal").want(Mode::Exclusive, 1).priority(2).build(),
+        TenantBuilder::new("four", "internal").want(Mode::Exclusive, 4).priority(1).build(),
+    ];
+    let out = run(&tenants, &plans, &nodes);
+    let grants = &tenant(&out, "four").grants;
+    assert_eq!(grants.len(), 4);
+    let domains: std::collections::BTreeSet<(String, bool)> =
+        grants.iter().map(|g| (g.node.clone(), g.gpu >= 4)).collect();
+    assert_eq!(domains.len(), 1, "{grants:?}");
+    // The single GPU went to a domain that then could not hold four.
+    let one = &tenant(&out, "one").grants[0];
+    assert!(!domains.contains(&(one.node.clone(), one.gpu >= 4)));
+}
+
+#[test]
+fn plans_of_equal_priority_conflict_and_neither_applies() {
+    let nodes = [node("n1", "x", "H100-80GB", 2, false)];
+    let plans = [plan_for("p1", "x", vec![group("all", Mode::Exclusive)]), plan_for("p2", "x", vec![group("all", Mode::Exclusive)])];
+    let out = run(&[], &plans, &nodes);
+    assert!(out.nodes[0].spec.gpus.is_empty());
+    assert_eq!(out.problems.len(), 2);
+    assert!(out.problems[0].message.starts_with("selects 1 node (n1) that GpuPartitionPlan/p2 also selects at the same priority 0"));
+    let status = out.plans[0].status.as_ref().unwrap();
+    assert_eq!(status.nodes.as_ref().unwrap().failed, 1);
+    let mut higher = plans[1].clone();
+    higher.spec.priority = 1;
+    let out = run(&[], &[plans[0].clone(), higher], &nodes);
+    assert!(out.problems.is_empty());
+    assert_eq!(out.nodes[0].spec.plan.as_deref(), Some("p2"));
+}
+
+#[test]
+fn mixed_sharing_on_one_node_is_refused() {
+    let plans = [plan_for("p", "x", vec![group("0-3", Mode::Mps), group("4-7", Mode::TimeSlicing)])];
+    let nodes = [node("n1", "x", "H100-80GB", 8, false)];
+    let out = run(&[], &plans, &nodes);
+    assert_eq!(out.problems.len(), 1);
+    assert_eq!(out.problems[0].field, "spec.gpus[1].mode");
+    assert!(out.problems[0].message.contains("the device plugin gives every non-MIG GPU of a node the same sharing"));
+    assert!(out.nodes[0].spec.gpus.is_empty(), "an invalid plan changes nothing");
+}
+
+#[test]
+fn nodes_with_too_few_gpus_or_no_mig_fail_with_the_reason() {
+    let plans = [plan_for("p", "x", vec![mig_group("4-7", &["7g.80gb"])])];
+    let out = run(&[], &plans, &[node("small", "x", "H100-80GB", 4, false)]);
+    assert_eq!(out.problems[0].to_string(), "GpuPartitionPlan/p: spec.gpus[0].devices: node small: has 4 GPUs, so GPU 4 does not exist");
+    let plans = [plan_for("p", "x", vec![mig_group("all", &["7g.80gb"])])];
+    let out = run(&[], &plans, &[node("a100", "x", "A100-40GB", 1, false)]);
+    assert!(out.problems[0].message.contains("unknown MIG profile \"7g.80gb\" for A100-40GB"), "{:?}", out.problems);
+}
+
+#[test]
+fn mps_pinned_memory_respects_headroom() {
+    // 40 GiB less 10% headroom is 36 GiB: one 20 GiB client fits, not four.
+    let mut g = group("all", Mode::Mps);
+    g.mps = Some(MpsSettings { max_clients: 4, active_thread_percentage: None, pinned_memory_limit: Some("20Gi".into()) });
+    let plans = [plan_for("p", "x", vec![g])];
+    let tenants = [TenantBuilder::new("t", "internal").want(Mode::Mps, 4).build()];
+    let out = run(&tenants, &plans, &[node("n", "x", "A100-40GB", 1, false)]);
+    assert_eq!(granted(&out, "t"), [1]);
+}
+
+#[test]
+fn memory_limit_caps_grants() {
+    let plans = [plan_for("p", "x", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])];
+    let tenants = [TenantBuilder::new("t", "internal").mig("3g.40gb", 4).memory("100Gi").build()];
+    let out = run(&tenants, &plans, &[node("n", "x", "H100-80GB", 2, false)]);
+    assert_eq!(granted(&out, "t"), [2]);
+    assert!(condition(tenant(&out, "t"), "CapacityShort").message.contains("memory limit of 102400 MiB"));
+}
+
+#[test]
+fn planning_is_deterministic_and_stable() {
+    let nodes = [node("b", "mig", "H100-80GB", 2, false), node("a", "mig", "H100-80GB", 2, false)];
+    let plans = [plan_for("p", "mig", vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])])];
+    let tenants = [
+        TenantBuilder::new("x", "internal").mig("2g.20gb", 3).build(),
+        TenantBuilder::new("y", "internal").mig("2g.20gb", 3).mig("3g.40gb", 1).build(),
+    ];
+    let first = run(&tenants, &plans, &nodes);
+    let second = run(&tenants, &plans, &nodes);
+    assert_eq!(first, second);
+    assert_eq!(first.nodes[0].metadata.name.as_deref(), Some("a"));
+    // Feed the layout back as what the GPUs have now: nothing moves.
+    let mut current = nodes.to_vec();
+    for n in &mut current {
+        let spec = &first.nodes.iter().find(|g| g.name_any() == n.name).unwrap().spec;
+        for g in &spec.gpus {
+            n.gpus[g.index as usize].instances = g
+                .mig_instances
+                .iter()
+                .map(|i| crate::mig::ExistingInstance { profile: i.profile.clone(), placement: i.placement, gpu_instance_id: None })
+                .collect();
+        }
+    }
+    let again = run(&tenants, &plans, &current);
+    assert_eq!(again.nodes, first.nodes);
+}

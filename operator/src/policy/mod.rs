@@ -1,0 +1,210 @@
+//! Policy decisions, pure: which tenants are valid and what their tier lets them have, and
+//! whether a plan is well-formed. No I/O; every refusal is a [`Problem`] naming object and field.
+
+mod plans;
+
+pub use plans::{PlanCheck, check_plan, models_selected_by};
+
+use crate::api::{
+    CoLocation, GpuTenant, Mode, ResourceRequest, ScrubMemory, SharingPolicy, TopologyPolicy, quantity_to_mib,
+};
+use crate::problem::Problem;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+
+/// A tenant that passed validation, with everything its policy says about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantProfile {
+    pub name: String,
+    pub tier: String,
+    pub priority: i32,
+    pub weight: u32,
+    pub co_location: CoLocation,
+    pub scrub: ScrubMemory,
+    pub requests: Vec<ResourceRequest>,
+    pub memory_limit_mib: Option<u64>,
+    pub headroom_percent: u32,
+    pub max_mps_clients: u32,
+    pub max_time_slicing_replicas: u32,
+    pub topology: TopologyPolicy,
+}
+
+/// The outcome of checking every tenant against the policies.
+#[derive(Clone, Debug, Default)]
+pub struct TenantCheck {
+    /// Valid tenants, sorted by name.
+    pub valid: Vec<TenantProfile>,
+    /// Problems per invalid tenant (a tenant with any problem gets nothing: no half-applied state).
+    pub invalid: BTreeMap<String, Vec<Problem>>,
+}
+
+const KIND: &str = "GpuTenant";
+
+/// Checks tenants against policies: the policy and tier exist, the tier allows every requested
+/// mode, requests are not duplicated, limits parse, and no namespace belongs to two tenants.
+pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> TenantCheck {
+    let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
+    let mut check = TenantCheck::default();
+
+    let mut owners: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for t in tenants {
+        for ns in &t.spec.namespaces {
+            owners.entry(ns.as_str()).or_default().push(t.name_any());
+        }
+    }
+
+    let mut sorted: Vec<&GpuTenant> = tenants.iter().collect();
+    sorted.sort_by_key(|t| t.name_any());
+    for t in sorted {
+        let name = t.name_any();
+        let mut problems = Vec::new();
+        let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
+
+        for (j, ns) in t.spec.namespaces.iter().enumerate() {
+            let others: Vec<&String> = owners[ns.as_str()].iter().filter(|o| **o != name).collect();
+            if !others.is_empty() {
+                let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
+                problems.push(problem(
+                    format!("spec.namespaces[{j}]"),
+                    format!(
+                        "namespace {ns:?} is also claimed by {}; a namespace belongs to one tenant",
+                        others.join(", ")
+                    ),
+                ));
+            }
+        }
+
+        let policy = policies.get(&t.spec.policy_ref);
+        let tier = match policy {
+            None => {
+                let known: Vec<&str> = policies.keys().map(String::as_str).collect();
+                problems.push(problem(
+                    "spec.policyRef".into(),
+                    format!(
+                        "SharingPolicy {:?} not found; create it or use one of: {}",
+                        t.spec.policy_ref,
+                        if known.is_empty() { "(none defined)".to_string() } else { known.join(", ") }
+                    ),
+                ));
+                None
+            }
+            Some(p) => match p.spec.tier(&t.spec.tier) {
+                None => {
+                    let known: Vec<&str> = p.spec.tiers.iter().map(|t| t.name.as_str()).collect();
+                    problems.push(problem(
+                        "spec.tier".into(),
+                        format!(
+                            "tier {:?} is not defined in SharingPolicy {:?}; its tiers are {}",
+                            t.spec.tier,
+                            t.spec.policy_ref,
+                            known.join(", ")
+                        ),
+                    ));
+                    None
+                }
+                Some(tier) => Some(tier),
+            },
+        };
+
+        let mut seen: BTreeMap<(Mode, Option<&str>), usize> = BTreeMap::new();
+        for (i, r) in t.spec.resources.iter().enumerate() {
+            if let Some(tier) = tier
+                && !tier.modes.contains(&r.mode)
+            {
+                let allowed: Vec<&str> = tier.modes.iter().map(|m| m.as_str()).collect();
+                problems.push(problem(
+                    format!("spec.resources[{i}].mode"),
+                    format!(
+                        "tier {:?} does not allow {}; it allows {}",
+                        tier.name,
+                        r.mode,
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            match (r.mode, &r.profile) {
+                (Mode::Mig, None) => problems.push(problem(
+                    format!("spec.resources[{i}].profile"),
+                    "a MIG request needs a profile, e.g. 3g.40gb".into(),
+                )),
+                (m, Some(_)) if m != Mode::Mig => problems.push(problem(
+                    format!("spec.resources[{i}].profile"),
+                    "profile applies only to mode MIG; remove it".into(),
+                )),
+                _ => {}
+            }
+            if let Some(first) = seen.insert((r.mode, r.profile.as_deref()), i) {
+                problems.push(problem(
+                    format!("spec.resources[{i}]"),
+                    format!("repeats spec.resources[{first}] ({} {}); merge the counts", r.mode, r.profile.as_deref().unwrap_or("")).replace(" )", ")"),
+                ));
+            }
+        }
+
+        let memory_limit_mib = match t.spec.limits.as_ref().and_then(|l| l.memory.as_deref()) {
+            None => None,
+            Some(q) => match quantity_to_mib(q) {
+                Some(m) => Some(m),
+                None => {
+                    problems.push(problem(
+                        "spec.limits.memory".into(),
+                        format!("{q:?} is not a memory quantity; write e.g. 160Gi"),
+                    ));
+                    None
+                }
+            },
+        };
+
+        match (problems.is_empty(), policy, tier) {
+            (true, Some(p), Some(tier)) => check.valid.push(TenantProfile {
+                name: name.clone(),
+                tier: tier.name.clone(),
+                priority: t.spec.priority,
+                weight: t.spec.weight.max(1),
+                co_location: tier.co_location,
+                scrub: tier.scrub_memory,
+                requests: t.spec.resources.clone(),
+                memory_limit_mib,
+                headroom_percent: p.spec.headroom_percent(),
+                max_mps_clients: p.spec.max_mps_clients(),
+                max_time_slicing_replicas: p.spec.max_time_slicing_replicas(),
+                topology: p.spec.topology.unwrap_or_default(),
+            }),
+            _ => {
+                check.invalid.insert(name, problems);
+            }
+        }
+    }
+    check
+}
+
+/// Problems inside SharingPolicies that their schema cannot express.
+pub fn check_policies(policies: &[SharingPolicy]) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for p in policies {
+        let name = p.name_any();
+        let mut seen = BTreeMap::new();
+        for (i, tier) in p.spec.tiers.iter().enumerate() {
+            if let Some(first) = seen.insert(tier.name.as_str(), i) {
+                out.push(Problem::new(
+                    "SharingPolicy",
+                    &name,
+                    format!("spec.tiers[{i}].name"),
+                    format!("tier {:?} is already defined at spec.tiers[{first}]; tier names must be unique", tier.name),
+                ));
+            }
+            if tier.modes.is_empty() {
+                out.push(Problem::new(
+                    "SharingPolicy",
+                    &name,
+                    format!("spec.tiers[{i}].modes"),
+                    "a tier needs at least one mode",
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

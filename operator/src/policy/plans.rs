@@ -1,0 +1,170 @@
+//! Checks on a GpuPartitionPlan alone (no nodes): device ranges, MIG feasibility for the GPU
+//! models its selector names, dedicated tenants, and the device plugin's one-sharing-per-node rule.
+
+use crate::api::{GpuPartitionPlan, Mode};
+use crate::mig::{GpuModel, model_by_name, solve_named};
+use crate::migparted::LABEL_GPU_PRODUCT;
+use crate::planner::{parse_devices, selector_problems};
+use crate::problem::Problem;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use std::collections::BTreeSet;
+
+/// The outcome of checking one plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanCheck {
+    pub problems: Vec<Problem>,
+}
+
+impl PlanCheck {
+    pub fn is_valid(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+const KIND: &str = "GpuPartitionPlan";
+
+/// GPU models a selector names through `nvidia.com/gpu.product` (matchLabels or `In`).
+pub fn models_selected_by(selector: &LabelSelector) -> Vec<&'static GpuModel> {
+    let mut names: Vec<&str> = Vec::new();
+    if let Some(v) = selector.match_labels.as_ref().and_then(|l| l.get(LABEL_GPU_PRODUCT)) {
+        names.push(v);
+    }
+    for req in selector.match_expressions.iter().flatten() {
+        if req.key == LABEL_GPU_PRODUCT && req.operator == "In" {
+            names.extend(req.values.iter().flatten().map(String::as_str));
+        }
+    }
+    let mut models: Vec<&'static GpuModel> = names.into_iter().filter_map(model_by_name).collect();
+    models.sort_by_key(|m| m.key);
+    models.dedup_by_key(|m| m.key);
+    models
+}
+
+/// How the device plugin would share a non-MIG GPU group; the plugin allows one per node.
+fn sharing_signature(mode: Mode, group: &crate::api::GpuGroup) -> Option<String> {
+    match mode {
+        Mode::Mig => None,
+        Mode::Exclusive => Some("Exclusive".into()),
+        Mode::Mps => Some(format!("MPS with {} clients", group.mps.as_ref().map_or(4, |m| m.max_clients))),
+        Mode::TimeSlicing => {
+            Some(format!("TimeSlicing with {} replicas", group.time_slicing.as_ref().map_or(0, |t| t.replicas)))
+        }
+    }
+}
+
+/// Checks a plan on its own. `tenants` are the names of all tenants (valid or not).
+/// `extra_models` are GPU models the plan must fit besides those its selector names (e.g. the
+/// models of inventory nodes it selects).
+pub fn check_plan(plan: &GpuPartitionPlan, tenants: &BTreeSet<String>, extra_models: &[&'static GpuModel]) -> PlanCheck {
+    let name = plan.name_any();
+    let mut problems = Vec::new();
+    let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
+
+    for p in selector_problems(&plan.spec.node_selector) {
+        let (field, msg) = p.split_once(": ").unwrap_or(("", &p));
+        problems.push(problem(format!("spec.nodeSelector.{field}"), msg.to_string()));
+    }
+    if plan.spec.node_selector.match_labels.as_ref().is_none_or(|l| l.is_empty())
+        && plan.spec.node_selector.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+    {
+        problems.push(problem(
+            "spec.nodeSelector".into(),
+            "an empty selector would take every node; select the GPU nodes, e.g. matchLabels nvidia.com/gpu.present: \"true\"".into(),
+        ));
+    }
+
+    let mut claimed: Vec<(u32, usize)> = Vec::new();
+    let mut has_all = false;
+    for (i, g) in plan.spec.gpus.iter().enumerate() {
+        if g.devices == "all" {
+            has_all = true;
+        } else {
+            match parse_devices(&g.devices) {
+                Err(e) => problems.push(problem(format!("spec.gpus[{i}].devices"), e)),
+                Ok(list) => {
+                    for d in list {
+                        if let Some(&(_, j)) = claimed.iter().find(|(c, _)| *c == d) {
+                            problems.push(problem(
+                                format!("spec.gpus[{i}].devices"),
+                                format!("GPU {d} is also in spec.gpus[{j}].devices; each GPU belongs to one group"),
+                            ));
+                        } else {
+                            claimed.push((d, i));
+                        }
+                    }
+                }
+            }
+        }
+        for (k, t) in g.tenants.iter().enumerate() {
+            if !tenants.contains(t) {
+                problems.push(problem(
+                    format!("spec.gpus[{i}].tenants[{k}]"),
+                    format!("GpuTenant {t:?} not found; dedicated GPUs would sit idle. Create the tenant or fix the name"),
+                ));
+            }
+        }
+        // The schema says the same; repeated here for files that never meet the API server.
+        let settings_ok = match g.mode {
+            Mode::Mig => g.mig.is_some() && g.mps.is_none() && g.time_slicing.is_none(),
+            Mode::Mps => g.mig.is_none() && g.time_slicing.is_none(),
+            Mode::TimeSlicing => g.time_slicing.is_some() && g.mig.is_none() && g.mps.is_none(),
+            Mode::Exclusive => g.mig.is_none() && g.mps.is_none() && g.time_slicing.is_none(),
+        };
+        if !settings_ok {
+            problems.push(problem(
+                format!("spec.gpus[{i}]"),
+                format!(
+                    "mode {} takes {}",
+                    g.mode,
+                    match g.mode {
+                        Mode::Mig => "mig settings only",
+                        Mode::Mps => "no settings but mps",
+                        Mode::TimeSlicing => "timeSlicing settings only",
+                        Mode::Exclusive => "no mig, mps or timeSlicing settings",
+                    }
+                ),
+            ));
+        }
+    }
+    if has_all && plan.spec.gpus.len() > 1 {
+        problems.push(problem(
+            "spec.gpus".into(),
+            "devices 'all' must be the only GPU group of a plan".into(),
+        ));
+    }
+
+    let mut models = models_selected_by(&plan.spec.node_selector);
+    models.extend_from_slice(extra_models);
+    models.sort_by_key(|m| m.key);
+    models.dedup_by_key(|m| m.key);
+    for (i, g) in plan.spec.gpus.iter().enumerate() {
+        let Some(mig) = &g.mig else { continue };
+        for model in &models {
+            if let Err(e) = solve_named(model, &mig.profiles) {
+                problems.push(problem(format!("spec.gpus[{i}].mig.profiles"), format!("on {}: {e}", model.key)));
+            }
+        }
+    }
+
+    let mut signatures: Vec<(String, usize)> = Vec::new();
+    for (i, g) in plan.spec.gpus.iter().enumerate() {
+        if let Some(sig) = sharing_signature(g.mode, g)
+            && !signatures.iter().any(|(s, _)| *s == sig)
+        {
+            signatures.push((sig, i));
+        }
+    }
+    let shared = plan.spec.gpus.iter().any(|g| g.mode.is_shared());
+    if shared && signatures.len() > 1 {
+        let (first, j) = &signatures[0];
+        let (second, i) = &signatures[1];
+        problems.push(problem(
+            format!("spec.gpus[{i}].mode"),
+            format!(
+                "the device plugin gives every non-MIG GPU of a node the same sharing, and spec.gpus[{j}] is {first} while this is {second}; put them in plans for different nodes"
+            ),
+        ));
+    }
+    PlanCheck { problems }
+}
