@@ -11,3 +11,4 @@ pub mod inventory;
 pub mod planner;
 pub mod policy;
 pub mod problem;
+pub mod schema;

@@ -125,7 +125,7 @@ pub struct Rollout {
     /// Nodes reconfiguring at once: a number (at least 1) or a percentage like `25%`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [
-        {"rule": "type(self) == int ? self >= 1 : self.matches('^[1-9][0-9]?%$|^100%$')",
+        {"rule": "string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')",
          "message": "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%", "reason": "FieldValueInvalid"}
     ]))]
     pub max_unavailable: Option<IntOrString>,

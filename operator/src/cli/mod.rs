@@ -3,6 +3,13 @@
 //! Exit codes: 0 success, 1 the input has problems (listed one per line), 2 usage or read errors.
 
 pub mod crd;
+mod load;
+mod migparted;
+mod output;
+mod plan;
+mod validate;
+
+pub use output::Output;
 
 use clap::{Parser, Subcommand};
 
@@ -22,11 +29,72 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<std::path::PathBuf>,
     },
+    /// Check manifests offline: schema, CEL rules, policy references and MIG feasibility.
+    ///
+    /// Prints one line per problem as `FILE: Kind/name: field.path: message`. Exit 0 when all is
+    /// valid, 1 when there are problems, 2 when a path cannot be read.
+    Validate {
+        /// Files or folders of YAML (multi-document). Folders are read recursively (*.yaml, *.yml).
+        /// An inventory file among them adds its GPU models to the MIG checks; a mig-parted file is
+        /// checked through its imported plans.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
+        paths: Vec<std::path::PathBuf>,
+    },
+    /// Show what the controller would write for a described fleet, with no cluster: each node's
+    /// GpuNode spec, each tenant's grants and conditions, and every problem. Exit 1 when there are problems.
+    Plan {
+        /// Files or folders of manifests (SharingPolicy, GpuTenant, GpuPartitionPlan).
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
+        paths: Vec<std::path::PathBuf>,
+        /// The fleet: nodes, their labels and GPUs (see examples/inventory.yaml).
+        #[arg(long, value_name = "FILE")]
+        inventory: std::path::PathBuf,
+        /// Output format: `table` for people, `yaml` or `json` ({nodes, tenants, problems}) for machines.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Turn an NVIDIA mig-parted config file into GpuPartitionPlans (one per config entry).
+    Import {
+        /// Source format; only `mig-parted` is supported.
+        #[arg(long, value_enum)]
+        from: Format,
+        /// The mig-parted config file.
+        #[arg(value_name = "FILE")]
+        file: std::path::PathBuf,
+        /// Import only this named config (default: all of them).
+        #[arg(long, value_name = "NAME")]
+        config: Option<String>,
+        /// `yaml` (multi-document, ready for kubectl apply) or `json`.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Yaml)]
+        output: Output,
+    },
+    /// Turn GpuPartitionPlans back into an NVIDIA mig-parted config file.
+    Export {
+        /// Target format; only `mig-parted` is supported.
+        #[arg(long, value_enum)]
+        to: Format,
+        /// Files or folders holding the plans.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
+        paths: Vec<std::path::PathBuf>,
+    },
+}
+
+/// Foreign file formats `import` and `export` understand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// NVIDIA mig-parted (`version: v1`, `mig-configs:`).
+    MigParted,
 }
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Crd { out_dir } => crd::run(out_dir.as_deref()),
+        Command::Validate { paths } => validate::run(&paths),
+        Command::Plan { paths, inventory, output } => plan::run(&paths, &inventory, output),
+        Command::Import { from: Format::MigParted, file, config, output } => {
+            migparted::run_import(&file, config.as_deref(), output)
+        }
+        Command::Export { to: Format::MigParted, paths } => migparted::run_export(&paths),
     }
 }
