@@ -1,0 +1,151 @@
+//! The command line, run as a user runs it: the built binary, real files, exit codes and output.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn gpu_tenancy(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-tenancy")).args(args).current_dir(root()).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn examples_validate() {
+    let o = gpu_tenancy(&["validate", "-f", "examples/"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn bad_manifests_give_one_line_per_problem() {
+    let o = gpu_tenancy(&["validate", "-f", "operator/tests/data/bad"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    let expected = [
+        "operator/tests/data/bad/plans.yaml: GpuPartitionPlan/mixed-sharing: spec.gpus[1].timeSlicing.replicas: 1 is less than the minimum of 2.0",
+        "operator/tests/data/bad/plans.yaml: GpuPartitionPlan/too-big: spec.gpus[0].mig.profiles: on H100-80GB: 4g.40gb allows 1 instance per GPU, 2 requested",
+        "operator/tests/data/bad/plans.yaml: GpuPartitionPlan/too-big: spec.gpus[1].devices: GPU 3 is also in spec.gpus[0].devices; each GPU belongs to one group",
+        "operator/tests/data/bad/tenants.yaml: GpuTenant/bad-tier: spec.tier: tier \"platinum\" is not defined in SharingPolicy \"default\"; its tiers are external, internal, experimental",
+        "operator/tests/data/bad/tenants.yaml: GpuTenant/no-profile: spec.resources[0].profile: a MIG request needs a profile, e.g. 3g.40gb",
+        "operator/tests/data/bad/tenants.yaml: GpuTenant/wrong-mode: spec.resources[0].count: 0 is less than the minimum of 1.0",
+    ];
+    assert_eq!(lines, expected);
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn mixed_sharing_is_explained_once_the_schema_passes() {
+    let dir = std::env::temp_dir().join(format!("gt-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("operator/tests/data/bad/plans.yaml")).unwrap();
+    let fixed = text.replace("replicas: 1", "replicas: 4");
+    let file = dir.join("plans.yaml");
+    std::fs::write(&file, fixed).unwrap();
+    let o = gpu_tenancy(&["validate", "-f", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("GpuPartitionPlan/mixed-sharing: spec.gpus[1].mode: the device plugin gives every non-MIG GPU of a node the same sharing"), "{}", stdout(&o));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn usage_and_read_errors_exit_2() {
+    let o = gpu_tenancy(&["validate", "-f", "no/such/file.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("error: cannot read no/such/file.yaml:"), "{}", stderr(&o));
+    let o = gpu_tenancy(&["validate"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/policy.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not an inventory file"), "{}", stderr(&o));
+}
+
+#[test]
+fn garbage_never_panics() {
+    let dir = std::env::temp_dir().join(format!("gt-garbage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let inputs: &[&[u8]] = &[
+        b"\xff\xfe\x00binary",
+        b"key: [unclosed",
+        b"- just\n- a list\n",
+        b"apiVersion: gputenancy.io/v1alpha1\nkind: GpuTenant\n",
+        b"apiVersion: gputenancy.io/v1alpha1\nkind: GpuTenant\nmetadata: {name: x}\nspec: 7\n",
+        b"apiVersion: gputenancy.io/v1alpha1\nkind: Widget\nmetadata: {name: x}\n",
+        b"apiVersion: gputenancy.io/v2\nkind: GpuTenant\nmetadata: {name: x}\n",
+        b"nodes: 3\n",
+        b"version: v1\nmig-configs: {a: [{devices: none, mig-enabled: true}]}\n",
+        b"apiVersion: gputenancy.io/v1alpha1\nkind: GpuPartitionPlan\nmetadata: {name: p}\nspec: {gpus: [{devices: \"9-2\", mode: Exclusive}], nodeSelector: {matchLabels: {a: b}}}\n",
+    ];
+    for (i, input) in inputs.iter().enumerate() {
+        let file = dir.join(format!("g{i}.yaml"));
+        std::fs::write(&file, input).unwrap();
+        let o = gpu_tenancy(&["validate", "-f", file.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "input {i}: {err}");
+        assert!(matches!(o.status.code(), Some(1) | Some(2)), "input {i} exit {:?}", o.status.code());
+        for line in stdout(&o).lines() {
+            assert!(line.starts_with(file.to_str().unwrap()), "input {i}: {line}");
+            assert_eq!(line.matches(": ").count() >= 3, true, "input {i}: {line}");
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn plan_json_has_nodes_tenants_and_problems() {
+    let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 5);
+    assert_eq!(v["tenants"].as_array().unwrap().len(), 5);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0);
+    assert_eq!(v["nodes"][0]["kind"], "GpuNode");
+    let acme = v["tenants"].as_array().unwrap().iter().find(|t| t["metadata"]["name"] == "acme").unwrap();
+    assert_eq!(acme["status"]["summary"], "12/12");
+}
+
+#[test]
+fn plan_table_is_for_people() {
+    let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml"]);
+    let out = stdout(&o);
+    assert!(out.starts_with("NODES\nNODE "), "{out}");
+    assert!(out.contains("\nTENANTS\nTENANT "));
+    assert!(out.contains("2g.20gb@0=team-beta 2g.20gb@2=team-beta 3g.40gb@4=acme"));
+}
+
+#[test]
+fn nvidia_default_file_imports_validates_and_exports_back() {
+    let nvidia = "operator/tests/data/mig-parted-config-default.yaml";
+    let o = gpu_tenancy(&["validate", "-f", nvidia]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let o = gpu_tenancy(&["import", "--from", "mig-parted", nvidia]);
+    assert_eq!(o.status.code(), Some(0));
+    let dir = std::env::temp_dir().join(format!("gt-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plans = dir.join("plans.yaml");
+    std::fs::write(&plans, &o.stdout).unwrap();
+    let o = gpu_tenancy(&["validate", "-f", plans.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let o = gpu_tenancy(&["export", "--to", "mig-parted", "-f", plans.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let back = gpu_tenancy_migparted(&stdout(&o));
+    let original = gpu_tenancy_migparted(&std::fs::read_to_string(root().join(nvidia)).unwrap());
+    assert_eq!(back, original);
+    let o = gpu_tenancy(&["import", "--from", "mig-parted", nvidia, "--config", "all-3g.40gb"]);
+    assert!(stdout(&o).contains("name: all-3g.40gb"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn gpu_tenancy_migparted(text: &str) -> gpu_tenancy::migparted::MigPartedFile {
+    gpu_tenancy::migparted::MigPartedFile::parse(text).unwrap()
+}
