@@ -3,6 +3,7 @@
 //! Pure decisions live in [`mig`], [`policy`] and [`planner`]: no network, no NVML. The command
 //! line in [`cli`] and the loops that come later are thin shells around them.
 
+pub mod agent;
 pub mod api;
 pub mod mig;
 pub mod cli;

@@ -243,6 +243,9 @@ pub struct MpsDaemonStatus {
     pub gpus: Vec<String>,
     #[serde(default)]
     pub restarts: u32,
+    /// Control commands that set the daemon's defaults, as sent after its last start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

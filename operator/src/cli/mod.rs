@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 the input has problems (listed one per line), 2 usage or read errors.
 
+pub mod agent;
 pub mod crd;
 mod load;
 mod migparted;
@@ -23,6 +24,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The node agent's GPU layer: discover GPUs through NVML, apply a GpuNode spec to them.
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// Print the four CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd {
         /// Write one file per CRD (`<plural>.gputenancy.io.yaml`) into this folder instead of printing.
@@ -89,6 +93,7 @@ pub enum Format {
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
+        Command::Agent(cmd) => agent::run(cmd),
         Command::Crd { out_dir } => crd::run(out_dir.as_deref()),
         Command::Validate { paths } => validate::run(&paths),
         Command::Plan { paths, inventory, output } => plan::run(&paths, &inventory, output),

@@ -1,0 +1,144 @@
+//! Drives the simulated NVML node from outside: start and stop workloads, reboot, reset, inject
+//! faults, read the mutation log and the state. Uses the same `GPU_TENANCY_SIM_CONFIG` (and
+//! `GPU_TENANCY_SIM_STATE`) as the library.
+
+use clap::{Parser, Subcommand};
+use nvidia_ml_sim::{ctl, state};
+
+/// Control the simulated NVML node (state file from GPU_TENANCY_SIM_CONFIG / GPU_TENANCY_SIM_STATE).
+#[derive(Parser)]
+#[command(name = "sim-ctl")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a simulated compute process on a GPU or on the MIG instance starting at --start.
+    Attach {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+        /// Memory slice where the MIG instance starts (required on a MIG GPU).
+        #[arg(long)]
+        start: Option<u32>,
+        /// Process ID to report.
+        #[arg(long)]
+        pid: u32,
+        /// Tenant whose data the process leaves in memory.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Memory the process uses, MiB.
+        #[arg(long, default_value_t = 1024)]
+        mib: u64,
+    },
+    /// End a simulated process (its data stays in GPU memory).
+    Detach {
+        #[arg(long)]
+        pid: u32,
+    },
+    /// Reboot the node: instances and processes are gone, pending MIG modes apply.
+    Reboot,
+    /// Reset one GPU: applies its pending MIG mode (refused while processes run).
+    Reset {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Make the N-th next call of a function (or `mutation`: any mutating call) fail.
+    Fail {
+        /// NVML/CUDA function name, or `mutation`.
+        #[arg(long)]
+        call: String,
+        /// Which call from now fails (1 = the next).
+        #[arg(long, default_value_t = 1)]
+        nth: u64,
+        /// Error: an NVML name such as IN_USE, UNKNOWN, INSUFFICIENT_RESOURCES, or a number.
+        #[arg(long, default_value = "UNKNOWN")]
+        error: String,
+        /// How many consecutive calls fail.
+        #[arg(long, default_value_t = 1)]
+        times: u32,
+    },
+    /// Abort the process that makes the N-th mutation from now, right after it lands.
+    AbortAt {
+        #[arg(long)]
+        mutation: u64,
+    },
+    /// Remove every injected fault and abort point.
+    ClearFaults,
+    /// Mark a GPU (or the instance at --start) as holding a tenant's data.
+    Dirty {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        start: Option<u32>,
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Print the mutation log as JSON lines (after mutation number --since).
+    Log {
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+    },
+    /// Print the whole simulated state as JSON.
+    State,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = state::Paths::from_env().and_then(|p| run(&p, cli.cmd));
+    if let Err(e) = result {
+        eprintln!("sim-ctl: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::Attach {
+            gpu,
+            start,
+            pid,
+            tenant,
+            mib,
+        } => ctl::attach(
+            p,
+            &ctl::Attach {
+                gpu,
+                placement_start: start,
+                pid,
+                tenant,
+                used_mib: mib,
+            },
+        ),
+        Cmd::Detach { pid } => ctl::detach(p, pid),
+        Cmd::Reboot => ctl::reboot(p),
+        Cmd::Reset { gpu } => ctl::reset(p, gpu),
+        Cmd::Fail {
+            call,
+            nth,
+            error,
+            times,
+        } => ctl::fail(p, &call, nth, &error, times),
+        Cmd::AbortAt { mutation } => ctl::abort_at(p, mutation),
+        Cmd::ClearFaults => ctl::clear_faults(p),
+        Cmd::Dirty { gpu, start, tenant } => ctl::set_dirty(p, gpu, start, &tenant),
+        Cmd::Log { since } => {
+            for e in ctl::log_since(p, since)? {
+                println!(
+                    "{}",
+                    serde_json::to_string(&e).expect("log entries serialise")
+                );
+            }
+            Ok(())
+        }
+        Cmd::State => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&state::read(p)?).expect("state serialises")
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! What tests and `sim-ctl` do to the simulated node from outside: the things a real node does
+//! on its own (workloads start and stop, the machine reboots) and fault injection.
+
+use crate::nvml::error_code;
+use crate::state::{Fault, LogEntry, Paths, SimProcess, SimState, read, update};
+
+/// Where a process runs: a whole GPU, or the GPU instance at a memory-slice start.
+#[derive(Clone, Debug, Default)]
+pub struct Attach {
+    pub gpu: u32,
+    pub placement_start: Option<u32>,
+    pub pid: u32,
+    pub tenant: Option<String>,
+    pub used_mib: u64,
+}
+
+/// Starts a simulated process; its tenant's data is now in that memory.
+pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
+    update(paths, |st| {
+        let g = st
+            .gpu_mut(a.gpu)
+            .ok_or_else(|| format!("no GPU {}", a.gpu))?;
+        let gi = match a.placement_start {
+            None if g.mig_current => {
+                return Err(format!(
+                    "GPU {} is in MIG mode: name an instance with --start",
+                    a.gpu
+                ));
+            }
+            None => None,
+            Some(s) => Some(g.gis.iter().find(|gi| gi.start == s).ok_or_else(|| {
+                format!("GPU {} has no GPU instance starting at slice {s}", a.gpu)
+            })?),
+        };
+        let (gi_id, ci) = (
+            gi.map(|x| x.id),
+            gi.and_then(|x| x.cis.first().map(|c| c.id)),
+        );
+        if let Some(t) = &a.tenant {
+            let r = g.slices_of(gi_id);
+            for s in &mut g.dirty[r] {
+                *s = Some(t.clone());
+            }
+        }
+        g.processes.push(SimProcess {
+            pid: a.pid,
+            gi: gi_id,
+            ci,
+            used_mib: a.used_mib,
+            tenant: a.tenant.clone(),
+        });
+        Ok(())
+    })?
+}
+
+/// Ends a simulated process (its data stays in memory).
+pub fn detach(paths: &Paths, pid: u32) -> Result<(), String> {
+    update(paths, |st| {
+        let mut found = false;
+        for g in &mut st.gpus {
+            let before = g.processes.len();
+            g.processes.retain(|p| p.pid != pid);
+            found |= g.processes.len() != before;
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(format!("no simulated process {pid}"))
+        }
+    })?
+}
+
+pub fn reboot(paths: &Paths) -> Result<(), String> {
+    update(paths, SimState::reboot)
+}
+
+pub fn reset(paths: &Paths, gpu: u32) -> Result<(), String> {
+    update(paths, |st| st.reset(gpu))?
+}
+
+/// Makes the `at`-th next call of `call` (or of any mutation, with `call = "mutation"`) fail
+/// with the NVML or CUDA error `error` (a name like `IN_USE` or a number), `times` times.
+pub fn fail(paths: &Paths, call: &str, at: u64, error: &str, times: u32) -> Result<(), String> {
+    let code = error_code(error).ok_or_else(|| {
+        format!("unknown error {error:?}: use an NVML name like IN_USE or a number")
+    })?;
+    update(paths, |st| {
+        st.faults.push(Fault {
+            call: call.to_string(),
+            at: at.max(1),
+            error: code,
+            times: times.max(1),
+            seen: 0,
+        })
+    })
+}
+
+/// Aborts whichever process makes the `n`-th mutation from now, right after it lands.
+pub fn abort_at(paths: &Paths, n: u64) -> Result<(), String> {
+    update(paths, |st| {
+        st.abort_at_mutation = Some(st.mutations + n.max(1))
+    })
+}
+
+pub fn clear_faults(paths: &Paths) -> Result<(), String> {
+    update(paths, |st| {
+        st.faults.clear();
+        st.abort_at_mutation = None;
+    })
+}
+
+/// Marks the whole GPU, or the instance at `start`, as holding `tenant`'s data.
+pub fn set_dirty(paths: &Paths, gpu: u32, start: Option<u32>, tenant: &str) -> Result<(), String> {
+    update(paths, |st| {
+        let g = st.gpu_mut(gpu).ok_or_else(|| format!("no GPU {gpu}"))?;
+        let gi = start
+            .map(|s| {
+                g.gis
+                    .iter()
+                    .find(|gi| gi.start == s)
+                    .map(|gi| gi.id)
+                    .ok_or(format!("no instance at {s}"))
+            })
+            .transpose()?;
+        let r = g.slices_of(gi);
+        for s in &mut g.dirty[r] {
+            *s = Some(tenant.to_string());
+        }
+        Ok(())
+    })?
+}
+
+pub fn mutations(paths: &Paths) -> Result<u64, String> {
+    Ok(read(paths)?.mutations)
+}
+
+pub fn log_since(paths: &Paths, since: u64) -> Result<Vec<LogEntry>, String> {
+    Ok(read(paths)?.log_since(since))
+}

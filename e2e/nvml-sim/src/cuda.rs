@@ -1,0 +1,416 @@
+//! The CUDA driver calls a memory scrub makes (through cudarc), over the simulated GPUs.
+//!
+//! Device memory is not really allocated: allocations are address ranges, a memset records the
+//! value, and a read returns that value, or the "dirty" pattern while the GPU or instance still
+//! holds another tenant's data. Zeroing (nearly) all free memory of a target counts as a scrub:
+//! its memory slices are marked clean and a [`crate::state::ScrubEntry`] is logged.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use crate::state::{MIB, Paths, ScrubEntry, SimState, read, with_state};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+const CUDA_SUCCESS: u32 = 0;
+const CUDA_ERROR_INVALID_VALUE: u32 = 1;
+const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
+const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
+const CUDA_ERROR_NO_DEVICE: u32 = 100;
+const CUDA_ERROR_INVALID_DEVICE: u32 = 101;
+
+/// Byte a read returns from memory that still holds another tenant's data.
+pub const DIRTY_BYTE: u8 = 0xAB;
+/// A scrub may leave this much of the free memory untouched (allocation granularity).
+pub const SCRUB_SLACK: u64 = 64 * MIB;
+
+/// A CUDA device as this process sees it: a whole GPU or one MIG instance.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    gpu: u32,
+    gi: Option<u32>,
+}
+
+struct Alloc {
+    ptr: u64,
+    size: u64,
+    fill: Option<u8>,
+}
+
+#[derive(Default)]
+struct Ctx {
+    paths: Option<Paths>,
+    targets: Vec<Target>,
+    current: Option<usize>,
+    allocs: Vec<Alloc>,
+    next_ptr: u64,
+    zeroed: u64,
+    scrubbed: bool,
+}
+
+static CTX: Mutex<Option<Ctx>> = Mutex::new(None);
+
+fn with_ctx(f: impl FnOnce(&mut Ctx) -> Result<(), u32>) -> u32 {
+    let mut guard = CTX.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        None => CUDA_ERROR_NOT_INITIALIZED,
+        Some(ctx) => f(ctx).err().unwrap_or(CUDA_SUCCESS),
+    }
+}
+
+/// An injected fault for `name`, if one is due (see `sim-ctl fail`).
+fn fault(paths: &Paths, name: &str) -> Option<u32> {
+    with_state(paths, |st| {
+        if !st.faults.iter().any(|f| f.call == name && f.times > 0) {
+            return (None, false);
+        }
+        (st.check_fault(name), true)
+    })
+    .ok()
+    .flatten()
+}
+
+/// The devices `CUDA_VISIBLE_DEVICES` selects: GPU UUIDs, MIG UUIDs or indices; all non-MIG
+/// GPUs when unset.
+fn visible(st: &SimState) -> Vec<Target> {
+    let Ok(list) = std::env::var("CUDA_VISIBLE_DEVICES") else {
+        return st
+            .gpus
+            .iter()
+            .filter(|g| !g.mig_current)
+            .map(|g| Target {
+                gpu: g.index,
+                gi: None,
+            })
+            .collect();
+    };
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let found = if let Ok(i) = item.parse::<u32>() {
+            st.gpu(i).filter(|g| !g.mig_current).map(|g| Target {
+                gpu: g.index,
+                gi: None,
+            })
+        } else if item.starts_with("MIG-") {
+            st.gpus.iter().find_map(|g| {
+                g.gis
+                    .iter()
+                    .find(|gi| gi.cis.iter().any(|c| c.uuid == item))
+                    .map(|gi| Target {
+                        gpu: g.index,
+                        gi: Some(gi.id),
+                    })
+            })
+        } else {
+            st.gpus
+                .iter()
+                .find(|g| g.uuid == item && !g.mig_current)
+                .map(|g| Target {
+                    gpu: g.index,
+                    gi: None,
+                })
+        };
+        // CUDA stops at the first entry it cannot resolve.
+        match found {
+            Some(t) => out.push(t),
+            None => break,
+        }
+    }
+    out
+}
+
+/// (total, used by processes) of a target, in bytes.
+fn target_memory(st: &SimState, t: Target) -> Option<(u64, u64)> {
+    let g = st.gpu(t.gpu)?;
+    match t.gi {
+        None => Some((
+            g.memory_mib * MIB,
+            g.processes.iter().map(|p| p.used_mib).sum::<u64>() * MIB,
+        )),
+        Some(id) => {
+            let gi = g.gi(id)?;
+            let used: u64 = g
+                .processes
+                .iter()
+                .filter(|p| p.gi == Some(id))
+                .map(|p| p.used_mib)
+                .sum();
+            Some((g.gi_memory_mib(gi) * MIB, used * MIB))
+        }
+    }
+}
+
+fn current(ctx: &Ctx) -> Result<(Paths, Target), u32> {
+    let t = ctx
+        .targets
+        .get(ctx.current.ok_or(201u32)?)
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    Ok((ctx.paths.clone().ok_or(CUDA_ERROR_NOT_INITIALIZED)?, t))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(_flags: c_uint) -> u32 {
+    let paths = match Paths::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("nvml-sim: {e}");
+            return CUDA_ERROR_NO_DEVICE;
+        }
+    };
+    if let Some(code) = fault(&paths, "cuInit") {
+        return code;
+    }
+    let Ok(st) = read(&paths) else {
+        return CUDA_ERROR_NO_DEVICE;
+    };
+    let targets = visible(&st);
+    let mut guard = CTX.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        *guard = Some(Ctx {
+            paths: Some(paths),
+            targets,
+            next_ptr: 0x7f00_0000_0000,
+            ..Default::default()
+        });
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> u32 {
+    if v.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsafe { *v = 12040 };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> u32 {
+    with_ctx(|ctx| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        unsafe { *count = ctx.targets.len() as c_int };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> u32 {
+    with_ctx(|ctx| {
+        if dev.is_null() || ordinal < 0 || ordinal as usize >= ctx.targets.len() {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        unsafe { *dev = ordinal };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: c_int) -> u32 {
+    with_ctx(|ctx| {
+        if pctx.is_null() || dev < 0 || dev as usize >= ctx.targets.len() {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        unsafe { *pctx = (0x1000 + dev as usize) as *mut c_void };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(_dev: c_int) -> u32 {
+    with_ctx(|_| Ok(()))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(c: *mut c_void) -> u32 {
+    with_ctx(|ctx| {
+        let i = (c as usize).checked_sub(0x1000).ok_or(201u32)?;
+        if i >= ctx.targets.len() {
+            return Err(201);
+        }
+        ctx.current = Some(i);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> u32 {
+    with_ctx(|_| Ok(()))
+}
+
+fn free_bytes(ctx: &Ctx) -> Result<(u64, u64), u32> {
+    let (paths, t) = current(ctx)?;
+    let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+    let (total, used) = target_memory(&st, t).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    let ours: u64 = ctx.allocs.iter().map(|a| a.size).sum();
+    Ok((total.saturating_sub(used + ours), total))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> u32 {
+    with_ctx(|ctx| {
+        let (f, t) = free_bytes(ctx)?;
+        if free.is_null() || total.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        unsafe {
+            *free = f as usize;
+            *total = t as usize;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> u32 {
+    with_ctx(|ctx| {
+        let (paths, _) = current(ctx)?;
+        if let Some(code) = fault(&paths, "cuMemAlloc_v2") {
+            return Err(code);
+        }
+        let (free, _) = free_bytes(ctx)?;
+        if dptr.is_null() || bytes == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if bytes as u64 > free {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let ptr = ctx.next_ptr;
+        ctx.next_ptr += (bytes as u64).next_multiple_of(2 * MIB);
+        ctx.allocs.push(Alloc {
+            ptr,
+            size: bytes as u64,
+            fill: None,
+        });
+        unsafe { *dptr = ptr };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: u64) -> u32 {
+    with_ctx(|ctx| {
+        let before = ctx.allocs.len();
+        ctx.allocs.retain(|a| a.ptr != dptr);
+        if ctx.allocs.len() == before {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
+    with_ctx(|ctx| {
+        let (paths, t) = current(ctx)?;
+        if let Some(code) = fault(&paths, "cuMemsetD8_v2") {
+            return Err(code);
+        }
+        let a = ctx
+            .allocs
+            .iter_mut()
+            .find(|a| a.ptr <= dptr && dptr + n as u64 <= a.ptr + a.size)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if dptr == a.ptr && n as u64 == a.size {
+            a.fill = Some(value);
+        }
+        if value == 0 {
+            ctx.zeroed += n as u64;
+        }
+        if ctx.scrubbed {
+            return Ok(());
+        }
+        let zeroed = ctx.zeroed;
+        let done = with_state(&paths, |st| {
+            let Some((total, used)) = target_memory(st, t) else {
+                return (false, false);
+            };
+            if zeroed + SCRUB_SLACK < total.saturating_sub(used) {
+                return (false, false);
+            }
+            let g = st.gpu_mut(t.gpu).expect("target GPU exists");
+            let slices = g.slices_of(t.gi);
+            for s in &mut g.dirty[slices] {
+                *s = None;
+            }
+            st.scrubs.push(ScrubEntry {
+                gpu: t.gpu,
+                gpu_instance: t.gi,
+                bytes: zeroed,
+            });
+            (true, true)
+        })
+        .map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+        ctx.scrubbed = done;
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> u32 {
+    with_ctx(|ctx| {
+        let (paths, t) = current(ctx)?;
+        if let Some(code) = fault(&paths, "cuMemcpyDtoH_v2") {
+            return Err(code);
+        }
+        let a = ctx
+            .allocs
+            .iter()
+            .find(|a| a.ptr <= src && src + n as u64 <= a.ptr + a.size)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let byte = match a.fill {
+            Some(v) => v,
+            None => {
+                let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+                let dirty = st
+                    .gpu(t.gpu)
+                    .is_some_and(|g| !g.dirty_tenants(t.gi).is_empty());
+                if dirty { DIRTY_BYTE } else { 0 }
+            }
+        };
+        if dst.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        unsafe { std::ptr::write_bytes(dst as *mut u8, byte, n) };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(code: u32, s: *mut *const c_char) -> u32 {
+    let msg: &'static CStr = match code {
+        0 => c"no error",
+        1 => c"invalid argument",
+        2 => c"out of memory",
+        3 => c"initialization error",
+        100 => c"no CUDA-capable device is detected",
+        101 => c"invalid device ordinal",
+        _ => c"unknown error",
+    };
+    if s.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsafe { *s = msg.as_ptr() };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(code: u32, s: *mut *const c_char) -> u32 {
+    let msg: &'static CStr = match code {
+        0 => c"CUDA_SUCCESS",
+        1 => c"CUDA_ERROR_INVALID_VALUE",
+        2 => c"CUDA_ERROR_OUT_OF_MEMORY",
+        3 => c"CUDA_ERROR_NOT_INITIALIZED",
+        100 => c"CUDA_ERROR_NO_DEVICE",
+        101 => c"CUDA_ERROR_INVALID_DEVICE",
+        _ => c"CUDA_ERROR_UNKNOWN",
+    };
+    if s.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsafe { *s = msg.as_ptr() };
+    CUDA_SUCCESS
+}

@@ -1,0 +1,458 @@
+//! The simulated node: GPUs, MIG instances, processes and memory contents, kept in a JSON file so
+//! that separate processes (agent runs, `sim-ctl`, tests) see the same hardware.
+//!
+//! Every access takes an exclusive `flock` on `<state>.lock`, loads the file, and writes it back
+//! only when something changed. The file is created from the config on first use.
+
+use gpu_tenancy::mig::{self, GpuModel, Shape};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the YAML file that describes the simulated GPUs.
+pub const CONFIG_ENV: &str = "GPU_TENANCY_SIM_CONFIG";
+/// Environment variable naming the state file (default: the config path + `.state.json`).
+pub const STATE_ENV: &str = "GPU_TENANCY_SIM_STATE";
+
+pub const MIB: u64 = 1024 * 1024;
+
+/// The config file: the same GPU entries as the offline inventory file.
+#[derive(Deserialize, Debug, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimConfig {
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// CUDA driver API version as NVML encodes it (`12040` is 12.4).
+    #[serde(default)]
+    pub cuda_version: Option<i32>,
+    pub gpus: Vec<GpuEntry>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuEntry {
+    #[serde(default)]
+    pub pci_device_id: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default = "one")]
+    pub count: u32,
+    #[serde(default)]
+    pub numa_node: Option<i32>,
+    /// Start with MIG mode enabled.
+    #[serde(default)]
+    pub mig: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SimState {
+    pub driver_version: String,
+    pub nvml_version: String,
+    pub cuda_version: i32,
+    pub gpus: Vec<SimGpu>,
+    /// Source of unique MIG UUIDs: a re-created instance gets a new one, as on real GPUs.
+    pub uuid_counter: u64,
+    /// NVML mutations so far (successful ones; what `log` lists).
+    pub mutations: u64,
+    pub log: Vec<LogEntry>,
+    pub faults: Vec<Fault>,
+    /// Abort the calling process right after this mutation number has been applied.
+    pub abort_at_mutation: Option<u64>,
+    /// Scrubs completed through the simulated CUDA side.
+    pub scrubs: Vec<ScrubEntry>,
+    /// Set by [`SimState::record`] when the abort point is reached; never saved.
+    #[serde(skip)]
+    pub abort_now: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SimGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub device_id: u16,
+    pub model: String,
+    pub memory_mib: u64,
+    pub numa_node: Option<i32>,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    /// NVML compute mode: 0 Default, 2 Prohibited, 3 ExclusiveProcess.
+    pub compute_mode: u32,
+    pub gis: Vec<SimGi>,
+    pub processes: Vec<SimProcess>,
+    /// Per memory slice: the tenant whose data it still holds (the whole GPU is all 8 slices).
+    pub dirty: Vec<Option<String>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SimGi {
+    pub id: u32,
+    pub profile_id: u32,
+    pub start: u32,
+    pub size: u32,
+    pub cis: Vec<SimCi>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SimCi {
+    pub id: u32,
+    pub profile_id: u32,
+    pub uuid: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SimProcess {
+    pub pid: u32,
+    pub gi: Option<u32>,
+    pub ci: Option<u32>,
+    pub used_mib: u64,
+    pub tenant: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    pub seq: u64,
+    pub call: String,
+    pub gpu: u32,
+    pub detail: String,
+}
+
+/// Makes a call fail: the `at`-th call of `call` (a function name, or `mutation` for any mutating
+/// call) after the fault is installed returns `error` instead, and so do the next `times - 1`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Fault {
+    pub call: String,
+    pub at: u64,
+    pub error: u32,
+    pub times: u32,
+    /// Matching calls seen so far.
+    #[serde(default)]
+    pub seen: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ScrubEntry {
+    pub gpu: u32,
+    /// `None` for the whole GPU.
+    pub gpu_instance: Option<u32>,
+    pub bytes: u64,
+}
+
+impl SimGpu {
+    pub fn model(&self) -> &'static GpuModel {
+        mig::model_by_name(&self.model).expect("state names a known model")
+    }
+
+    pub fn mig_capable(&self) -> bool {
+        true
+    }
+
+    /// A100-class GPUs need a reset for a MIG mode change; Hopper and later apply it at once.
+    pub fn mode_change_needs_reset(&self) -> bool {
+        self.model.starts_with("A100")
+    }
+
+    pub fn gi(&self, id: u32) -> Option<&SimGi> {
+        self.gis.iter().find(|g| g.id == id)
+    }
+
+    /// Memory of a GPU instance: its share of the memory slices.
+    pub fn gi_memory_mib(&self, gi: &SimGi) -> u64 {
+        self.memory_mib * gi.size as u64 / mig::MEMORY_SLICES as u64
+    }
+
+    pub fn slices_of(&self, gi: Option<u32>) -> std::ops::Range<usize> {
+        match gi.and_then(|id| self.gi(id)) {
+            Some(g) => g.start as usize..(g.start + g.size) as usize,
+            None => 0..mig::MEMORY_SLICES as usize,
+        }
+    }
+
+    /// Tenants whose data is still in the memory of the GPU (`gi: None`) or an instance.
+    pub fn dirty_tenants(&self, gi: Option<u32>) -> Vec<String> {
+        let mut out: Vec<String> = self.dirty[self.slices_of(gi)]
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    pub fn shape_of(profile_id: u32) -> Option<Shape> {
+        Shape::from_profile_id(profile_id)
+    }
+}
+
+impl SimState {
+    pub fn from_config(cfg: &SimConfig) -> Result<SimState, String> {
+        let mut st = SimState {
+            driver_version: cfg
+                .driver_version
+                .clone()
+                .unwrap_or_else(|| "550.54.15".into()),
+            nvml_version: "12.550.54.15".into(),
+            cuda_version: cfg.cuda_version.unwrap_or(12040),
+            ..Default::default()
+        };
+        for entry in &cfg.gpus {
+            let (model, device_id, name) = match (&entry.pci_device_id, &entry.model) {
+                (Some(pci), _) => {
+                    let model = mig::model_by_pci_id(pci).ok_or_else(|| {
+                        format!("gpus: pciDeviceId {pci:?} is not a modelled MIG GPU")
+                    })?;
+                    let id = mig::parse_pci_id(pci).unwrap_or(model.variants[0].device_id);
+                    (
+                        model,
+                        id,
+                        mig::variant_name(id).unwrap_or(model.name()).to_string(),
+                    )
+                }
+                (None, Some(name)) => {
+                    let model = mig::model_by_name(name)
+                        .ok_or_else(|| format!("gpus: model {name:?} is not a modelled MIG GPU"))?;
+                    let v = model
+                        .variants
+                        .iter()
+                        .find(|v| v.name == name)
+                        .unwrap_or(&model.variants[0]);
+                    (model, v.device_id, v.name.to_string())
+                }
+                (None, None) => return Err("gpus: each entry needs pciDeviceId or model".into()),
+            };
+            for _ in 0..entry.count {
+                let index = st.gpus.len() as u32;
+                st.gpus.push(SimGpu {
+                    index,
+                    uuid: format!(
+                        "GPU-{:08x}-51a1-4e0b-9c{:02x}-{:012x}",
+                        0x5157_0000 + index,
+                        index,
+                        device_id as u64
+                    ),
+                    name: name.clone(),
+                    device_id,
+                    model: model.key.to_string(),
+                    memory_mib: model.memory_mib,
+                    numa_node: entry.numa_node,
+                    mig_current: entry.mig,
+                    mig_pending: entry.mig,
+                    compute_mode: 0,
+                    gis: Vec::new(),
+                    processes: Vec::new(),
+                    dirty: vec![None; mig::MEMORY_SLICES as usize],
+                });
+            }
+        }
+        Ok(st)
+    }
+
+    pub fn gpu(&self, index: u32) -> Option<&SimGpu> {
+        self.gpus.get(index as usize)
+    }
+
+    pub fn gpu_mut(&mut self, index: u32) -> Option<&mut SimGpu> {
+        self.gpus.get_mut(index as usize)
+    }
+
+    pub fn next_mig_uuid(&mut self, gpu: u32, gi: u32) -> String {
+        self.uuid_counter += 1;
+        format!(
+            "MIG-{:08x}-{:04x}-4d1e-8f00-{:012x}",
+            0x6d16_0000 + gpu,
+            gi,
+            self.uuid_counter
+        )
+    }
+
+    /// Counts a call against the faults installed for it; returns the injected error, if due.
+    pub fn check_fault(&mut self, call: &str) -> Option<u32> {
+        let mut hit = None;
+        for f in self
+            .faults
+            .iter_mut()
+            .filter(|f| f.call == call && f.times > 0)
+        {
+            f.seen += 1;
+            if hit.is_none() && f.seen >= f.at {
+                f.times -= 1;
+                hit = Some(f.error);
+            }
+        }
+        hit
+    }
+
+    /// Records a successful mutation. At the abort point the process is killed right after the
+    /// state is saved, like an agent killed between two steps.
+    pub fn record(&mut self, call: &str, gpu: u32, detail: String) {
+        self.mutations += 1;
+        self.log.push(LogEntry {
+            seq: self.mutations,
+            call: call.to_string(),
+            gpu,
+            detail,
+        });
+        if self.abort_at_mutation == Some(self.mutations) {
+            self.abort_at_mutation = None;
+            self.abort_now = true;
+        }
+    }
+
+    /// A node reboot: instances and processes are gone, pending MIG modes take effect, compute
+    /// modes go back to Default. Memory contents are not cleared (nothing guarantees that).
+    pub fn reboot(&mut self) {
+        for g in &mut self.gpus {
+            g.gis.clear();
+            g.processes.clear();
+            g.mig_current = g.mig_pending;
+            g.compute_mode = 0;
+        }
+    }
+
+    /// A GPU reset: applies a pending MIG mode. Refused while processes run.
+    pub fn reset(&mut self, index: u32) -> Result<(), String> {
+        let g = self
+            .gpu_mut(index)
+            .ok_or_else(|| format!("no GPU {index}"))?;
+        if !g.processes.is_empty() {
+            return Err(format!("GPU {index} has processes; a reset is refused"));
+        }
+        g.gis.clear();
+        g.mig_current = g.mig_pending;
+        Ok(())
+    }
+
+    /// Mutation log entries after `since` (a `mutations` value read earlier).
+    pub fn log_since(&self, since: u64) -> Vec<LogEntry> {
+        self.log.iter().filter(|e| e.seq > since).cloned().collect()
+    }
+}
+
+/// Where the config and state live, from the environment.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    pub config: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Paths {
+    pub fn from_env() -> Result<Paths, String> {
+        let config = std::env::var_os(CONFIG_ENV)
+            .map(PathBuf::from)
+            .ok_or_else(|| {
+                format!("{CONFIG_ENV} is not set: it must name the simulated GPUs' YAML file")
+            })?;
+        Ok(Paths::for_config(&config))
+    }
+
+    pub fn for_config(config: &Path) -> Paths {
+        let state = std::env::var_os(STATE_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let mut s = config.as_os_str().to_owned();
+                s.push(".state.json");
+                PathBuf::from(s)
+            });
+        Paths {
+            config: config.to_path_buf(),
+            state,
+        }
+    }
+}
+
+struct Lock(File);
+
+impl Lock {
+    fn take(state: &Path) -> Result<Lock, String> {
+        let mut p = state.as_os_str().to_owned();
+        p.push(".lock");
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(PathBuf::from(&p))
+            .map_err(|e| format!("cannot open lock file {}: {e}", PathBuf::from(&p).display()))?;
+        // SAFETY: flock on a descriptor we own; released when the file closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!("cannot lock {}", PathBuf::from(&p).display()));
+        }
+        Ok(Lock(f))
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking our own descriptor.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+pub fn load_config(path: &Path) -> Result<SimConfig, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn load_unlocked(paths: &Paths) -> Result<SimState, String> {
+    match std::fs::read_to_string(&paths.state) {
+        Ok(text) => {
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", paths.state.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            SimState::from_config(&load_config(&paths.config)?)
+        }
+        Err(e) => Err(format!("cannot read {}: {e}", paths.state.display())),
+    }
+}
+
+fn save_unlocked(paths: &Paths, st: &SimState) -> Result<(), String> {
+    let tmp = paths.state.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    f.write_all(
+        serde_json::to_string_pretty(st)
+            .expect("state serialises")
+            .as_bytes(),
+    )
+    .and_then(|_| f.sync_all())
+    .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &paths.state)
+        .map_err(|e| format!("cannot replace {}: {e}", paths.state.display()))
+}
+
+/// Runs `f` on the state under the lock; saves when `f` reports a change (`.1 == true`).
+pub fn with_state<R>(
+    paths: &Paths,
+    f: impl FnOnce(&mut SimState) -> (R, bool),
+) -> Result<R, String> {
+    let _lock = Lock::take(&paths.state)?;
+    let mut st = load_unlocked(paths)?;
+    let (r, changed) = f(&mut st);
+    if changed || st.abort_now {
+        save_unlocked(paths, &st)?;
+    }
+    if st.abort_now {
+        eprintln!(
+            "nvml-sim: aborting at mutation {} as injected",
+            st.mutations
+        );
+        std::process::abort();
+    }
+    Ok(r)
+}
+
+/// Reads the state (for tests and `sim-ctl`).
+pub fn read(paths: &Paths) -> Result<SimState, String> {
+    with_state(paths, |st| (st.clone(), false))
+}
+
+/// Changes the state (for tests and `sim-ctl`).
+pub fn update<R>(paths: &Paths, f: impl FnOnce(&mut SimState) -> R) -> Result<R, String> {
+    with_state(paths, |st| (f(st), true))
+}

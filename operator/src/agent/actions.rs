@@ -1,0 +1,526 @@
+//! What to do to the GPUs: a pure function from what NVML reports, the desired spec and the
+//! previously published status to a list of actions per GPU. No NVML, no clock, no I/O.
+//!
+//! Rules (DESIGN.md §4): a GPU whose state already matches gets no action; a GPU with processes
+//! in the way of a change is left as it is (`Busy`); a MIG mode change pending until a reset is
+//! reported (`ResetRequired`) and never retried; instances that stay are untouched; memory is
+//! scrubbed when a GPU or instance changes hands.
+
+use crate::api::{
+    GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory,
+};
+use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
+use std::fmt;
+
+/// NVML compute modes the agent sets.
+pub const COMPUTE_DEFAULT: &str = "Default";
+pub const COMPUTE_EXCLUSIVE_PROCESS: &str = "ExclusiveProcess";
+
+/// One step of a reconfiguration. NVML steps first, scrubs last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    SetMigMode {
+        gpu: u32,
+        enable: bool,
+    },
+    DestroyComputeInstance {
+        gpu: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    },
+    DestroyGpuInstance {
+        gpu: u32,
+        gpu_instance_id: u32,
+        profile: String,
+        placement: Placement,
+    },
+    /// Creates the GPU instance and one compute instance spanning it.
+    CreateInstance {
+        gpu: u32,
+        profile_id: u32,
+        profile: String,
+        placement: Placement,
+    },
+    /// Finishes a GPU instance left without a compute instance.
+    CreateComputeInstance {
+        gpu: u32,
+        gpu_instance_id: u32,
+    },
+    SetComputeMode {
+        gpu: u32,
+        mode: &'static str,
+    },
+    Scrub {
+        gpu: u32,
+        target: ScrubTarget,
+        tenant: Option<String>,
+    },
+}
+
+/// What a scrub clears: the whole GPU, or the MIG instance at a placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScrubTarget {
+    Gpu,
+    Instance(Placement),
+}
+
+impl Action {
+    pub fn gpu(&self) -> u32 {
+        match self {
+            Action::SetMigMode { gpu, .. }
+            | Action::DestroyComputeInstance { gpu, .. }
+            | Action::DestroyGpuInstance { gpu, .. }
+            | Action::CreateInstance { gpu, .. }
+            | Action::CreateComputeInstance { gpu, .. }
+            | Action::SetComputeMode { gpu, .. }
+            | Action::Scrub { gpu, .. } => *gpu,
+        }
+    }
+
+    pub fn is_scrub(&self) -> bool {
+        matches!(self, Action::Scrub { .. })
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::SetMigMode { enable, .. } => {
+                write!(f, "{} MIG mode", if *enable { "enable" } else { "disable" })
+            }
+            Action::DestroyComputeInstance {
+                gpu_instance_id,
+                compute_instance_id,
+                ..
+            } => {
+                write!(
+                    f,
+                    "destroy compute instance {compute_instance_id} of GPU instance {gpu_instance_id}"
+                )
+            }
+            Action::DestroyGpuInstance {
+                profile, placement, ..
+            } => write!(f, "destroy {profile} at {placement}"),
+            Action::CreateInstance {
+                profile, placement, ..
+            } => write!(f, "create {profile} at {placement}"),
+            Action::CreateComputeInstance {
+                gpu_instance_id, ..
+            } => {
+                write!(
+                    f,
+                    "create the compute instance of GPU instance {gpu_instance_id}"
+                )
+            }
+            Action::SetComputeMode { mode, .. } => write!(f, "set compute mode {mode}"),
+            Action::Scrub {
+                target: ScrubTarget::Gpu,
+                ..
+            } => write!(f, "scrub GPU memory"),
+            Action::Scrub {
+                target: ScrubTarget::Instance(p),
+                ..
+            } => write!(f, "scrub instance at {p}"),
+        }
+    }
+}
+
+/// Why a GPU is left as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// `Busy`, `ResetRequired`, `NotFound`, `InvalidSpec`, `MigNotSupported`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The decision for one GPU of the spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuPlan {
+    pub index: u32,
+    pub actions: Vec<Action>,
+    pub blocked: Option<Blocked>,
+    /// Things found that a person may want to know (half-done work, drift), already handled.
+    pub notes: Vec<String>,
+}
+
+impl GpuPlan {
+    pub fn nvml_actions(&self) -> impl Iterator<Item = &Action> {
+        self.actions.iter().filter(|a| !a.is_scrub())
+    }
+
+    fn block(&mut self, reason: &'static str, message: String) {
+        self.actions.clear();
+        self.blocked = Some(Blocked { reason, message });
+    }
+}
+
+/// What earlier rounds of the same run did: later rounds must neither repeat a scrub nor forget
+/// that a target was reconfigured (created, mode changed) and so needs one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunMemory {
+    pub scrubbed: Vec<(u32, ScrubTarget)>,
+    pub touched: Vec<(u32, ScrubTarget)>,
+}
+
+type Done<'a> = &'a RunMemory;
+
+/// Plans every GPU the spec names, in spec order.
+pub fn plan_node(
+    observed: &GpuNodeStatus,
+    spec: &GpuNodeSpec,
+    previous: Option<&GpuNodeStatus>,
+    done: Done,
+) -> Vec<GpuPlan> {
+    spec.gpus
+        .iter()
+        .map(|g| {
+            let prev = previous.and_then(|p| p.gpus.iter().find(|x| x.index == g.index));
+            match observed.gpus.iter().find(|o| o.index == g.index) {
+                Some(o) => plan_gpu(o, g, prev, done),
+                None => GpuPlan {
+                    index: g.index,
+                    blocked: Some(Blocked {
+                        reason: "NotFound",
+                        message: format!(
+                            "spec.gpus[index={}]: this node has no GPU {} (NVML reports {} GPU{}); fix the index in the spec",
+                            g.index,
+                            g.index,
+                            observed.gpus.len(),
+                            if observed.gpus.len() == 1 { "" } else { "s" }
+                        ),
+                    }),
+                    ..Default::default()
+                },
+            }
+        })
+        .collect()
+}
+
+fn pids(procs: impl Iterator<Item = u32>) -> String {
+    procs.map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Plans one GPU.
+pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done) -> GpuPlan {
+    let mut plan = GpuPlan {
+        index: g.index,
+        ..Default::default()
+    };
+    let want_mig = g.mode == Mode::Mig;
+    let all_pids = || pids(o.processes.iter().map(|p| p.pid));
+
+    let Some(mig) = o.mig_mode else {
+        if want_mig {
+            plan.block(
+                "MigNotSupported",
+                format!(
+                    "GPU {} ({}) does not support MIG; choose another mode",
+                    g.index, o.name
+                ),
+            );
+            return plan;
+        }
+        return plan_whole_gpu(o, g, prev, done, plan);
+    };
+    if want_mig {
+        if let Err(e) = validate_layout(o, g) {
+            plan.block(
+                "InvalidSpec",
+                format!("spec.gpus[index={}].migInstances: {e}", g.index),
+            );
+            return plan;
+        }
+    }
+
+    if mig.current != want_mig || mig.pending != want_mig {
+        if mig.current != want_mig && mig.pending == want_mig {
+            plan.block(
+                "ResetRequired",
+                format!(
+                    "MIG mode {} is pending until GPU {} is reset: stop its clients and run `nvidia-smi -r -i {}`, or reboot the node",
+                    if want_mig { "enable" } else { "disable" },
+                    g.index,
+                    g.index
+                ),
+            );
+            return plan;
+        }
+        if !o.processes.is_empty() {
+            plan.block(
+                "Busy",
+                format!(
+                    "MIG mode must change but processes run on GPU {}: pids {}",
+                    g.index,
+                    all_pids()
+                ),
+            );
+            return plan;
+        }
+        if !want_mig {
+            for inst in &o.instances {
+                destroy_instance(&mut plan.actions, g.index, inst);
+            }
+        }
+        plan.actions.push(Action::SetMigMode {
+            gpu: g.index,
+            enable: want_mig,
+        });
+        // The layout (or whole-GPU settings) follow once the mode is in effect: the next round.
+        return plan;
+    }
+    if !want_mig {
+        return plan_whole_gpu(o, g, prev, done, plan);
+    }
+
+    let current: Vec<ExistingInstance> = o
+        .instances
+        .iter()
+        .map(|i| ExistingInstance {
+            profile: i.profile.clone(),
+            placement: i.placement,
+            gpu_instance_id: Some(i.gpu_instance_id),
+        })
+        .collect();
+    let diff = diff_placed(&current, &g.mig_instances);
+    let inst_of = |e: &ExistingInstance| {
+        o.instances
+            .iter()
+            .find(|i| Some(i.gpu_instance_id) == e.gpu_instance_id)
+    };
+
+    let mut busy = Vec::new();
+    for e in &diff.destroy {
+        let inst = inst_of(e).expect("diffed from these instances");
+        let p: Vec<u32> = o
+            .processes
+            .iter()
+            .filter(|p| p.gpu_instance_id == Some(inst.gpu_instance_id))
+            .map(|p| p.pid)
+            .collect();
+        if !p.is_empty() {
+            busy.push(format!(
+                "{} at {} runs pids {}",
+                inst.profile,
+                inst.placement,
+                pids(p.into_iter())
+            ));
+        }
+        plan.notes.push(format!(
+            "{} at {} is not in the spec",
+            inst.profile, inst.placement
+        ));
+        destroy_instance(&mut plan.actions, g.index, inst);
+    }
+    for c in &diff.create {
+        let Some(profile) = o.profiles.iter().find(|p| p.name == c.profile) else {
+            unreachable!("validated")
+        };
+        plan.actions.push(Action::CreateInstance {
+            gpu: g.index,
+            profile_id: profile.id,
+            profile: c.profile.clone(),
+            placement: c.placement,
+        });
+    }
+    for k in &diff.keep {
+        let inst = inst_of(k).expect("diffed from these instances");
+        if inst.compute_instance_id.is_none() {
+            plan.notes.push(format!(
+                "GPU instance {} ({} at {}) has no compute instance, likely from an interrupted run",
+                inst.gpu_instance_id, inst.profile, inst.placement
+            ));
+            plan.actions.push(Action::CreateComputeInstance {
+                gpu: g.index,
+                gpu_instance_id: inst.gpu_instance_id,
+            });
+        }
+    }
+
+    for want in &g.mig_instances {
+        let target = ScrubTarget::Instance(want.placement);
+        let existing = o
+            .instances
+            .iter()
+            .find(|i| i.placement == want.placement && i.profile == want.profile);
+        let created = diff.create.iter().any(|c| c.placement == want.placement)
+            || done.touched.contains(&(g.index, target));
+        let prev_inst = prev.map(|p| {
+            p.instances
+                .iter()
+                .find(|i| i.placement == want.placement && i.profile == want.profile)
+        });
+        let changed = match prev_inst {
+            // The previous status knows this GPU: any difference in hands (or a missing record,
+            // e.g. a run killed before it published) counts.
+            Some(Some(pi)) => pi.tenant != want.tenant || scrub_failed(pi.last_scrub.as_ref()),
+            Some(None) => true,
+            // Nothing known: adopt what is there, scrub what is new.
+            None => created,
+        };
+        let needed = match g.scrub {
+            ScrubMemory::Never => false,
+            ScrubMemory::OnTenantChange => changed,
+            ScrubMemory::Always => changed || created,
+        };
+        if needed && !done.scrubbed.contains(&(g.index, target)) {
+            if let Some(inst) = existing.filter(|_| !created) {
+                let p: Vec<u32> = o
+                    .processes
+                    .iter()
+                    .filter(|p| p.gpu_instance_id == Some(inst.gpu_instance_id))
+                    .map(|p| p.pid)
+                    .collect();
+                if !p.is_empty() {
+                    busy.push(format!(
+                        "{} at {} changes hands but runs pids {}",
+                        inst.profile,
+                        inst.placement,
+                        pids(p.into_iter())
+                    ));
+                }
+            }
+            plan.actions.push(Action::Scrub {
+                gpu: g.index,
+                target,
+                tenant: want.tenant.clone(),
+            });
+        }
+    }
+    if !busy.is_empty() {
+        plan.block(
+            "Busy",
+            format!("GPU {} left as it is: {}", g.index, busy.join("; ")),
+        );
+    }
+    plan
+}
+
+fn scrub_failed(r: Option<&crate::api::ScrubRecord>) -> bool {
+    r.is_some_and(|r| r.result == "Failed")
+}
+
+fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatus) {
+    if let Some(ci) = inst.compute_instance_id {
+        actions.push(Action::DestroyComputeInstance {
+            gpu,
+            gpu_instance_id: inst.gpu_instance_id,
+            compute_instance_id: ci,
+        });
+    }
+    actions.push(Action::DestroyGpuInstance {
+        gpu,
+        gpu_instance_id: inst.gpu_instance_id,
+        profile: inst.profile.clone(),
+        placement: inst.placement,
+    });
+}
+
+/// A GPU used whole (MPS, TimeSlicing, Exclusive) with MIG off.
+fn plan_whole_gpu(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    mut plan: GpuPlan,
+) -> GpuPlan {
+    let want_cm = if g.mode == Mode::Mps {
+        COMPUTE_EXCLUSIVE_PROCESS
+    } else {
+        COMPUTE_DEFAULT
+    };
+    let cm_change = o.compute_mode.as_deref() != Some(want_cm);
+    let reconfigured = cm_change || done.touched.contains(&(g.index, ScrubTarget::Gpu));
+    let changed = match prev {
+        Some(p) => {
+            p.applied_mode != Some(g.mode)
+                || p.applied_tenants != g.tenants
+                || scrub_failed(p.last_scrub.as_ref())
+        }
+        None => reconfigured,
+    };
+    let needed = match g.scrub {
+        ScrubMemory::Never => false,
+        ScrubMemory::OnTenantChange => changed,
+        ScrubMemory::Always => changed || reconfigured,
+    } && !done.scrubbed.contains(&(g.index, ScrubTarget::Gpu));
+    if (cm_change || needed) && !o.processes.is_empty() {
+        let what = if cm_change {
+            "its compute mode must change"
+        } else {
+            "it changes hands"
+        };
+        let pids = pids(o.processes.iter().map(|p| p.pid));
+        plan.block(
+            "Busy",
+            format!(
+                "GPU {} left as it is: {what} but processes run: pids {pids}",
+                g.index
+            ),
+        );
+        return plan;
+    }
+    if cm_change {
+        plan.actions.push(Action::SetComputeMode {
+            gpu: g.index,
+            mode: want_cm,
+        });
+    }
+    if needed {
+        plan.actions.push(Action::Scrub {
+            gpu: g.index,
+            target: ScrubTarget::Gpu,
+            tenant: g.tenants.first().cloned(),
+        });
+    }
+    plan
+}
+
+/// Checks a spec layout against the profiles and placements the driver reports for this GPU.
+pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), String> {
+    let mut compute = 0;
+    for (i, inst) in g.mig_instances.iter().enumerate() {
+        let Some(p) = o.profiles.iter().find(|p| p.name == inst.profile) else {
+            let known: Vec<&str> = o.profiles.iter().map(|p| p.name.as_str()).collect();
+            return Err(format!(
+                "[{i}] profile {:?} is not offered by {} (it offers {})",
+                inst.profile,
+                o.name,
+                known.join(", ")
+            ));
+        };
+        if !p.placements.contains(&inst.placement) {
+            let ok: Vec<String> = p.placements.iter().map(|x| x.to_string()).collect();
+            return Err(format!(
+                "[{i}] {} cannot be placed at {} (allowed: {})",
+                inst.profile,
+                inst.placement,
+                ok.join(", ")
+            ));
+        }
+        for (j, other) in g.mig_instances.iter().enumerate().take(i) {
+            let (a, b) = (inst.placement, other.placement);
+            if a.start < b.start + b.size && b.start < a.start + a.size {
+                return Err(format!(
+                    "[{i}] {} at {a} overlaps [{j}] {} at {b}",
+                    inst.profile, other.profile
+                ));
+            }
+        }
+        let same = g
+            .mig_instances
+            .iter()
+            .filter(|x| x.profile == inst.profile)
+            .count() as u32;
+        if same > p.max_instances {
+            return Err(format!(
+                "{} allows {} instances per GPU, {same} requested",
+                inst.profile, p.max_instances
+            ));
+        }
+        compute += p.compute_slices;
+    }
+    if compute > COMPUTE_SLICES {
+        return Err(format!("compute slices {compute} > {COMPUTE_SLICES}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,540 @@
+//! The NVML backend: reads the GPUs into a `GpuNodeStatus` and carries out NVML actions.
+//!
+//! `nvml-wrapper` covers the simple queries; MIG placements and GPU/compute instance management
+//! go through its raw function table (`Nvml::lib()`), because the wrapper does not offer them
+//! (and its `possible_placements` returns an empty list). Profile IDs and placements always come
+//! from the driver: other GPUs number them differently than the static tables.
+
+use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
+use crate::api::{
+    DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus,
+    Placement, ProcessStatus,
+};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::{NvmlError, nvml_try};
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{CStr, OsStr};
+use std::ptr;
+
+const MIB: u64 = 1024 * 1024;
+
+/// `nvmlGpuInstanceProfileInfo_v2`: struct size with the version in the top byte (nvml.h's
+/// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)`).
+const PROFILE_INFO_V2: u32 =
+    std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+
+/// An initialised NVML library.
+pub struct NvmlGpus {
+    nvml: Nvml,
+}
+
+fn err(what: &str, e: NvmlError) -> String {
+    format!("{what}: {e}")
+}
+
+/// A function of the raw table, or which one the library lacks.
+fn sym<'a, T, E: std::fmt::Display>(r: Result<&'a T, E>) -> Result<&'a T, String> {
+    r.map_err(|e| format!("the NVML library lacks a function the agent needs: {e}"))
+}
+
+/// Turns a raw NVML return code into a `Result`.
+fn check(what: impl FnOnce() -> String, code: nvmlReturn_t) -> Result<(), String> {
+    nvml_try(code).map_err(|e| err(&what(), e))
+}
+
+impl NvmlGpus {
+    /// Loads NVML from `lib` (the system's `libnvidia-ml.so.1` when `None`) and initialises it.
+    pub fn open(lib: Option<&OsStr>) -> Result<NvmlGpus, String> {
+        let name = lib
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "libnvidia-ml.so".into());
+        let mut b = Nvml::builder();
+        if let Some(l) = lib {
+            b.lib_path(l);
+        }
+        match b.init() {
+            Ok(nvml) => Ok(NvmlGpus { nvml }),
+            Err(NvmlError::LibloadingError(e)) => Err(format!(
+                "cannot load the NVML library {name}: {e}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1"
+            )),
+            Err(e) => Err(format!(
+                "NVML library {name} failed to initialise (nvmlInit_v2): {e}"
+            )),
+        }
+    }
+
+    fn lib(&self) -> &NvmlLib {
+        self.nvml.lib()
+    }
+
+    /// Everything the agent publishes about the node's GPUs. Per-GPU read errors end up in that
+    /// GPU's `message` rather than failing the whole node.
+    pub fn discover(&self) -> Result<GpuNodeStatus, String> {
+        let driver = DriverInfo {
+            driver_version: self
+                .nvml
+                .sys_driver_version()
+                .map_err(|e| err("nvmlSystemGetDriverVersion", e))?,
+            nvml_version: self
+                .nvml
+                .sys_nvml_version()
+                .map_err(|e| err("nvmlSystemGetNVMLVersion", e))?,
+            cuda_version: self
+                .nvml
+                .sys_cuda_driver_version()
+                .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
+                .map_err(|e| err("nvmlSystemGetCudaDriverVersion_v2", e))?,
+        };
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| err("nvmlDeviceGetCount_v2", e))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            gpus.push(self.discover_gpu(index).unwrap_or_else(|e| GpuStatus {
+                index,
+                reason: Some("DiscoveryFailed".into()),
+                message: Some(e),
+                ..Default::default()
+            }));
+        }
+        Ok(GpuNodeStatus {
+            driver: Some(driver),
+            gpu_count: Some(count),
+            gpus,
+            ..Default::default()
+        })
+    }
+
+    fn discover_gpu(&self, index: u32) -> Result<GpuStatus, String> {
+        let at = |call: &str| format!("{call}(GPU {index})");
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| err(&at("nvmlDeviceGetHandleByIndex_v2"), e))?;
+        let pci = dev
+            .pci_info()
+            .map_err(|e| err(&at("nvmlDeviceGetPciInfo_v3"), e))?;
+        let mig_mode = match dev.mig_mode() {
+            Ok(m) => Some(MigModeStatus {
+                current: m.current == 1,
+                pending: m.pending == 1,
+            }),
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return Err(err(&at("nvmlDeviceGetMigMode"), e)),
+        };
+        // SAFETY: the handle belongs to `dev`, which lives as long as `self.nvml`.
+        let handle = unsafe { dev.handle() };
+        let profiles = if mig_mode.is_some() {
+            self.profiles(index, handle)?
+        } else {
+            Vec::new()
+        };
+        let instances = if mig_mode.is_some_and(|m| m.current) {
+            self.instances(index, handle, &profiles)?
+        } else {
+            Vec::new()
+        };
+        let processes = dev
+            .running_compute_processes()
+            .map_err(|e| err(&at("nvmlDeviceGetComputeRunningProcesses_v3"), e))?
+            .into_iter()
+            .map(|p| ProcessStatus {
+                pid: p.pid,
+                gpu_instance_id: p.gpu_instance_id,
+                compute_instance_id: p.compute_instance_id,
+                used_memory_mib: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b / MIB),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect();
+        Ok(GpuStatus {
+            index,
+            uuid: dev.uuid().map_err(|e| err(&at("nvmlDeviceGetUUID"), e))?,
+            name: dev.name().map_err(|e| err(&at("nvmlDeviceGetName"), e))?,
+            pci_device_id: format!("0x{:08X}", pci.pci_device_id),
+            memory_mib: dev
+                .memory_info()
+                .map_err(|e| err(&at("nvmlDeviceGetMemoryInfo_v2"), e))?
+                .total
+                / MIB,
+            numa_node: dev.numa_node_id().ok().map(|n| n as i32),
+            compute_mode: dev
+                .compute_mode()
+                .ok()
+                .map(|m| compute_mode_name(m).to_string()),
+            mig_mode,
+            profiles,
+            instances,
+            processes,
+            ..Default::default()
+        })
+    }
+
+    /// GPU instance profiles by NVML enum, with IDs, names and placements as the driver reports.
+    fn profiles(&self, index: u32, dev: nvmlDevice_t) -> Result<Vec<MigProfileStatus>, String> {
+        let lib = self.lib();
+        let info_v = lib.nvmlDeviceGetGpuInstanceProfileInfoV.as_ref().ok();
+        let info_v1 = sym(lib.nvmlDeviceGetGpuInstanceProfileInfo.as_ref())?;
+        let placements = sym(lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.as_ref())?;
+        let mut out: Vec<MigProfileStatus> = Vec::new();
+        for e in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
+            // SAFETY: plain C structs filled by NVML; zeroed is a valid initial value.
+            let mut info: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+            info.version = PROFILE_INFO_V2;
+            let code = match info_v {
+                Some(f) => unsafe { f(dev, e, &mut info) },
+                None => nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND,
+            };
+            let name = if code == nvmlReturn_enum_NVML_SUCCESS {
+                let raw = unsafe { CStr::from_ptr(info.name.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned();
+                raw.trim_start_matches("MIG ").to_string()
+            } else {
+                // Older drivers: no names; fall back to the v1 call and the static model tables.
+                let mut v1: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+                if unsafe { info_v1(dev, e, &mut v1) } != nvmlReturn_enum_NVML_SUCCESS {
+                    continue;
+                }
+                info.id = v1.id;
+                info.sliceCount = v1.sliceCount;
+                info.instanceCount = v1.instanceCount;
+                info.memorySizeMB = v1.memorySizeMB;
+                String::new()
+            };
+            if out.iter().any(|p| p.id == info.id) {
+                continue;
+            }
+            let mut count: u32 = 0;
+            let what = || {
+                format!(
+                    "nvmlDeviceGetGpuInstancePossiblePlacements_v2(GPU {index}, profile {})",
+                    info.id
+                )
+            };
+            match unsafe { placements(dev, info.id, ptr::null_mut(), &mut count) } {
+                c if c == nvmlReturn_enum_NVML_SUCCESS
+                    || c == nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => {}
+                c if c == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => continue,
+                c => check(what, c)?,
+            }
+            let mut buf = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+            if count > 0 {
+                check(what, unsafe {
+                    placements(dev, info.id, buf.as_mut_ptr(), &mut count)
+                })?;
+                buf.truncate(count as usize);
+            }
+            let placements: Vec<Placement> = buf
+                .iter()
+                .map(|p| Placement {
+                    start: p.start,
+                    size: p.size,
+                })
+                .collect();
+            let name = if name.is_empty() {
+                fallback_name(self, index, info.id)
+            } else {
+                name
+            };
+            out.push(MigProfileStatus {
+                id: info.id,
+                name,
+                compute_slices: info.sliceCount,
+                memory_slices: placements.first().map(|p| p.size).unwrap_or(0),
+                memory_mib: info.memorySizeMB,
+                max_instances: info.instanceCount,
+                placements,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Existing GPU instances with their first compute instance and MIG device UUID.
+    fn instances(
+        &self,
+        index: u32,
+        dev: nvmlDevice_t,
+        profiles: &[MigProfileStatus],
+    ) -> Result<Vec<MigInstanceStatus>, String> {
+        let lib = self.lib();
+        let get_gis = sym(lib.nvmlDeviceGetGpuInstances.as_ref())?;
+        let gi_info = sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
+        let mut out = Vec::new();
+        for p in profiles {
+            let mut buf: Vec<nvmlGpuInstance_t> =
+                vec![ptr::null_mut(); p.max_instances.max(1) as usize];
+            let mut count = 0u32;
+            let what = || format!("nvmlDeviceGetGpuInstances(GPU {index}, profile {})", p.id);
+            check(what, unsafe {
+                get_gis(dev, p.id, buf.as_mut_ptr(), &mut count)
+            })?;
+            for &gi in buf.iter().take(count as usize) {
+                let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+                check(|| format!("nvmlGpuInstanceGetInfo(GPU {index})"), unsafe {
+                    gi_info(gi, &mut info)
+                })?;
+                let cis = self.compute_instances(gi)?;
+                out.push(MigInstanceStatus {
+                    gpu_instance_id: info.id,
+                    compute_instance_id: cis.first().map(|c| c.1),
+                    profile_id: info.profileId,
+                    profile: p.name.clone(),
+                    placement: Placement {
+                        start: info.placement.start,
+                        size: info.placement.size,
+                    },
+                    ..Default::default()
+                });
+            }
+        }
+        // MIG device UUIDs, matched by (GPU instance, compute instance).
+        let max = {
+            let f = sym(lib.nvmlDeviceGetMaxMigDeviceCount.as_ref())?;
+            let mut n = 0u32;
+            check(
+                || format!("nvmlDeviceGetMaxMigDeviceCount(GPU {index})"),
+                unsafe { f(dev, &mut n) },
+            )?;
+            n
+        };
+        let by_index = sym(lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref())?;
+        let gi_id = sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())?;
+        let ci_id = sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())?;
+        let uuid_of = sym(lib.nvmlDeviceGetUUID.as_ref())?;
+        for j in 0..max {
+            let mut mig: nvmlDevice_t = ptr::null_mut();
+            if unsafe { by_index(dev, j, &mut mig) } != nvmlReturn_enum_NVML_SUCCESS {
+                continue;
+            }
+            let (mut g, mut c) = (0u32, 0u32);
+            let mut buf = [0 as std::ffi::c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
+            let ok = unsafe {
+                gi_id(mig, &mut g) == 0
+                    && ci_id(mig, &mut c) == 0
+                    && uuid_of(mig, buf.as_mut_ptr(), buf.len() as u32) == 0
+            };
+            if let Some(inst) = out
+                .iter_mut()
+                .find(|i| ok && i.gpu_instance_id == g && i.compute_instance_id == Some(c))
+            {
+                inst.uuid = Some(
+                    unsafe { CStr::from_ptr(buf.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+        out.sort_by_key(|i| i.placement);
+        Ok(out)
+    }
+
+    /// (CI profile ID, CI ID) of every compute instance of a GPU instance.
+    fn compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, u32)>, String> {
+        let lib = self.lib();
+        let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
+        let list = sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref())?;
+        let info = sym(lib.nvmlComputeInstanceGetInfo_v2.as_ref())?;
+        let mut out = Vec::new();
+        for e in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            let mut p: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+            if unsafe { prof(gi, e, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut p) }
+                != nvmlReturn_enum_NVML_SUCCESS
+            {
+                continue;
+            }
+            let mut buf: Vec<nvmlComputeInstance_t> =
+                vec![ptr::null_mut(); p.instanceCount.max(1) as usize];
+            let mut count = 0u32;
+            check(|| "nvmlGpuInstanceGetComputeInstances".into(), unsafe {
+                list(gi, p.id, buf.as_mut_ptr(), &mut count)
+            })?;
+            for &ci in buf.iter().take(count as usize) {
+                let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+                check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe {
+                    info(ci, &mut i)
+                })?;
+                out.push((p.id, i.id));
+            }
+        }
+        out.sort_by_key(|c| c.1);
+        Ok(out)
+    }
+
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, String> {
+        self.nvml
+            .device_by_index(gpu)
+            .map_err(|e| err(&format!("nvmlDeviceGetHandleByIndex_v2(GPU {gpu})"), e))
+    }
+
+    fn gpu_instance(&self, gpu: u32, id: u32) -> Result<nvmlGpuInstance_t, String> {
+        let dev = self.device(gpu)?;
+        let f = sym(self.lib().nvmlDeviceGetGpuInstanceById.as_ref())?;
+        let mut gi: nvmlGpuInstance_t = ptr::null_mut();
+        check(
+            || format!("nvmlDeviceGetGpuInstanceById(GPU {gpu}, {id})"),
+            unsafe { f(dev.handle(), id, &mut gi) },
+        )?;
+        Ok(gi)
+    }
+
+    /// Creates one compute instance spanning the GPU instance: the CI profile with the most slices
+    /// the driver offers for it.
+    fn create_full_ci(&self, gpu: u32, gi: nvmlGpuInstance_t) -> Result<(), String> {
+        let lib = self.lib();
+        let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
+        let create = sym(lib.nvmlGpuInstanceCreateComputeInstance.as_ref())?;
+        let mut best: Option<nvmlComputeInstanceProfileInfo_t> = None;
+        for e in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            let mut p: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+            if unsafe { prof(gi, e, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut p) }
+                == nvmlReturn_enum_NVML_SUCCESS
+                && best.is_none_or(|b| p.sliceCount > b.sliceCount)
+            {
+                best = Some(p);
+            }
+        }
+        let p = best.ok_or_else(|| {
+            format!(
+                "GPU {gpu}: the driver offers no compute instance profile for a new GPU instance"
+            )
+        })?;
+        let mut ci: nvmlComputeInstance_t = ptr::null_mut();
+        check(
+            || {
+                format!(
+                    "nvmlGpuInstanceCreateComputeInstance(GPU {gpu}, CI profile {})",
+                    p.id
+                )
+            },
+            unsafe { create(gi, p.id, &mut ci) },
+        )
+    }
+
+    /// Carries out one NVML action. Scrubs are not NVML's business.
+    pub fn execute(&self, action: &Action) -> Result<(), String> {
+        let lib = self.lib();
+        match action {
+            Action::SetMigMode { gpu, enable } => {
+                self.device(*gpu)?
+                    .set_mig_mode(*enable)
+                    .map_err(|e| err(&format!("nvmlDeviceSetMigMode(GPU {gpu})"), e))?;
+            }
+            Action::DestroyComputeInstance {
+                gpu,
+                gpu_instance_id,
+                compute_instance_id,
+            } => {
+                let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
+                let list = sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref())?;
+                let info = sym(lib.nvmlComputeInstanceGetInfo_v2.as_ref())?;
+                let destroy = sym(lib.nvmlComputeInstanceDestroy.as_ref())?;
+                let (profile, _) = self
+                    .compute_instances(gi)?
+                    .into_iter()
+                    .find(|c| c.1 == *compute_instance_id)
+                    .ok_or_else(|| format!("GPU {gpu}: compute instance {compute_instance_id} of GPU instance {gpu_instance_id} is gone"))?;
+                let mut buf: Vec<nvmlComputeInstance_t> = vec![ptr::null_mut(); 8];
+                let mut count = 0u32;
+                check(|| "nvmlGpuInstanceGetComputeInstances".into(), unsafe {
+                    list(gi, profile, buf.as_mut_ptr(), &mut count)
+                })?;
+                for &ci in buf.iter().take(count as usize) {
+                    let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+                    check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe {
+                        info(ci, &mut i)
+                    })?;
+                    if i.id == *compute_instance_id {
+                        let what = || {
+                            format!(
+                                "nvmlComputeInstanceDestroy(GPU {gpu}, GI {gpu_instance_id}, CI {compute_instance_id})"
+                            )
+                        };
+                        return check(what, unsafe { destroy(ci) });
+                    }
+                }
+            }
+            Action::DestroyGpuInstance {
+                gpu,
+                gpu_instance_id,
+                profile,
+                placement,
+            } => {
+                let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
+                let destroy = sym(lib.nvmlGpuInstanceDestroy.as_ref())?;
+                check(
+                    || format!("nvmlGpuInstanceDestroy(GPU {gpu}, {profile} at {placement})"),
+                    unsafe { destroy(gi) },
+                )?;
+            }
+            Action::CreateInstance {
+                gpu,
+                profile_id,
+                profile,
+                placement,
+            } => {
+                let dev = self.device(*gpu)?;
+                let create = sym(lib.nvmlDeviceCreateGpuInstanceWithPlacement.as_ref())?;
+                let p = nvmlGpuInstancePlacement_t {
+                    start: placement.start,
+                    size: placement.size,
+                };
+                let mut gi: nvmlGpuInstance_t = ptr::null_mut();
+                let what = || {
+                    format!(
+                        "nvmlDeviceCreateGpuInstanceWithPlacement(GPU {gpu}, {profile} at {placement})"
+                    )
+                };
+                check(what, unsafe {
+                    create(dev.handle(), *profile_id, &p, &mut gi)
+                })?;
+                self.create_full_ci(*gpu, gi)?;
+            }
+            Action::CreateComputeInstance {
+                gpu,
+                gpu_instance_id,
+            } => {
+                let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
+                self.create_full_ci(*gpu, gi)?;
+            }
+            Action::SetComputeMode { gpu, mode } => {
+                let m = if *mode == COMPUTE_EXCLUSIVE_PROCESS {
+                    ComputeMode::ExclusiveProcess
+                } else {
+                    ComputeMode::Default
+                };
+                let mut dev = self.device(*gpu)?;
+                dev.set_compute_mode(m)
+                    .map_err(|e| err(&format!("nvmlDeviceSetComputeMode(GPU {gpu}, {mode})"), e))?;
+            }
+            Action::Scrub { .. } => unreachable!("scrubs run through CUDA, not NVML"),
+        }
+        Ok(())
+    }
+}
+
+fn fallback_name(gpus: &NvmlGpus, index: u32, profile_id: u32) -> String {
+    let model = gpus
+        .nvml
+        .device_by_index(index)
+        .and_then(|d| d.pci_info())
+        .ok()
+        .and_then(|p| crate::mig::model_by_pci_id(&format!("0x{:08X}", p.pci_device_id)));
+    match (model, crate::mig::Shape::from_profile_id(profile_id)) {
+        (Some(m), Some(s)) => m.profile_for(s).name.to_string(),
+        _ => format!("profile-{profile_id}"),
+    }
+}
+
+pub fn compute_mode_name(m: ComputeMode) -> &'static str {
+    match m {
+        ComputeMode::Default => COMPUTE_DEFAULT,
+        ComputeMode::ExclusiveThread => "ExclusiveThread",
+        ComputeMode::Prohibited => "Prohibited",
+        ComputeMode::ExclusiveProcess => COMPUTE_EXCLUSIVE_PROCESS,
+    }
+}

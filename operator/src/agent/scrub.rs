@@ -1,0 +1,213 @@
+//! Memory scrubbing (DESIGN.md §4.3): allocate all free memory of a GPU or MIG instance, zero it,
+//! read a sample back, release it.
+//!
+//! CUDA sees one MIG instance per process (selected by `CUDA_VISIBLE_DEVICES` before `cuInit`),
+//! so every scrub runs in a child process, `gpu-tenancy agent scrub-worker`, with that variable
+//! set to the target's UUID. The child is also where cudarc loads `libcuda` (at run time: nothing
+//! needs CUDA to build), so a missing or broken library fails the scrub, not the agent. A chosen
+//! library (`--cuda-lib`) reaches cudarc through a private directory on the child's
+//! `LD_LIBRARY_PATH` holding `libcuda.so`/`libcuda.so.1` links to it: cudarc opens the library by
+//! those names.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MIB: u64 = 1024 * 1024;
+/// Allocation size to start with; halved on out-of-memory down to [`MIN_CHUNK`].
+const CHUNK: u64 = 256 * MIB;
+const MIN_CHUNK: u64 = 2 * MIB;
+/// Bytes read back from the start and the end of each allocation.
+const SAMPLE: usize = 64 * 1024;
+
+/// What one scrub did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrubReport {
+    /// The `CUDA_VISIBLE_DEVICES` entry scrubbed (a GPU or MIG UUID).
+    pub device: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub bytes_cleared: u64,
+    pub bytes_verified: u64,
+}
+
+/// How much to clear: all free memory, or a fixed amount (a quick check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amount {
+    AllFree,
+    Bytes(u64),
+}
+
+/// The worker: runs in the child process, on CUDA device 0.
+pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
+    use cudarc::driver::result;
+    let device = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "0".into());
+    // SAFETY: only probes whether the library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("cannot load the CUDA driver library (libcuda.so / libcuda.so.1): install the NVIDIA driver or pass --cuda-lib (GPU_TENANCY_CUDA_LIB)".into());
+    }
+    let cuda = |what: &str, e: result::DriverError| format!("{what} on {device}: {e:?}");
+    result::init().map_err(|e| cuda("cuInit", e))?;
+    let n = result::device::get_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
+    if n < 1 {
+        return Err(format!(
+            "CUDA sees no device for CUDA_VISIBLE_DEVICES={device}"
+        ));
+    }
+    let dev = result::device::get(0).map_err(|e| cuda("cuDeviceGet", e))?;
+    // SAFETY: the primary context of a device we just got; released before returning.
+    let ctx = unsafe { result::primary_ctx::retain(dev) }
+        .map_err(|e| cuda("cuDevicePrimaryCtxRetain", e))?;
+    unsafe { result::ctx::set_current(ctx) }.map_err(|e| cuda("cuCtxSetCurrent", e))?;
+    let (free, total) = result::mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
+    let target = match amount {
+        Amount::AllFree => free as u64,
+        Amount::Bytes(b) => b.min(free as u64),
+    };
+    let mut allocs: Vec<(u64, u64)> = Vec::new();
+    let outcome = (|| {
+        let mut cleared = 0u64;
+        let mut chunk = CHUNK;
+        while cleared < target && chunk >= MIN_CHUNK {
+            let size = chunk.min(target - cleared);
+            // SAFETY: plain device allocations, freed below.
+            match unsafe { result::malloc_sync(size as usize) } {
+                Ok(ptr) => {
+                    allocs.push((ptr, size));
+                    unsafe { result::memset_d8_sync(ptr, 0, size as usize) }
+                        .map_err(|e| cuda("cuMemsetD8", e))?;
+                    cleared += size;
+                }
+                Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    chunk /= 2
+                }
+                Err(e) => return Err(cuda("cuMemAlloc", e)),
+            }
+        }
+        let mut verified = 0u64;
+        let mut buf = vec![0xFFu8; SAMPLE];
+        for &(ptr, size) in &allocs {
+            let n = (size as usize).min(SAMPLE);
+            for off in [0, size - n as u64] {
+                unsafe { result::memcpy_dtoh_sync(&mut buf[..n], ptr + off) }
+                    .map_err(|e| cuda("cuMemcpyDtoH", e))?;
+                if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
+                    return Err(format!(
+                        "verification failed on {device}: byte {} of an allocation reads {:#04x}, not 0",
+                        off as usize + i,
+                        buf[i]
+                    ));
+                }
+                verified += n as u64;
+            }
+        }
+        Ok((cleared, verified))
+    })();
+    for (ptr, _) in allocs {
+        let _ = unsafe { result::free_sync(ptr) };
+    }
+    let _ = unsafe { result::primary_ctx::release(dev) };
+    let (cleared, verified) = outcome?;
+    Ok(ScrubReport {
+        device,
+        total_bytes: total as u64,
+        free_bytes: free as u64,
+        bytes_cleared: cleared,
+        bytes_verified: verified,
+    })
+}
+
+/// Where the scrub child gets its CUDA library.
+#[derive(Clone, Debug, Default)]
+pub struct CudaLib(pub Option<PathBuf>);
+
+/// Runs a scrub of `device` (GPU or MIG UUID) in a child process and returns its report.
+pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the agent binary to run a scrub: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["agent", "scrub-worker"]);
+    if let Amount::Bytes(b) = amount {
+        cmd.args(["--bytes", &b.to_string()]);
+    }
+    cmd.env("CUDA_VISIBLE_DEVICES", device);
+    let _links = match &lib.0 {
+        Some(path) => Some(LibDir::new(path, &mut cmd)?),
+        None => None,
+    };
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start the scrub worker: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output")
+            .trim();
+        return Err(format!(
+            "scrub of {device} failed: {}",
+            line.trim_start_matches("error: ")
+        ));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("scrub of {device}: unreadable worker report: {e}"))
+}
+
+/// A private directory with `libcuda.so` and `libcuda.so.1` pointing at the chosen library,
+/// prepended to the child's `LD_LIBRARY_PATH`; removed when dropped.
+struct LibDir(PathBuf);
+
+impl LibDir {
+    fn new(lib: &Path, cmd: &mut Command) -> Result<LibDir, String> {
+        let lib =
+            std::fs::canonicalize(lib).map_err(|e| format!("--cuda-lib {}: {e}", lib.display()))?;
+        let dir = std::env::temp_dir().join(format!(
+            "gpu-tenancy-cuda-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for name in ["libcuda.so", "libcuda.so.1"] {
+            std::os::unix::fs::symlink(&lib, dir.join(name))
+                .map_err(|e| format!("cannot link {name}: {e}"))?;
+        }
+        let mut path = dir.clone().into_os_string();
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            path.push(":");
+            path.push(old);
+        }
+        cmd.env("LD_LIBRARY_PATH", path);
+        Ok(LibDir(dir))
+    }
+}
+
+impl Drop for LibDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Parses `64Mi`, `1Gi`, `1000000` or `all`.
+pub fn parse_amount(s: &str) -> Result<Amount, String> {
+    if s == "all" {
+        return Ok(Amount::AllFree);
+    }
+    if let Ok(b) = s.parse::<u64>() {
+        return Ok(Amount::Bytes(b));
+    }
+    crate::api::quantity_to_mib(s)
+        .map(|m| Amount::Bytes(m * MIB))
+        .ok_or_else(|| {
+            format!("--bytes {s:?}: use a quantity like 64Mi or 1Gi, a number of bytes, or `all`")
+        })
+}

@@ -1,0 +1,265 @@
+//! The status an apply publishes: what NVML reports now, plus what the agent remembers (tenants
+//! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
+
+use super::actions::{Action, GpuPlan, ScrubTarget};
+use crate::api::{
+    ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory,
+    ScrubRecord, set_condition,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeMap;
+
+/// What happened during one apply, per GPU.
+#[derive(Clone, Debug, Default)]
+pub struct RunRecord {
+    /// Actions carried out, in order.
+    pub executed: BTreeMap<u32, Vec<String>>,
+    /// The first error; the GPU was left alone after it.
+    pub errors: BTreeMap<u32, (&'static str, String)>,
+    pub scrubs: Vec<(u32, ScrubTarget, ScrubRecord)>,
+    /// Findings worth telling (drift, half-done work), from the first plan that saw them.
+    pub notes: BTreeMap<u32, Vec<String>>,
+}
+
+/// Conditions that need a person rather than time.
+const STALLING: [&str; 3] = ["InvalidSpec", "NotFound", "MigNotSupported"];
+
+/// Builds the status to publish from the final observation and the final plan (which is empty
+/// for every GPU that matches its spec).
+pub fn build(
+    observed: &GpuNodeStatus,
+    spec: &GpuNodeSpec,
+    prev: Option<&GpuNodeStatus>,
+    plans: &[GpuPlan],
+    run: &RunRecord,
+    mps: Option<MpsDaemonStatus>,
+    now: &Time,
+) -> GpuNodeStatus {
+    let stamp = now.0.to_string();
+    let mut out = observed.clone();
+    for o in &mut out.gpus {
+        let prev_g = prev.and_then(|p| p.gpus.iter().find(|g| g.index == o.index));
+        carry(o, prev_g);
+        if let Some(g) = spec.gpus.iter().find(|g| g.index == o.index) {
+            let plan = plans.iter().find(|p| p.index == o.index);
+            settle(o, g, plan, run, &stamp);
+        }
+    }
+    // GPUs in the spec that NVML does not report still get a line saying so.
+    for plan in plans {
+        if !out.gpus.iter().any(|g| g.index == plan.index) {
+            if let Some(b) = &plan.blocked {
+                out.gpus.push(crate::api::GpuStatus {
+                    index: plan.index,
+                    applied: Some(false),
+                    reason: Some(b.reason.into()),
+                    message: Some(b.message.clone()),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    out.layout = Some(layout(&out, spec));
+    out.mps = mps;
+    out.conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
+    let not_applied: Vec<&GpuStatus> = out
+        .gpus
+        .iter()
+        .filter(|g| g.applied == Some(false))
+        .collect();
+    let list = |gs: &[&GpuStatus]| {
+        gs.iter()
+            .map(|g| {
+                format!(
+                    "GPU {} ({})",
+                    g.index,
+                    g.reason.as_deref().unwrap_or("NotApplied")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let generation = out.observed_generation;
+    if not_applied.is_empty() {
+        set_condition(
+            &mut out.conditions,
+            ConditionSet::READY,
+            true,
+            "Applied",
+            "every GPU in the spec matches it",
+            generation,
+            now,
+        );
+    } else {
+        let msg = format!("not applied: {}", list(&not_applied));
+        set_condition(
+            &mut out.conditions,
+            ConditionSet::READY,
+            false,
+            "NotApplied",
+            msg,
+            generation,
+            now,
+        );
+    }
+    let stalled: Vec<&GpuStatus> = not_applied
+        .iter()
+        .copied()
+        .filter(|g| g.reason.as_deref().is_some_and(|r| STALLING.contains(&r)))
+        .collect();
+    if stalled.is_empty() {
+        set_condition(
+            &mut out.conditions,
+            ConditionSet::STALLED,
+            false,
+            "NoProblems",
+            "",
+            generation,
+            now,
+        );
+    } else {
+        let msg = format!("the spec needs a fix: {}", list(&stalled));
+        set_condition(
+            &mut out.conditions,
+            ConditionSet::STALLED,
+            true,
+            "InvalidSpec",
+            msg,
+            generation,
+            now,
+        );
+    }
+    let waiting = not_applied.len() > stalled.len();
+    let msg = if waiting {
+        "waiting for busy GPUs, a reset or a retry"
+    } else {
+        ""
+    };
+    set_condition(
+        &mut out.conditions,
+        ConditionSet::RECONCILING,
+        waiting,
+        if waiting { "Waiting" } else { "Idle" },
+        msg,
+        generation,
+        now,
+    );
+    out
+}
+
+/// Keeps what only the agent knows from the previous status.
+fn carry(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
+    let Some(p) = prev else { return };
+    o.applied_mode = p.applied_mode;
+    o.applied_tenants = p.applied_tenants.clone();
+    o.last_scrub = p.last_scrub.clone();
+    for inst in &mut o.instances {
+        if let Some(pi) = p
+            .instances
+            .iter()
+            .find(|x| x.placement == inst.placement && x.profile == inst.profile)
+        {
+            inst.tenant = pi.tenant.clone();
+            inst.last_scrub = pi.last_scrub.clone();
+        }
+    }
+}
+
+fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecord, stamp: &str) {
+    let error = run.errors.get(&g.index);
+    for (_, target, rec) in run.scrubs.iter().filter(|s| s.0 == g.index) {
+        match target {
+            ScrubTarget::Gpu => o.last_scrub = Some(rec.clone()),
+            ScrubTarget::Instance(p) => {
+                if let Some(i) = o.instances.iter_mut().find(|i| i.placement == *p) {
+                    i.last_scrub = Some(rec.clone());
+                }
+            }
+        }
+    }
+    let blocked = plan.and_then(|p| p.blocked.as_ref());
+    let pending: Vec<&Action> = plan.map(|p| p.actions.iter().collect()).unwrap_or_default();
+    let skipped = |tenant: Option<&String>| {
+        Some(ScrubRecord {
+            time: stamp.to_string(),
+            result: "Skipped".into(),
+            tenant: tenant.cloned(),
+            bytes_cleared: None,
+        })
+    };
+    if blocked.is_none() && error.is_none() {
+        for want in &g.mig_instances {
+            let scrub_pending = pending.iter().any(|a| matches!(a, Action::Scrub { target: ScrubTarget::Instance(p), .. } if *p == want.placement));
+            let Some(inst) = o
+                .instances
+                .iter_mut()
+                .find(|i| i.placement == want.placement && i.profile == want.profile)
+            else {
+                continue;
+            };
+            if scrub_pending {
+                continue;
+            }
+            if g.scrub == ScrubMemory::Never
+                && (inst.tenant != want.tenant || inst.last_scrub.is_none())
+            {
+                inst.last_scrub = skipped(want.tenant.as_ref());
+            }
+            inst.tenant = want.tenant.clone();
+        }
+    }
+    let applied = error.is_none() && blocked.is_none() && pending.is_empty();
+    o.applied = Some(applied);
+    let mut message: Vec<String> = run.notes.get(&g.index).cloned().unwrap_or_default();
+    if let Some(done) = run.executed.get(&g.index) {
+        message.push(format!("done: {}", done.join(", ")));
+    }
+    if applied {
+        let owner_changed = o.applied_mode != Some(g.mode) || o.applied_tenants != g.tenants;
+        if g.mode != crate::api::Mode::Mig && g.scrub == ScrubMemory::Never && owner_changed {
+            o.last_scrub = skipped(g.tenants.first());
+        }
+        o.applied_mode = Some(g.mode);
+        o.applied_tenants = g.tenants.clone();
+        o.reason = None;
+    } else if let Some((reason, e)) = error {
+        o.reason = Some((*reason).into());
+        message.push(e.clone());
+    } else if let Some(b) = blocked {
+        o.reason = Some(b.reason.into());
+        message.push(b.message.clone());
+    } else {
+        o.reason = Some("Pending".into());
+        let todo: Vec<String> = pending.iter().map(|a| a.to_string()).collect();
+        message.push(format!("still to do: {}", todo.join(", ")));
+    }
+    o.message = (!message.is_empty()).then(|| message.join("; "));
+}
+
+/// `0:3g.40gb+2g.20gb 1:MPS 2:-`: per GPU its MIG instances or applied mode.
+pub fn layout(status: &GpuNodeStatus, spec: &GpuNodeSpec) -> String {
+    status
+        .gpus
+        .iter()
+        .map(|g| {
+            let what = if g.mig_mode.is_some_and(|m| m.current) {
+                if g.instances.is_empty() {
+                    "MIG(empty)".to_string()
+                } else {
+                    g.instances
+                        .iter()
+                        .map(|i| i.profile.as_str())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                }
+            } else {
+                match (g.applied_mode, spec.gpus.iter().any(|s| s.index == g.index)) {
+                    (Some(m), _) => m.to_string(),
+                    (None, _) => "-".into(),
+                }
+            };
+            format!("{}:{what}", g.index)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,1 @@
+//! Pure decision tests for the agent.

@@ -1,0 +1,310 @@
+//! `gpu-tenancy agent`: the node agent's GPU layer on the command line, usable on its own like
+//! `nvidia-mig-parted apply`.
+
+use crate::agent::apply::{ApplyOptions, apply};
+use crate::agent::gpu::nvml::NvmlGpus;
+use crate::agent::mps::{DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsConfig};
+use crate::agent::output;
+use crate::agent::scrub::{self, CudaLib};
+use crate::api::{GpuNodeSpec, GpuNodeStatus};
+use clap::{Subcommand, ValueEnum};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum Format {
+    /// Aligned columns for people.
+    #[default]
+    Table,
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Print the node's GPUs as NVML reports them (the `status` part of a GpuNode). Read-only.
+    Discover {
+        /// NVML library to load instead of the system's libnvidia-ml.so.1 (e.g. the simulator).
+        #[arg(long, env = "GPU_TENANCY_NVML_LIB", value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Make the GPUs match a GpuNode spec: MIG mode and instances, compute modes, MPS daemon and
+    /// memory scrubs, touching only what differs. Prints the status it would publish. Exit 0 when
+    /// every GPU in the spec matches it, 1 when some do not (see REASON), 2 on usage errors.
+    Apply {
+        /// GpuNode manifest, or just its spec, as YAML or JSON.
+        #[arg(short = 'f', long = "filename", value_name = "GPUNODE.yaml")]
+        file: PathBuf,
+        /// Previous status (YAML/JSON, as written by --write-status or a GpuNode with a status): who
+        /// had each GPU and instance and when it was scrubbed. A missing file means none: then GPUs
+        /// already matching are adopted as they are and only what changes is scrubbed.
+        #[arg(long, value_name = "FILE")]
+        status: Option<PathBuf>,
+        /// Write the resulting status here (may be the same file as --status).
+        #[arg(long, value_name = "FILE")]
+        write_status: Option<PathBuf>,
+        /// NVML library to load instead of the system's libnvidia-ml.so.1.
+        #[arg(long, env = "GPU_TENANCY_NVML_LIB", value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// CUDA driver library for memory scrubs instead of the system's libcuda.so.1.
+        #[arg(long, env = "GPU_TENANCY_CUDA_LIB", value_name = "PATH")]
+        cuda_lib: Option<PathBuf>,
+        /// MPS control binary (looked up on PATH).
+        #[arg(long, default_value = "nvidia-cuda-mps-control", value_name = "PATH")]
+        mps_control: PathBuf,
+        /// CUDA_MPS_PIPE_DIRECTORY of the node's MPS daemon; MPS workloads must use the same one.
+        #[arg(long, default_value = DEFAULT_PIPE_DIR, value_name = "DIR")]
+        mps_pipe_dir: PathBuf,
+        /// CUDA_MPS_LOG_DIRECTORY of the node's MPS daemon.
+        #[arg(long, default_value = DEFAULT_LOG_DIR, value_name = "DIR")]
+        mps_log_dir: PathBuf,
+        /// Leave the MPS daemon alone (start, check, restart or stop nothing).
+        #[arg(long)]
+        no_mps: bool,
+        /// Print the plan and the current status; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Clear part of one GPU's (or MIG instance's) free memory through CUDA and check it reads
+    /// back zeros. Touches only memory it allocates itself.
+    ScrubCheck {
+        /// GPU or MIG UUID, or a GPU index, as CUDA_VISIBLE_DEVICES takes it.
+        #[arg(long, default_value = "0", value_name = "UUID")]
+        device: String,
+        /// How much to clear: a quantity (64Mi, 1Gi), a number of bytes, or `all` free memory.
+        #[arg(long, default_value = "64Mi")]
+        bytes: String,
+        /// CUDA driver library instead of the system's libcuda.so.1.
+        #[arg(long, env = "GPU_TENANCY_CUDA_LIB", value_name = "PATH")]
+        cuda_lib: Option<PathBuf>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Internal: the scrub child process (CUDA device 0 of its CUDA_VISIBLE_DEVICES).
+    #[command(hide = true)]
+    ScrubWorker {
+        /// Bytes to clear (default: all free memory).
+        #[arg(long)]
+        bytes: Option<u64>,
+    },
+}
+
+fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> String) {
+    match format {
+        Format::Table => print!("{}", table()),
+        Format::Yaml => print!("{}", serde_saphyr::to_string(v).expect("status serialises")),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(v).expect("status serialises")
+        ),
+    }
+}
+
+pub fn run(cmd: AgentCommand) -> i32 {
+    match cmd {
+        AgentCommand::Discover { nvml_lib, output } => {
+            let result =
+                NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
+            match result {
+                Ok(mut s) => {
+                    s.layout = Some(crate::agent::status::layout(&s, &GpuNodeSpec::default()));
+                    print(&s, output, || output::discover_table(&s));
+                    0
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        AgentCommand::Apply {
+            file,
+            status,
+            write_status,
+            nvml_lib,
+            cuda_lib,
+            mps_control,
+            mps_pipe_dir,
+            mps_log_dir,
+            no_mps,
+            dry_run,
+            output,
+        } => {
+            let spec = match read_spec(&file) {
+                Ok(s) => s,
+                Err(e) => return fail(&e),
+            };
+            let prev = match status.as_deref().map(read_status).transpose() {
+                Ok(p) => p.flatten(),
+                Err(e) => return fail(&e),
+            };
+            let gpus = match NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)) {
+                Ok(g) => g,
+                Err(e) => return fail(&e),
+            };
+            let mps = (!no_mps).then(|| MpsConfig {
+                control: mps_control,
+                pipe_dir: mps_pipe_dir,
+                log_dir: mps_log_dir,
+                ..Default::default()
+            });
+            let opts = ApplyOptions {
+                cuda: CudaLib(cuda_lib),
+                mps,
+                dry_run,
+            };
+            let applied = match apply(&gpus, &spec, prev.as_ref(), &opts) {
+                Ok(a) => a,
+                Err(e) => return fail(&e),
+            };
+            if let Some(path) = &write_status {
+                if dry_run {
+                    eprintln!("--dry-run: not writing {}", path.display());
+                } else if let Err(e) = write_atomic(
+                    path,
+                    &serde_saphyr::to_string(&applied.status).expect("status serialises"),
+                ) {
+                    return fail(&e);
+                }
+            }
+            print(&applied.status, output, || {
+                output::apply_table(&applied.status)
+            });
+            let all = spec.gpus.iter().all(|g| {
+                applied
+                    .status
+                    .gpus
+                    .iter()
+                    .any(|s| s.index == g.index && s.applied == Some(true))
+            });
+            if all { 0 } else { 1 }
+        }
+        AgentCommand::ScrubCheck {
+            device,
+            bytes,
+            cuda_lib,
+            output,
+        } => {
+            let amount = match scrub::parse_amount(&bytes) {
+                Ok(a) => a,
+                Err(e) => return fail(&e),
+            };
+            match scrub::run(&device, amount, &CudaLib(cuda_lib)) {
+                Ok(r) => {
+                    print(&r, output, || {
+                        format!(
+                            "{}: cleared {} of {} free bytes ({} total), {} bytes read back as zero\n",
+                            r.device,
+                            r.bytes_cleared,
+                            r.free_bytes,
+                            r.total_bytes,
+                            r.bytes_verified
+                        )
+                    });
+                    0
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        AgentCommand::ScrubWorker { bytes } => {
+            // cudarc panics when a symbol is missing; turn that into the one-line error too.
+            std::panic::set_hook(Box::new(|info| {
+                let msg = info
+                    .payload()
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+                eprintln!(
+                    "error: CUDA library problem: {}",
+                    msg.unwrap_or_else(|| "unknown".into())
+                );
+            }));
+            let amount = bytes
+                .map(scrub::Amount::Bytes)
+                .unwrap_or(scrub::Amount::AllFree);
+            match std::panic::catch_unwind(|| scrub::worker(amount)) {
+                Ok(Ok(r)) => {
+                    println!("{}", serde_json::to_string(&r).expect("report serialises"));
+                    0
+                }
+                Ok(Err(e)) => fail(&e),
+                Err(_) => 2,
+            }
+        }
+    }
+}
+
+fn fail(e: &str) -> i32 {
+    eprintln!("error: {e}");
+    2
+}
+
+/// A GpuNode manifest (only its spec matters here) or a bare spec.
+#[derive(Deserialize)]
+struct Manifest {
+    spec: GpuNodeSpec,
+}
+
+fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{}: not YAML or JSON: {e}", path.display()))?;
+    let is_manifest = value.get("spec").is_some() || value.get("kind").is_some();
+    let parsed = if is_manifest {
+        serde_saphyr::from_str::<Manifest>(&text).map(|m| m.spec)
+    } else {
+        serde_saphyr::from_str::<GpuNodeSpec>(&text)
+    };
+    let spec = parsed.map_err(|e| {
+        let what = if is_manifest {
+            "GpuNode manifest"
+        } else {
+            "GpuNode spec"
+        };
+        format!("{}: not a valid {what}: {e}", path.display())
+    })?;
+    let mut seen = std::collections::BTreeSet::new();
+    for g in &spec.gpus {
+        if !seen.insert(g.index) {
+            return Err(format!(
+                "{}: spec.gpus lists GPU {} twice; keep one entry per index",
+                path.display(),
+                g.index
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+/// A status file: a bare GpuNode status, or a GpuNode with a `status`. Missing means none.
+fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{}: not YAML or JSON: {e}", path.display()))?;
+    let inner = value.get("status").cloned().unwrap_or(value);
+    serde_json::from_value(inner).map(Some).map_err(|e| {
+        format!(
+            "{}: not a GpuNode status: {e}; delete it to start from no remembered state",
+            path.display()
+        )
+    })
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
