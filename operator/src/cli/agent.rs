@@ -252,8 +252,13 @@ struct Manifest {
 fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| {
+        format!(
+            "{}: not YAML or JSON: {}",
+            path.display(),
+            first_line(&e.to_string())
+        )
+    })?;
     let is_manifest = value.get("spec").is_some() || value.get("kind").is_some();
     let parsed = if is_manifest {
         serde_saphyr::from_str::<Manifest>(&text).map(|m| m.spec)
@@ -266,7 +271,11 @@ fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
         } else {
             "GpuNode spec"
         };
-        format!("{}: not a valid {what}: {e}", path.display())
+        format!(
+            "{}: not a valid {what}: {}",
+            path.display(),
+            first_line(&e.to_string())
+        )
     })?;
     let mut seen = std::collections::BTreeSet::new();
     for g in &spec.gpus {
@@ -281,6 +290,11 @@ fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
     Ok(spec)
 }
 
+/// The parser's first line (it adds a source excerpt below), without its own `error:` prefix.
+fn first_line(e: &str) -> &str {
+    e.lines().next().unwrap_or(e).trim_start_matches("error: ")
+}
+
 /// A status file: a bare GpuNode status, or a GpuNode with a `status`. Missing means none.
 fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
     let text = match std::fs::read_to_string(path) {
@@ -291,8 +305,13 @@ fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| {
+        format!(
+            "{}: not YAML or JSON: {}",
+            path.display(),
+            first_line(&e.to_string())
+        )
+    })?;
     let inner = value.get("status").cloned().unwrap_or(value);
     serde_json::from_value(inner).map(Some).map_err(|e| {
         format!(
