@@ -1,0 +1,579 @@
+// Command controlplane runs a real, single-process Kubernetes control plane for the
+// gpu-tenancy end-to-end tests: embedded etcd plus kube-apiserver (Kubernetes' own code,
+// built from its Go modules, the way envtest does it), and a kubectl of the same version.
+//
+//	controlplane up --dir DIR [--die-with-parent=false] [-- extra kube-apiserver flags]
+//	controlplane down --dir DIR
+//	controlplane status --dir DIR
+//	controlplane kubectl ARGS...     (or run through a symlink named kubectl)
+//	controlplane version
+package main
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"golang.org/x/sys/unix"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/component-base/cli"
+	"k8s.io/component-base/logs"
+	kubectlcmd "k8s.io/kubectl/pkg/cmd"
+	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+
+	// Import to initialize client auth plugins (as the real kubectl does).
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+)
+
+const pidFileName = "controlplane.pid"
+
+func main() {
+	if filepath.Base(os.Args[0]) == "kubectl" {
+		runKubectl(os.Args)
+		return
+	}
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "up":
+		if err := up(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane up: %v\n", err)
+			os.Exit(1)
+		}
+	case "down":
+		if err := down(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane down: %v\n", err)
+			os.Exit(1)
+		}
+	case "status":
+		if err := status(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane status: %v\n", err)
+			os.Exit(1)
+		}
+	case "kubectl":
+		runKubectl(os.Args[1:])
+	case "version":
+		fmt.Println(kubernetesVersion())
+	case "-h", "--help", "help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "controlplane: unknown subcommand %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage:
+  controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [-- EXTRA_KUBE_APISERVER_FLAGS...]
+      start embedded etcd + kube-apiserver on 127.0.0.1 (free ports), write DIR/kubeconfig,
+      print its path once /readyz answers ok, and run until SIGTERM/SIGINT (or the parent dies).
+  controlplane down --dir DIR
+      stop the control plane recorded in DIR/controlplane.pid and wait until it is gone.
+  controlplane status --dir DIR
+      exit 0 and print the pid if the control plane recorded in DIR is running, else exit 1.
+  controlplane kubectl ARGS...   (also: invoked through a link named "kubectl")
+  controlplane version
+`)
+}
+
+func runKubectl(args []string) {
+	os.Args = args
+	logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args)) // nolint:errcheck
+	command := kubectlcmd.NewDefaultKubectlCommand()
+	if err := cli.RunNoErrOutput(command); err != nil {
+		kubectlutil.CheckErr(err)
+	}
+}
+
+// kubernetesVersion is the k8s.io/kubernetes module version this binary was built from.
+func kubernetesVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "k8s.io/kubernetes" {
+				return m.Version
+			}
+		}
+	}
+	return "unknown"
+}
+
+// ---------------------------------------------------------------------------------------------
+// up
+
+func up(args []string) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	dir := fs.String("dir", "", "state directory (created; previous state in it is discarded)")
+	dieWithParent := fs.Bool("die-with-parent", true, "terminate when the parent process exits (Linux PR_SET_PDEATHSIG)")
+	readyTimeout := fs.Duration("ready-timeout", 180*time.Second, "how long to wait for /readyz")
+	verbosity := fs.Int("v", 0, "kube-apiserver log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--dir is required")
+	}
+	extra := fs.Args()
+	if len(extra) > 0 && extra[0] == "--" {
+		extra = extra[1:]
+	}
+
+	parent := os.Getppid()
+	if *dieWithParent {
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0, 0, 0); err != nil {
+			return fmt.Errorf("prctl(PR_SET_PDEATHSIG): %w", err)
+		}
+		// The parent may have died before prctl took effect.
+		if os.Getppid() != parent {
+			return errors.New("parent process exited before start")
+		}
+	}
+
+	absDir, err := filepath.Abs(*dir)
+	if err != nil {
+		return err
+	}
+	if err := prepareDir(absDir); err != nil {
+		return err
+	}
+	pidFile := filepath.Join(absDir, pidFileName)
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(pidFile)
+
+	certs, err := writePKI(filepath.Join(absDir, "pki"))
+	if err != nil {
+		return fmt.Errorf("generating certificates: %w", err)
+	}
+
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	etcdClientPort, etcdPeerPort, apiPort := ports[0], ports[1], ports[2]
+
+	// Embedded etcd: same process, so nothing survives this process.
+	etcdCfg := embed.NewConfig()
+	etcdCfg.Name = "e2e"
+	etcdCfg.Dir = filepath.Join(absDir, "etcd")
+	etcdCfg.LogLevel = "error"
+	etcdCfg.LogOutputs = []string{filepath.Join(absDir, "etcd.log")}
+	etcdCfg.UnsafeNoFsync = true // throwaway test data
+	cURL := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(etcdClientPort))}
+	pURL := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(etcdPeerPort))}
+	etcdCfg.ListenClientUrls = []url.URL{cURL}
+	etcdCfg.AdvertiseClientUrls = []url.URL{cURL}
+	etcdCfg.ListenPeerUrls = []url.URL{pURL}
+	etcdCfg.AdvertisePeerUrls = []url.URL{pURL}
+	etcdCfg.InitialCluster = etcdCfg.InitialClusterFromName(etcdCfg.Name)
+	etcd, err := embed.StartEtcd(etcdCfg)
+	if err != nil {
+		return fmt.Errorf("starting embedded etcd: %w", err)
+	}
+	defer etcd.Close()
+	select {
+	case <-etcd.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		return errors.New("embedded etcd did not become ready within 60s")
+	}
+
+	apiArgs := []string{
+		"--etcd-servers=" + cURL.String(),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		// A loopback advertise address is refused by the endpoint reconcilers; a single test
+		// apiserver needs none (the kubernetes Service just gets no endpoints).
+		"--endpoint-reconciler-type=none",
+		"--secure-port=" + strconv.Itoa(apiPort),
+		"--cert-dir=" + filepath.Join(absDir, "pki"),
+		"--tls-cert-file=" + certs.servingCert,
+		"--tls-private-key-file=" + certs.servingKey,
+		"--client-ca-file=" + certs.caCert,
+		"--service-account-key-file=" + certs.saPub,
+		"--service-account-signing-key-file=" + certs.saKey,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=RBAC",
+		// The default admission chain stays on; this only makes sure the policy plugin is part of it.
+		"--enable-admission-plugins=ValidatingAdmissionPolicy",
+		"--allow-privileged=true",
+		"--v=" + strconv.Itoa(*verbosity),
+	}
+	apiArgs = append(apiArgs, extra...)
+
+	cmd := apiserverapp.NewAPIServerCommand() // installs the SIGTERM/SIGINT handler (second signal: exit 1)
+	cmd.SetArgs(apiArgs)
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- cmd.Execute() }()
+
+	// Make sure a stop request ends the process even if a graceful shutdown hangs.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "controlplane: received %v, shutting down\n", s)
+		time.Sleep(20 * time.Second)
+		fmt.Fprintln(os.Stderr, "controlplane: graceful shutdown took too long, exiting")
+		os.Remove(filepath.Join(absDir, "ready"))
+		os.Remove(pidFile)
+		os.Exit(1)
+	}()
+
+	kubeconfig := filepath.Join(absDir, "kubeconfig")
+	server := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(apiPort))
+	if err := writeKubeconfig(kubeconfig, server, certs); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), *readyTimeout)
+	defer cancel()
+	if err := waitReady(ctx, server, certs, apiDone); err != nil {
+		return err
+	}
+	// The ready marker lets scripts that started us in the background wait for readiness.
+	readyFile := filepath.Join(absDir, "ready")
+	if err := os.WriteFile(readyFile, []byte(server+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(readyFile)
+	fmt.Println(kubeconfig)
+
+	err = <-apiDone
+	if err != nil {
+		return fmt.Errorf("kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// prepareDir makes DIR usable: a live control plane recorded in it is an error; the leftovers
+// of a crashed or stopped one (pidfile, etcd data, certificates, kubeconfig) are removed.
+func prepareDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if pid, ok := readPid(filepath.Join(dir, pidFileName)); ok && isControlPlane(pid) {
+		return fmt.Errorf("a control plane is already running from %s (pid %d); stop it with `controlplane down --dir %s`", dir, pid, dir)
+	}
+	for _, name := range []string{pidFileName, "ready", "etcd", "pki", "kubeconfig", "etcd.log"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("removing stale %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func readPid(path string) (int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, true
+}
+
+// isControlPlane reports whether pid is alive and is this program (guards against pid reuse).
+func isControlPlane(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	return len(args) > 1 && strings.HasSuffix(args[0], "controlplane") && args[1] == "up"
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func waitReady(ctx context.Context, server string, c *pki, apiDone <-chan error) error {
+	caPEM, err := os.ReadFile(c.caCert)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	clientCert, err := tls.LoadX509KeyPair(c.adminCert, c.adminKey)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: pool, Certificates: []tls.Certificate{clientCert}, MinVersion: tls.VersionTLS12,
+		}},
+	}
+	last := "no answer yet"
+	for {
+		select {
+		case err := <-apiDone:
+			return fmt.Errorf("kube-apiserver exited before it was ready: %v", err)
+		case <-ctx.Done():
+			return fmt.Errorf("kube-apiserver not ready in time (last /readyz: %s)", last)
+		case <-time.After(300 * time.Millisecond):
+		}
+		resp, err := client.Get(server + "/readyz")
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		last = resp.Status
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// status, down
+
+func status(args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	dir := fs.String("dir", "", "state directory given to up")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--dir is required")
+	}
+	pid, ok := readPid(filepath.Join(*dir, pidFileName))
+	if !ok || !isControlPlane(pid) {
+		return fmt.Errorf("not running (state directory %s)", *dir)
+	}
+	fmt.Println(pid)
+	return nil
+}
+
+func down(args []string) error {
+	fs := flag.NewFlagSet("down", flag.ContinueOnError)
+	dir := fs.String("dir", "", "state directory given to up")
+	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait before SIGKILL")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--dir is required")
+	}
+	pidFile := filepath.Join(*dir, pidFileName)
+	pid, ok := readPid(pidFile)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "controlplane down: nothing running (no %s)\n", pidFile)
+		return nil
+	}
+	if !isControlPlane(pid) {
+		fmt.Fprintf(os.Stderr, "controlplane down: pid %d is gone; removing stale %s\n", pid, pidFile)
+		return os.Remove(pidFile)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	deadline := time.Now().Add(*timeout)
+	for time.Now().Before(deadline) {
+		if !isControlPlane(pid) { // gone (or a zombie waiting for its parent)
+			os.Remove(pidFile)
+			fmt.Fprintf(os.Stderr, "controlplane down: stopped pid %d\n", pid)
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	time.Sleep(500 * time.Millisecond)
+	os.Remove(pidFile)
+	fmt.Fprintf(os.Stderr, "controlplane down: pid %d did not stop in %s; killed it\n", pid, *timeout)
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// PKI: one CA, a serving certificate for 127.0.0.1/localhost, an admin client certificate in
+// group system:masters, and a service-account signing key.
+
+type pki struct {
+	caCert, caKey           string
+	servingCert, servingKey string
+	adminCert, adminKey     string
+	saKey, saPub            string
+}
+
+func writePKI(dir string) (*pki, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	p := &pki{
+		caCert: filepath.Join(dir, "ca.crt"), caKey: filepath.Join(dir, "ca.key"),
+		servingCert: filepath.Join(dir, "apiserver.crt"), servingKey: filepath.Join(dir, "apiserver.key"),
+		adminCert: filepath.Join(dir, "admin.crt"), adminKey: filepath.Join(dir, "admin.key"),
+		saKey: filepath.Join(dir, "sa.key"), saPub: filepath.Join(dir, "sa.pub"),
+	}
+	now := time.Now().Add(-time.Hour)
+	notAfter := now.Add(10 * 365 * 24 * time.Hour)
+
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "gpu-tenancy-e2e-ca"},
+		NotBefore:             now,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeCert(p.caCert, caDER); err != nil {
+		return nil, err
+	}
+	if err := writeKey(p.caKey, caKey); err != nil {
+		return nil, err
+	}
+
+	issue := func(certPath, keyPath string, tmpl *x509.Certificate) error {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return err
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			return err
+		}
+		if err := writeCert(certPath, der); err != nil {
+			return err
+		}
+		return writeKey(keyPath, key)
+	}
+	if err := issue(p.servingCert, p.servingKey, &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore:    now, NotAfter: notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+	}); err != nil {
+		return nil, err
+	}
+	if err := issue(p.adminCert, p.adminKey, &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "e2e-admin", Organization: []string{"system:masters"}},
+		NotBefore:    now, NotAfter: notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}); err != nil {
+		return nil, err
+	}
+
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeKey(p.saKey, saKey); err != nil {
+		return nil, err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(p.saPub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o600); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func writeCert(path string, der []byte) error {
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+}
+
+func writeKey(path string, key crypto.Signer) error {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+func writeKubeconfig(path, server string, c *pki) error {
+	ca, err := os.ReadFile(c.caCert)
+	if err != nil {
+		return err
+	}
+	crt, err := os.ReadFile(c.adminCert)
+	if err != nil {
+		return err
+	}
+	key, err := os.ReadFile(c.adminKey)
+	if err != nil {
+		return err
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.AuthInfos["e2e-admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
+	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e-admin", Namespace: "default"}
+	cfg.CurrentContext = "e2e"
+	return clientcmd.WriteToFile(*cfg, path)
+}

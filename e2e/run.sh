@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# End-to-end harness: builds and runs a real Kubernetes control plane (embedded etcd +
+# kube-apiserver, built from the Kubernetes Go modules) on 127.0.0.1, and runs the Rust suite
+# in e2e/suite against it.
+#
+#   e2e/run.sh build        build e2e/bin/controlplane and the e2e/bin/kubectl link (if needed)
+#   e2e/run.sh up           start a control plane in the background (state: target/e2e/)
+#   e2e/run.sh down         stop it
+#   e2e/run.sh test [ARGS]  run the suite against a fresh control plane, always torn down;
+#                           with GPU_TENANCY_E2E_KUBECONFIG set, against that cluster instead
+#                           (ARGS go to the test binary, e.g. a test name filter)
+#
+# Environment: GPU_TENANCY_E2E_KUBECONFIG (use this cluster, start nothing),
+# GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl), CARGO (default cargo),
+# GO (default go).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+BIN_DIR="$ROOT/e2e/bin"
+CONTROLPLANE="$BIN_DIR/controlplane"
+KUBECTL_LINK="$BIN_DIR/kubectl"
+SRC_DIR="$ROOT/e2e/controlplane"
+STATE_DIR="$ROOT/target/e2e"
+GO="${GO:-go}"
+CARGO="${CARGO:-cargo}"
+
+say() { printf 'e2e: %s\n' "$*" >&2; }
+die() { printf 'e2e: error: %s\n' "$*" >&2; exit 1; }
+
+k8s_version() {
+	awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$SRC_DIR/go.mod"
+}
+
+# needs_build: the binary is missing or older than any source file of the Go module.
+needs_build() {
+	[[ -x "$CONTROLPLANE" ]] || return 0
+	[[ -n "$(find "$SRC_DIR" -newer "$CONTROLPLANE" \( -name '*.go' -o -name go.mod -o -name go.sum \) -print -quit)" ]]
+}
+
+build() {
+	command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO') on PATH: the control plane is built from the Kubernetes Go modules; install Go (see e2e/controlplane/go.mod for the version)"
+	local version
+	version="$(k8s_version)"
+	[[ -n "$version" ]] || die "cannot read the k8s.io/kubernetes version from e2e/controlplane/go.mod"
+	if needs_build; then
+		say "building kube-apiserver $version + kubectl + embedded etcd from Kubernetes modules into e2e/bin/ (first build takes many minutes; later builds come from the Go build cache) ..."
+		local start=$SECONDS minor="${version#v1.}"
+		minor="${minor%%.*}"
+		mkdir -p "$BIN_DIR"
+		(cd "$SRC_DIR" && "$GO" build -trimpath \
+			-ldflags "-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+			-o "$CONTROLPLANE.tmp" .) || die "building the control plane failed (see the Go output above)"
+		mv -f "$CONTROLPLANE.tmp" "$CONTROLPLANE"
+		say "built e2e/bin/controlplane in $((SECONDS - start))s"
+	fi
+	if [[ "$(readlink "$KUBECTL_LINK" 2>/dev/null)" != "controlplane" ]]; then
+		ln -sfn controlplane "$KUBECTL_LINK"
+	fi
+}
+
+pid_alive() { # DIR: is the control plane recorded in DIR running? (pid reuse and zombies excluded)
+	"$CONTROLPLANE" status --dir "$1" >/dev/null 2>&1
+}
+
+# start DIR DIE_WITH_PARENT: start a control plane with state in DIR, wait for it to be ready.
+start() {
+	local dir="$1" die_with_parent="$2" log pid
+	mkdir -p "$dir"
+	log="$dir/controlplane.log"
+	rm -f "$dir/ready"
+	if [[ "$die_with_parent" == true ]]; then
+		"$CONTROLPLANE" up --dir "$dir" --die-with-parent=true >"$log" 2>&1 &
+	else
+		# Detached: survives this shell (and make); stopped by `down`.
+		setsid nohup "$CONTROLPLANE" up --dir "$dir" --die-with-parent=false >"$log" 2>&1 </dev/null &
+	fi
+	pid=$!
+	local waited=0
+	while [[ ! -f "$dir/ready" ]]; do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			tail -n 30 "$log" >&2 || true
+			die "the control plane exited before it was ready (log: ${log#"$ROOT"/})"
+		fi
+		if ((waited >= 1800)); then # 0.1s steps: 180s
+			tail -n 30 "$log" >&2 || true
+			kill "$pid" 2>/dev/null || true
+			die "the control plane was not ready after 180s (log: ${log#"$ROOT"/})"
+		fi
+		sleep 0.1
+		waited=$((waited + 1))
+	done
+}
+
+stop() { # DIR
+	[[ -x "$CONTROLPLANE" ]] || return 0
+	"$CONTROLPLANE" down --dir "$1"
+}
+
+cmd_up() {
+	build
+	if pid_alive "$STATE_DIR"; then
+		say "already running (pid $(cat "$STATE_DIR/controlplane.pid"))"
+	else
+		say "starting the control plane (state: target/e2e/, log: target/e2e/controlplane.log) ..."
+		start "$STATE_DIR" false
+		say "ready: $(cat "$STATE_DIR/ready") (pid $(cat "$STATE_DIR/controlplane.pid")); stop it with: make e2e-down"
+	fi
+	echo "export KUBECONFIG=$STATE_DIR/kubeconfig"
+}
+
+cmd_down() {
+	stop "$STATE_DIR"
+}
+
+cmd_test() {
+	local kubeconfig
+	if [[ -n "${GPU_TENANCY_E2E_KUBECONFIG:-}" ]]; then
+		[[ -r "$GPU_TENANCY_E2E_KUBECONFIG" ]] || die "GPU_TENANCY_E2E_KUBECONFIG=$GPU_TENANCY_E2E_KUBECONFIG is not a readable file"
+		kubeconfig="$GPU_TENANCY_E2E_KUBECONFIG"
+		[[ -n "${GPU_TENANCY_E2E_KUBECTL:-}" ]] || build
+		say "running the suite against the cluster in GPU_TENANCY_E2E_KUBECONFIG (starting nothing)"
+		run_suite "$kubeconfig" "$@"
+		return
+	fi
+	build
+	# A control plane of its own (not the one of `make e2e-up`), torn down on any exit.
+	local dir="$STATE_DIR/test"
+	if pid_alive "$dir"; then
+		say "stopping a control plane left over from an earlier run"
+		stop "$dir"
+	fi
+	trap 'stop "'"$dir"'" || true' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	say "starting a fresh control plane (state: target/e2e/test/) ..."
+	local t0=$SECONDS
+	start "$dir" true
+	say "control plane ready in $((SECONDS - t0))s at $(cat "$dir/ready")"
+	run_suite "$dir/kubeconfig" "$@"
+}
+
+run_suite() {
+	local kubeconfig="$1"
+	shift
+	GPU_TENANCY_E2E_KUBECONFIG="$kubeconfig" \
+		GPU_TENANCY_E2E_KUBECTL="${GPU_TENANCY_E2E_KUBECTL:-$KUBECTL_LINK}" \
+		"$CARGO" test -p gpu-tenancy-e2e -- "$@"
+}
+
+case "${1:-}" in
+build) build ;;
+up) cmd_up ;;
+down) cmd_down ;;
+test)
+	shift
+	cmd_test "$@"
+	;;
+*)
+	echo "usage: e2e/run.sh build|up|down|test [TEST_ARGS...]" >&2
+	exit 2
+	;;
+esac
