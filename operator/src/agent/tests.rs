@@ -1,1 +1,497 @@
-//! Pure decision tests for the agent.
+//! The agent's decisions as plain functions: observed state + spec + previous status → actions.
+
+use super::actions::{Action, RunMemory, ScrubTarget, plan_gpu, plan_node};
+use super::mps;
+use super::status::{RunRecord, build};
+use crate::api::*;
+use crate::mig::model_by_name;
+
+/// What NVML would report for an idle GPU of a model, profiles from the static tables.
+fn gpu(index: u32, key: &str, mig: bool) -> GpuStatus {
+    let m = model_by_name(key).unwrap();
+    GpuStatus {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: m.name().into(),
+        pci_device_id: m.pci_ids().next().unwrap(),
+        memory_mib: m.memory_mib,
+        compute_mode: Some("Default".into()),
+        mig_mode: Some(MigModeStatus {
+            current: mig,
+            pending: mig,
+        }),
+        profiles: m
+            .profiles()
+            .map(|p| MigProfileStatus {
+                id: p.info().profile_id,
+                name: p.name.into(),
+                compute_slices: p.info().compute_slices,
+                memory_slices: p.info().memory_slices,
+                memory_mib: p.memory_mib(),
+                max_instances: p.info().max_instances,
+                placements: p
+                    .info()
+                    .starts
+                    .iter()
+                    .map(|&s| Placement {
+                        start: s,
+                        size: p.info().memory_slices,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn inst(gi: u32, profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstanceStatus {
+    let id = model_by_name("H100-80GB")
+        .unwrap()
+        .profile(profile)
+        .map(|p| p.info().profile_id)
+        .unwrap_or(0);
+    MigInstanceStatus {
+        gpu_instance_id: gi,
+        compute_instance_id: Some(0),
+        profile_id: id,
+        profile: profile.into(),
+        placement: Placement { start, size },
+        uuid: Some(format!("MIG-{gi}")),
+        tenant: tenant.map(String::from),
+        last_scrub: None,
+    }
+}
+
+fn want(profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstanceSpec {
+    MigInstanceSpec {
+        profile: profile.into(),
+        placement: Placement { start, size },
+        tenant: tenant.map(String::from),
+    }
+}
+
+fn mig_spec(index: u32, instances: Vec<MigInstanceSpec>) -> GpuSpec {
+    GpuSpec {
+        index,
+        mode: Mode::Mig,
+        mig_instances: instances,
+        mps: None,
+        time_slicing: None,
+        tenants: vec![],
+        scrub: ScrubMemory::OnTenantChange,
+    }
+}
+
+fn whole(index: u32, mode: Mode, tenants: &[&str]) -> GpuSpec {
+    GpuSpec {
+        mode,
+        mig_instances: vec![],
+        tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        ..mig_spec(index, vec![])
+    }
+}
+
+fn none() -> RunMemory {
+    RunMemory::default()
+}
+
+#[test]
+fn a_matching_gpu_gets_no_action() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![
+        inst(1, "3g.40gb", 0, 4, Some("a")),
+        inst(2, "3g.40gb", 4, 4, Some("b")),
+    ];
+    let g = mig_spec(
+        0,
+        vec![
+            want("3g.40gb", 0, 4, Some("a")),
+            want("3g.40gb", 4, 4, Some("b")),
+        ],
+    );
+    let prev = o.clone();
+    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    assert_eq!((p.actions, p.blocked), (vec![], None));
+}
+
+#[test]
+fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![
+        inst(1, "3g.40gb", 0, 4, Some("a")),
+        inst(2, "3g.40gb", 4, 4, Some("b")),
+    ];
+    let prev = o.clone();
+    let g = mig_spec(
+        0,
+        vec![
+            want("2g.20gb", 0, 2, Some("a")),
+            want("2g.20gb", 2, 2, Some("c")),
+            want("3g.40gb", 4, 4, Some("b")),
+        ],
+    );
+    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let text: Vec<String> = p.actions.iter().map(|a| a.to_string()).collect();
+    assert_eq!(
+        text,
+        [
+            "destroy compute instance 0 of GPU instance 1",
+            "destroy 3g.40gb at 0:4",
+            "create 2g.20gb at 0:2",
+            "create 2g.20gb at 2:2",
+            "scrub instance at 0:2",
+            "scrub instance at 2:2",
+        ]
+    );
+    assert!(
+        matches!(p.actions[2], Action::CreateInstance { profile_id: 14, .. }),
+        "profile ID from the driver's list"
+    );
+}
+
+#[test]
+fn processes_in_the_way_block_the_whole_gpu() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![
+        inst(1, "3g.40gb", 0, 4, None),
+        inst(2, "3g.40gb", 4, 4, None),
+    ];
+    o.processes = vec![ProcessStatus {
+        pid: 77,
+        gpu_instance_id: Some(1),
+        compute_instance_id: Some(0),
+        used_memory_mib: None,
+    }];
+    let g = mig_spec(0, vec![want("7g.80gb", 0, 8, None)]);
+    let p = plan_gpu(&o, &g, None, &none());
+    assert!(p.actions.is_empty());
+    let b = p.blocked.unwrap();
+    assert_eq!(b.reason, "Busy");
+    assert!(
+        b.message.contains("3g.40gb at 0:4 runs pids 77"),
+        "{}",
+        b.message
+    );
+
+    // A process in an instance that stays does not block.
+    let g = mig_spec(
+        0,
+        vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)],
+    );
+    let p = plan_gpu(&o, &g, None, &none());
+    assert_eq!(p.blocked, None);
+    assert_eq!(
+        p.actions.len(),
+        2 + 1 + 1,
+        "destroy the idle 3g at 4 (CI, GI), create the 2g, scrub it"
+    );
+}
+
+#[test]
+fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
+    let mut o = gpu(0, "A100-40GB", false);
+    let g = mig_spec(0, vec![want("7g.40gb", 0, 8, None)]);
+    assert_eq!(
+        plan_gpu(&o, &g, None, &none()).actions,
+        [Action::SetMigMode {
+            gpu: 0,
+            enable: true
+        }]
+    );
+    o.mig_mode = Some(MigModeStatus {
+        current: false,
+        pending: true,
+    });
+    let p = plan_gpu(&o, &g, None, &none());
+    assert_eq!(p.blocked.unwrap().reason, "ResetRequired");
+    assert!(p.actions.is_empty());
+    o.mig_mode = Some(MigModeStatus {
+        current: false,
+        pending: false,
+    });
+    o.processes = vec![ProcessStatus {
+        pid: 5,
+        ..Default::default()
+    }];
+    assert_eq!(
+        plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason,
+        "Busy"
+    );
+}
+
+#[test]
+fn leaving_mig_destroys_everything_then_disables_it() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![inst(1, "7g.80gb", 0, 8, None)];
+    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
+    assert_eq!(
+        p.actions,
+        [
+            Action::DestroyComputeInstance {
+                gpu: 0,
+                gpu_instance_id: 1,
+                compute_instance_id: 0
+            },
+            Action::DestroyGpuInstance {
+                gpu: 0,
+                gpu_instance_id: 1,
+                profile: "7g.80gb".into(),
+                placement: Placement { start: 0, size: 8 }
+            },
+            Action::SetMigMode {
+                gpu: 0,
+                enable: false
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
+    let mut o = gpu(0, "H100-80GB", true);
+    let mut half = inst(3, "4g.40gb", 0, 4, None);
+    half.compute_instance_id = None;
+    o.instances = vec![half];
+    let p = plan_gpu(
+        &o,
+        &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]),
+        None,
+        &none(),
+    );
+    assert_eq!(
+        p.nvml_actions().cloned().collect::<Vec<_>>(),
+        [Action::CreateComputeInstance {
+            gpu: 0,
+            gpu_instance_id: 3
+        }]
+    );
+    assert!(p.notes[0].contains("no compute instance"));
+}
+
+#[test]
+fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
+    let o = gpu(0, "H100-80GB", true);
+    let bad = [
+        (
+            vec![want("3g.20gb", 0, 4, None)],
+            "profile \"3g.20gb\" is not offered",
+        ),
+        (vec![want("3g.40gb", 2, 4, None)], "cannot be placed at 2:4"),
+        (
+            vec![want("4g.40gb", 0, 4, None), want("2g.20gb", 2, 2, None)],
+            "overlaps",
+        ),
+        (
+            vec![
+                want("4g.40gb", 0, 4, None),
+                want("3g.40gb", 4, 4, None),
+                want("1g.10gb", 0, 1, None),
+            ],
+            "overlaps",
+        ),
+    ];
+    for (layout, msg) in bad {
+        let b = plan_gpu(&o, &mig_spec(0, layout), None, &none())
+            .blocked
+            .unwrap();
+        assert_eq!(b.reason, "InvalidSpec");
+        assert!(b.message.contains(msg), "{}", b.message);
+    }
+    let status = GpuNodeStatus {
+        gpus: vec![o],
+        ..Default::default()
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![whole(4, Mode::Exclusive, &[])],
+        ..Default::default()
+    };
+    assert_eq!(
+        plan_node(&status, &spec, None, &none())[0]
+            .blocked
+            .as_ref()
+            .unwrap()
+            .reason,
+        "NotFound"
+    );
+}
+
+#[test]
+fn scrub_decisions_follow_the_hands_not_the_runs() {
+    let mut o = gpu(0, "H100-80GB", false);
+    o.compute_mode = Some("ExclusiveProcess".into());
+    let spec = |t: &str| GpuSpec {
+        mps: Some(MpsSettings {
+            max_clients: 4,
+            ..Default::default()
+        }),
+        ..whole(0, Mode::Mps, &[t])
+    };
+    let mut prev = o.clone();
+    prev.applied_mode = Some(Mode::Mps);
+    prev.applied_tenants = vec!["a".into()];
+    // Same hands: nothing. New hands: a scrub. Unknown past and nothing to change: adopt.
+    assert!(
+        plan_gpu(&o, &spec("a"), Some(&prev), &none())
+            .actions
+            .is_empty()
+    );
+    assert_eq!(
+        plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions,
+        [Action::Scrub {
+            gpu: 0,
+            target: ScrubTarget::Gpu,
+            tenant: Some("b".into())
+        }]
+    );
+    assert!(plan_gpu(&o, &spec("b"), None, &none()).actions.is_empty());
+    // A scrub done earlier in the run is not repeated; a failed one is retried.
+    let done = RunMemory {
+        scrubbed: vec![(0, ScrubTarget::Gpu)],
+        touched: vec![],
+    };
+    assert!(
+        plan_gpu(&o, &spec("b"), Some(&prev), &done)
+            .actions
+            .is_empty()
+    );
+    prev.applied_tenants = vec!["b".into()];
+    prev.last_scrub = Some(ScrubRecord {
+        result: "Failed".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(),
+        1
+    );
+    // Never: no scrub, whatever the hands.
+    let never = GpuSpec {
+        scrub: ScrubMemory::Never,
+        ..spec("c")
+    };
+    assert!(
+        plan_gpu(&o, &never, Some(&prev), &none())
+            .actions
+            .is_empty()
+    );
+    // Old tenant's processes still there: busy, not scrubbed under them.
+    o.processes = vec![ProcessStatus {
+        pid: 9,
+        ..Default::default()
+    }];
+    prev.last_scrub = None;
+    assert_eq!(
+        plan_gpu(&o, &spec("c"), Some(&prev), &none())
+            .blocked
+            .unwrap()
+            .reason,
+        "Busy"
+    );
+}
+
+#[test]
+fn status_records_hands_only_once_applied() {
+    let o = gpu(0, "H100-80GB", false);
+    let observed = GpuNodeStatus {
+        gpus: vec![o.clone()],
+        ..Default::default()
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![whole(0, Mode::Exclusive, &["b"])],
+        ..Default::default()
+    };
+    let mut prev = observed.clone();
+    prev.gpus[0].applied_mode = Some(Mode::Exclusive);
+    prev.gpus[0].applied_tenants = vec!["a".into()];
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+    );
+    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let s = build(
+        &observed,
+        &spec,
+        Some(&prev),
+        &plans,
+        &RunRecord::default(),
+        None,
+        &now,
+    );
+    assert_eq!(s.gpus[0].applied, Some(false));
+    assert_eq!(s.gpus[0].reason.as_deref(), Some("Pending"));
+    assert_eq!(
+        s.gpus[0].applied_tenants,
+        ["a"],
+        "not handed over before the scrub"
+    );
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+
+    let done = RunMemory {
+        scrubbed: vec![(0, ScrubTarget::Gpu)],
+        touched: vec![],
+    };
+    let plans = plan_node(&observed, &spec, Some(&prev), &done);
+    let s = build(
+        &observed,
+        &spec,
+        Some(&prev),
+        &plans,
+        &RunRecord::default(),
+        None,
+        &now,
+    );
+    assert_eq!(
+        (s.gpus[0].applied, s.gpus[0].applied_tenants.clone()),
+        (Some(true), vec!["b".to_string()])
+    );
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(true));
+    assert_eq!(s.layout.as_deref(), Some("0:Exclusive"));
+}
+
+#[test]
+fn mps_defaults_come_from_the_spec_per_daemon_device() {
+    let mut a = gpu(0, "H100-80GB", false);
+    let mut b = gpu(1, "H100-80GB", false);
+    let c = gpu(2, "H100-80GB", false);
+    a.compute_mode = Some("ExclusiveProcess".into());
+    b.compute_mode = Some("ExclusiveProcess".into());
+    let observed = GpuNodeStatus {
+        gpus: vec![a, b, c],
+        ..Default::default()
+    };
+    let set = |pct, mem: &str| MpsSettings {
+        max_clients: 4,
+        active_thread_percentage: Some(pct),
+        pinned_memory_limit: Some(mem.into()),
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![
+            GpuSpec {
+                mps: Some(set(50, "1Gi")),
+                ..whole(1, Mode::Mps, &[])
+            },
+            GpuSpec {
+                mps: Some(set(25, "512Mi")),
+                ..whole(2, Mode::Mps, &[])
+            },
+            GpuSpec {
+                mps: Some(set(30, "2Gi")),
+                ..whole(0, Mode::Mps, &[])
+            },
+        ],
+        ..Default::default()
+    };
+    let d = mps::desired(&spec, &observed);
+    assert_eq!(
+        d.gpus,
+        ["GPU-1", "GPU-0"],
+        "GPU 2 is not in EXCLUSIVE_PROCESS yet"
+    );
+    assert_eq!(
+        d.settings,
+        [
+            "set_default_active_thread_percentage 30",
+            "set_default_device_pinned_mem_limit 0 1024M",
+            "set_default_device_pinned_mem_limit 1 2048M"
+        ]
+    );
+    assert_eq!(d.notes.len(), 1);
+}
