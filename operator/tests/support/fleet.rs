@@ -1,0 +1,135 @@
+//! A generated fleet for scale tests and benchmarks: node pools of H100 (MIG), A100 (MPS),
+//! H200 (time-slicing) and H200 (exclusive), and tenants of every tier asking for all of it.
+//! Deterministic: a small linear congruential generator, no randomness from outside.
+
+#![allow(dead_code)]
+
+use gpu_tenancy::api::*;
+use gpu_tenancy::inventory::{NodeGpu, NodeInventory};
+use gpu_tenancy::mig::model_by_name;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::collections::BTreeMap;
+
+pub struct Fleet {
+    pub policies: Vec<SharingPolicy>,
+    pub tenants: Vec<GpuTenant>,
+    pub plans: Vec<GpuPartitionPlan>,
+    pub nodes: Vec<NodeInventory>,
+}
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+const POOLS: [(&str, &str); 4] = [("mig", "H100-80GB"), ("mps", "A100-40GB"), ("ts", "H200"), ("excl", "H200")];
+
+pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fleet {
+    let mut rng = Lcg(seed);
+    let policy: SharingPolicy = serde_saphyr::from_str(include_str!("../../../examples/policy.yaml")).unwrap();
+    let group = |devices: &str, mode: Mode| GpuGroup {
+        devices: devices.into(),
+        mode,
+        mig: None,
+        mps: None,
+        time_slicing: None,
+        tenants: vec![],
+    };
+    let plan = |name: &str, pool: &str, gpus: Vec<GpuGroup>| {
+        GpuPartitionPlan::new(
+            name,
+            GpuPartitionPlanSpec {
+                node_selector: LabelSelector {
+                    match_labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+                    match_expressions: None,
+                },
+                priority: 0,
+                gpus,
+                rollout: None,
+            },
+        )
+    };
+    let half = gpus_per_node / 2;
+    let plans = vec![
+        plan(
+            "mig",
+            "mig",
+            vec![
+                GpuGroup {
+                    mig: Some(MigSettings { profiles: vec!["3g.40gb".into(), "2g.20gb".into(), "2g.20gb".into()] }),
+                    ..group(&format!("0-{}", half - 1), Mode::Mig)
+                },
+                GpuGroup {
+                    mig: Some(MigSettings { profiles: vec!["1g.10gb".into(); 7] }),
+                    ..group(&format!("{half}-{}", gpus_per_node - 1), Mode::Mig)
+                },
+            ],
+        ),
+        plan(
+            "mps",
+            "mps",
+            vec![GpuGroup {
+                mps: Some(MpsSettings { max_clients: 8, active_thread_percentage: Some(12), pinned_memory_limit: Some("4Gi".into()) }),
+                ..group("all", Mode::Mps)
+            }],
+        ),
+        plan("ts", "ts", vec![GpuGroup { time_slicing: Some(TimeSlicingSettings { replicas: 4 }), ..group("all", Mode::TimeSlicing) }]),
+        plan("excl", "excl", vec![group("all", Mode::Exclusive)]),
+    ];
+    let nodes = (0..nodes)
+        .map(|i| {
+            let (pool, model) = POOLS[i % POOLS.len()];
+            let model = model_by_name(model).unwrap();
+            let name = format!("node-{i:05}");
+            NodeInventory {
+                name: name.clone(),
+                labels: BTreeMap::from([("pool".to_string(), pool.to_string())]),
+                gpus: (0..gpus_per_node)
+                    .map(|g| NodeGpu {
+                        index: g,
+                        model: Some(model),
+                        name: model.name().into(),
+                        memory_mib: model.memory_mib,
+                        numa_node: i32::from(g >= half),
+                        uuid: Some(format!("GPU-{name}-{g}")),
+                        instances: vec![],
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let tiers = ["external", "internal", "experimental"];
+    let tenants = (0..tenants)
+        .map(|i| {
+            let tier = tiers[rng.next(3) as usize];
+            let mut resources = vec![
+                ResourceRequest { mode: Mode::Mig, profile: Some("3g.40gb".into()), count: 1 + rng.next(4) as u32 },
+                ResourceRequest { mode: Mode::Mig, profile: Some("1g.10gb".into()), count: 1 + rng.next(8) as u32 },
+                ResourceRequest { mode: Mode::Exclusive, count: 1 + rng.next(4) as u32, profile: None },
+            ];
+            if tier != "external" {
+                resources.push(ResourceRequest { mode: Mode::Mps, count: 1 + rng.next(24) as u32, profile: None });
+            }
+            if tier == "experimental" {
+                resources.push(ResourceRequest { mode: Mode::TimeSlicing, count: 1 + rng.next(12) as u32, profile: None });
+            }
+            GpuTenant::new(
+                &format!("tenant-{i:04}"),
+                GpuTenantSpec {
+                    tier: tier.into(),
+                    policy_ref: "default".into(),
+                    namespaces: vec![format!("ns-{i:04}")],
+                    priority: rng.next(3) as i32,
+                    weight: 1 + rng.next(4) as u32,
+                    resources,
+                    limits: None,
+                },
+            )
+        })
+        .collect();
+    Fleet { policies: vec![policy], tenants, plans, nodes }
+}
