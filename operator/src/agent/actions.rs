@@ -222,14 +222,12 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         }
         return plan_whole_gpu(o, g, prev, done, plan);
     };
-    if want_mig {
-        if let Err(e) = validate_layout(o, g) {
-            plan.block(
-                "InvalidSpec",
-                format!("spec.gpus[index={}].migInstances: {e}", g.index),
-            );
-            return plan;
-        }
+    if want_mig && let Err(e) = validate_layout(o, g) {
+        plan.block(
+            "InvalidSpec",
+            format!("spec.gpus[index={}].migInstances: {e}", g.index),
+        );
+        return plan;
     }
 
     if mig.current != want_mig || mig.pending != want_mig {

@@ -47,16 +47,16 @@ pub fn build(
     }
     // GPUs in the spec that NVML does not report still get a line saying so.
     for plan in plans {
-        if !out.gpus.iter().any(|g| g.index == plan.index) {
-            if let Some(b) = &plan.blocked {
-                out.gpus.push(crate::api::GpuStatus {
-                    index: plan.index,
-                    applied: Some(false),
-                    reason: Some(b.reason.into()),
-                    message: Some(b.message.clone()),
-                    ..Default::default()
-                });
-            }
+        if !out.gpus.iter().any(|g| g.index == plan.index)
+            && let Some(b) = &plan.blocked
+        {
+            out.gpus.push(crate::api::GpuStatus {
+                index: plan.index,
+                applied: Some(false),
+                reason: Some(b.reason.into()),
+                message: Some(b.message.clone()),
+                ..Default::default()
+            });
         }
     }
     out.layout = Some(layout(&out, spec));

@@ -35,7 +35,7 @@ fn err(what: &str, e: NvmlError) -> String {
 }
 
 /// A function of the raw table, or which one the library lacks.
-fn sym<'a, T, E: std::fmt::Display>(r: Result<&'a T, E>) -> Result<&'a T, String> {
+fn sym<T, E: std::fmt::Display>(r: Result<&T, E>) -> Result<&T, String> {
     r.map_err(|e| format!("the NVML library lacks a function the agent needs: {e}"))
 }
 
