@@ -11,10 +11,17 @@ use std::hint::black_box;
 fn bench(c: &mut Criterion) {
     let f = support::fleet(5000, 8, 2000, 42);
     let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    let input = PlanInput { policies: &f.policies, tenants: &f.tenants, plans: &f.plans, nodes: &f.nodes };
+    let input = PlanInput {
+        policies: &f.policies,
+        tenants: &f.tenants,
+        plans: &f.plans,
+        nodes: &f.nodes,
+    };
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
-    group.bench_function("fleet_5000x8_2000_tenants", |b| b.iter(|| black_box(plan(black_box(&input), &now))));
+    group.bench_function("fleet_5000x8_2000_tenants", |b| {
+        b.iter(|| black_box(plan(black_box(&input), &now)))
+    });
     group.finish();
 }
 

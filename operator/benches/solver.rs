@@ -41,7 +41,9 @@ fn bench(c: &mut Criterion) {
         .unwrap()
         .clone();
     eprintln!("slowest multiset: {worst:?}");
-    c.bench_function("solver/worst_case", |b| b.iter(|| black_box(solve_shapes(black_box(&worst), &[]))));
+    c.bench_function("solver/worst_case", |b| {
+        b.iter(|| black_box(solve_shapes(black_box(&worst), &[])))
+    });
 }
 
 criterion_group!(benches, bench);

@@ -101,7 +101,9 @@ impl InventoryFile {
                         Some(m) => Some(m),
                         None if entry.memory_mib.is_some() => None,
                         None => {
-                            errors.push(format!("{at}.model: unknown GPU model {name:?}; give pciDeviceId or memoryMiB"));
+                            errors.push(format!(
+                                "{at}.model: unknown GPU model {name:?}; give pciDeviceId or memoryMiB"
+                            ));
                             continue;
                         }
                     },
@@ -130,7 +132,11 @@ impl InventoryFile {
                     });
                 }
             }
-            nodes.push(NodeInventory { name: node.name.clone(), labels: node.labels.clone(), gpus });
+            nodes.push(NodeInventory {
+                name: node.name.clone(),
+                labels: node.labels.clone(),
+                gpus,
+            });
         }
         if errors.is_empty() { Ok(nodes) } else { Err(errors) }
     }
@@ -161,11 +167,14 @@ mod tests {
             serde_saphyr::from_str("nodes:\n- name: a\n  gpus:\n  - {pciDeviceId: \"0x1EB810DE\"}\n").unwrap();
         let err = file.resolve().unwrap_err();
         assert_eq!(err.len(), 1);
-        assert!(err[0].starts_with("nodes[0].gpus[0].pciDeviceId: unknown GPU"), "{}", err[0]);
-        let file: InventoryFile = serde_saphyr::from_str(
-            "nodes:\n- name: a\n  gpus:\n  - {pciDeviceId: \"0x1EB810DE\", memoryMiB: 15360}\n",
-        )
-        .unwrap();
+        assert!(
+            err[0].starts_with("nodes[0].gpus[0].pciDeviceId: unknown GPU"),
+            "{}",
+            err[0]
+        );
+        let file: InventoryFile =
+            serde_saphyr::from_str("nodes:\n- name: a\n  gpus:\n  - {pciDeviceId: \"0x1EB810DE\", memoryMiB: 15360}\n")
+                .unwrap();
         let nodes = file.resolve().unwrap();
         assert!(nodes[0].gpus[0].model.is_none());
     }

@@ -69,7 +69,11 @@ pub enum MigPartedError {
     #[error("version {0:?} is not supported; mig-parted files say `version: v1`")]
     Version(String),
     #[error("config {config:?} entry {entry}: devices must be `all` or a list of GPU indices, not {value:?}")]
-    Devices { config: String, entry: usize, value: String },
+    Devices {
+        config: String,
+        entry: usize,
+        value: String,
+    },
     #[error("config {0:?} not found in the file; it has: {1}")]
     NoSuchConfig(String, String),
 }
@@ -85,7 +89,12 @@ impl MigPartedFile {
                 if let Devices::All(s) = &e.devices
                     && s != "all"
                 {
-                    return Err(MigPartedError::Devices { config: name.clone(), entry: i, value: s.clone() }.to_string());
+                    return Err(MigPartedError::Devices {
+                        config: name.clone(),
+                        entry: i,
+                        value: s.clone(),
+                    }
+                    .to_string());
                 }
             }
         }
@@ -99,7 +108,10 @@ fn first_line(s: &str) -> String {
 
 /// The profiles of an entry as a list, in profile-name order (each repeated `count` times).
 pub fn expand_mig_devices(devices: &BTreeMap<String, u32>) -> Vec<String> {
-    devices.iter().flat_map(|(p, n)| std::iter::repeat_n(p.clone(), *n as usize)).collect()
+    devices
+        .iter()
+        .flat_map(|(p, n)| std::iter::repeat_n(p.clone(), *n as usize))
+        .collect()
 }
 
 /// Turns the configs of a file (all, or the one named) into plans: one per entry.
@@ -116,7 +128,11 @@ pub fn import(file: &MigPartedFile, only: Option<&str>) -> Result<Vec<GpuPartiti
             continue;
         }
         for (i, entry) in entries.iter().enumerate() {
-            let name = if entries.len() == 1 { plan_name(config) } else { format!("{}-{i}", plan_name(config)) };
+            let name = if entries.len() == 1 {
+                plan_name(config)
+            } else {
+                format!("{}-{i}", plan_name(config))
+            };
             plans.push(entry_to_plan(config, i, &name, entry));
         }
     }
@@ -127,7 +143,13 @@ pub fn import(file: &MigPartedFile, only: Option<&str>) -> Result<Vec<GpuPartiti
 fn plan_name(config: &str) -> String {
     let s: String = config
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     s.trim_matches(|c| c == '-' || c == '.').to_string()
 }
@@ -141,13 +163,22 @@ fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry)
         GpuGroup {
             devices,
             mode: Mode::Mig,
-            mig: Some(MigSettings { profiles: entry.mig_devices.as_ref().map(expand_mig_devices).unwrap_or_default() }),
+            mig: Some(MigSettings {
+                profiles: entry.mig_devices.as_ref().map(expand_mig_devices).unwrap_or_default(),
+            }),
             mps: None,
             time_slicing: None,
             tenants: vec![],
         }
     } else {
-        GpuGroup { devices, mode: Mode::Exclusive, mig: None, mps: None, time_slicing: None, tenants: vec![] }
+        GpuGroup {
+            devices,
+            mode: Mode::Exclusive,
+            mig: None,
+            mps: None,
+            time_slicing: None,
+            tenants: vec![],
+        }
     };
     let mut annotations = BTreeMap::from([
         (ANNOTATION_CONFIG.to_string(), config.to_string()),
@@ -155,10 +186,17 @@ fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry)
     ]);
     if let Some(filter) = &entry.device_filter {
         // JSON keeps the file's own form (a string or a list) for the round trip.
-        annotations.insert(ANNOTATION_FILTER.to_string(), serde_json::to_string(filter).unwrap_or_default());
+        annotations.insert(
+            ANNOTATION_FILTER.to_string(),
+            serde_json::to_string(filter).unwrap_or_default(),
+        );
     }
     GpuPartitionPlan {
-        metadata: ObjectMeta { name: Some(name.to_string()), annotations: Some(annotations), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
         spec: GpuPartitionPlanSpec {
             node_selector: selector_for(entry.device_filter.as_ref()),
             priority: 0,
@@ -188,7 +226,10 @@ fn selector_for(filter: Option<&DeviceFilter>) -> LabelSelector {
                 .zip(&ids)
                 .filter_map(|(m, id)| {
                     let dev = crate::mig::parse_pci_id(id)?;
-                    m.variants.iter().find(|v| v.device_id == dev).map(|v| v.name.replace(' ', "-"))
+                    m.variants
+                        .iter()
+                        .find(|v| v.device_id == dev)
+                        .map(|v| v.name.replace(' ', "-"))
                 })
                 .collect(),
         ),
@@ -217,7 +258,10 @@ pub fn export(plans: &[GpuPartitionPlan]) -> (MigPartedFile, Vec<String>) {
         let name = plan.metadata.name.clone().unwrap_or_default();
         let ann = plan.metadata.annotations.clone().unwrap_or_default();
         let config = ann.get(ANNOTATION_CONFIG).cloned().unwrap_or_else(|| name.clone());
-        let entry_index = ann.get(ANNOTATION_ENTRY).and_then(|s| s.parse().ok()).unwrap_or(usize::MAX);
+        let entry_index = ann
+            .get(ANNOTATION_ENTRY)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(usize::MAX);
         let filter = ann.get(ANNOTATION_FILTER).map(|f| {
             serde_json::from_str(f).unwrap_or_else(|_| DeviceFilter::Many(f.split(',').map(str::to_string).collect()))
         });
@@ -259,7 +303,13 @@ pub fn export(plans: &[GpuPartitionPlan]) -> (MigPartedFile, Vec<String>) {
             (k, v.into_iter().map(|(_, _, e)| e).collect())
         })
         .collect();
-    (MigPartedFile { version: "v1".into(), mig_configs }, notes)
+    (
+        MigPartedFile {
+            version: "v1".into(),
+            mig_configs,
+        },
+        notes,
+    )
 }
 
 #[cfg(test)]
@@ -284,9 +334,16 @@ mod tests {
         let file = MigPartedFile::parse(DEFAULT).unwrap();
         let plans = import(&file, Some("all-balanced")).unwrap();
         assert!(plans.len() > 5);
-        assert!(plans.iter().all(|p| p.metadata.name.as_deref().unwrap().starts_with("all-balanced-")));
+        assert!(
+            plans
+                .iter()
+                .all(|p| p.metadata.name.as_deref().unwrap().starts_with("all-balanced-"))
+        );
         let err = import(&file, Some("nope")).unwrap_err().to_string();
-        assert!(err.starts_with("config \"nope\" not found in the file; it has: all-1g.10gb"), "{err}");
+        assert!(
+            err.starts_with("config \"nope\" not found in the file; it has: all-1g.10gb"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,7 +15,11 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(kind: &str, name: &str, field: impl Into<String>, message: impl Into<String>) -> Problem {
-        Problem { object: format!("{kind}/{name}"), field: field.into(), message: message.into() }
+        Problem {
+            object: format!("{kind}/{name}"),
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 

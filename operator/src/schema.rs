@@ -89,15 +89,24 @@ fn unknown_fields(schema: &Value, value: &Value, path: &str, out: &mut Vec<(Stri
             let props = schema.get("properties").and_then(Value::as_object);
             let additional = schema.get("additionalProperties");
             for (key, v) in map {
-                let child = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
                 match (props.and_then(|p| p.get(key)), additional) {
                     (Some(s), _) => unknown_fields(s, v, &child, out),
                     (None, Some(a)) if a.is_object() => unknown_fields(a, v, &child, out),
                     (None, Some(Value::Bool(true))) => {}
                     (None, _) if path.is_empty() && ["apiVersion", "kind", "metadata"].contains(&key.as_str()) => {}
                     (None, _) if props.is_some() => {
-                        let known: Vec<&str> = props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default();
-                        out.push((child, format!("unknown field {key:?}; known fields here: {}", known.join(", "))));
+                        let known: Vec<&str> = props
+                            .map(|p| p.keys().map(String::as_str).collect())
+                            .unwrap_or_default();
+                        out.push((
+                            child,
+                            format!("unknown field {key:?}; known fields here: {}", known.join(", ")),
+                        ));
                     }
                     _ => {}
                 }
@@ -151,7 +160,9 @@ mod tests {
     #[test]
     fn bounds_enums_and_unknown_fields_name_the_field() {
         let c = SchemaChecker::new();
-        let t = tenant(json!({"tier": "internal", "resources": [{"mode": "MIG", "profile": "3g.40gb", "count": 0}], "colour": 1}));
+        let t = tenant(
+            json!({"tier": "internal", "resources": [{"mode": "MIG", "profile": "3g.40gb", "count": 0}], "colour": 1}),
+        );
         let p = c.check("GpuTenant", &t).unwrap();
         let fields: Vec<&str> = p.iter().map(|(f, _)| f.as_str()).collect();
         assert_eq!(fields, ["spec.colour", "spec.resources[0].count"], "{p:?}");
@@ -164,9 +175,18 @@ mod tests {
         let c = SchemaChecker::new();
         let t = tenant(json!({"tier": "internal", "resources": [{"mode": "MIG", "count": 1}]}));
         let p = c.check("GpuTenant", &t).unwrap();
-        assert_eq!(p, vec![("spec.resources[0].profile".to_string(), "a MIG request needs a profile, e.g. 3g.40gb".to_string())]);
+        assert_eq!(
+            p,
+            vec![(
+                "spec.resources[0].profile".to_string(),
+                "a MIG request needs a profile, e.g. 3g.40gb".to_string()
+            )]
+        );
         let t = tenant(json!({"tier": "internal", "resources": [{"mode": "MPS", "profile": "3g.40gb", "count": 1}]}));
-        assert_eq!(c.check("GpuTenant", &t).unwrap()[0].1, "profile applies only to mode MIG");
+        assert_eq!(
+            c.check("GpuTenant", &t).unwrap()[0].1,
+            "profile applies only to mode MIG"
+        );
     }
 
     #[test]

@@ -49,15 +49,78 @@ struct Case {
 
 fn cases() -> Vec<Case> {
     vec![
-        Case { rule: "self.all(t, self.filter(u, u.name == t.name).size() == 1)", base: policy, pointer: "/spec/tiers/1/name", value: json!("a"), field: "spec.tiers", message: "tier names must be unique" },
-        Case { rule: "self.mode != 'MIG' || has(self.profile)", base: tenant, pointer: "/spec/resources/0", value: json!({"mode": "MIG", "count": 1}), field: "spec.resources[0].profile", message: "a MIG request needs a profile, e.g. 3g.40gb" },
-        Case { rule: "self.mode == 'MIG' || !has(self.profile)", base: tenant, pointer: "/spec/resources/1/profile", value: json!("3g.40gb"), field: "spec.resources[1].profile", message: "profile applies only to mode MIG" },
-        Case { rule: "!self.exists(g, g.devices == 'all') || self.size() == 1", base: plan, pointer: "/spec/gpus/2/devices", value: json!("all"), field: "spec.gpus", message: "devices 'all' must be the only GPU group of a plan" },
-        Case { rule: "self.mode == 'MIG' ? has(self.mig) : !has(self.mig)", base: plan, pointer: "/spec/gpus/2/mig", value: json!({"profiles": []}), field: "spec.gpus[2].mig", message: "mig settings are required with mode MIG and allowed only with it" },
-        Case { rule: "self.mode == 'MPS' || !has(self.mps)", base: plan, pointer: "/spec/gpus/2/mps", value: json!({"maxClients": 4}), field: "spec.gpus[2].mps", message: "mps settings are allowed only with mode MPS" },
-        Case { rule: "self.mode == 'TimeSlicing' ? has(self.timeSlicing) : !has(self.timeSlicing)", base: ts_plan, pointer: "/spec/gpus/0/timeSlicing", value: Value::Null, field: "spec.gpus[0].timeSlicing", message: "timeSlicing settings are required with mode TimeSlicing and allowed only with it" },
-        Case { rule: "string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')", base: ts_plan, pointer: "/spec/rollout/maxUnavailable", value: json!("0%"), field: "spec.rollout.maxUnavailable", message: "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%" },
-        Case { rule: "self.mode == 'MIG' || !has(self.migInstances) || size(self.migInstances) == 0", base: node, pointer: "/spec/gpus/1/migInstances", value: json!([{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}}]), field: "spec.gpus[1].migInstances", message: "migInstances are allowed only with mode MIG" },
+        Case {
+            rule: "self.all(t, self.filter(u, u.name == t.name).size() == 1)",
+            base: policy,
+            pointer: "/spec/tiers/1/name",
+            value: json!("a"),
+            field: "spec.tiers",
+            message: "tier names must be unique",
+        },
+        Case {
+            rule: "self.mode != 'MIG' || has(self.profile)",
+            base: tenant,
+            pointer: "/spec/resources/0",
+            value: json!({"mode": "MIG", "count": 1}),
+            field: "spec.resources[0].profile",
+            message: "a MIG request needs a profile, e.g. 3g.40gb",
+        },
+        Case {
+            rule: "self.mode == 'MIG' || !has(self.profile)",
+            base: tenant,
+            pointer: "/spec/resources/1/profile",
+            value: json!("3g.40gb"),
+            field: "spec.resources[1].profile",
+            message: "profile applies only to mode MIG",
+        },
+        Case {
+            rule: "!self.exists(g, g.devices == 'all') || self.size() == 1",
+            base: plan,
+            pointer: "/spec/gpus/2/devices",
+            value: json!("all"),
+            field: "spec.gpus",
+            message: "devices 'all' must be the only GPU group of a plan",
+        },
+        Case {
+            rule: "self.mode == 'MIG' ? has(self.mig) : !has(self.mig)",
+            base: plan,
+            pointer: "/spec/gpus/2/mig",
+            value: json!({"profiles": []}),
+            field: "spec.gpus[2].mig",
+            message: "mig settings are required with mode MIG and allowed only with it",
+        },
+        Case {
+            rule: "self.mode == 'MPS' || !has(self.mps)",
+            base: plan,
+            pointer: "/spec/gpus/2/mps",
+            value: json!({"maxClients": 4}),
+            field: "spec.gpus[2].mps",
+            message: "mps settings are allowed only with mode MPS",
+        },
+        Case {
+            rule: "self.mode == 'TimeSlicing' ? has(self.timeSlicing) : !has(self.timeSlicing)",
+            base: ts_plan,
+            pointer: "/spec/gpus/0/timeSlicing",
+            value: Value::Null,
+            field: "spec.gpus[0].timeSlicing",
+            message: "timeSlicing settings are required with mode TimeSlicing and allowed only with it",
+        },
+        Case {
+            rule: "string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')",
+            base: ts_plan,
+            pointer: "/spec/rollout/maxUnavailable",
+            value: json!("0%"),
+            field: "spec.rollout.maxUnavailable",
+            message: "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%",
+        },
+        Case {
+            rule: "self.mode == 'MIG' || !has(self.migInstances) || size(self.migInstances) == 0",
+            base: node,
+            pointer: "/spec/gpus/1/migInstances",
+            value: json!([{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}}]),
+            field: "spec.gpus[1].migInstances",
+            message: "migInstances are allowed only with mode MIG",
+        },
     ]
 }
 
@@ -94,7 +157,12 @@ fn each_rule_refuses_its_mutation_at_its_field() {
         let obj = mutate((case.base)(), case.pointer, &case.value);
         let kind = obj["kind"].as_str().unwrap().to_string();
         let problems = checker.check(&kind, &obj).unwrap();
-        assert_eq!(problems, vec![(case.field.to_string(), case.message.to_string())], "rule {}", case.rule);
+        assert_eq!(
+            problems,
+            vec![(case.field.to_string(), case.message.to_string())],
+            "rule {}",
+            case.rule
+        );
     }
 }
 

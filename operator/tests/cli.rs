@@ -8,7 +8,11 @@ fn root() -> PathBuf {
 }
 
 fn gpu_tenancy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-tenancy")).args(args).current_dir(root()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_gpu-tenancy"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -62,7 +66,11 @@ fn mixed_sharing_is_explained_once_the_schema_passes() {
 fn usage_and_read_errors_exit_2() {
     let o = gpu_tenancy(&["validate", "-f", "no/such/file.yaml"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).starts_with("error: cannot read no/such/file.yaml:"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("error: cannot read no/such/file.yaml:"),
+        "{}",
+        stderr(&o)
+    );
     let o = gpu_tenancy(&["validate"]);
     assert_eq!(o.status.code(), Some(2));
     let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/policy.yaml"]);
@@ -91,8 +99,15 @@ fn garbage_never_panics() {
         std::fs::write(&file, input).unwrap();
         let o = gpu_tenancy(&["validate", "-f", file.to_str().unwrap()]);
         let err = stderr(&o);
-        assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "input {i}: {err}");
-        assert!(matches!(o.status.code(), Some(1) | Some(2)), "input {i} exit {:?}", o.status.code());
+        assert!(
+            !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+            "input {i}: {err}"
+        );
+        assert!(
+            matches!(o.status.code(), Some(1) | Some(2)),
+            "input {i} exit {:?}",
+            o.status.code()
+        );
         for line in stdout(&o).lines() {
             assert!(line.starts_with(file.to_str().unwrap()), "input {i}: {line}");
             assert_eq!(line.matches(": ").count() >= 3, true, "input {i}: {line}");
@@ -103,14 +118,27 @@ fn garbage_never_panics() {
 
 #[test]
 fn plan_json_has_nodes_tenants_and_problems() {
-    let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml", "-o", "json"]);
+    let o = gpu_tenancy(&[
+        "plan",
+        "-f",
+        "examples/",
+        "--inventory",
+        "examples/inventory.yaml",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["nodes"].as_array().unwrap().len(), 5);
     assert_eq!(v["tenants"].as_array().unwrap().len(), 5);
     assert_eq!(v["problems"].as_array().unwrap().len(), 0);
     assert_eq!(v["nodes"][0]["kind"], "GpuNode");
-    let acme = v["tenants"].as_array().unwrap().iter().find(|t| t["metadata"]["name"] == "acme").unwrap();
+    let acme = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["metadata"]["name"] == "acme")
+        .unwrap();
     assert_eq!(acme["status"]["summary"], "12/12");
 }
 

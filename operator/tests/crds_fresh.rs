@@ -19,5 +19,9 @@ fn committed_crds_match_the_rust_types() {
     }
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     assert_eq!(files, 4, "crds/ should hold exactly the four CRDs");
-    assert!(stale.is_empty(), "crds/ is stale ({}); run `make crds` and commit the result", stale.join(", "));
+    assert!(
+        stale.is_empty(),
+        "crds/ is stale ({}); run `make crds` and commit the result",
+        stale.join(", ")
+    );
 }

@@ -13,7 +13,9 @@ fn every_filtered_combination_fits_its_models() {
     let mut unmodelled = std::collections::BTreeSet::new();
     for (name, entries) in &file.mig_configs {
         for entry in entries {
-            let (Some(filter), Some(devices)) = (&entry.device_filter, &entry.mig_devices) else { continue };
+            let (Some(filter), Some(devices)) = (&entry.device_filter, &entry.mig_devices) else {
+                continue;
+            };
             let profiles = expand_mig_devices(devices);
             for id in filter.ids() {
                 match model_by_pci_id(&id) {
@@ -34,8 +36,16 @@ fn every_filtered_combination_fits_its_models() {
     assert_eq!(checked, 8 + 4 + 1 + 2 + 2 + 8 + 4 + 1, "unmodelled IDs: {unmodelled:?}");
     // GPUs FACTS.md gives no profile table for: A30, GB200, GB300, B300, GH200, H100-96GB, H20, RTX PRO 6000.
     let expected = [
-        "0x20B610DE", "0x20B710DE", "0x232910DE", "0x233D10DE", "0x234210DE", "0x234810DE", "0x294110DE", "0x2BB510DE",
-        "0x318210DE", "0x31C210DE",
+        "0x20B610DE",
+        "0x20B710DE",
+        "0x232910DE",
+        "0x233D10DE",
+        "0x234210DE",
+        "0x234810DE",
+        "0x294110DE",
+        "0x2BB510DE",
+        "0x318210DE",
+        "0x31C210DE",
     ];
     assert_eq!(unmodelled.into_iter().collect::<Vec<_>>(), expected);
 }
@@ -48,7 +58,10 @@ fn every_unfiltered_combination_fits_the_models_that_name_its_profiles() {
         for entry in entries.iter().filter(|e| e.device_filter.is_none()) {
             let Some(devices) = &entry.mig_devices else { continue };
             let profiles = expand_mig_devices(devices);
-            for model in MODELS.iter().filter(|m| profiles.iter().all(|p| m.profile(p).is_some())) {
+            for model in MODELS
+                .iter()
+                .filter(|m| profiles.iter().all(|p| m.profile(p).is_some()))
+            {
                 // all-1g.10gb etc. are filtered; here each profile means the same shape on every model naming it.
                 if let Err(e) = solve_named(model, &profiles) {
                     panic!("{name} on {}: {e}", model.key);

@@ -12,7 +12,15 @@ use std::collections::{BTreeMap, HashMap};
 
 fn run(f: &support::Fleet) -> PlanOutput {
     let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    plan(&PlanInput { policies: &f.policies, tenants: &f.tenants, plans: &f.plans, nodes: &f.nodes }, &now)
+    plan(
+        &PlanInput {
+            policies: &f.policies,
+            tenants: &f.tenants,
+            plans: &f.plans,
+            nodes: &f.nodes,
+        },
+        &now,
+    )
 }
 
 fn check_invariants(f: &support::Fleet, out: &PlanOutput) {
@@ -30,7 +38,10 @@ fn check_invariants(f: &support::Fleet, out: &PlanOutput) {
         }
         for g in &s.grants {
             assert!(tier.modes.contains(&g.mode), "{name} ({}) got {}", tier.name, g.mode);
-            per_gpu.entry((g.node.clone(), g.gpu)).or_default().push((name.clone(), g.mode, g.count));
+            per_gpu
+                .entry((g.node.clone(), g.gpu))
+                .or_default()
+                .push((name.clone(), g.mode, g.count));
             if let Some(p) = &g.placement {
                 *per_instance.entry((g.node.clone(), g.gpu, p.clone())).or_default() += 1;
             }
@@ -45,15 +56,28 @@ fn check_invariants(f: &support::Fleet, out: &PlanOutput) {
                 Mode::Exclusive => assert!(grants.len() <= 1, "exclusive GPU shared: {grants:?}"),
                 Mode::Mps | Mode::TimeSlicing => {
                     let units: u32 = grants.iter().map(|g| g.2).sum();
-                    let cap = gpu.mps.as_ref().map(|m| m.max_clients).or(gpu.time_slicing.as_ref().map(|t| t.replicas)).unwrap();
-                    assert!(units <= cap, "{} GPU {}: {units} shares > {cap}", node.name_any(), gpu.index);
+                    let cap = gpu
+                        .mps
+                        .as_ref()
+                        .map(|m| m.max_clients)
+                        .or(gpu.time_slicing.as_ref().map(|t| t.replicas))
+                        .unwrap();
+                    assert!(
+                        units <= cap,
+                        "{} GPU {}: {units} shares > {cap}",
+                        node.name_any(),
+                        gpu.index
+                    );
                     let tenants: Vec<&String> = grants.iter().map(|g| &g.0).collect();
                     for (t, _, _) in &grants {
                         let tier = policy.tier(&tier_of[t]).unwrap();
                         if tier.co_location == CoLocation::Forbidden {
                             assert_eq!(tenants, [t], "forbidden tenant {t} shares a GPU");
                         } else {
-                            assert!(grants.iter().all(|g| tier_of[&g.0] == tier.name), "tiers mixed on a GPU: {grants:?}");
+                            assert!(
+                                grants.iter().all(|g| tier_of[&g.0] == tier.name),
+                                "tiers mixed on a GPU: {grants:?}"
+                            );
                         }
                     }
                 }
@@ -66,7 +90,11 @@ fn check_invariants(f: &support::Fleet, out: &PlanOutput) {
 fn a_thousand_nodes_keep_the_invariants_and_plan_deterministically() {
     let f = support::fleet(1000, 8, 400, 7);
     let out = run(&f);
-    assert!(out.problems.is_empty(), "{:?}", &out.problems[..out.problems.len().min(3)]);
+    assert!(
+        out.problems.is_empty(),
+        "{:?}",
+        &out.problems[..out.problems.len().min(3)]
+    );
     check_invariants(&f, &out);
     assert_eq!(out, run(&f));
 }

@@ -53,11 +53,14 @@ pub fn set_condition(
 
 /// `Some(true)` for `True`, `Some(false)` for `False`, `None` when absent or `Unknown`.
 pub fn condition_status(conditions: &[Condition], type_: &str) -> Option<bool> {
-    conditions.iter().find(|c| c.type_ == type_).and_then(|c| match c.status.as_str() {
-        "True" => Some(true),
-        "False" => Some(false),
-        _ => None,
-    })
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .and_then(|c| match c.status.as_str() {
+            "True" => Some(true),
+            "False" => Some(false),
+            _ => None,
+        })
 }
 
 /// The schema of a condition list: a list map keyed by `type`, so server-side apply merges

@@ -15,8 +15,8 @@ pub use plan::*;
 pub use policy::*;
 pub use tenant::*;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +68,12 @@ impl std::fmt::Display for Mode {
 
 /// All four CRDs, in a stable order (the order of `gpu-tenancy crd` and of `crds/`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![SharingPolicy::crd(), GpuTenant::crd(), GpuPartitionPlan::crd(), GpuNode::crd()]
+    vec![
+        SharingPolicy::crd(),
+        GpuTenant::crd(),
+        GpuPartitionPlan::crd(),
+        GpuNode::crd(),
+    ]
 }
 
 /// The CRDs as one multi-document YAML stream, exactly what `crds/` holds.
@@ -140,7 +145,10 @@ mod tests {
         for crd in &crds {
             assert_eq!(crd.spec.group, GROUP);
             assert_eq!(crd.spec.scope, "Cluster");
-            assert_eq!(crd.spec.names.categories.as_deref(), Some(&["gputenancy".to_string()][..]));
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&["gputenancy".to_string()][..])
+            );
             let v = &crd.spec.versions[0];
             assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
         }

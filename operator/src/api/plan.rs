@@ -107,7 +107,11 @@ fn default_mps_clients() -> u32 {
 
 impl Default for MpsSettings {
     fn default() -> Self {
-        MpsSettings { max_clients: default_mps_clients(), active_thread_percentage: None, pinned_memory_limit: None }
+        MpsSettings {
+            max_clients: default_mps_clients(),
+            active_thread_percentage: None,
+            pinned_memory_limit: None,
+        }
     }
 }
 

@@ -4,7 +4,9 @@ use crate::api::crds;
 use std::path::Path;
 
 /// File name of a CRD in `crds/`: `<plural>.<group>.yaml`.
-pub fn file_name(crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> String {
+pub fn file_name(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> String {
     format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
 }
 

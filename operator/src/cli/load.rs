@@ -53,7 +53,9 @@ pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -95,7 +97,11 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, String> {
 }
 
 fn one_line(s: &str) -> String {
-    s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: Value, loaded: &mut Loaded) {
@@ -109,7 +115,10 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
     let api_version = doc.get("apiVersion").and_then(Value::as_str).map(str::to_string);
     let (Some(kind), Some(api_version)) = (kind, api_version) else {
         if doc.get("mig-configs").is_some() {
-            match MigPartedFile::parse(text).map_err(|e| e.to_string()).and_then(|f| import(&f, None).map_err(|e| e.to_string())) {
+            match MigPartedFile::parse(text)
+                .map_err(|e| e.to_string())
+                .and_then(|f| import(&f, None).map_err(|e| e.to_string()))
+            {
                 Ok(plans) => {
                     for p in plans {
                         let key = format!("GpuPartitionPlan/{}", p.metadata.name.clone().unwrap_or_default());
@@ -133,11 +142,19 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         }
         return;
     };
-    let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let name = doc
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let object = format!("{kind}/{}", if name.is_empty() { "(unnamed)" } else { &name });
     if api_version != API_VERSION {
         if api_version.starts_with("gputenancy.io/") {
-            loaded.problems.push(problem(object, "apiVersion", format!("{api_version} is not served; use {API_VERSION}")));
+            loaded.problems.push(problem(
+                object,
+                "apiVersion",
+                format!("{api_version} is not served; use {API_VERSION}"),
+            ));
         }
         // Other APIs (Namespaces, ConfigMaps...) are not ours to judge.
         return;
@@ -151,7 +168,11 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         return;
     };
     if name.is_empty() {
-        loaded.problems.push(problem(object.clone(), "metadata.name", "every object needs a name".into()));
+        loaded.problems.push(problem(
+            object.clone(),
+            "metadata.name",
+            "every object needs a name".into(),
+        ));
         return;
     }
     if !schema_problems.is_empty() {
@@ -161,7 +182,11 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         return;
     }
     if let Some(previous) = loaded.origin.insert(object.clone(), file.to_string()) {
-        loaded.problems.push(problem(object.clone(), "metadata.name", format!("also defined in {previous}; names are cluster-wide")));
+        loaded.problems.push(problem(
+            object.clone(),
+            "metadata.name",
+            format!("also defined in {previous}; names are cluster-wide"),
+        ));
     }
     let typed = match kind.as_str() {
         "SharingPolicy" => serde_json::from_value(doc).map(|o| loaded.policies.push(o)),

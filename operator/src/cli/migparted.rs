@@ -30,7 +30,10 @@ pub fn run_import(file: &Path, config: Option<&str>, output: Output) -> i32 {
     match output {
         Output::Json => print_data(&plans, Output::Json),
         _ => {
-            let docs: Vec<String> = plans.iter().map(|p| serde_saphyr::to_string(p).expect("a plan serialises")).collect();
+            let docs: Vec<String> = plans
+                .iter()
+                .map(|p| serde_saphyr::to_string(p).expect("a plan serialises"))
+                .collect();
             print!("{}", docs.join("---\n"));
         }
     }
@@ -53,7 +56,10 @@ pub fn run_export(paths: &[PathBuf]) -> i32 {
         return 1;
     }
     let (file, notes) = export(&loaded.plans);
-    print!("{}", serde_saphyr::to_string(&file).expect("a mig-parted file serialises"));
+    print!(
+        "{}",
+        serde_saphyr::to_string(&file).expect("a mig-parted file serialises")
+    );
     for n in notes {
         eprintln!("note: {n}");
     }

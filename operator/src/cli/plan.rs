@@ -39,7 +39,11 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
     match serde_saphyr::from_str::<InventoryFile>(&inv_text) {
         Ok(inv) => loaded.inventories.push((inventory.display().to_string(), inv)),
         Err(e) => {
-            eprintln!("error: {}: not an inventory file: {}", inventory.display(), e.to_string().lines().next().unwrap_or(""));
+            eprintln!(
+                "error: {}: not an inventory file: {}",
+                inventory.display(),
+                e.to_string().lines().next().unwrap_or("")
+            );
             return 2;
         }
     }
@@ -50,13 +54,23 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
     // Only objects that passed the schema reach the planner; the planner's own problems are added.
     let now = Time(jiff::Timestamp::now());
     let out = plan(
-        &PlanInput { policies: &loaded.policies, tenants: &loaded.tenants, plans: &loaded.plans, nodes: &nodes },
+        &PlanInput {
+            policies: &loaded.policies,
+            tenants: &loaded.tenants,
+            plans: &loaded.plans,
+            nodes: &nodes,
+        },
         &now,
     );
     for p in &out.problems {
         let Problem { object, field, message } = p.clone();
         let file = loaded.origin.get(&object).cloned().unwrap_or_else(|| "-".into());
-        found.push(FileProblem { file, object, field, message });
+        found.push(FileProblem {
+            file,
+            object,
+            field,
+            message,
+        });
     }
     found.sort();
     found.dedup();
@@ -64,7 +78,14 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
 
     match output {
         Output::Table => print_tables(&out.nodes, &out.tenants, &problem_lines),
-        format => print_data(&PlanReport { nodes: &out.nodes, tenants: &out.tenants, problems: problem_lines.clone() }, format),
+        format => print_data(
+            &PlanReport {
+                nodes: &out.nodes,
+                tenants: &out.tenants,
+                problems: problem_lines.clone(),
+            },
+            format,
+        ),
     }
     if problem_lines.is_empty() { 0 } else { 1 }
 }
@@ -73,7 +94,15 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
     let mut rows = Vec::new();
     for node in nodes {
         if node.spec.gpus.is_empty() {
-            rows.push(vec![node.name_any(), node.spec.plan.clone().unwrap_or("-".into()), "-".into(), "-".into(), "unchanged".into(), "-".into(), "-".into()]);
+            rows.push(vec![
+                node.name_any(),
+                node.spec.plan.clone().unwrap_or("-".into()),
+                "-".into(),
+                "-".into(),
+                "unchanged".into(),
+                "-".into(),
+                "-".into(),
+            ]);
         }
         for g in &node.spec.gpus {
             let layout = match g.mode {
@@ -81,7 +110,14 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
                 Mode::Mig => g
                     .mig_instances
                     .iter()
-                    .map(|i| format!("{}@{}{}", i.profile, i.placement.start, i.tenant.as_ref().map(|t| format!("={t}")).unwrap_or_default()))
+                    .map(|i| {
+                        format!(
+                            "{}@{}{}",
+                            i.profile,
+                            i.placement.start,
+                            i.tenant.as_ref().map(|t| format!("={t}")).unwrap_or_default()
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(" "),
                 Mode::Mps => {
@@ -98,7 +134,11 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
                 Mode::TimeSlicing => format!("{} replicas", g.time_slicing.as_ref().map_or(0, |t| t.replicas)),
                 Mode::Exclusive => "whole GPU".into(),
             };
-            let tenants = if g.tenants.is_empty() { "-".to_string() } else { g.tenants.join(",") };
+            let tenants = if g.tenants.is_empty() {
+                "-".to_string()
+            } else {
+                g.tenants.join(",")
+            };
             rows.push(vec![
                 node.name_any(),
                 node.spec.plan.clone().unwrap_or("-".into()),
@@ -111,7 +151,18 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
         }
     }
     println!("NODES");
-    print_table(&["NODE", "PLAN", "GPU", "MODE", "LAYOUT (profile@start=tenant)", "TENANTS", "SCRUB"], &rows);
+    print_table(
+        &[
+            "NODE",
+            "PLAN",
+            "GPU",
+            "MODE",
+            "LAYOUT (profile@start=tenant)",
+            "TENANTS",
+            "SCRUB",
+        ],
+        &rows,
+    );
 
     let rows: Vec<Vec<String>> = tenants
         .iter()
@@ -123,14 +174,19 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
                 t.spec.tier.clone(),
                 t.spec.priority.to_string(),
                 s.summary.unwrap_or_default(),
-                s.granted_memory_mib.map(|m| format!("{}Gi", m / 1024)).unwrap_or("-".into()),
+                s.granted_memory_mib
+                    .map(|m| format!("{}Gi", m / 1024))
+                    .unwrap_or("-".into()),
                 ready.map(|c| c.status.clone()).unwrap_or("-".into()),
                 ready.map(|c| c.message.clone()).unwrap_or_default(),
             ]
         })
         .collect();
     println!("\nTENANTS");
-    print_table(&["TENANT", "TIER", "PRIORITY", "GRANTED", "MEMORY", "READY", "MESSAGE"], &rows);
+    print_table(
+        &["TENANT", "TIER", "PRIORITY", "GRANTED", "MEMORY", "READY", "MESSAGE"],
+        &rows,
+    );
 
     if !problems.is_empty() {
         println!("\nPROBLEMS");

@@ -16,7 +16,12 @@ pub fn problems(loaded: &Loaded, inventory: &[NodeInventory]) -> Vec<FileProblem
     let mut found: Vec<Problem> = check_policies(&loaded.policies);
     // References are only judged when the files hold what they refer to; a lone tenant file is fine.
     if !loaded.policies.is_empty() {
-        found.extend(check_tenants(&loaded.policies, &loaded.tenants).invalid.into_values().flatten());
+        found.extend(
+            check_tenants(&loaded.policies, &loaded.tenants)
+                .invalid
+                .into_values()
+                .flatten(),
+        );
     }
     let tenant_names: BTreeSet<String> = loaded.tenants.iter().map(|t| t.name_any()).collect();
     for plan in &loaded.plans {
@@ -35,7 +40,12 @@ pub fn problems(loaded: &Loaded, inventory: &[NodeInventory]) -> Vec<FileProblem
     }
     for p in found {
         let file = loaded.origin.get(&p.object).cloned().unwrap_or_else(|| "-".into());
-        out.push(FileProblem { file, object: p.object, field: p.field, message: p.message });
+        out.push(FileProblem {
+            file,
+            object: p.object,
+            field: p.field,
+            message: p.message,
+        });
     }
     out.sort();
     out.dedup();
@@ -49,8 +59,15 @@ pub fn inventories(loaded: &Loaded, problems: &mut Vec<FileProblem>) -> Vec<Node
         match inv.resolve() {
             Ok(n) => nodes.extend(n),
             Err(errors) => problems.extend(errors.into_iter().map(|e| {
-                let (field, message) = e.split_once(": ").map_or((e.clone(), String::new()), |(f, m)| (f.into(), m.into()));
-                FileProblem { file: file.clone(), object: "inventory".into(), field, message }
+                let (field, message) = e
+                    .split_once(": ")
+                    .map_or((e.clone(), String::new()), |(f, m)| (f.into(), m.into()));
+                FileProblem {
+                    file: file.clone(),
+                    object: "inventory".into(),
+                    field,
+                    message,
+                }
             })),
         }
     }

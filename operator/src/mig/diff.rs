@@ -32,7 +32,11 @@ impl LayoutDiff {
         let mut out: Vec<MigInstanceSpec> = self
             .keep
             .iter()
-            .map(|k| MigInstanceSpec { profile: k.profile.clone(), placement: k.placement, tenant: None })
+            .map(|k| MigInstanceSpec {
+                profile: k.profile.clone(),
+                placement: k.placement,
+                tenant: None,
+            })
             .chain(self.create.iter().cloned())
             .collect();
         out.sort_by_key(|i| i.placement);
@@ -59,9 +63,11 @@ pub fn diff_layout<S: AsRef<str>>(
     let mut candidates: Vec<(usize, Shape)> = Vec::new();
     let mut seen = 0u8;
     for (i, inst) in current.iter().enumerate() {
-        let Some(p) = model.profile(&inst.profile) else { continue };
-        let valid_start = p.info().starts.contains(&inst.placement.start)
-            && inst.placement.size == p.info().memory_slices;
+        let Some(p) = model.profile(&inst.profile) else {
+            continue;
+        };
+        let valid_start =
+            p.info().starts.contains(&inst.placement.start) && inst.placement.size == p.info().memory_slices;
         if !valid_start || !wanted_shapes.contains(&p.shape) {
             continue;
         }
@@ -77,11 +83,17 @@ pub fn diff_layout<S: AsRef<str>>(
     // Largest subsets first; within a size, lexicographic by candidate order.
     subsets.sort_by_key(|s| (std::cmp::Reverse(s.count_ones()), s.reverse_bits()));
     for subset in subsets {
-        let kept: Vec<(usize, Shape)> =
-            (0..n).filter(|b| subset & (1 << b) != 0).map(|b| candidates[b]).collect();
-        let Some(remaining) = remove_multiset(&wanted, &kept) else { continue };
-        let fixed: Vec<(Shape, u32)> =
-            kept.iter().map(|&(i, shape)| (shape, current[i].placement.start)).collect();
+        let kept: Vec<(usize, Shape)> = (0..n)
+            .filter(|b| subset & (1 << b) != 0)
+            .map(|b| candidates[b])
+            .collect();
+        let Some(remaining) = remove_multiset(&wanted, &kept) else {
+            continue;
+        };
+        let fixed: Vec<(Shape, u32)> = kept
+            .iter()
+            .map(|&(i, shape)| (shape, current[i].placement.start))
+            .collect();
         let shapes: Vec<Shape> = remaining.iter().map(|p| p.shape).collect();
         if let Ok(starts) = solve_shapes(&shapes, &fixed) {
             let keep_idx: Vec<usize> = kept.iter().map(|k| k.0).collect();
@@ -90,7 +102,10 @@ pub fn diff_layout<S: AsRef<str>>(
                 .zip(starts)
                 .map(|(p, start)| MigInstanceSpec {
                     profile: p.name.to_string(),
-                    placement: Placement { start, size: p.info().memory_slices },
+                    placement: Placement {
+                        start,
+                        size: p.info().memory_slices,
+                    },
                     tenant: None,
                 })
                 .collect();
@@ -111,10 +126,7 @@ pub fn diff_layout<S: AsRef<str>>(
 }
 
 /// `wanted` minus the shapes of `kept`, or `None` if `kept` holds a shape more often than `wanted`.
-fn remove_multiset(
-    wanted: &[super::models::Profile],
-    kept: &[(usize, Shape)],
-) -> Option<Vec<super::models::Profile>> {
+fn remove_multiset(wanted: &[super::models::Profile], kept: &[(usize, Shape)]) -> Option<Vec<super::models::Profile>> {
     let mut rest = wanted.to_vec();
     for &(_, shape) in kept {
         let pos = rest.iter().position(|p| p.shape == shape)?;
@@ -129,9 +141,10 @@ pub fn diff_placed(current: &[ExistingInstance], desired: &[MigInstanceSpec]) ->
     let mut diff = LayoutDiff::default();
     let mut matched = vec![false; desired.len()];
     for inst in current {
-        let hit = desired.iter().enumerate().position(|(j, d)| {
-            !matched[j] && d.profile == inst.profile && d.placement == inst.placement
-        });
+        let hit = desired
+            .iter()
+            .enumerate()
+            .position(|(j, d)| !matched[j] && d.profile == inst.profile && d.placement == inst.placement);
         match hit {
             Some(j) => {
                 matched[j] = true;
@@ -140,7 +153,12 @@ pub fn diff_placed(current: &[ExistingInstance], desired: &[MigInstanceSpec]) ->
             None => diff.destroy.push(inst.clone()),
         }
     }
-    diff.create = desired.iter().zip(&matched).filter(|(_, m)| !**m).map(|(d, _)| d.clone()).collect();
+    diff.create = desired
+        .iter()
+        .zip(&matched)
+        .filter(|(_, m)| !**m)
+        .map(|(d, _)| d.clone())
+        .collect();
     diff
 }
 
@@ -154,7 +172,11 @@ mod tests {
     }
 
     fn at(profile: &str, start: u32, size: u32) -> ExistingInstance {
-        ExistingInstance { profile: profile.into(), placement: Placement { start, size }, gpu_instance_id: None }
+        ExistingInstance {
+            profile: profile.into(),
+            placement: Placement { start, size },
+            gpu_instance_id: None,
+        }
     }
 
     #[test]
@@ -204,8 +226,16 @@ mod tests {
     fn placed_diff_matches_profile_and_placement() {
         let current = [at("2g.20gb", 0, 2), at("2g.20gb", 2, 2)];
         let desired = [
-            MigInstanceSpec { profile: "2g.20gb".into(), placement: Placement { start: 2, size: 2 }, tenant: None },
-            MigInstanceSpec { profile: "2g.20gb".into(), placement: Placement { start: 4, size: 2 }, tenant: None },
+            MigInstanceSpec {
+                profile: "2g.20gb".into(),
+                placement: Placement { start: 2, size: 2 },
+                tenant: None,
+            },
+            MigInstanceSpec {
+                profile: "2g.20gb".into(),
+                placement: Placement { start: 4, size: 2 },
+                tenant: None,
+            },
         ];
         let d = diff_placed(&current, &desired);
         assert_eq!(d.keep, [at("2g.20gb", 2, 2)]);

@@ -143,59 +143,158 @@ pub static MODELS: &[GpuModel] = &[
     GpuModel {
         key: "A100-40GB",
         variants: &[
-            Variant { device_id: 0x20B0, name: "NVIDIA A100-SXM4-40GB" },
-            Variant { device_id: 0x20B1, name: "NVIDIA A100-PCIE-40GB" },
-            Variant { device_id: 0x20F1, name: "NVIDIA A100-PCIE-40GB" },
-            Variant { device_id: 0x20F6, name: "NVIDIA A800 40GB PCIe" },
+            Variant {
+                device_id: 0x20B0,
+                name: "NVIDIA A100-SXM4-40GB",
+            },
+            Variant {
+                device_id: 0x20B1,
+                name: "NVIDIA A100-PCIE-40GB",
+            },
+            Variant {
+                device_id: 0x20F1,
+                name: "NVIDIA A100-PCIE-40GB",
+            },
+            Variant {
+                device_id: 0x20F6,
+                name: "NVIDIA A800 40GB PCIe",
+            },
         ],
         memory_mib: 40960,
-        profile_names: ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+        profile_names: [
+            "1g.5gb",
+            "1g.5gb+me",
+            "1g.10gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+        ],
     },
     GpuModel {
         key: "A100-80GB",
         variants: &[
-            Variant { device_id: 0x20B2, name: "NVIDIA A100-SXM4-80GB" },
-            Variant { device_id: 0x20B5, name: "NVIDIA A100 80GB PCIe" },
-            Variant { device_id: 0x20F3, name: "NVIDIA A800-SXM4-80GB" },
-            Variant { device_id: 0x20F5, name: "NVIDIA A800 80GB PCIe" },
+            Variant {
+                device_id: 0x20B2,
+                name: "NVIDIA A100-SXM4-80GB",
+            },
+            Variant {
+                device_id: 0x20B5,
+                name: "NVIDIA A100 80GB PCIe",
+            },
+            Variant {
+                device_id: 0x20F3,
+                name: "NVIDIA A800-SXM4-80GB",
+            },
+            Variant {
+                device_id: 0x20F5,
+                name: "NVIDIA A800 80GB PCIe",
+            },
         ],
         memory_mib: 81920,
-        profile_names: ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+        profile_names: [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
     },
     GpuModel {
         key: "H100-80GB",
         variants: &[
-            Variant { device_id: 0x2330, name: "NVIDIA H100 80GB HBM3" },
-            Variant { device_id: 0x2331, name: "NVIDIA H100 PCIe" },
-            Variant { device_id: 0x2322, name: "NVIDIA H800 PCIe" },
-            Variant { device_id: 0x2324, name: "NVIDIA H800" },
+            Variant {
+                device_id: 0x2330,
+                name: "NVIDIA H100 80GB HBM3",
+            },
+            Variant {
+                device_id: 0x2331,
+                name: "NVIDIA H100 PCIe",
+            },
+            Variant {
+                device_id: 0x2322,
+                name: "NVIDIA H800 PCIe",
+            },
+            Variant {
+                device_id: 0x2324,
+                name: "NVIDIA H800",
+            },
         ],
         memory_mib: 81559,
-        profile_names: ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+        profile_names: [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
     },
     GpuModel {
         key: "H100-NVL",
         variants: &[
-            Variant { device_id: 0x2321, name: "NVIDIA H100 NVL" },
-            Variant { device_id: 0x233A, name: "NVIDIA H800 NVL" },
+            Variant {
+                device_id: 0x2321,
+                name: "NVIDIA H100 NVL",
+            },
+            Variant {
+                device_id: 0x233A,
+                name: "NVIDIA H800 NVL",
+            },
         ],
         memory_mib: 95830,
-        profile_names: ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+        profile_names: [
+            "1g.12gb",
+            "1g.12gb+me",
+            "1g.24gb",
+            "2g.24gb",
+            "3g.47gb",
+            "4g.47gb",
+            "7g.94gb",
+        ],
     },
     GpuModel {
         key: "H200",
         variants: &[
-            Variant { device_id: 0x2335, name: "NVIDIA H200" },
-            Variant { device_id: 0x233B, name: "NVIDIA H200 NVL" },
+            Variant {
+                device_id: 0x2335,
+                name: "NVIDIA H200",
+            },
+            Variant {
+                device_id: 0x233B,
+                name: "NVIDIA H200 NVL",
+            },
         ],
         memory_mib: 143771,
-        profile_names: ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+        profile_names: [
+            "1g.18gb",
+            "1g.18gb+me",
+            "1g.35gb",
+            "2g.35gb",
+            "3g.71gb",
+            "4g.71gb",
+            "7g.141gb",
+        ],
     },
     GpuModel {
         key: "B200",
-        variants: &[Variant { device_id: 0x2901, name: "NVIDIA B200" }],
+        variants: &[Variant {
+            device_id: 0x2901,
+            name: "NVIDIA B200",
+        }],
         memory_mib: 183359,
-        profile_names: ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
+        profile_names: [
+            "1g.23gb",
+            "1g.23gb+me",
+            "1g.45gb",
+            "2g.45gb",
+            "3g.90gb",
+            "4g.90gb",
+            "7g.180gb",
+        ],
     },
 ];
 
@@ -227,11 +326,17 @@ pub fn nominal_memory_mib(profile: &str) -> Option<u64> {
 impl GpuModel {
     pub fn profile(&self, name: &str) -> Option<Profile> {
         let i = self.profile_names.iter().position(|n| *n == name)?;
-        Some(Profile { shape: Shape::ALL[i], name: self.profile_names[i] })
+        Some(Profile {
+            shape: Shape::ALL[i],
+            name: self.profile_names[i],
+        })
     }
 
     pub fn profile_for(&self, shape: Shape) -> Profile {
-        Profile { shape, name: self.profile_names[shape.index()] }
+        Profile {
+            shape,
+            name: self.profile_names[shape.index()],
+        }
     }
 
     pub fn profiles(&self) -> impl Iterator<Item = Profile> + '_ {
@@ -286,14 +391,18 @@ pub fn model_by_pci_id(s: &str) -> Option<&'static GpuModel> {
 pub fn model_by_name(s: &str) -> Option<&'static GpuModel> {
     let norm = |x: &str| x.trim().to_ascii_lowercase().replace([' ', '_'], "-");
     let wanted = norm(s);
-    MODELS.iter().find(|m| {
-        norm(m.key) == wanted || m.variants.iter().any(|v| norm(v.name) == wanted)
-    })
+    MODELS
+        .iter()
+        .find(|m| norm(m.key) == wanted || m.variants.iter().any(|v| norm(v.name) == wanted))
 }
 
 /// The name NVML reports for a PCI device ID, when modelled.
 pub fn variant_name(device_id: u16) -> Option<&'static str> {
-    MODELS.iter().flat_map(|m| m.variants).find(|v| v.device_id == device_id).map(|v| v.name)
+    MODELS
+        .iter()
+        .flat_map(|m| m.variants)
+        .find(|v| v.device_id == device_id)
+        .map(|v| v.name)
 }
 
 #[cfg(test)]

@@ -7,12 +7,27 @@ use std::fmt;
 /// Why a set of MIG profiles does not fit on a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LayoutError {
-    UnknownProfile { profile: String, model: &'static str, known: Vec<&'static str> },
-    TooManyInstances { profile: &'static str, requested: u32, max: u32 },
-    ComputeExceeded { requested: u32 },
-    MemoryExceeded { requested: u32 },
+    UnknownProfile {
+        profile: String,
+        model: &'static str,
+        known: Vec<&'static str>,
+    },
+    TooManyInstances {
+        profile: &'static str,
+        requested: u32,
+        max: u32,
+    },
+    ComputeExceeded {
+        requested: u32,
+    },
+    MemoryExceeded {
+        requested: u32,
+    },
     /// Budgets are fine but no arrangement of placements fits.
-    NoPlacement { profiles: Vec<&'static str>, constraints: Vec<String> },
+    NoPlacement {
+        profiles: Vec<&'static str>,
+        constraints: Vec<String>,
+    },
 }
 
 impl fmt::Display for LayoutError {
@@ -23,7 +38,11 @@ impl fmt::Display for LayoutError {
                 "unknown MIG profile {profile:?} for {model}; its profiles are {}",
                 known.join(", ")
             ),
-            LayoutError::TooManyInstances { profile, requested, max } => write!(
+            LayoutError::TooManyInstances {
+                profile,
+                requested,
+                max,
+            } => write!(
                 f,
                 "{profile} allows {max} instance{} per GPU, {requested} requested",
                 if *max == 1 { "" } else { "s" }
@@ -70,7 +89,10 @@ pub fn solve<S: AsRef<str>>(model: &GpuModel, profiles: &[S]) -> Result<Vec<MigI
         .zip(starts)
         .map(|(p, start)| MigInstanceSpec {
             profile: p.name.to_string(),
-            placement: Placement { start, size: p.info().memory_slices },
+            placement: Placement {
+                start,
+                size: p.info().memory_slices,
+            },
             tenant: None,
         })
         .collect();
@@ -216,9 +238,15 @@ pub fn name_error(model: &GpuModel, err: LayoutError) -> LayoutError {
             .map_or("?", |s| model.profile_for(s).name)
     };
     match err {
-        LayoutError::TooManyInstances { profile, requested, max } => {
-            LayoutError::TooManyInstances { profile: rename(profile), requested, max }
-        }
+        LayoutError::TooManyInstances {
+            profile,
+            requested,
+            max,
+        } => LayoutError::TooManyInstances {
+            profile: rename(profile),
+            requested,
+            max,
+        },
         LayoutError::NoPlacement { profiles, constraints } => {
             let constraints = constraints
                 .into_iter()
@@ -227,7 +255,10 @@ pub fn name_error(model: &GpuModel, err: LayoutError) -> LayoutError {
                     format!("{}{rest}", rename(label))
                 })
                 .collect();
-            LayoutError::NoPlacement { profiles: profiles.into_iter().map(rename).collect(), constraints }
+            LayoutError::NoPlacement {
+                profiles: profiles.into_iter().map(rename).collect(),
+                constraints,
+            }
         }
         other => other,
     }
@@ -273,7 +304,10 @@ mod tests {
 
     #[test]
     fn full_gpu_and_mixed_layouts_fit() {
-        assert_eq!(solve_named(h100(), &["7g.80gb"]).unwrap()[0].placement, Placement { start: 0, size: 8 });
+        assert_eq!(
+            solve_named(h100(), &["7g.80gb"]).unwrap()[0].placement,
+            Placement { start: 0, size: 8 }
+        );
         let l = solve_named(h100(), &["4g.40gb", "3g.40gb"]).unwrap();
         assert_eq!(starts(&l), [("4g.40gb".into(), 0), ("3g.40gb".into(), 4)]);
         assert_eq!(solve_named(h100(), &["1g.10gb"; 7]).unwrap().len(), 7);
@@ -283,11 +317,22 @@ mod tests {
     #[test]
     fn explains_budget_failures() {
         let err = |p: &[&str]| solve_named(h100(), p).unwrap_err().to_string();
-        assert_eq!(err(&["4g.40gb", "4g.40gb"]), "4g.40gb allows 1 instance per GPU, 2 requested");
+        assert_eq!(
+            err(&["4g.40gb", "4g.40gb"]),
+            "4g.40gb allows 1 instance per GPU, 2 requested"
+        );
         assert_eq!(err(&["4g.40gb", "2g.20gb", "2g.20gb"]), "compute slices 8 > 7");
-        assert_eq!(err(&["1g.10gb+me", "1g.10gb+me"]), "1g.10gb+me allows 1 instance per GPU, 2 requested");
-        assert_eq!(err(&["1g.20gb", "1g.20gb", "1g.20gb", "3g.40gb"]), "memory slices 10 > 8");
-        assert!(err(&["5g.50gb"]).starts_with("unknown MIG profile \"5g.50gb\" for H100-80GB; its profiles are 1g.10gb,"));
+        assert_eq!(
+            err(&["1g.10gb+me", "1g.10gb+me"]),
+            "1g.10gb+me allows 1 instance per GPU, 2 requested"
+        );
+        assert_eq!(
+            err(&["1g.20gb", "1g.20gb", "1g.20gb", "3g.40gb"]),
+            "memory slices 10 > 8"
+        );
+        assert!(
+            err(&["5g.50gb"]).starts_with("unknown MIG profile \"5g.50gb\" for H100-80GB; its profiles are 1g.10gb,")
+        );
     }
 
     #[test]
@@ -297,7 +342,9 @@ mod tests {
         assert!(e.is_ok(), "3g@4, 2g@0, 1g.20gb@2 fits: {e:?}");
         let e = solve_named(h100(), &["3g.40gb", "3g.40gb", "1g.10gb"]).unwrap_err();
         assert_eq!(e, LayoutError::MemoryExceeded { requested: 9 });
-        let e = solve_named(h100(), &["4g.40gb", "1g.20gb", "1g.20gb", "1g.20gb"]).unwrap_err().to_string();
+        let e = solve_named(h100(), &["4g.40gb", "1g.20gb", "1g.20gb", "1g.20gb"])
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "memory slices 10 > 8");
         let e = solve_named(h100(), &["2g.20gb", "2g.20gb", "2g.20gb", "1g.20gb"]).unwrap();
         assert_eq!(e.last().unwrap().placement, Placement { start: 6, size: 2 });

@@ -105,9 +105,18 @@ impl Pool {
 /// Why a tenant got less than it asked.
 #[derive(Clone, Debug, PartialEq)]
 enum Shortfall {
-    Capacity { available: u64, demand: u64, tenants: usize, priority: i32 },
-    Memory { limit_mib: u64 },
-    Topology { count: u32 },
+    Capacity {
+        available: u64,
+        demand: u64,
+        tenants: usize,
+        priority: i32,
+    },
+    Memory {
+        limit_mib: u64,
+    },
+    Topology {
+        count: u32,
+    },
     Rules,
 }
 
@@ -142,10 +151,20 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
             why: vec![None; t.requests.len()],
         })
         .collect();
-    let mut a = Allocator { tenants, nodes, pools, state };
+    let mut a = Allocator {
+        tenants,
+        nodes,
+        pools,
+        state,
+    };
 
     let mut order: Vec<usize> = (0..tenants.len()).collect();
-    order.sort_by(|&x, &y| tenants[y].priority.cmp(&tenants[x].priority).then(tenants[x].name.cmp(&tenants[y].name)));
+    order.sort_by(|&x, &y| {
+        tenants[y]
+            .priority
+            .cmp(&tenants[x].priority)
+            .then(tenants[x].name.cmp(&tenants[y].name))
+    });
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         a.serve_level(level);
     }
@@ -165,7 +184,9 @@ fn build_pools(nodes: &[NodeDesired]) -> BTreeMap<(Family, Vec<String>), Pool> {
                 Mode::Mig => {
                     for (i, inst) in gpu.mig_instances.iter().enumerate() {
                         let key = (Family::Mig(inst.profile.clone()), ded.clone());
-                        let pool = pools.entry(key).or_insert_with(|| Pool::Mig(MigPool { slots: vec![], next: 0 }));
+                        let pool = pools
+                            .entry(key)
+                            .or_insert_with(|| Pool::Mig(MigPool { slots: vec![], next: 0 }));
                         if let Pool::Mig(p) = pool {
                             p.slots.push((at, i as u32));
                         }
@@ -176,13 +197,20 @@ fn build_pools(nodes: &[NodeDesired]) -> BTreeMap<(Family, Vec<String>), Pool> {
                     let (setting, pinned_mib) = match mode {
                         Mode::Mps => {
                             let mps = gpu.mps.clone().unwrap_or_default();
-                            (mps.max_clients, mps.pinned_memory_limit.as_deref().and_then(quantity_to_mib))
+                            (
+                                mps.max_clients,
+                                mps.pinned_memory_limit.as_deref().and_then(quantity_to_mib),
+                            )
                         }
                         _ => (gpu.time_slicing.as_ref().map_or(1, |t| t.replicas), None),
                     };
                     let pool = pools
                         .entry((Family::Shared(mode), ded))
-                        .or_insert_with(|| Pool::Shared { gpus: vec![], next_empty: 0, partial: HashMap::new() });
+                        .or_insert_with(|| Pool::Shared {
+                            gpus: vec![],
+                            next_empty: 0,
+                            partial: HashMap::new(),
+                        });
                     if let Pool::Shared { gpus, .. } = pool {
                         gpus.push(SharedGpu {
                             at,
@@ -199,7 +227,9 @@ fn build_pools(nodes: &[NodeDesired]) -> BTreeMap<(Family, Vec<String>), Pool> {
             }
         }
         for ((ded, _numa), free) in domains {
-            let pool = pools.entry((Family::Exclusive, ded)).or_insert_with(|| Pool::Exclusive(vec![]));
+            let pool = pools
+                .entry((Family::Exclusive, ded))
+                .or_insert_with(|| Pool::Exclusive(vec![]));
             if let Pool::Exclusive(d) = pool {
                 d.push(Domain { node: n as u32, free });
             }
@@ -221,11 +251,19 @@ impl Allocator<'_, '_> {
         let mut families: BTreeMap<Family, Vec<(usize, usize)>> = BTreeMap::new();
         for &t in level {
             for (r, req) in self.tenants[t].requests.iter().enumerate() {
-                families.entry(Family::of(req.mode, req.profile.as_deref())).or_default().push((t, r));
+                families
+                    .entry(Family::of(req.mode, req.profile.as_deref()))
+                    .or_default()
+                    .push((t, r));
             }
         }
         for (family, claims) in &families {
-            let available: u64 = self.pools.iter().filter(|((f, d), _)| f == family && d.is_empty()).map(|(_, p)| p.free()).sum();
+            let available: u64 = self
+                .pools
+                .iter()
+                .filter(|((f, d), _)| f == family && d.is_empty())
+                .map(|(_, p)| p.free())
+                .sum();
             let demands: Vec<(u64, u64)> = claims
                 .iter()
                 .map(|&(t, r)| (u64::from(self.state[t].remaining[r]), u64::from(self.tenants[t].weight)))
@@ -285,7 +323,9 @@ impl Allocator<'_, '_> {
 
     /// How many units of `unit_mib` the tenant's memory limit still allows (up to `want`).
     fn memory_allows(&mut self, t: usize, r: usize, unit_mib: u64, want: u32) -> u32 {
-        let Some(limit) = self.tenants[t].memory_limit_mib else { return want };
+        let Some(limit) = self.tenants[t].memory_limit_mib else {
+            return want;
+        };
         if unit_mib == 0 {
             return want;
         }
@@ -306,7 +346,9 @@ impl Allocator<'_, '_> {
     fn take_mig(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32, profile: &str) -> u32 {
         let unit = nominal_memory_mib(profile).unwrap_or(0);
         let want = self.memory_allows(t, r, unit, want);
-        let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else { return 0 };
+        let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else {
+            return 0;
+        };
         let n = want.min((pool.slots.len() - pool.next) as u32);
         let taken: Vec<(GpuRef, u32)> = pool.slots[pool.next..pool.next + n as usize].to_vec();
         pool.next += n as usize;
@@ -333,7 +375,9 @@ impl Allocator<'_, '_> {
 
     fn take_exclusive(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32) -> u32 {
         let topology = self.tenants[t].topology;
-        let Some(Pool::Exclusive(domains)) = self.pools.get(key) else { return 0 };
+        let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
+            return 0;
+        };
         // Best fit: the fullest domain that still holds the whole request keeps big domains free.
         let fits = domains
             .iter()
@@ -371,7 +415,9 @@ impl Allocator<'_, '_> {
         for (d, n) in picks {
             for _ in 0..n {
                 let (node, gpu_pos) = {
-                    let Some(Pool::Exclusive(domains)) = self.pools.get(key) else { break };
+                    let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
+                        break;
+                    };
                     (domains[d].node, domains[d].free[0])
                 };
                 let unit = self.nodes[node as usize].inventory.gpus
@@ -447,7 +493,9 @@ impl Allocator<'_, '_> {
             _ => return 0,
         };
         while left > 0 {
-            let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else { break };
+            let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+                break;
+            };
             if i >= gpus.len() {
                 break;
             }
@@ -463,7 +511,15 @@ impl Allocator<'_, '_> {
     }
 
     /// Grants up to `want` shares of shared GPU `i` of pool `key` to tenant `t`, if its rules allow.
-    fn try_gpu(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), i: usize, want: u32, eligible: &mut bool) -> u32 {
+    fn try_gpu(
+        &mut self,
+        t: usize,
+        r: usize,
+        key: &(Family, Vec<String>),
+        i: usize,
+        want: u32,
+        eligible: &mut bool,
+    ) -> u32 {
         let tenant = &self.tenants[t];
         let forbidden = tenant.co_location == CoLocation::Forbidden;
         let headroom = u64::from(tenant.headroom_percent.min(100));
@@ -471,7 +527,9 @@ impl Allocator<'_, '_> {
             Family::Shared(Mode::Mps) => (Mode::Mps, tenant.max_mps_clients),
             _ => (Mode::TimeSlicing, tenant.max_time_slicing_replicas),
         };
-        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else { return 0 };
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return 0;
+        };
         let g = &gpus[i];
         let joins_others = g.used > 0 && !self.state[t].shares.contains_key(&(key.0.clone(), key.1.clone(), i));
         if g.setting > cap_setting
@@ -491,12 +549,23 @@ impl Allocator<'_, '_> {
             _ => g.setting,
         });
         let n = want.min(capacity.saturating_sub(g.used));
-        let n = if n == 0 { 0 } else { self.memory_allows(t, r, per_share, n) };
+        let n = if n == 0 {
+            0
+        } else {
+            self.memory_allows(t, r, per_share, n)
+        };
         if n == 0 {
             return 0;
         }
         let tier = self.tenants[t].tier.clone();
-        let Some(Pool::Shared { gpus, next_empty, partial }) = self.pools.get_mut(key) else { return 0 };
+        let Some(Pool::Shared {
+            gpus,
+            next_empty,
+            partial,
+        }) = self.pools.get_mut(key)
+        else {
+            return 0;
+        };
         let g = &mut gpus[i];
         let first = g.capacity.is_none();
         g.capacity = Some(capacity);
@@ -516,7 +585,10 @@ impl Allocator<'_, '_> {
         while *next_empty < gpus.len() && gpus[*next_empty].capacity.is_some() {
             *next_empty += 1;
         }
-        *self.state[t].shares.entry((key.0.clone(), key.1.clone(), i)).or_insert(0) += n;
+        *self.state[t]
+            .shares
+            .entry((key.0.clone(), key.1.clone(), i))
+            .or_insert(0) += n;
         self.bind_whole(t, at, mode, n);
         self.record(t, r, n, per_share);
         n
@@ -527,7 +599,9 @@ impl Allocator<'_, '_> {
         for t in 0..self.tenants.len() {
             let shares = std::mem::take(&mut self.state[t].shares);
             for ((family, ded, i), count) in shares {
-                let Some(Pool::Shared { gpus, .. }) = self.pools.get(&(family.clone(), ded)) else { continue };
+                let Some(Pool::Shared { gpus, .. }) = self.pools.get(&(family.clone(), ded)) else {
+                    continue;
+                };
                 let (node, gpu) = gpus[i].at;
                 let nd = &self.nodes[node as usize];
                 let spec = &nd.gpus[gpu as usize];
@@ -548,7 +622,11 @@ impl Allocator<'_, '_> {
         for node in self.nodes.iter_mut() {
             for gpu in &mut node.gpus {
                 gpu.tenants.sort();
-                let names = gpu.tenants.iter().map(String::as_str).chain(gpu.mig_instances.iter().filter_map(|i| i.tenant.as_deref()));
+                let names = gpu
+                    .tenants
+                    .iter()
+                    .map(String::as_str)
+                    .chain(gpu.mig_instances.iter().filter_map(|i| i.tenant.as_deref()));
                 gpu.scrub = names.filter_map(|n| scrub_of.get(n).copied()).max().unwrap_or_default();
             }
         }
@@ -561,7 +639,12 @@ impl Allocator<'_, '_> {
                 .requests
                 .iter()
                 .zip(&s.granted)
-                .map(|(req, &granted)| AllocationSummary { mode: req.mode, profile: req.profile.clone(), requested: req.count, granted })
+                .map(|(req, &granted)| AllocationSummary {
+                    mode: req.mode,
+                    profile: req.profile.clone(),
+                    requested: req.count,
+                    granted,
+                })
                 .collect();
             let shortfalls = tenant
                 .requests
@@ -592,7 +675,12 @@ impl Allocator<'_, '_> {
                 .collect();
             out.insert(
                 tenant.name.clone(),
-                TenantGrants { grants, allocation, memory_mib: s.memory_mib, shortfalls },
+                TenantGrants {
+                    grants,
+                    allocation,
+                    memory_mib: s.memory_mib,
+                    shortfalls,
+                },
             );
         }
         out

@@ -41,7 +41,11 @@ fn parse_index(s: &str, whole: &str) -> Result<u32, String> {
 
 /// Indices a group's `devices` names on a node with `count` GPUs.
 pub fn expand_devices(spec: &str, count: u32) -> Result<Vec<u32>, String> {
-    if spec == "all" { Ok((0..count).collect()) } else { parse_devices(spec) }
+    if spec == "all" {
+        Ok((0..count).collect())
+    } else {
+        parse_devices(spec)
+    }
 }
 
 /// Does `selector` select a node with `labels`? Same rules as the API server's label selectors.
@@ -84,7 +88,11 @@ pub fn selector_problems(selector: &LabelSelector) -> Vec<String> {
             out.push(format!(
                 "matchExpressions[{i}].values: operator {} {}",
                 req.operator,
-                if n == 0 { "needs at least one value" } else { "takes no values" }
+                if n == 0 {
+                    "needs at least one value"
+                } else {
+                    "takes no values"
+                }
             ));
         }
     }

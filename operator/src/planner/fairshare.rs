@@ -10,7 +10,9 @@ pub fn weighted_fair_share(capacity: u64, claims: &[(u64, u64)]) -> Vec<u64> {
     if total <= capacity {
         return claims.iter().map(|c| c.0).collect();
     }
-    let mut active: Vec<usize> = (0..claims.len()).filter(|&i| claims[i].0 > 0 && claims[i].1 > 0).collect();
+    let mut active: Vec<usize> = (0..claims.len())
+        .filter(|&i| claims[i].0 > 0 && claims[i].1 > 0)
+        .collect();
     let mut left = capacity as f64;
     let mut exact = vec![0f64; claims.len()];
     // Satisfy claimants whose demand is below their proportional share, then re-split the rest.
@@ -20,8 +22,9 @@ pub fn weighted_fair_share(capacity: u64, claims: &[(u64, u64)]) -> Vec<u64> {
             break;
         }
         let level = left / weight;
-        let (sated, hungry): (Vec<usize>, Vec<usize>) =
-            active.iter().partition(|&&i| (claims[i].0 as f64) <= level * claims[i].1 as f64);
+        let (sated, hungry): (Vec<usize>, Vec<usize>) = active
+            .iter()
+            .partition(|&&i| (claims[i].0 as f64) <= level * claims[i].1 as f64);
         if sated.is_empty() {
             for &i in &hungry {
                 exact[i] = level * claims[i].1 as f64;

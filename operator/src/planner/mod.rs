@@ -67,7 +67,12 @@ pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
 
     problems.sort();
     problems.dedup();
-    PlanOutput { nodes, tenants, plans: plan_statuses, problems }
+    PlanOutput {
+        nodes,
+        tenants,
+        plans: plan_statuses,
+        problems,
+    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,11 @@ impl NodeDesired<'_> {
     pub fn to_gpu_node(&self) -> GpuNode {
         let mut node = GpuNode::new(
             &self.inventory.name,
-            GpuNodeSpec { plan: self.plan.clone(), gpus: self.gpus.clone(), device_plugin_config: None },
+            GpuNodeSpec {
+                plan: self.plan.clone(),
+                gpus: self.gpus.clone(),
+                device_plugin_config: None,
+            },
         );
         node.spec.device_plugin_config = device_plugin_config(&self.gpus);
         node
@@ -53,7 +57,10 @@ impl NodeDesired<'_> {
 fn device_plugin_config(gpus: &[GpuSpec]) -> Option<String> {
     gpus.iter().find_map(|g| match g.mode {
         Mode::Mps => Some(format!("mps-{}", g.mps.as_ref().map_or(4, |m| m.max_clients))),
-        Mode::TimeSlicing => Some(format!("time-slicing-{}", g.time_slicing.as_ref().map_or(1, |t| t.replicas))),
+        Mode::TimeSlicing => Some(format!(
+            "time-slicing-{}",
+            g.time_slicing.as_ref().map_or(1, |t| t.replicas)
+        )),
         _ => None,
     })
 }
@@ -71,10 +78,17 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
 
     let mut out = Vec::with_capacity(sorted.len());
     for inv in sorted {
-        let mut candidates: Vec<usize> =
-            (0..plans.len()).filter(|&i| selector_matches(&plans[i].spec.node_selector, &inv.labels)).collect();
+        let mut candidates: Vec<usize> = (0..plans.len())
+            .filter(|&i| selector_matches(&plans[i].spec.node_selector, &inv.labels))
+            .collect();
         candidates.sort_by_key(|&i| std::cmp::Reverse(plans[i].spec.priority));
-        let mut node = NodeDesired { inventory: inv, plan: None, state: NodeState::Unplanned, gpus: vec![], dedicated: vec![] };
+        let mut node = NodeDesired {
+            inventory: inv,
+            plan: None,
+            state: NodeState::Unplanned,
+            gpus: vec![],
+            dedicated: vec![],
+        };
         match candidates.as_slice() {
             [] => {}
             [first, second, ..] if plans[*first].spec.priority == plans[*second].spec.priority => {
@@ -177,7 +191,10 @@ fn resolve_layout(
             if let Some(mig) = &group.mig {
                 let field = format!("spec.gpus[{g}].mig.profiles");
                 let Some(model) = gpu.model else {
-                    return Err((field, format!("GPU {index} ({}) is not a MIG-capable model known here", gpu.name)));
+                    return Err((
+                        field,
+                        format!("GPU {index} ({}) is not a MIG-capable model known here", gpu.name),
+                    ));
                 };
                 spec.mig_instances = if gpu.instances.is_empty() {
                     memo.entry((plan_idx, g, model.key))

@@ -3,8 +3,7 @@
 use super::allocate::TenantGrants;
 use super::nodes::{Fleet, NodeState};
 use crate::api::{
-    ConditionSet, GpuPartitionPlan, GpuPartitionPlanStatus, GpuTenant, PlanNodeCounts, PlanNodeDetail,
-    set_condition,
+    ConditionSet, GpuPartitionPlan, GpuPartitionPlanStatus, GpuTenant, PlanNodeCounts, PlanNodeDetail, set_condition,
 };
 use crate::policy::{PlanCheck, TenantCheck};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -15,7 +14,11 @@ use std::collections::BTreeMap;
 fn joined<'a>(messages: impl Iterator<Item = &'a str>) -> String {
     let all: Vec<&str> = messages.collect();
     let shown = all.iter().take(3).copied().collect::<Vec<_>>().join("; ");
-    if all.len() > 3 { format!("{shown}; and {} more", all.len() - 3) } else { shown }
+    if all.len() > 3 {
+        format!("{shown}; and {} more", all.len() - 3)
+    } else {
+        shown
+    }
 }
 
 pub fn tenant_statuses(
@@ -32,30 +35,94 @@ pub fn tenant_statuses(
         let mut status = t.status.take().unwrap_or_default();
         status.observed_generation = generation;
         let c = &mut status.conditions;
-        set_condition(c, ConditionSet::RECONCILING, false, "Planned", "grants are computed", generation, now);
+        set_condition(
+            c,
+            ConditionSet::RECONCILING,
+            false,
+            "Planned",
+            "grants are computed",
+            generation,
+            now,
+        );
         if let Some(problems) = check.invalid.get(&name) {
             let fields = joined(problems.iter().map(|p| p.field.as_str()));
             let msg = joined(problems.iter().map(|p| p.message.as_str()));
-            set_condition(c, ConditionSet::VALID, false, "Invalid", format!("{fields}: {msg}"), generation, now);
-            set_condition(c, ConditionSet::STALLED, true, "Invalid", "fix the spec; nothing is granted until it is valid", generation, now);
-            set_condition(c, ConditionSet::READY, false, "Invalid", "the spec is not valid; see the Valid condition", generation, now);
+            set_condition(
+                c,
+                ConditionSet::VALID,
+                false,
+                "Invalid",
+                format!("{fields}: {msg}"),
+                generation,
+                now,
+            );
+            set_condition(
+                c,
+                ConditionSet::STALLED,
+                true,
+                "Invalid",
+                "fix the spec; nothing is granted until it is valid",
+                generation,
+                now,
+            );
+            set_condition(
+                c,
+                ConditionSet::READY,
+                false,
+                "Invalid",
+                "the spec is not valid; see the Valid condition",
+                generation,
+                now,
+            );
             status.grants.clear();
             status.allocation.clear();
             status.granted_memory_mib = None;
             let requested: u32 = t.spec.resources.iter().map(|r| r.count).sum();
             status.summary = Some(format!("0/{requested}"));
         } else if let Some(g) = grants.get(&name) {
-            set_condition(c, ConditionSet::VALID, true, "Valid", "the tier allows every request", generation, now);
+            set_condition(
+                c,
+                ConditionSet::VALID,
+                true,
+                "Valid",
+                "the tier allows every request",
+                generation,
+                now,
+            );
             set_condition(c, ConditionSet::STALLED, false, "Valid", "", generation, now);
             let requested: u32 = g.allocation.iter().map(|a| a.requested).sum();
             let granted: u32 = g.allocation.iter().map(|a| a.granted).sum();
             status.summary = Some(format!("{granted}/{requested}"));
             if g.shortfalls.is_empty() {
-                set_condition(c, ConditionSet::CAPACITY_SHORT, false, "Granted", "every request is granted", generation, now);
-                set_condition(c, ConditionSet::READY, true, "Granted", format!("{granted} of {requested} units granted"), generation, now);
+                set_condition(
+                    c,
+                    ConditionSet::CAPACITY_SHORT,
+                    false,
+                    "Granted",
+                    "every request is granted",
+                    generation,
+                    now,
+                );
+                set_condition(
+                    c,
+                    ConditionSet::READY,
+                    true,
+                    "Granted",
+                    format!("{granted} of {requested} units granted"),
+                    generation,
+                    now,
+                );
             } else {
                 let msg = g.shortfalls.join("; ");
-                set_condition(c, ConditionSet::CAPACITY_SHORT, true, "CapacityShort", msg.clone(), generation, now);
+                set_condition(
+                    c,
+                    ConditionSet::CAPACITY_SHORT,
+                    true,
+                    "CapacityShort",
+                    msg.clone(),
+                    generation,
+                    now,
+                );
                 set_condition(c, ConditionSet::READY, false, "CapacityShort", msg, generation, now);
             }
             status.grants = g.grants.clone();
@@ -93,7 +160,11 @@ pub fn plan_statuses(
                 "Pending" => c.pending += 1,
                 _ => {
                     c.failed += 1;
-                    details.push(PlanNodeDetail { node: node.inventory.name.clone(), state: state.into(), message });
+                    details.push(PlanNodeDetail {
+                        node: node.inventory.name.clone(),
+                        state: state.into(),
+                        message,
+                    });
                 }
             }
         }
@@ -109,21 +180,54 @@ pub fn plan_statuses(
             status.observed_generation = generation;
             let c = &mut status.conditions;
             if check.is_valid() {
-                set_condition(c, ConditionSet::VALID, true, "Valid", "the plan fits every GPU model it names", generation, now);
+                set_condition(
+                    c,
+                    ConditionSet::VALID,
+                    true,
+                    "Valid",
+                    "the plan fits every GPU model it names",
+                    generation,
+                    now,
+                );
                 set_condition(c, ConditionSet::STALLED, false, "Valid", "", generation, now);
             } else {
                 let msg = joined(check.problems.iter().map(|p| p.message.as_str()));
                 let field = check.problems[0].field.clone();
-                set_condition(c, ConditionSet::VALID, false, "Invalid", format!("{field}: {msg}"), generation, now);
-                set_condition(c, ConditionSet::STALLED, true, "Invalid", "fix the spec; no node is changed until it is valid", generation, now);
+                set_condition(
+                    c,
+                    ConditionSet::VALID,
+                    false,
+                    "Invalid",
+                    format!("{field}: {msg}"),
+                    generation,
+                    now,
+                );
+                set_condition(
+                    c,
+                    ConditionSet::STALLED,
+                    true,
+                    "Invalid",
+                    "fix the spec; no node is changed until it is valid",
+                    generation,
+                    now,
+                );
             }
             let ready = check.is_valid() && nodes.failed == 0 && nodes.pending == 0;
             let (reason, message) = if !check.is_valid() {
                 ("Invalid", "the plan is not valid".to_string())
             } else if nodes.failed > 0 {
-                ("NodesFailed", format!("{} of {} nodes cannot take the plan; see status.nodeDetails", nodes.failed, nodes.selected))
+                (
+                    "NodesFailed",
+                    format!(
+                        "{} of {} nodes cannot take the plan; see status.nodeDetails",
+                        nodes.failed, nodes.selected
+                    ),
+                )
             } else if nodes.pending > 0 {
-                ("Pending", format!("{} of {} nodes still to apply the plan", nodes.pending, nodes.selected))
+                (
+                    "Pending",
+                    format!("{} of {} nodes still to apply the plan", nodes.pending, nodes.selected),
+                )
             } else {
                 ("Applied", format!("{} nodes applied", nodes.applied))
             };

@@ -22,8 +22,18 @@ pub(crate) fn policy() -> SharingPolicy {
         "default",
         SharingPolicySpec {
             tiers: vec![
-                tier("external", &[Mode::Mig, Mode::Exclusive, Mode::Mps], CoLocation::Forbidden, ScrubMemory::Always),
-                tier("internal", &[Mode::Mig, Mode::Mps, Mode::Exclusive], CoLocation::SameTier, ScrubMemory::OnTenantChange),
+                tier(
+                    "external",
+                    &[Mode::Mig, Mode::Exclusive, Mode::Mps],
+                    CoLocation::Forbidden,
+                    ScrubMemory::Always,
+                ),
+                tier(
+                    "internal",
+                    &[Mode::Mig, Mode::Mps, Mode::Exclusive],
+                    CoLocation::SameTier,
+                    ScrubMemory::OnTenantChange,
+                ),
                 tier("experimental", &Mode::ALL, CoLocation::SameTier, ScrubMemory::Never),
             ],
             memory_headroom_percent: Some(10),
@@ -52,11 +62,19 @@ impl TenantBuilder {
         ))
     }
     pub fn mig(mut self, profile: &str, count: u32) -> Self {
-        self.0.spec.resources.push(ResourceRequest { mode: Mode::Mig, profile: Some(profile.into()), count });
+        self.0.spec.resources.push(ResourceRequest {
+            mode: Mode::Mig,
+            profile: Some(profile.into()),
+            count,
+        });
         self
     }
     pub fn want(mut self, mode: Mode, count: u32) -> Self {
-        self.0.spec.resources.push(ResourceRequest { mode, profile: None, count });
+        self.0.spec.resources.push(ResourceRequest {
+            mode,
+            profile: None,
+            count,
+        });
         self
     }
     pub fn priority(mut self, p: i32) -> Self {
@@ -68,7 +86,10 @@ impl TenantBuilder {
         self
     }
     pub fn memory(mut self, q: &str) -> Self {
-        self.0.spec.limits = Some(TenantLimits { max_gpus_per_pod: None, memory: Some(q.into()) });
+        self.0.spec.limits = Some(TenantLimits {
+            max_gpus_per_pod: None,
+            memory: Some(q.into()),
+        });
         self
     }
     pub fn build(self) -> GpuTenant {
@@ -89,7 +110,9 @@ pub(crate) fn group(devices: &str, mode: Mode) -> GpuGroup {
 
 pub(crate) fn mig_group(devices: &str, profiles: &[&str]) -> GpuGroup {
     GpuGroup {
-        mig: Some(MigSettings { profiles: profiles.iter().map(|s| s.to_string()).collect() }),
+        mig: Some(MigSettings {
+            profiles: profiles.iter().map(|s| s.to_string()).collect(),
+        }),
         ..group(devices, Mode::Mig)
     }
 }
@@ -130,11 +153,25 @@ pub(crate) fn node(name: &str, pool: &str, model: &str, count: u32, numa_split: 
 
 fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory]) -> PlanOutput {
     let policies = [policy()];
-    plan(&PlanInput { policies: &policies, tenants, plans, nodes }, &now())
+    plan(
+        &PlanInput {
+            policies: &policies,
+            tenants,
+            plans,
+            nodes,
+        },
+        &now(),
+    )
 }
 
 fn tenant<'a>(out: &'a PlanOutput, name: &str) -> &'a GpuTenantStatus {
-    out.tenants.iter().find(|t| t.name_any() == name).unwrap().status.as_ref().unwrap()
+    out.tenants
+        .iter()
+        .find(|t| t.name_any() == name)
+        .unwrap()
+        .status
+        .as_ref()
+        .unwrap()
 }
 
 fn granted(out: &PlanOutput, name: &str) -> Vec<u32> {
@@ -148,8 +185,15 @@ fn condition<'a>(s: &'a GpuTenantStatus, t: &str) -> &'a Condition {
 #[test]
 fn mig_instances_go_to_tenants_with_placements() {
     let nodes = [node("n1", "mig", "H100-80GB", 2, false)];
-    let plans = [plan_for("p", "mig", vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])])];
-    let tenants = [TenantBuilder::new("a", "external").mig("3g.40gb", 1).mig("2g.20gb", 4).build()];
+    let plans = [plan_for(
+        "p",
+        "mig",
+        vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])],
+    )];
+    let tenants = [TenantBuilder::new("a", "external")
+        .mig("3g.40gb", 1)
+        .mig("2g.20gb", 4)
+        .build()];
     let out = run(&tenants, &plans, &nodes);
     assert!(out.problems.is_empty(), "{:?}", out.problems);
     assert_eq!(granted(&out, "a"), [1, 4]);
@@ -166,11 +210,20 @@ fn mig_instances_go_to_tenants_with_placements() {
 fn priority_first_then_weighted_fair_share() {
     let nodes = [node("n1", "mps", "A100-40GB", 3, false)];
     let mut g = group("all", Mode::Mps);
-    g.mps = Some(MpsSettings { max_clients: 4, ..Default::default() });
+    g.mps = Some(MpsSettings {
+        max_clients: 4,
+        ..Default::default()
+    });
     let plans = [plan_for("p", "mps", vec![g])];
     let tenants = [
-        TenantBuilder::new("vip", "internal").want(Mode::Mps, 3).priority(5).build(),
-        TenantBuilder::new("heavy", "internal").want(Mode::Mps, 20).weight(2).build(),
+        TenantBuilder::new("vip", "internal")
+            .want(Mode::Mps, 3)
+            .priority(5)
+            .build(),
+        TenantBuilder::new("heavy", "internal")
+            .want(Mode::Mps, 20)
+            .weight(2)
+            .build(),
         TenantBuilder::new("light", "internal").want(Mode::Mps, 20).build(),
     ];
     let out = run(&tenants, &plans, &nodes);
@@ -212,7 +265,11 @@ fn forbidden_tenants_never_share_a_non_mig_gpu() {
     ];
     let out = run(&tenants, &plans, &nodes);
     for gpu in &out.nodes[0].spec.gpus {
-        assert!(gpu.tenants.len() <= 1 || !gpu.tenants.iter().any(|t| t.starts_with("ext")), "{:?}", gpu.tenants);
+        assert!(
+            gpu.tenants.len() <= 1 || !gpu.tenants.iter().any(|t| t.starts_with("ext")),
+            "{:?}",
+            gpu.tenants
+        );
     }
     assert_eq!(granted(&out, "ext-a"), [1]);
     assert_eq!(granted(&out, "ext-b"), [1]);
@@ -226,7 +283,10 @@ fn dedicated_gpus_serve_only_their_tenants() {
     dedicated.tenants = vec!["gamma".into()];
     let plans = [plan_for("p", "x", vec![dedicated, group("2,3", Mode::Exclusive)])];
     let tenants = [
-        TenantBuilder::new("alpha", "internal").want(Mode::Exclusive, 4).priority(9).build(),
+        TenantBuilder::new("alpha", "internal")
+            .want(Mode::Exclusive, 4)
+            .priority(9)
+            .build(),
         TenantBuilder::new("gamma", "internal").want(Mode::Exclusive, 2).build(),
     ];
     let out = run(&tenants, &plans, &nodes);
@@ -239,11 +299,20 @@ fn dedicated_gpus_serve_only_their_tenants() {
 
 #[test]
 fn multi_gpu_grants_stay_on_one_numa_domain() {
-    let nodes = [node("a", "x", "H100-80GB", 8, true), node("b", "x", "H100-80GB", 8, true)];
+    let nodes = [
+        node("a", "x", "H100-80GB", 8, true),
+        node("b", "x", "H100-80GB", 8, true),
+    ];
     let plans = [plan_for("p", "x", vec![group("all", Mode::Exclusive)])];
     let tenants = [
-        TenantBuilder::new("one", "internal").want(Mode::Exclusive, 1).priority(2).build(),
-        TenantBuilder::new("four", "internal").want(Mode::Exclusive, 4).priority(1).build(),
+        TenantBuilder::new("one", "internal")
+            .want(Mode::Exclusive, 1)
+            .priority(2)
+            .build(),
+        TenantBuilder::new("four", "internal")
+            .want(Mode::Exclusive, 4)
+            .priority(1)
+            .build(),
     ];
     let out = run(&tenants, &plans, &nodes);
     let grants = &tenant(&out, "four").grants;
@@ -259,11 +328,18 @@ fn multi_gpu_grants_stay_on_one_numa_domain() {
 #[test]
 fn plans_of_equal_priority_conflict_and_neither_applies() {
     let nodes = [node("n1", "x", "H100-80GB", 2, false)];
-    let plans = [plan_for("p1", "x", vec![group("all", Mode::Exclusive)]), plan_for("p2", "x", vec![group("all", Mode::Exclusive)])];
+    let plans = [
+        plan_for("p1", "x", vec![group("all", Mode::Exclusive)]),
+        plan_for("p2", "x", vec![group("all", Mode::Exclusive)]),
+    ];
     let out = run(&[], &plans, &nodes);
     assert!(out.nodes[0].spec.gpus.is_empty());
     assert_eq!(out.problems.len(), 2);
-    assert!(out.problems[0].message.starts_with("selects 1 node (n1) that GpuPartitionPlan/p2 also selects at the same priority 0"));
+    assert!(
+        out.problems[0]
+            .message
+            .starts_with("selects 1 node (n1) that GpuPartitionPlan/p2 also selects at the same priority 0")
+    );
     let status = out.plans[0].status.as_ref().unwrap();
     assert_eq!(status.nodes.as_ref().unwrap().failed, 1);
     let mut higher = plans[1].clone();
@@ -275,12 +351,20 @@ fn plans_of_equal_priority_conflict_and_neither_applies() {
 
 #[test]
 fn mixed_sharing_on_one_node_is_refused() {
-    let plans = [plan_for("p", "x", vec![group("0-3", Mode::Mps), group("4-7", Mode::TimeSlicing)])];
+    let plans = [plan_for(
+        "p",
+        "x",
+        vec![group("0-3", Mode::Mps), group("4-7", Mode::TimeSlicing)],
+    )];
     let nodes = [node("n1", "x", "H100-80GB", 8, false)];
     let out = run(&[], &plans, &nodes);
     assert_eq!(out.problems.len(), 1);
     assert_eq!(out.problems[0].field, "spec.gpus[1].mode");
-    assert!(out.problems[0].message.contains("the device plugin gives every non-MIG GPU of a node the same sharing"));
+    assert!(
+        out.problems[0]
+            .message
+            .contains("the device plugin gives every non-MIG GPU of a node the same sharing")
+    );
     assert!(out.nodes[0].spec.gpus.is_empty(), "an invalid plan changes nothing");
 }
 
@@ -288,17 +372,30 @@ fn mixed_sharing_on_one_node_is_refused() {
 fn nodes_with_too_few_gpus_or_no_mig_fail_with_the_reason() {
     let plans = [plan_for("p", "x", vec![mig_group("4-7", &["7g.80gb"])])];
     let out = run(&[], &plans, &[node("small", "x", "H100-80GB", 4, false)]);
-    assert_eq!(out.problems[0].to_string(), "GpuPartitionPlan/p: spec.gpus[0].devices: node small: has 4 GPUs, so GPU 4 does not exist");
+    assert_eq!(
+        out.problems[0].to_string(),
+        "GpuPartitionPlan/p: spec.gpus[0].devices: node small: has 4 GPUs, so GPU 4 does not exist"
+    );
     let plans = [plan_for("p", "x", vec![mig_group("all", &["7g.80gb"])])];
     let out = run(&[], &plans, &[node("a100", "x", "A100-40GB", 1, false)]);
-    assert!(out.problems[0].message.contains("unknown MIG profile \"7g.80gb\" for A100-40GB"), "{:?}", out.problems);
+    assert!(
+        out.problems[0]
+            .message
+            .contains("unknown MIG profile \"7g.80gb\" for A100-40GB"),
+        "{:?}",
+        out.problems
+    );
 }
 
 #[test]
 fn mps_pinned_memory_respects_headroom() {
     // 40 GiB less 10% headroom is 36 GiB: one 20 GiB client fits, not four.
     let mut g = group("all", Mode::Mps);
-    g.mps = Some(MpsSettings { max_clients: 4, active_thread_percentage: None, pinned_memory_limit: Some("20Gi".into()) });
+    g.mps = Some(MpsSettings {
+        max_clients: 4,
+        active_thread_percentage: None,
+        pinned_memory_limit: Some("20Gi".into()),
+    });
     let plans = [plan_for("p", "x", vec![g])];
     let tenants = [TenantBuilder::new("t", "internal").want(Mode::Mps, 4).build()];
     let out = run(&tenants, &plans, &[node("n", "x", "A100-40GB", 1, false)]);
@@ -308,19 +405,36 @@ fn mps_pinned_memory_respects_headroom() {
 #[test]
 fn memory_limit_caps_grants() {
     let plans = [plan_for("p", "x", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])];
-    let tenants = [TenantBuilder::new("t", "internal").mig("3g.40gb", 4).memory("100Gi").build()];
+    let tenants = [TenantBuilder::new("t", "internal")
+        .mig("3g.40gb", 4)
+        .memory("100Gi")
+        .build()];
     let out = run(&tenants, &plans, &[node("n", "x", "H100-80GB", 2, false)]);
     assert_eq!(granted(&out, "t"), [2]);
-    assert!(condition(tenant(&out, "t"), "CapacityShort").message.contains("memory limit of 102400 MiB"));
+    assert!(
+        condition(tenant(&out, "t"), "CapacityShort")
+            .message
+            .contains("memory limit of 102400 MiB")
+    );
 }
 
 #[test]
 fn planning_is_deterministic_and_stable() {
-    let nodes = [node("b", "mig", "H100-80GB", 2, false), node("a", "mig", "H100-80GB", 2, false)];
-    let plans = [plan_for("p", "mig", vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])])];
+    let nodes = [
+        node("b", "mig", "H100-80GB", 2, false),
+        node("a", "mig", "H100-80GB", 2, false),
+    ];
+    let plans = [plan_for(
+        "p",
+        "mig",
+        vec![mig_group("all", &["3g.40gb", "2g.20gb", "2g.20gb"])],
+    )];
     let tenants = [
         TenantBuilder::new("x", "internal").mig("2g.20gb", 3).build(),
-        TenantBuilder::new("y", "internal").mig("2g.20gb", 3).mig("3g.40gb", 1).build(),
+        TenantBuilder::new("y", "internal")
+            .mig("2g.20gb", 3)
+            .mig("3g.40gb", 1)
+            .build(),
     ];
     let first = run(&tenants, &plans, &nodes);
     let second = run(&tenants, &plans, &nodes);
@@ -334,7 +448,11 @@ fn planning_is_deterministic_and_stable() {
             n.gpus[g.index as usize].instances = g
                 .mig_instances
                 .iter()
-                .map(|i| crate::mig::ExistingInstance { profile: i.profile.clone(), placement: i.placement, gpu_instance_id: None })
+                .map(|i| crate::mig::ExistingInstance {
+                    profile: i.profile.clone(),
+                    placement: i.placement,
+                    gpu_instance_id: None,
+                })
                 .collect();
         }
     }

@@ -83,7 +83,11 @@ pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> Tenan
                     format!(
                         "SharingPolicy {:?} not found; create it or use one of: {}",
                         t.spec.policy_ref,
-                        if known.is_empty() { "(none defined)".to_string() } else { known.join(", ") }
+                        if known.is_empty() {
+                            "(none defined)".to_string()
+                        } else {
+                            known.join(", ")
+                        }
                     ),
                 ));
                 None
@@ -136,7 +140,12 @@ pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> Tenan
             if let Some(first) = seen.insert((r.mode, r.profile.as_deref()), i) {
                 problems.push(problem(
                     format!("spec.resources[{i}]"),
-                    format!("repeats spec.resources[{first}] ({} {}); merge the counts", r.mode, r.profile.as_deref().unwrap_or("")).replace(" )", ")"),
+                    format!(
+                        "repeats spec.resources[{first}] ({} {}); merge the counts",
+                        r.mode,
+                        r.profile.as_deref().unwrap_or("")
+                    )
+                    .replace(" )", ")"),
                 ));
             }
         }
@@ -190,7 +199,10 @@ pub fn check_policies(policies: &[SharingPolicy]) -> Vec<Problem> {
                     "SharingPolicy",
                     &name,
                     format!("spec.tiers[{i}].name"),
-                    format!("tier {:?} is already defined at spec.tiers[{first}]; tier names must be unique", tier.name),
+                    format!(
+                        "tier {:?} is already defined at spec.tiers[{first}]; tier names must be unique",
+                        tier.name
+                    ),
                 ));
             }
             if tier.modes.is_empty() {

@@ -46,17 +46,25 @@ fn sharing_signature(mode: Mode, group: &crate::api::GpuGroup) -> Option<String>
     match mode {
         Mode::Mig => None,
         Mode::Exclusive => Some("Exclusive".into()),
-        Mode::Mps => Some(format!("MPS with {} clients", group.mps.as_ref().map_or(4, |m| m.max_clients))),
-        Mode::TimeSlicing => {
-            Some(format!("TimeSlicing with {} replicas", group.time_slicing.as_ref().map_or(0, |t| t.replicas)))
-        }
+        Mode::Mps => Some(format!(
+            "MPS with {} clients",
+            group.mps.as_ref().map_or(4, |m| m.max_clients)
+        )),
+        Mode::TimeSlicing => Some(format!(
+            "TimeSlicing with {} replicas",
+            group.time_slicing.as_ref().map_or(0, |t| t.replicas)
+        )),
     }
 }
 
 /// Checks a plan on its own. `tenants` are the names of all tenants (valid or not).
 /// `extra_models` are GPU models the plan must fit besides those its selector names (e.g. the
 /// models of inventory nodes it selects).
-pub fn check_plan(plan: &GpuPartitionPlan, tenants: &BTreeSet<String>, extra_models: &[&'static GpuModel]) -> PlanCheck {
+pub fn check_plan(
+    plan: &GpuPartitionPlan,
+    tenants: &BTreeSet<String>,
+    extra_models: &[&'static GpuModel],
+) -> PlanCheck {
     let name = plan.name_any();
     let mut problems = Vec::new();
     let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
@@ -65,8 +73,18 @@ pub fn check_plan(plan: &GpuPartitionPlan, tenants: &BTreeSet<String>, extra_mod
         let (field, msg) = p.split_once(": ").unwrap_or(("", &p));
         problems.push(problem(format!("spec.nodeSelector.{field}"), msg.to_string()));
     }
-    if plan.spec.node_selector.match_labels.as_ref().is_none_or(|l| l.is_empty())
-        && plan.spec.node_selector.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+    if plan
+        .spec
+        .node_selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|l| l.is_empty())
+        && plan
+            .spec
+            .node_selector
+            .match_expressions
+            .as_ref()
+            .is_none_or(|e| e.is_empty())
     {
         problems.push(problem(
             "spec.nodeSelector".into(),
@@ -100,7 +118,9 @@ pub fn check_plan(plan: &GpuPartitionPlan, tenants: &BTreeSet<String>, extra_mod
             if !tenants.contains(t) {
                 problems.push(problem(
                     format!("spec.gpus[{i}].tenants[{k}]"),
-                    format!("GpuTenant {t:?} not found; dedicated GPUs would sit idle. Create the tenant or fix the name"),
+                    format!(
+                        "GpuTenant {t:?} not found; dedicated GPUs would sit idle. Create the tenant or fix the name"
+                    ),
                 ));
             }
         }
@@ -142,7 +162,10 @@ pub fn check_plan(plan: &GpuPartitionPlan, tenants: &BTreeSet<String>, extra_mod
         let Some(mig) = &g.mig else { continue };
         for model in &models {
             if let Err(e) = solve_named(model, &mig.profiles) {
-                problems.push(problem(format!("spec.gpus[{i}].mig.profiles"), format!("on {}: {e}", model.key)));
+                problems.push(problem(
+                    format!("spec.gpus[{i}].mig.profiles"),
+                    format!("on {}: {e}", model.key),
+                ));
             }
         }
     }

@@ -43,13 +43,20 @@ fn tenant(name: &str, tier: &str) -> GpuTenant {
 }
 
 fn with(mut t: GpuTenant, mode: Mode, profile: Option<&str>, count: u32) -> GpuTenant {
-    t.spec.resources.push(ResourceRequest { mode, profile: profile.map(str::to_string), count });
+    t.spec.resources.push(ResourceRequest {
+        mode,
+        profile: profile.map(str::to_string),
+        count,
+    });
     t
 }
 
 #[test]
 fn valid_tenant_carries_its_tier() {
-    let c = check_tenants(&[policy("default")], &[with(tenant("acme", "external"), Mode::Mig, Some("3g.40gb"), 2)]);
+    let c = check_tenants(
+        &[policy("default")],
+        &[with(tenant("acme", "external"), Mode::Mig, Some("3g.40gb"), 2)],
+    );
     assert!(c.invalid.is_empty(), "{:?}", c.invalid);
     assert_eq!(c.valid[0].co_location, CoLocation::Forbidden);
     assert_eq!(c.valid[0].headroom_percent, 10);
@@ -57,9 +64,15 @@ fn valid_tenant_carries_its_tier() {
 
 #[test]
 fn tier_must_allow_every_mode() {
-    let c = check_tenants(&[policy("default")], &[with(tenant("acme", "external"), Mode::Mps, None, 2)]);
+    let c = check_tenants(
+        &[policy("default")],
+        &[with(tenant("acme", "external"), Mode::Mps, None, 2)],
+    );
     let p = &c.invalid["acme"][0];
-    assert_eq!(p.to_string(), "GpuTenant/acme: spec.resources[0].mode: tier \"external\" does not allow MPS; it allows MIG, Exclusive");
+    assert_eq!(
+        p.to_string(),
+        "GpuTenant/acme: spec.resources[0].mode: tier \"external\" does not allow MPS; it allows MIG, Exclusive"
+    );
 }
 
 #[test]
@@ -67,7 +80,10 @@ fn unknown_policy_and_tier_are_named() {
     let mut t = tenant("a", "external");
     t.spec.policy_ref = "nope".into();
     let c = check_tenants(&[policy("default")], &[t, tenant("b", "gold")]);
-    assert_eq!(c.invalid["a"][0].message, "SharingPolicy \"nope\" not found; create it or use one of: default");
+    assert_eq!(
+        c.invalid["a"][0].message,
+        "SharingPolicy \"nope\" not found; create it or use one of: default"
+    );
     assert_eq!(c.invalid["b"][0].field, "spec.tier");
     assert!(c.invalid["b"][0].message.contains("its tiers are external, internal"));
 }
@@ -84,11 +100,17 @@ fn shared_namespace_invalidates_both() {
 #[test]
 fn duplicate_requests_and_bad_limits() {
     let mut t = with(with(tenant("a", "internal"), Mode::Mps, None, 1), Mode::Mps, None, 2);
-    t.spec.limits = Some(crate::api::TenantLimits { max_gpus_per_pod: None, memory: Some("lots".into()) });
+    t.spec.limits = Some(crate::api::TenantLimits {
+        max_gpus_per_pod: None,
+        memory: Some("lots".into()),
+    });
     let c = check_tenants(&[policy("default")], &[t]);
     let fields: Vec<&str> = c.invalid["a"].iter().map(|p| p.field.as_str()).collect();
     assert_eq!(fields, ["spec.resources[1]", "spec.limits.memory"]);
-    assert_eq!(c.invalid["a"][0].message, "repeats spec.resources[0] (MPS); merge the counts");
+    assert_eq!(
+        c.invalid["a"][0].message,
+        "repeats spec.resources[0] (MPS); merge the counts"
+    );
 }
 
 #[test]

@@ -21,12 +21,20 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
 }
 
-const POOLS: [(&str, &str); 4] = [("mig", "H100-80GB"), ("mps", "A100-40GB"), ("ts", "H200"), ("excl", "H200")];
+const POOLS: [(&str, &str); 4] = [
+    ("mig", "H100-80GB"),
+    ("mps", "A100-40GB"),
+    ("ts", "H200"),
+    ("excl", "H200"),
+];
 
 pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fleet {
     let mut rng = Lcg(seed);
@@ -60,11 +68,15 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
             "mig",
             vec![
                 GpuGroup {
-                    mig: Some(MigSettings { profiles: vec!["3g.40gb".into(), "2g.20gb".into(), "2g.20gb".into()] }),
+                    mig: Some(MigSettings {
+                        profiles: vec!["3g.40gb".into(), "2g.20gb".into(), "2g.20gb".into()],
+                    }),
                     ..group(&format!("0-{}", half - 1), Mode::Mig)
                 },
                 GpuGroup {
-                    mig: Some(MigSettings { profiles: vec!["1g.10gb".into(); 7] }),
+                    mig: Some(MigSettings {
+                        profiles: vec!["1g.10gb".into(); 7],
+                    }),
                     ..group(&format!("{half}-{}", gpus_per_node - 1), Mode::Mig)
                 },
             ],
@@ -73,11 +85,22 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
             "mps",
             "mps",
             vec![GpuGroup {
-                mps: Some(MpsSettings { max_clients: 8, active_thread_percentage: Some(12), pinned_memory_limit: Some("4Gi".into()) }),
+                mps: Some(MpsSettings {
+                    max_clients: 8,
+                    active_thread_percentage: Some(12),
+                    pinned_memory_limit: Some("4Gi".into()),
+                }),
                 ..group("all", Mode::Mps)
             }],
         ),
-        plan("ts", "ts", vec![GpuGroup { time_slicing: Some(TimeSlicingSettings { replicas: 4 }), ..group("all", Mode::TimeSlicing) }]),
+        plan(
+            "ts",
+            "ts",
+            vec![GpuGroup {
+                time_slicing: Some(TimeSlicingSettings { replicas: 4 }),
+                ..group("all", Mode::TimeSlicing)
+            }],
+        ),
         plan("excl", "excl", vec![group("all", Mode::Exclusive)]),
     ];
     let nodes = (0..nodes)
@@ -107,15 +130,35 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
         .map(|i| {
             let tier = tiers[rng.next(3) as usize];
             let mut resources = vec![
-                ResourceRequest { mode: Mode::Mig, profile: Some("3g.40gb".into()), count: 1 + rng.next(4) as u32 },
-                ResourceRequest { mode: Mode::Mig, profile: Some("1g.10gb".into()), count: 1 + rng.next(8) as u32 },
-                ResourceRequest { mode: Mode::Exclusive, count: 1 + rng.next(4) as u32, profile: None },
+                ResourceRequest {
+                    mode: Mode::Mig,
+                    profile: Some("3g.40gb".into()),
+                    count: 1 + rng.next(4) as u32,
+                },
+                ResourceRequest {
+                    mode: Mode::Mig,
+                    profile: Some("1g.10gb".into()),
+                    count: 1 + rng.next(8) as u32,
+                },
+                ResourceRequest {
+                    mode: Mode::Exclusive,
+                    count: 1 + rng.next(4) as u32,
+                    profile: None,
+                },
             ];
             if tier != "external" {
-                resources.push(ResourceRequest { mode: Mode::Mps, count: 1 + rng.next(24) as u32, profile: None });
+                resources.push(ResourceRequest {
+                    mode: Mode::Mps,
+                    count: 1 + rng.next(24) as u32,
+                    profile: None,
+                });
             }
             if tier == "experimental" {
-                resources.push(ResourceRequest { mode: Mode::TimeSlicing, count: 1 + rng.next(12) as u32, profile: None });
+                resources.push(ResourceRequest {
+                    mode: Mode::TimeSlicing,
+                    count: 1 + rng.next(12) as u32,
+                    profile: None,
+                });
             }
             GpuTenant::new(
                 &format!("tenant-{i:04}"),
@@ -131,5 +174,10 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
             )
         })
         .collect();
-    Fleet { policies: vec![policy], tenants, plans, nodes }
+    Fleet {
+        policies: vec![policy],
+        tenants,
+        plans,
+        nodes,
+    }
 }
