@@ -17,25 +17,20 @@ pub struct Attach {
 /// Starts a simulated process; its tenant's data is now in that memory.
 pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
     update(paths, |st| {
-        let g = st
-            .gpu_mut(a.gpu)
-            .ok_or_else(|| format!("no GPU {}", a.gpu))?;
+        let g = st.gpu_mut(a.gpu).ok_or_else(|| format!("no GPU {}", a.gpu))?;
         let gi = match a.placement_start {
             None if g.mig_current => {
-                return Err(format!(
-                    "GPU {} is in MIG mode: name an instance with --start",
-                    a.gpu
-                ));
+                return Err(format!("GPU {} is in MIG mode: name an instance with --start", a.gpu));
             }
             None => None,
-            Some(s) => Some(g.gis.iter().find(|gi| gi.start == s).ok_or_else(|| {
-                format!("GPU {} has no GPU instance starting at slice {s}", a.gpu)
-            })?),
+            Some(s) => Some(
+                g.gis
+                    .iter()
+                    .find(|gi| gi.start == s)
+                    .ok_or_else(|| format!("GPU {} has no GPU instance starting at slice {s}", a.gpu))?,
+            ),
         };
-        let (gi_id, ci) = (
-            gi.map(|x| x.id),
-            gi.and_then(|x| x.cis.first().map(|c| c.id)),
-        );
+        let (gi_id, ci) = (gi.map(|x| x.id), gi.and_then(|x| x.cis.first().map(|c| c.id)));
         if let Some(t) = &a.tenant {
             let r = g.slices_of(gi_id);
             for s in &mut g.dirty[r] {
@@ -81,9 +76,8 @@ pub fn reset(paths: &Paths, gpu: u32) -> Result<(), String> {
 /// Makes the `at`-th next call of `call` (or of any mutation, with `call = "mutation"`) fail
 /// with the NVML or CUDA error `error` (a name like `IN_USE` or a number), `times` times.
 pub fn fail(paths: &Paths, call: &str, at: u64, error: &str, times: u32) -> Result<(), String> {
-    let code = error_code(error).ok_or_else(|| {
-        format!("unknown error {error:?}: use an NVML name like IN_USE or a number")
-    })?;
+    let code = error_code(error)
+        .ok_or_else(|| format!("unknown error {error:?}: use an NVML name like IN_USE or a number"))?;
     update(paths, |st| {
         st.faults.push(Fault {
             call: call.to_string(),
@@ -97,9 +91,7 @@ pub fn fail(paths: &Paths, call: &str, at: u64, error: &str, times: u32) -> Resu
 
 /// Aborts whichever process makes the `n`-th mutation from now, right after it lands.
 pub fn abort_at(paths: &Paths, n: u64) -> Result<(), String> {
-    update(paths, |st| {
-        st.abort_at_mutation = Some(st.mutations + n.max(1))
-    })
+    update(paths, |st| st.abort_at_mutation = Some(st.mutations + n.max(1)))
 }
 
 pub fn clear_faults(paths: &Paths) -> Result<(), String> {

@@ -77,19 +77,15 @@ fn visible(st: &SimState) -> Vec<Target> {
             .gpus
             .iter()
             .filter(|g| !g.mig_current)
-            .map(|g| Target {
-                gpu: g.index,
-                gi: None,
-            })
+            .map(|g| Target { gpu: g.index, gi: None })
             .collect();
     };
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let found = if let Ok(i) = item.parse::<u32>() {
-            st.gpu(i).filter(|g| !g.mig_current).map(|g| Target {
-                gpu: g.index,
-                gi: None,
-            })
+            st.gpu(i)
+                .filter(|g| !g.mig_current)
+                .map(|g| Target { gpu: g.index, gi: None })
         } else if item.starts_with("MIG-") {
             st.gpus.iter().find_map(|g| {
                 g.gis
@@ -104,10 +100,7 @@ fn visible(st: &SimState) -> Vec<Target> {
             st.gpus
                 .iter()
                 .find(|g| g.uuid == item && !g.mig_current)
-                .map(|g| Target {
-                    gpu: g.index,
-                    gi: None,
-                })
+                .map(|g| Target { gpu: g.index, gi: None })
         };
         // CUDA stops at the first entry it cannot resolve.
         match found {
@@ -365,9 +358,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
             Some(v) => v,
             None => {
                 let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
-                let dirty = st
-                    .gpu(t.gpu)
-                    .is_some_and(|g| !g.dirty_tenants(t.gi).is_empty());
+                let dirty = st.gpu(t.gpu).is_some_and(|g| !g.dirty_tenants(t.gi).is_empty());
                 if dirty { DIRTY_BYTE } else { 0 }
             }
         };

@@ -176,11 +176,7 @@ impl SimGpu {
 
     /// Tenants whose data is still in the memory of the GPU (`gi: None`) or an instance.
     pub fn dirty_tenants(&self, gi: Option<u32>) -> Vec<String> {
-        let mut out: Vec<String> = self.dirty[self.slices_of(gi)]
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let mut out: Vec<String> = self.dirty[self.slices_of(gi)].iter().flatten().cloned().collect();
         out.sort();
         out.dedup();
         out
@@ -194,10 +190,7 @@ impl SimGpu {
 impl SimState {
     pub fn from_config(cfg: &SimConfig) -> Result<SimState, String> {
         let mut st = SimState {
-            driver_version: cfg
-                .driver_version
-                .clone()
-                .unwrap_or_else(|| "550.54.15".into()),
+            driver_version: cfg.driver_version.clone().unwrap_or_else(|| "550.54.15".into()),
             nvml_version: "12.550.54.15".into(),
             cuda_version: cfg.cuda_version.unwrap_or(12040),
             ..Default::default()
@@ -205,15 +198,10 @@ impl SimState {
         for entry in &cfg.gpus {
             let (model, device_id, name) = match (&entry.pci_device_id, &entry.model) {
                 (Some(pci), _) => {
-                    let model = mig::model_by_pci_id(pci).ok_or_else(|| {
-                        format!("gpus: pciDeviceId {pci:?} is not a modelled MIG GPU")
-                    })?;
+                    let model = mig::model_by_pci_id(pci)
+                        .ok_or_else(|| format!("gpus: pciDeviceId {pci:?} is not a modelled MIG GPU"))?;
                     let id = mig::parse_pci_id(pci).unwrap_or(model.variants[0].device_id);
-                    (
-                        model,
-                        id,
-                        mig::variant_name(id).unwrap_or(model.name()).to_string(),
-                    )
+                    (model, id, mig::variant_name(id).unwrap_or(model.name()).to_string())
                 }
                 (None, Some(name)) => {
                     let model = mig::model_by_name(name)
@@ -275,11 +263,7 @@ impl SimState {
     /// Counts a call against the faults installed for it; returns the injected error, if due.
     pub fn check_fault(&mut self, call: &str) -> Option<u32> {
         let mut hit = None;
-        for f in self
-            .faults
-            .iter_mut()
-            .filter(|f| f.call == call && f.times > 0)
-        {
+        for f in self.faults.iter_mut().filter(|f| f.call == call && f.times > 0) {
             f.seen += 1;
             if hit.is_none() && f.seen >= f.at {
                 f.times -= 1;
@@ -318,9 +302,7 @@ impl SimState {
 
     /// A GPU reset: applies a pending MIG mode. Refused while processes run.
     pub fn reset(&mut self, index: u32) -> Result<(), String> {
-        let g = self
-            .gpu_mut(index)
-            .ok_or_else(|| format!("no GPU {index}"))?;
+        let g = self.gpu_mut(index).ok_or_else(|| format!("no GPU {index}"))?;
         if !g.processes.is_empty() {
             return Err(format!("GPU {index} has processes; a reset is refused"));
         }
@@ -346,20 +328,16 @@ impl Paths {
     pub fn from_env() -> Result<Paths, String> {
         let config = std::env::var_os(CONFIG_ENV)
             .map(PathBuf::from)
-            .ok_or_else(|| {
-                format!("{CONFIG_ENV} is not set: it must name the simulated GPUs' YAML file")
-            })?;
+            .ok_or_else(|| format!("{CONFIG_ENV} is not set: it must name the simulated GPUs' YAML file"))?;
         Ok(Paths::for_config(&config))
     }
 
     pub fn for_config(config: &Path) -> Paths {
-        let state = std::env::var_os(STATE_ENV)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let mut s = config.as_os_str().to_owned();
-                s.push(".state.json");
-                PathBuf::from(s)
-            });
+        let state = std::env::var_os(STATE_ENV).map(PathBuf::from).unwrap_or_else(|| {
+            let mut s = config.as_os_str().to_owned();
+            s.push(".state.json");
+            PathBuf::from(s)
+        });
         Paths {
             config: config.to_path_buf(),
             state,
@@ -395,19 +373,14 @@ impl Drop for Lock {
 }
 
 pub fn load_config(path: &Path) -> Result<SimConfig, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn load_unlocked(paths: &Paths) -> Result<SimState, String> {
     match std::fs::read_to_string(&paths.state) {
-        Ok(text) => {
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", paths.state.display()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            SimState::from_config(&load_config(&paths.config)?)
-        }
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("{}: {e}", paths.state.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => SimState::from_config(&load_config(&paths.config)?),
         Err(e) => Err(format!("cannot read {}: {e}", paths.state.display())),
     }
 }
@@ -415,22 +388,14 @@ fn load_unlocked(paths: &Paths) -> Result<SimState, String> {
 fn save_unlocked(paths: &Paths, st: &SimState) -> Result<(), String> {
     let tmp = paths.state.with_extension("tmp");
     let mut f = File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    f.write_all(
-        serde_json::to_string_pretty(st)
-            .expect("state serialises")
-            .as_bytes(),
-    )
-    .and_then(|_| f.sync_all())
-    .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &paths.state)
-        .map_err(|e| format!("cannot replace {}: {e}", paths.state.display()))
+    f.write_all(serde_json::to_string_pretty(st).expect("state serialises").as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &paths.state).map_err(|e| format!("cannot replace {}: {e}", paths.state.display()))
 }
 
 /// Runs `f` on the state under the lock; saves when `f` reports a change (`.1 == true`).
-pub fn with_state<R>(
-    paths: &Paths,
-    f: impl FnOnce(&mut SimState) -> (R, bool),
-) -> Result<R, String> {
+pub fn with_state<R>(paths: &Paths, f: impl FnOnce(&mut SimState) -> (R, bool)) -> Result<R, String> {
     let _lock = Lock::take(&paths.state)?;
     let mut st = load_unlocked(paths)?;
     let (r, changed) = f(&mut st);
@@ -438,10 +403,7 @@ pub fn with_state<R>(
         save_unlocked(paths, &st)?;
     }
     if st.abort_now {
-        eprintln!(
-            "nvml-sim: aborting at mutation {} as injected",
-            st.mutations
-        );
+        eprintln!("nvml-sim: aborting at mutation {} as injected", st.mutations);
         std::process::abort();
     }
     Ok(r)

@@ -6,9 +6,7 @@
 //! reported (`ResetRequired`) and never retried; instances that stay are untouched; memory is
 //! scrubbed when a GPU or instance changes hands.
 
-use crate::api::{
-    GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory,
-};
+use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory};
 use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
 use std::fmt;
 
@@ -98,19 +96,10 @@ impl fmt::Display for Action {
                     "destroy compute instance {compute_instance_id} of GPU instance {gpu_instance_id}"
                 )
             }
-            Action::DestroyGpuInstance {
-                profile, placement, ..
-            } => write!(f, "destroy {profile} at {placement}"),
-            Action::CreateInstance {
-                profile, placement, ..
-            } => write!(f, "create {profile} at {placement}"),
-            Action::CreateComputeInstance {
-                gpu_instance_id, ..
-            } => {
-                write!(
-                    f,
-                    "create the compute instance of GPU instance {gpu_instance_id}"
-                )
+            Action::DestroyGpuInstance { profile, placement, .. } => write!(f, "destroy {profile} at {placement}"),
+            Action::CreateInstance { profile, placement, .. } => write!(f, "create {profile} at {placement}"),
+            Action::CreateComputeInstance { gpu_instance_id, .. } => {
+                write!(f, "create the compute instance of GPU instance {gpu_instance_id}")
             }
             Action::SetComputeMode { mode, .. } => write!(f, "set compute mode {mode}"),
             Action::Scrub {
@@ -213,20 +202,14 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         if want_mig {
             plan.block(
                 "MigNotSupported",
-                format!(
-                    "GPU {} ({}) does not support MIG; choose another mode",
-                    g.index, o.name
-                ),
+                format!("GPU {} ({}) does not support MIG; choose another mode", g.index, o.name),
             );
             return plan;
         }
         return plan_whole_gpu(o, g, prev, done, plan);
     };
     if want_mig && let Err(e) = validate_layout(o, g) {
-        plan.block(
-            "InvalidSpec",
-            format!("spec.gpus[index={}].migInstances: {e}", g.index),
-        );
+        plan.block("InvalidSpec", format!("spec.gpus[index={}].migInstances: {e}", g.index));
         return plan;
     }
 
@@ -303,10 +286,8 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
                 pids(p.into_iter())
             ));
         }
-        plan.notes.push(format!(
-            "{} at {} is not in the spec",
-            inst.profile, inst.placement
-        ));
+        plan.notes
+            .push(format!("{} at {} is not in the spec", inst.profile, inst.placement));
         destroy_instance(&mut plan.actions, g.index, inst);
     }
     for c in &diff.create {
@@ -340,8 +321,8 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
             .instances
             .iter()
             .find(|i| i.placement == want.placement && i.profile == want.profile);
-        let created = diff.create.iter().any(|c| c.placement == want.placement)
-            || done.touched.contains(&(g.index, target));
+        let created =
+            diff.create.iter().any(|c| c.placement == want.placement) || done.touched.contains(&(g.index, target));
         let prev_inst = prev.map(|p| {
             p.instances
                 .iter()
@@ -385,10 +366,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         }
     }
     if !busy.is_empty() {
-        plan.block(
-            "Busy",
-            format!("GPU {} left as it is: {}", g.index, busy.join("; ")),
-        );
+        plan.block("Busy", format!("GPU {} left as it is: {}", g.index, busy.join("; ")));
     }
     plan
 }
@@ -414,13 +392,7 @@ fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatu
 }
 
 /// A GPU used whole (MPS, TimeSlicing, Exclusive) with MIG off.
-fn plan_whole_gpu(
-    o: &GpuStatus,
-    g: &GpuSpec,
-    prev: Option<&GpuStatus>,
-    done: Done,
-    mut plan: GpuPlan,
-) -> GpuPlan {
+fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done, mut plan: GpuPlan) -> GpuPlan {
     let want_cm = if g.mode == Mode::Mps {
         COMPUTE_EXCLUSIVE_PROCESS
     } else {
@@ -430,9 +402,7 @@ fn plan_whole_gpu(
     let reconfigured = cm_change || done.touched.contains(&(g.index, ScrubTarget::Gpu));
     let changed = match prev {
         Some(p) => {
-            p.applied_mode != Some(g.mode)
-                || p.applied_tenants != g.tenants
-                || scrub_failed(p.last_scrub.as_ref())
+            p.applied_mode != Some(g.mode) || p.applied_tenants != g.tenants || scrub_failed(p.last_scrub.as_ref())
         }
         None => reconfigured,
     };
@@ -450,10 +420,7 @@ fn plan_whole_gpu(
         let pids = pids(o.processes.iter().map(|p| p.pid));
         plan.block(
             "Busy",
-            format!(
-                "GPU {} left as it is: {what} but processes run: pids {pids}",
-                g.index
-            ),
+            format!("GPU {} left as it is: {what} but processes run: pids {pids}", g.index),
         );
         return plan;
     }
@@ -504,11 +471,7 @@ pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), String> {
                 ));
             }
         }
-        let same = g
-            .mig_instances
-            .iter()
-            .filter(|x| x.profile == inst.profile)
-            .count() as u32;
+        let same = g.mig_instances.iter().filter(|x| x.profile == inst.profile).count() as u32;
         if same > p.max_instances {
             return Err(format!(
                 "{} allows {} instances per GPU, {same} requested",

@@ -60,15 +60,7 @@ pub fn apply(
             if run.errors.contains_key(&plan.index) || plan.blocked.is_some() {
                 continue;
             }
-            progress |= step(
-                gpus,
-                &observed,
-                plan,
-                opts,
-                &mut run,
-                &mut done,
-                &mut executed,
-            );
+            progress |= step(gpus, &observed, plan, opts, &mut run, &mut done, &mut executed);
         }
         if !progress {
             break (observed, plans);
@@ -108,11 +100,7 @@ fn step(
     for a in todo {
         any = true;
         let result = match a {
-            Action::Scrub {
-                gpu,
-                target,
-                tenant,
-            } => {
+            Action::Scrub { gpu, target, tenant } => {
                 let r = scrub_one(observed, *gpu, *target, tenant.clone(), &opts.cuda);
                 match r {
                     Ok(rec) => {
@@ -140,14 +128,10 @@ fn step(
                     done.touched.push((plan.index, t));
                 }
                 *executed += 1;
-                run.executed
-                    .entry(plan.index)
-                    .or_default()
-                    .push(a.to_string());
+                run.executed.entry(plan.index).or_default().push(a.to_string());
             }
             Err((reason, e)) => {
-                run.errors
-                    .insert(plan.index, (reason, format!("{a} failed: {e}")));
+                run.errors.insert(plan.index, (reason, format!("{a} failed: {e}")));
                 break;
             }
         }
@@ -159,18 +143,11 @@ fn step(
 fn touched(observed: &GpuNodeStatus, a: &Action) -> Option<ScrubTarget> {
     match a {
         Action::CreateInstance { placement, .. } => Some(ScrubTarget::Instance(*placement)),
-        Action::CreateComputeInstance {
-            gpu,
-            gpu_instance_id,
-        } => observed
+        Action::CreateComputeInstance { gpu, gpu_instance_id } => observed
             .gpus
             .iter()
             .find(|g| g.index == *gpu)
-            .and_then(|g| {
-                g.instances
-                    .iter()
-                    .find(|i| i.gpu_instance_id == *gpu_instance_id)
-            })
+            .and_then(|g| g.instances.iter().find(|i| i.gpu_instance_id == *gpu_instance_id))
             .map(|i| ScrubTarget::Instance(i.placement)),
         Action::SetMigMode { .. } | Action::SetComputeMode { .. } => Some(ScrubTarget::Gpu),
         _ => None,

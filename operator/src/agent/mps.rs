@@ -57,8 +57,7 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
         let Some(o) = observed.gpus.iter().find(|o| o.index == g.index) else {
             continue;
         };
-        let ready = !o.mig_mode.is_some_and(|m| m.current)
-            && o.compute_mode.as_deref() == Some("ExclusiveProcess");
+        let ready = !o.mig_mode.is_some_and(|m| m.current) && o.compute_mode.as_deref() == Some("ExclusiveProcess");
         if !ready {
             continue;
         }
@@ -67,7 +66,10 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
         let Some(s) = &g.mps else { continue };
         if let Some(p) = s.active_thread_percentage {
             if pct.is_some_and(|(q, _)| q != p) {
-                d.notes.push(format!("GPUs ask for different active thread percentages; the daemon-wide default is the lowest, {}%", p.min(pct.unwrap().0)));
+                d.notes.push(format!(
+                    "GPUs ask for different active thread percentages; the daemon-wide default is the lowest, {}%",
+                    p.min(pct.unwrap().0)
+                ));
             }
             pct = Some(match pct {
                 Some((q, i)) if q <= p => (q, i),
@@ -107,17 +109,12 @@ pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{command}` got no answer within {:?}",
-                    cfg.timeout
-                ));
+                return Err(format!("`{command}` got no answer within {:?}", cfg.timeout));
             }
             Err(e) => return Err(format!("`{command}`: {e}")),
         }
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("`{command}`: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| format!("`{command}`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if out.status.success() {
         Ok(text)
@@ -151,17 +148,13 @@ fn stop(cfg: &MpsConfig) -> Result<(), String> {
     if wait_until(cfg, false) {
         Ok(())
     } else {
-        Err(format!(
-            "the MPS daemon did not quit within {:?}",
-            cfg.timeout
-        ))
+        Err(format!("the MPS daemon did not quit within {:?}", cfg.timeout))
     }
 }
 
 fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
     for dir in [&cfg.pipe_dir, &cfg.log_dir] {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     let status = Command::new(&cfg.control)
         .arg("-d")
@@ -240,9 +233,7 @@ pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> M
     }
     let why = if alive {
         if let Err(e) = stop(cfg) {
-            st.message = Some(format!(
-                "cannot restart the MPS daemon for a new GPU set: {e}"
-            ));
+            st.message = Some(format!("cannot restart the MPS daemon for a new GPU set: {e}"));
             st.gpus = prev.map(|p| p.gpus.clone()).unwrap_or_default();
             return st;
         }

@@ -22,16 +22,8 @@ fn instances(g: &GpuStatus) -> String {
     g.instances
         .iter()
         .map(|i| {
-            let ci = if i.compute_instance_id.is_none() {
-                "!noCI"
-            } else {
-                ""
-            };
-            let t = i
-                .tenant
-                .as_deref()
-                .map(|t| format!("({t})"))
-                .unwrap_or_default();
+            let ci = if i.compute_instance_id.is_none() { "!noCI" } else { "" };
+            let t = i.tenant.as_deref().map(|t| format!("({t})")).unwrap_or_default();
             format!("{}@{}{ci}{t}", i.profile, i.placement)
         })
         .collect::<Vec<_>>()
@@ -44,11 +36,7 @@ fn table(rows: Vec<Vec<String>>) -> String {
         .collect();
     let mut out = String::new();
     for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
     out
@@ -129,12 +117,7 @@ pub fn discover_table(s: &GpuNodeStatus) -> String {
         }
     }
     for g in s.gpus.iter().filter(|g| g.message.is_some()) {
-        let _ = writeln!(
-            out,
-            "GPU {}: {}",
-            g.index,
-            g.message.as_deref().unwrap_or_default()
-        );
+        let _ = writeln!(out, "GPU {}: {}", g.index, g.message.as_deref().unwrap_or_default());
     }
     out
 }
@@ -196,10 +179,7 @@ pub fn apply_table(s: &GpuNodeStatus) -> String {
             "MPS daemon: {state}, GPUs [{}], restarts {}{}",
             m.gpus.join(", "),
             m.restarts,
-            m.message
-                .as_deref()
-                .map(|x| format!(": {x}"))
-                .unwrap_or_default()
+            m.message.as_deref().map(|x| format!(": {x}")).unwrap_or_default()
         );
     }
     for c in &s.conditions {

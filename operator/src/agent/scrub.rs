@@ -51,14 +51,11 @@ pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
     result::init().map_err(|e| cuda("cuInit", e))?;
     let n = result::device::get_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
     if n < 1 {
-        return Err(format!(
-            "CUDA sees no device for CUDA_VISIBLE_DEVICES={device}"
-        ));
+        return Err(format!("CUDA sees no device for CUDA_VISIBLE_DEVICES={device}"));
     }
     let dev = result::device::get(0).map_err(|e| cuda("cuDeviceGet", e))?;
     // SAFETY: the primary context of a device we just got; released before returning.
-    let ctx = unsafe { result::primary_ctx::retain(dev) }
-        .map_err(|e| cuda("cuDevicePrimaryCtxRetain", e))?;
+    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| cuda("cuDevicePrimaryCtxRetain", e))?;
     unsafe { result::ctx::set_current(ctx) }.map_err(|e| cuda("cuCtxSetCurrent", e))?;
     let (free, total) = result::mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
     let target = match amount {
@@ -75,13 +72,10 @@ pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
             match unsafe { result::malloc_sync(size as usize) } {
                 Ok(ptr) => {
                     allocs.push((ptr, size));
-                    unsafe { result::memset_d8_sync(ptr, 0, size as usize) }
-                        .map_err(|e| cuda("cuMemsetD8", e))?;
+                    unsafe { result::memset_d8_sync(ptr, 0, size as usize) }.map_err(|e| cuda("cuMemsetD8", e))?;
                     cleared += size;
                 }
-                Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                    chunk /= 2
-                }
+                Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => chunk /= 2,
                 Err(e) => return Err(cuda("cuMemAlloc", e)),
             }
         }
@@ -90,8 +84,7 @@ pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
         for &(ptr, size) in &allocs {
             let n = (size as usize).min(SAMPLE);
             for off in [0, size - n as u64] {
-                unsafe { result::memcpy_dtoh_sync(&mut buf[..n], ptr + off) }
-                    .map_err(|e| cuda("cuMemcpyDtoH", e))?;
+                unsafe { result::memcpy_dtoh_sync(&mut buf[..n], ptr + off) }.map_err(|e| cuda("cuMemcpyDtoH", e))?;
                 if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
                     return Err(format!(
                         "verification failed on {device}: byte {} of an allocation reads {:#04x}, not 0",
@@ -124,8 +117,7 @@ pub struct CudaLib(pub Option<PathBuf>);
 
 /// Runs a scrub of `device` (GPU or MIG UUID) in a child process and returns its report.
 pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find the agent binary to run a scrub: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent binary to run a scrub: {e}"))?;
     let mut cmd = Command::new(exe);
     cmd.args(["agent", "scrub-worker"]);
     if let Amount::Bytes(b) = amount {
@@ -152,8 +144,7 @@ pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, S
             line.trim_start_matches("error: ")
         ));
     }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("scrub of {device}: unreadable worker report: {e}"))
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("scrub of {device}: unreadable worker report: {e}"))
 }
 
 /// A private directory with `libcuda.so` and `libcuda.so.1` pointing at the chosen library,
@@ -162,18 +153,11 @@ struct LibDir(PathBuf);
 
 impl LibDir {
     fn new(lib: &Path, cmd: &mut Command) -> Result<LibDir, String> {
-        let lib =
-            std::fs::canonicalize(lib).map_err(|e| format!("--cuda-lib {}: {e}", lib.display()))?;
-        let dir = std::env::temp_dir().join(format!(
-            "gpu-tenancy-cuda-{}-{}",
-            std::process::id(),
-            unique()
-        ));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let lib = std::fs::canonicalize(lib).map_err(|e| format!("--cuda-lib {}: {e}", lib.display()))?;
+        let dir = std::env::temp_dir().join(format!("gpu-tenancy-cuda-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         for name in ["libcuda.so", "libcuda.so.1"] {
-            std::os::unix::fs::symlink(&lib, dir.join(name))
-                .map_err(|e| format!("cannot link {name}: {e}"))?;
+            std::os::unix::fs::symlink(&lib, dir.join(name)).map_err(|e| format!("cannot link {name}: {e}"))?;
         }
         let mut path = dir.clone().into_os_string();
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -207,7 +191,5 @@ pub fn parse_amount(s: &str) -> Result<Amount, String> {
     }
     crate::api::quantity_to_mib(s)
         .map(|m| Amount::Bytes(m * MIB))
-        .ok_or_else(|| {
-            format!("--bytes {s:?}: use a quantity like 64Mi or 1Gi, a number of bytes, or `all`")
-        })
+        .ok_or_else(|| format!("--bytes {s:?}: use a quantity like 64Mi or 1Gi, a number of bytes, or `all`"))
 }

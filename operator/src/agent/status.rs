@@ -3,8 +3,8 @@
 
 use super::actions::{Action, GpuPlan, ScrubTarget};
 use crate::api::{
-    ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory,
-    ScrubRecord, set_condition,
+    ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
+    set_condition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
@@ -62,20 +62,10 @@ pub fn build(
     out.layout = Some(layout(&out, spec));
     out.mps = mps;
     out.conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
-    let not_applied: Vec<&GpuStatus> = out
-        .gpus
-        .iter()
-        .filter(|g| g.applied == Some(false))
-        .collect();
+    let not_applied: Vec<&GpuStatus> = out.gpus.iter().filter(|g| g.applied == Some(false)).collect();
     let list = |gs: &[&GpuStatus]| {
         gs.iter()
-            .map(|g| {
-                format!(
-                    "GPU {} ({})",
-                    g.index,
-                    g.reason.as_deref().unwrap_or("NotApplied")
-                )
-            })
+            .map(|g| format!("GPU {} ({})", g.index, g.reason.as_deref().unwrap_or("NotApplied")))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -189,7 +179,9 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
     };
     if blocked.is_none() && error.is_none() {
         for want in &g.mig_instances {
-            let scrub_pending = pending.iter().any(|a| matches!(a, Action::Scrub { target: ScrubTarget::Instance(p), .. } if *p == want.placement));
+            let scrub_pending = pending
+                .iter()
+                .any(|a| matches!(a, Action::Scrub { target: ScrubTarget::Instance(p), .. } if *p == want.placement));
             let Some(inst) = o
                 .instances
                 .iter_mut()
@@ -200,9 +192,7 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
             if scrub_pending {
                 continue;
             }
-            if g.scrub == ScrubMemory::Never
-                && (inst.tenant != want.tenant || inst.last_scrub.is_none())
-            {
+            if g.scrub == ScrubMemory::Never && (inst.tenant != want.tenant || inst.last_scrub.is_none()) {
                 inst.last_scrub = skipped(want.tenant.as_ref());
             }
             inst.tenant = want.tenant.clone();

@@ -98,16 +98,10 @@ fn none() -> RunMemory {
 #[test]
 fn a_matching_gpu_gets_no_action() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![
-        inst(1, "3g.40gb", 0, 4, Some("a")),
-        inst(2, "3g.40gb", 4, 4, Some("b")),
-    ];
+    o.instances = vec![inst(1, "3g.40gb", 0, 4, Some("a")), inst(2, "3g.40gb", 4, 4, Some("b"))];
     let g = mig_spec(
         0,
-        vec![
-            want("3g.40gb", 0, 4, Some("a")),
-            want("3g.40gb", 4, 4, Some("b")),
-        ],
+        vec![want("3g.40gb", 0, 4, Some("a")), want("3g.40gb", 4, 4, Some("b"))],
     );
     let prev = o.clone();
     let p = plan_gpu(&o, &g, Some(&prev), &none());
@@ -117,10 +111,7 @@ fn a_matching_gpu_gets_no_action() {
 #[test]
 fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![
-        inst(1, "3g.40gb", 0, 4, Some("a")),
-        inst(2, "3g.40gb", 4, 4, Some("b")),
-    ];
+    o.instances = vec![inst(1, "3g.40gb", 0, 4, Some("a")), inst(2, "3g.40gb", 4, 4, Some("b"))];
     let prev = o.clone();
     let g = mig_spec(
         0,
@@ -152,10 +143,7 @@ fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
 #[test]
 fn processes_in_the_way_block_the_whole_gpu() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![
-        inst(1, "3g.40gb", 0, 4, None),
-        inst(2, "3g.40gb", 4, 4, None),
-    ];
+    o.instances = vec![inst(1, "3g.40gb", 0, 4, None), inst(2, "3g.40gb", 4, 4, None)];
     o.processes = vec![ProcessStatus {
         pid: 77,
         gpu_instance_id: Some(1),
@@ -167,17 +155,10 @@ fn processes_in_the_way_block_the_whole_gpu() {
     assert!(p.actions.is_empty());
     let b = p.blocked.unwrap();
     assert_eq!(b.reason, "Busy");
-    assert!(
-        b.message.contains("3g.40gb at 0:4 runs pids 77"),
-        "{}",
-        b.message
-    );
+    assert!(b.message.contains("3g.40gb at 0:4 runs pids 77"), "{}", b.message);
 
     // A process in an instance that stays does not block.
-    let g = mig_spec(
-        0,
-        vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)],
-    );
+    let g = mig_spec(0, vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)]);
     let p = plan_gpu(&o, &g, None, &none());
     assert_eq!(p.blocked, None);
     assert_eq!(
@@ -193,10 +174,7 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
     let g = mig_spec(0, vec![want("7g.40gb", 0, 8, None)]);
     assert_eq!(
         plan_gpu(&o, &g, None, &none()).actions,
-        [Action::SetMigMode {
-            gpu: 0,
-            enable: true
-        }]
+        [Action::SetMigMode { gpu: 0, enable: true }]
     );
     o.mig_mode = Some(MigModeStatus {
         current: false,
@@ -213,10 +191,7 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pid: 5,
         ..Default::default()
     }];
-    assert_eq!(
-        plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason,
-        "Busy"
-    );
+    assert_eq!(plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason, "Busy");
 }
 
 #[test]
@@ -238,10 +213,7 @@ fn leaving_mig_destroys_everything_then_disables_it() {
                 profile: "7g.80gb".into(),
                 placement: Placement { start: 0, size: 8 }
             },
-            Action::SetMigMode {
-                gpu: 0,
-                enable: false
-            },
+            Action::SetMigMode { gpu: 0, enable: false },
         ]
     );
 }
@@ -252,12 +224,7 @@ fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
     let mut half = inst(3, "4g.40gb", 0, 4, None);
     half.compute_instance_id = None;
     o.instances = vec![half];
-    let p = plan_gpu(
-        &o,
-        &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]),
-        None,
-        &none(),
-    );
+    let p = plan_gpu(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
     assert_eq!(
         p.nvml_actions().cloned().collect::<Vec<_>>(),
         [Action::CreateComputeInstance {
@@ -272,10 +239,7 @@ fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
 fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
     let o = gpu(0, "H100-80GB", true);
     let bad = [
-        (
-            vec![want("3g.20gb", 0, 4, None)],
-            "profile \"3g.20gb\" is not offered",
-        ),
+        (vec![want("3g.20gb", 0, 4, None)], "profile \"3g.20gb\" is not offered"),
         (vec![want("3g.40gb", 2, 4, None)], "cannot be placed at 2:4"),
         (
             vec![want("4g.40gb", 0, 4, None), want("2g.20gb", 2, 2, None)],
@@ -291,9 +255,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
         ),
     ];
     for (layout, msg) in bad {
-        let b = plan_gpu(&o, &mig_spec(0, layout), None, &none())
-            .blocked
-            .unwrap();
+        let b = plan_gpu(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
         assert_eq!(b.reason, "InvalidSpec");
         assert!(b.message.contains(msg), "{}", b.message);
     }
@@ -330,11 +292,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     prev.applied_mode = Some(Mode::Mps);
     prev.applied_tenants = vec!["a".into()];
     // Same hands: nothing. New hands: a scrub. Unknown past and nothing to change: adopt.
-    assert!(
-        plan_gpu(&o, &spec("a"), Some(&prev), &none())
-            .actions
-            .is_empty()
-    );
+    assert!(plan_gpu(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
     assert_eq!(
         plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions,
         [Action::Scrub {
@@ -349,30 +307,19 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
         scrubbed: vec![(0, ScrubTarget::Gpu)],
         touched: vec![],
     };
-    assert!(
-        plan_gpu(&o, &spec("b"), Some(&prev), &done)
-            .actions
-            .is_empty()
-    );
+    assert!(plan_gpu(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
     prev.applied_tenants = vec!["b".into()];
     prev.last_scrub = Some(ScrubRecord {
         result: "Failed".into(),
         ..Default::default()
     });
-    assert_eq!(
-        plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(),
-        1
-    );
+    assert_eq!(plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
     // Never: no scrub, whatever the hands.
     let never = GpuSpec {
         scrub: ScrubMemory::Never,
         ..spec("c")
     };
-    assert!(
-        plan_gpu(&o, &never, Some(&prev), &none())
-            .actions
-            .is_empty()
-    );
+    assert!(plan_gpu(&o, &never, Some(&prev), &none()).actions.is_empty());
     // Old tenant's processes still there: busy, not scrubbed under them.
     o.processes = vec![ProcessStatus {
         pid: 9,
@@ -380,10 +327,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     }];
     prev.last_scrub = None;
     assert_eq!(
-        plan_gpu(&o, &spec("c"), Some(&prev), &none())
-            .blocked
-            .unwrap()
-            .reason,
+        plan_gpu(&o, &spec("c"), Some(&prev), &none()).blocked.unwrap().reason,
         "Busy"
     );
 }
@@ -402,26 +346,13 @@ fn status_records_hands_only_once_applied() {
     let mut prev = observed.clone();
     prev.gpus[0].applied_mode = Some(Mode::Exclusive);
     prev.gpus[0].applied_tenants = vec!["a".into()];
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        jiff::Timestamp::from_second(1_800_000_000).unwrap(),
-    );
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap());
     let plans = plan_node(&observed, &spec, Some(&prev), &none());
-    let s = build(
-        &observed,
-        &spec,
-        Some(&prev),
-        &plans,
-        &RunRecord::default(),
-        None,
-        &now,
-    );
+    let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(s.gpus[0].applied, Some(false));
     assert_eq!(s.gpus[0].reason.as_deref(), Some("Pending"));
-    assert_eq!(
-        s.gpus[0].applied_tenants,
-        ["a"],
-        "not handed over before the scrub"
-    );
+    assert_eq!(s.gpus[0].applied_tenants, ["a"], "not handed over before the scrub");
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
 
     let done = RunMemory {
@@ -429,15 +360,7 @@ fn status_records_hands_only_once_applied() {
         touched: vec![],
     };
     let plans = plan_node(&observed, &spec, Some(&prev), &done);
-    let s = build(
-        &observed,
-        &spec,
-        Some(&prev),
-        &plans,
-        &RunRecord::default(),
-        None,
-        &now,
-    );
+    let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(
         (s.gpus[0].applied, s.gpus[0].applied_tenants.clone()),
         (Some(true), vec!["b".to_string()])
@@ -480,11 +403,7 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
         ..Default::default()
     };
     let d = mps::desired(&spec, &observed);
-    assert_eq!(
-        d.gpus,
-        ["GPU-1", "GPU-0"],
-        "GPU 2 is not in EXCLUSIVE_PROCESS yet"
-    );
+    assert_eq!(d.gpus, ["GPU-1", "GPU-0"], "GPU 2 is not in EXCLUSIVE_PROCESS yet");
     assert_eq!(
         d.settings,
         [

@@ -100,18 +100,14 @@ fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> Str
     match format {
         Format::Table => print!("{}", table()),
         Format::Yaml => print!("{}", serde_saphyr::to_string(v).expect("status serialises")),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(v).expect("status serialises")
-        ),
+        Format::Json => println!("{}", serde_json::to_string_pretty(v).expect("status serialises")),
     }
 }
 
 pub fn run(cmd: AgentCommand) -> i32 {
     match cmd {
         AgentCommand::Discover { nvml_lib, output } => {
-            let result =
-                NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
+            let result = NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
             match result {
                 Ok(mut s) => {
                     s.layout = Some(crate::agent::status::layout(&s, &GpuNodeSpec::default()));
@@ -171,9 +167,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                     return fail(&e);
                 }
             }
-            print(&applied.status, output, || {
-                output::apply_table(&applied.status)
-            });
+            print(&applied.status, output, || output::apply_table(&applied.status));
             let all = spec.gpus.iter().all(|g| {
                 applied
                     .status
@@ -198,11 +192,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                     print(&r, output, || {
                         format!(
                             "{}: cleared {} of {} free bytes ({} total), {} bytes read back as zero\n",
-                            r.device,
-                            r.bytes_cleared,
-                            r.free_bytes,
-                            r.total_bytes,
-                            r.bytes_verified
+                            r.device, r.bytes_cleared, r.free_bytes, r.total_bytes, r.bytes_verified
                         )
                     });
                     0
@@ -223,9 +213,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                     msg.unwrap_or_else(|| "unknown".into())
                 );
             }));
-            let amount = bytes
-                .map(scrub::Amount::Bytes)
-                .unwrap_or(scrub::Amount::AllFree);
+            let amount = bytes.map(scrub::Amount::Bytes).unwrap_or(scrub::Amount::AllFree);
             match std::panic::catch_unwind(|| scrub::worker(amount)) {
                 Ok(Ok(r)) => {
                     println!("{}", serde_json::to_string(&r).expect("report serialises"));
@@ -250,15 +238,9 @@ struct Manifest {
 }
 
 fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not YAML or JSON: {}",
-            path.display(),
-            first_line(&e.to_string())
-        )
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
     let is_manifest = value.get("spec").is_some() || value.get("kind").is_some();
     let parsed = if is_manifest {
         serde_saphyr::from_str::<Manifest>(&text).map(|m| m.spec)
@@ -271,11 +253,7 @@ fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
         } else {
             "GpuNode spec"
         };
-        format!(
-            "{}: not a valid {what}: {}",
-            path.display(),
-            first_line(&e.to_string())
-        )
+        format!("{}: not a valid {what}: {}", path.display(), first_line(&e.to_string()))
     })?;
     let mut seen = std::collections::BTreeSet::new();
     for g in &spec.gpus {
@@ -305,13 +283,8 @@ fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not YAML or JSON: {}",
-            path.display(),
-            first_line(&e.to_string())
-        )
-    })?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
     let inner = value.get("status").cloned().unwrap_or(value);
     serde_json::from_value(inner).map(Some).map_err(|e| {
         format!(

@@ -35,10 +35,7 @@ fn discover_reports_what_the_driver_reports() {
         let model = model_by_name(key).unwrap();
         assert_eq!(g.memory_mib, model.memory_mib);
         assert!(g.uuid.starts_with("GPU-"));
-        assert_eq!(
-            g.mig_mode.map(|m| (m.current, m.pending)),
-            Some((false, false))
-        );
+        assert_eq!(g.mig_mode.map(|m| (m.current, m.pending)), Some((false, false)));
         assert_eq!(g.profiles.len(), 7, "{key}");
         for p in model.profiles() {
             let got = g
@@ -49,11 +46,7 @@ fn discover_reports_what_the_driver_reports() {
             assert_eq!(got.id, p.info().profile_id, "{key} {}", p.name);
             let starts: Vec<u32> = got.placements.iter().map(|x| x.start).collect();
             assert_eq!(starts, p.info().starts, "{key} {}", p.name);
-            assert!(
-                got.placements
-                    .iter()
-                    .all(|x| x.size == p.info().memory_slices)
-            );
+            assert!(got.placements.iter().all(|x| x.size == p.info().memory_slices));
         }
     }
 }
@@ -63,12 +56,7 @@ fn a_missing_nvml_library_is_one_line_and_exit_2() {
     let sim = Sim::new("nolib", &[H100]);
     let out = sim
         .command()
-        .args([
-            "agent",
-            "discover",
-            "--nvml-lib",
-            "/nonexistent/libnvidia-ml.so.1",
-        ])
+        .args(["agent", "discover", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -122,11 +110,7 @@ fn first_apply_is_the_minimal_diff_and_a_second_is_a_no_op() {
         let sim = Sim::new(&format!("first-{p3}"), &[cfg]);
         let spec = gpus(&[mig_gpu(
             0,
-            &[
-                (p3, 0, 4, Some("alpha")),
-                (p2, 4, 2, Some("beta")),
-                (p1, 6, 1, None),
-            ],
+            &[(p3, 0, 4, Some("alpha")), (p2, 4, 2, Some("beta")), (p1, 6, 1, None)],
         )]);
         let run = sim.apply(&spec);
         assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -134,17 +118,9 @@ fn first_apply_is_the_minimal_diff_and_a_second_is_a_no_op() {
         assert_eq!(log.len(), 1 + 3 * 2, "{:?}", calls(&log));
         assert_eq!(
             layout(run.status(), 0),
-            [
-                format!("{p3}@0:4"),
-                format!("{p2}@4:2"),
-                format!("{p1}@6:1")
-            ]
+            [format!("{p3}@0:4"), format!("{p2}@4:2"), format!("{p1}@6:1")]
         );
-        assert_eq!(
-            sim.scrubs().len(),
-            3,
-            "new instances are scrubbed before use"
-        );
+        assert_eq!(sim.scrubs().len(), 3, "new instances are scrubbed before use");
         let before = sim.mutations();
         let again = sim.apply(&spec);
         assert_eq!(again.code(), Some(0));
@@ -160,14 +136,8 @@ fn first_apply_is_the_minimal_diff_and_a_second_is_a_no_op() {
 
 #[test]
 fn only_the_changed_gpu_is_touched_and_kept_instances_stay() {
-    let sim = Sim::new(
-        "minimal",
-        &[r#"{model: "NVIDIA H100 80GB HBM3", count: 3}"#],
-    );
-    let a = [
-        ("3g.40gb", 0, 4, Some("alpha")),
-        ("3g.40gb", 4, 4, Some("beta")),
-    ];
+    let sim = Sim::new("minimal", &[r#"{model: "NVIDIA H100 80GB HBM3", count: 3}"#]);
+    let a = [("3g.40gb", 0, 4, Some("alpha")), ("3g.40gb", 4, 4, Some("beta"))];
     let spec = gpus(&[mig_gpu(0, &a), mig_gpu(1, &a), mig_gpu(2, &a)]);
     assert_eq!(sim.apply(&spec).code(), Some(0));
     let ids_before: Vec<u32> = sim.discover().gpus[1]
@@ -196,33 +166,19 @@ fn only_the_changed_gpu_is_touched_and_kept_instances_stay() {
         ]
     );
     let after = sim.discover();
-    let kept = after.gpus[1]
-        .instances
-        .iter()
-        .find(|i| i.placement.start == 4)
-        .unwrap();
+    let kept = after.gpus[1].instances.iter().find(|i| i.placement.start == 4).unwrap();
     assert!(
         ids_before.contains(&kept.gpu_instance_id),
         "the 3g at 4:4 must be the same instance"
     );
-    assert!(
-        sim.leaks(run.status()).is_empty(),
-        "{:?}",
-        sim.leaks(run.status())
-    );
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
 }
 
 #[test]
 fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
     let sim = Sim::new("busy", &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
-    let a = [
-        ("3g.40gb", 0, 4, Some("alpha")),
-        ("3g.40gb", 4, 4, Some("beta")),
-    ];
-    assert_eq!(
-        sim.apply(&gpus(&[mig_gpu(0, &a), mig_gpu(1, &a)])).code(),
-        Some(0)
-    );
+    let a = [("3g.40gb", 0, 4, Some("alpha")), ("3g.40gb", 4, 4, Some("beta"))];
+    assert_eq!(sim.apply(&gpus(&[mig_gpu(0, &a), mig_gpu(1, &a)])).code(), Some(0));
     nvidia_ml_sim::ctl::attach(
         &sim.paths,
         &nvidia_ml_sim::ctl::Attach {
@@ -239,15 +195,8 @@ fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
     let run = sim.apply(&gpus(&[mig_gpu(0, &b), mig_gpu(1, &b)]));
     assert_eq!(run.code(), Some(1));
     let g0 = &run.status().gpus[0];
-    assert_eq!(
-        (g0.applied, g0.reason.as_deref()),
-        (Some(false), Some("Busy"))
-    );
-    assert!(
-        g0.message.as_deref().unwrap().contains("4242"),
-        "{:?}",
-        g0.message
-    );
+    assert_eq!((g0.applied, g0.reason.as_deref()), (Some(false), Some("Busy")));
+    assert!(g0.message.as_deref().unwrap().contains("4242"), "{:?}", g0.message);
     assert_eq!(run.status().gpus[1].applied, Some(true));
     assert!(
         sim.log_since(before).iter().all(|e| e.gpu == 1),
@@ -260,11 +209,7 @@ fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
     let run = sim.apply(&gpus(&[mig_gpu(0, &b), mig_gpu(1, &b)]));
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
     assert_eq!(layout(run.status(), 0), ["7g.80gb@0:8"]);
-    assert!(
-        sim.leaks(run.status()).is_empty(),
-        "{:?}",
-        sim.leaks(run.status())
-    );
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
 }
 
 #[test]
@@ -272,23 +217,14 @@ fn a100_mig_mode_waits_for_a_reset_without_retrying() {
     let sim = Sim::new("a100", &[A100]);
     let spec = gpus(&[mig_gpu(
         0,
-        &[
-            ("3g.20gb", 0, 4, Some("alpha")),
-            ("3g.20gb", 4, 4, Some("beta")),
-        ],
+        &[("3g.20gb", 0, 4, Some("alpha")), ("3g.20gb", 4, 4, Some("beta"))],
     )]);
     let run = sim.apply(&spec);
     assert_eq!(run.code(), Some(1));
-    assert_eq!(
-        run.status().gpus[0].reason.as_deref(),
-        Some("ResetRequired")
-    );
+    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("ResetRequired"));
     assert_eq!(calls(&sim.log_since(0)), [(0, "nvmlDeviceSetMigMode")]);
     let run = sim.apply(&spec);
-    assert_eq!(
-        run.status().gpus[0].reason.as_deref(),
-        Some("ResetRequired")
-    );
+    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("ResetRequired"));
     assert_eq!(sim.mutations(), 1, "a pending mode change is not retried");
     nvidia_ml_sim::ctl::reset(&sim.paths, 0).unwrap();
     let run = sim.apply(&spec);
@@ -319,15 +255,8 @@ fn a_reboot_recreates_the_declared_layout() {
         6,
         "three instances, GI + CI each; MIG mode survived"
     );
-    assert_eq!(
-        layout(run.status(), 0),
-        ["4g.71gb@0:4", "2g.35gb@4:2", "1g.35gb@6:2"]
-    );
-    assert_eq!(
-        sim.scrubs().len(),
-        scrubs,
-        "same tenants at the same places: no scrub"
-    );
+    assert_eq!(layout(run.status(), 0), ["4g.71gb@0:4", "2g.35gb@4:2", "1g.35gb@6:2"]);
+    assert_eq!(sim.scrubs().len(), scrubs, "same tenants at the same places: no scrub");
 }
 
 #[test]
@@ -335,10 +264,7 @@ fn drift_is_repaired_and_reported() {
     let sim = Sim::new("drift", &[H100]);
     let spec = gpus(&[mig_gpu(
         0,
-        &[
-            ("3g.40gb", 0, 4, Some("alpha")),
-            ("2g.20gb", 4, 2, Some("beta")),
-        ],
+        &[("3g.40gb", 0, 4, Some("alpha")), ("2g.20gb", 4, 2, Some("beta"))],
     )]);
     assert_eq!(sim.apply(&spec).code(), Some(0));
     // Behind the agent's back: the 2g instance is destroyed and a 1g appears at 7.
@@ -375,14 +301,7 @@ fn drift_is_repaired_and_reported() {
 fn a_gpu_instance_left_without_compute_instance_is_finished() {
     let sim = Sim::new("halfdone", &[H100]);
     let spec = gpus(&[mig_gpu(0, &[("7g.80gb", 0, 8, Some("alpha"))])]);
-    nvidia_ml_sim::ctl::fail(
-        &sim.paths,
-        "nvmlGpuInstanceCreateComputeInstance",
-        1,
-        "UNKNOWN",
-        1,
-    )
-    .unwrap();
+    nvidia_ml_sim::ctl::fail(&sim.paths, "nvmlGpuInstanceCreateComputeInstance", 1, "UNKNOWN", 1).unwrap();
     let run = sim.apply(&spec);
     assert_eq!(run.code(), Some(1));
     assert_eq!(run.status().gpus[0].reason.as_deref(), Some("Failed"));
@@ -403,13 +322,7 @@ fn a_gpu_instance_left_without_compute_instance_is_finished() {
 #[test]
 fn a_crash_at_any_mutation_converges_on_the_next_apply() {
     let a = gpus(&[
-        mig_gpu(
-            0,
-            &[
-                ("3g.40gb", 0, 4, Some("alpha")),
-                ("3g.40gb", 4, 4, Some("beta")),
-            ],
-        ),
+        mig_gpu(0, &[("3g.40gb", 0, 4, Some("alpha")), ("3g.40gb", 4, 4, Some("beta"))]),
         "  - {index: 1, mode: Exclusive, tenants: [alpha]}\n".to_string(),
     ]);
     let b = gpus(&[
@@ -421,13 +334,7 @@ fn a_crash_at_any_mutation_converges_on_the_next_apply() {
                 ("3g.40gb", 4, 4, Some("beta")),
             ],
         ),
-        mig_gpu(
-            1,
-            &[
-                ("4g.40gb", 0, 4, Some("beta")),
-                ("3g.40gb", 4, 4, Some("gamma")),
-            ],
-        ),
+        mig_gpu(1, &[("4g.40gb", 0, 4, Some("beta")), ("3g.40gb", 4, 4, Some("gamma"))]),
     ]);
     let prepare = |name: &str| {
         let sim = Sim::new(name, &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
@@ -455,18 +362,9 @@ fn a_crash_at_any_mutation_converges_on_the_next_apply() {
         let crashed = sim.apply(&b);
         assert_ne!(crashed.code(), Some(0), "run {n} should have been killed");
         let run = sim.apply(&b);
-        assert_eq!(
-            run.code(),
-            Some(0),
-            "after a crash at mutation {n}: {}",
-            run.stdout()
-        );
+        assert_eq!(run.code(), Some(0), "after a crash at mutation {n}: {}", run.stdout());
         for g in 0..2 {
-            assert_eq!(
-                layout(run.status(), g),
-                layout(&want, g),
-                "crash at {n}, GPU {g}"
-            );
+            assert_eq!(layout(run.status(), g), layout(&want, g), "crash at {n}, GPU {g}");
         }
         assert!(
             sim.leaks(run.status()).is_empty(),
@@ -484,20 +382,14 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     let sim = Sim::new("hands", &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
     let spec = |t0: &str, t1: &str, policy: &str| {
         gpus(&[
-            mig_gpu(
-                0,
-                &[("3g.40gb", 0, 4, Some(t0)), ("3g.40gb", 4, 4, Some("beta"))],
-            ),
+            mig_gpu(0, &[("3g.40gb", 0, 4, Some(t0)), ("3g.40gb", 4, 4, Some("beta"))]),
             format!("  - {{index: 1, mode: Exclusive, tenants: [{t1}], scrub: {policy}}}\n"),
         ])
     };
     let run = sim.apply(&spec("alpha", "alpha", "OnTenantChange"));
     assert_eq!(run.code(), Some(0));
     let n = sim.scrubs().len();
-    assert_eq!(
-        n, 2,
-        "two new instances; GPU 1 already matched and is adopted"
-    );
+    assert_eq!(n, 2, "two new instances; GPU 1 already matched and is adopted");
     sim.use_by(0, Some(0), "alpha");
     sim.use_by(1, None, "alpha");
 
@@ -509,11 +401,7 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
     let new: Vec<_> = sim.scrubs()[n..].to_vec();
     assert_eq!(new.len(), 2, "{new:?}");
-    assert!(
-        sim.leaks(run.status()).is_empty(),
-        "{:?}",
-        sim.leaks(run.status())
-    );
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
     let inst = run.status().gpus[0]
         .instances
         .iter()
@@ -522,22 +410,13 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     assert_eq!(inst.tenant.as_deref(), Some("gamma"));
     assert_eq!(inst.last_scrub.as_ref().unwrap().result, "Scrubbed");
     assert_eq!(
-        run.status().gpus[1]
-            .last_scrub
-            .as_ref()
-            .unwrap()
-            .tenant
-            .as_deref(),
+        run.status().gpus[1].last_scrub.as_ref().unwrap().tenant.as_deref(),
         Some("gamma")
     );
 
     let m = sim.scrubs().len();
     sim.apply(&spec("gamma", "gamma", "OnTenantChange"));
-    assert_eq!(
-        sim.scrubs().len(),
-        m,
-        "second apply of the same tenants: no scrub"
-    );
+    assert_eq!(sim.scrubs().len(), m, "second apply of the same tenants: no scrub");
 
     // Policy Never: the hand-over happens unscrubbed, and the status says so.
     sim.use_by(1, None, "gamma");
@@ -545,10 +424,7 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     assert_eq!(run.code(), Some(0));
     assert_eq!(sim.scrubs().len(), m);
     let rec = run.status().gpus[1].last_scrub.clone().unwrap();
-    assert_eq!(
-        (rec.result.as_str(), rec.tenant.as_deref()),
-        ("Skipped", Some("delta"))
-    );
+    assert_eq!((rec.result.as_str(), rec.tenant.as_deref()), ("Skipped", Some("delta")));
     assert_eq!(
         sim.leaks(run.status()),
         ["GPU 1 holds gamma's data, now serves [\"delta\"]"]
@@ -565,10 +441,7 @@ fn a_failed_scrub_keeps_the_gpu_not_ready_until_it_succeeds() {
     let run = sim.apply(&spec("beta"));
     assert_eq!(run.code(), Some(1));
     let g = &run.status().gpus[0];
-    assert_eq!(
-        (g.applied, g.reason.as_deref()),
-        (Some(false), Some("ScrubFailed"))
-    );
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
     assert_eq!(g.applied_tenants, ["alpha"], "not handed over yet");
     let run = sim.apply(&spec("beta"));
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
@@ -594,11 +467,7 @@ fn scrub_check_reads_back_zeros() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["bytesCleared"], 64 * 1024 * 1024);
     assert!(r["bytesVerified"].as_u64().unwrap() > 0);
@@ -606,12 +475,7 @@ fn scrub_check_reads_back_zeros() {
 
     let out = sim
         .command()
-        .args([
-            "agent",
-            "scrub-check",
-            "--cuda-lib",
-            "/nonexistent/libcuda.so.1",
-        ])
+        .args(["agent", "scrub-check", "--cuda-lib", "/nonexistent/libcuda.so.1"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

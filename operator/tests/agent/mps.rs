@@ -53,12 +53,7 @@ impl Mps {
         let logs = self.sim.file("logs");
         self.sim.apply_with(
             spec,
-            &[
-                "--mps-pipe-dir",
-                &pipe,
-                "--mps-log-dir",
-                logs.to_str().unwrap(),
-            ],
+            &["--mps-pipe-dir", &pipe, "--mps-log-dir", logs.to_str().unwrap()],
         )
     }
 
@@ -83,9 +78,7 @@ impl Drop for Mps {
     fn drop(&mut self) {
         // The stand-in daemon this test started, if still there.
         if let Some(pid) = self.daemon_pid() {
-            let _ = std::process::Command::new("kill")
-                .arg(pid.to_string())
-                .status();
+            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
         }
     }
 }
@@ -99,21 +92,12 @@ const SPEC: &str = "  gpus:
 #[test]
 fn the_mps_daemon_is_started_supervised_restarted_and_stopped() {
     let m = Mps::new();
-    let uuids: Vec<String> = m
-        .sim
-        .discover()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    let uuids: Vec<String> = m.sim.discover().gpus.iter().map(|g| g.uuid.clone()).collect();
 
     let run = m.apply(SPEC);
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
     let cmds = m.commands();
-    let start = cmds
-        .iter()
-        .find(|c| c.starts_with("start"))
-        .expect("daemon started");
+    let start = cmds.iter().find(|c| c.starts_with("start")).expect("daemon started");
     assert!(
         start.contains(&format!("CUDA_VISIBLE_DEVICES={},{}", uuids[0], uuids[1])),
         "{start}"
@@ -123,10 +107,7 @@ fn the_mps_daemon_is_started_supervised_restarted_and_stopped() {
         "set_default_device_pinned_mem_limit 0 20480M",
         "set_default_device_pinned_mem_limit 1 10240M",
     ] {
-        assert!(
-            cmds.iter().any(|c| c == want),
-            "missing {want:?} in {cmds:?}"
-        );
+        assert!(cmds.iter().any(|c| c == want), "missing {want:?} in {cmds:?}");
     }
     let mps = run.status().mps.clone().unwrap();
     assert!(mps.running);
@@ -145,9 +126,7 @@ fn the_mps_daemon_is_started_supervised_restarted_and_stopped() {
 
     // The daemon crashes: the next step restarts it and counts the restart.
     let pid = m.daemon_pid().unwrap();
-    let _ = std::process::Command::new("kill")
-        .arg(pid.to_string())
-        .status();
+    let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
     std::thread::sleep(std::time::Duration::from_millis(100));
     let run = m.apply(SPEC);
     let mps = run.status().mps.clone().unwrap();

@@ -16,9 +16,7 @@ pub fn sim_lib() -> PathBuf {
     let deps = exe.parent().expect("deps dir");
     let candidates = [
         deps.join("libnvidia_ml_sim.so"),
-        deps.parent()
-            .expect("profile dir")
-            .join("libnvidia_ml_sim.so"),
+        deps.parent().expect("profile dir").join("libnvidia_ml_sim.so"),
     ];
     candidates
         .iter()
@@ -77,10 +75,7 @@ impl Run {
 impl Sim {
     /// A node with these GPU entries (the inventory format), e.g. `{pciDeviceId: "0x20B010DE", count: 2}`.
     pub fn new(name: &str, gpus: &[&str]) -> Sim {
-        let dir = std::env::temp_dir().join(format!(
-            "gpu-tenancy-agent-test-{name}-{}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("gpu-tenancy-agent-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("sim.yaml");
@@ -123,7 +118,11 @@ impl Sim {
     /// MPS left alone unless `mps` args are given.
     pub fn apply_with(&self, spec_yaml: &str, extra: &[&str]) -> Run {
         let spec = self.file("gpunode.yaml");
-        std::fs::write(&spec, format!("apiVersion: gputenancy.io/v1alpha1\nkind: GpuNode\nmetadata: {{name: n1}}\nspec:\n{spec_yaml}")).unwrap();
+        std::fs::write(
+            &spec,
+            format!("apiVersion: gputenancy.io/v1alpha1\nkind: GpuNode\nmetadata: {{name: n1}}\nspec:\n{spec_yaml}"),
+        )
+        .unwrap();
         let status = self.file("status.yaml");
         let mut c = self.command();
         c.args(["agent", "apply", "-f"])

@@ -126,10 +126,7 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
         Cmd::Dirty { gpu, start, tenant } => ctl::set_dirty(p, gpu, start, &tenant),
         Cmd::Log { since } => {
             for e in ctl::log_since(p, since)? {
-                println!(
-                    "{}",
-                    serde_json::to_string(&e).expect("log entries serialise")
-                );
+                println!("{}", serde_json::to_string(&e).expect("log entries serialise"));
             }
             Ok(())
         }

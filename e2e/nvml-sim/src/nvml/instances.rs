@@ -9,9 +9,7 @@ use gpu_tenancy::mig::Shape;
 
 /// GPU-instance profiles by NVML enum: the shapes of FACTS.md §1 (enums 0,1,2,3,4,7,9).
 fn shape_by_enum(e: u32) -> Option<Shape> {
-    Shape::ALL
-        .into_iter()
-        .find(|s| s.info().nvml_profile_enum == e)
+    Shape::ALL.into_iter().find(|s| s.info().nvml_profile_enum == e)
 }
 
 fn profile_name(g: &SimGpu, shape: Shape) -> String {
@@ -64,8 +62,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
 }
 
 /// `nvmlGpuInstanceProfileInfo_v2`: the struct size with version 2 in the top byte.
-pub const PROFILE_INFO_V2: u32 =
-    std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+pub const PROFILE_INFO_V2: u32 = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
@@ -139,11 +136,7 @@ fn create_gi(g: &mut SimGpu, profile_id: u32, start: Option<u32>) -> Result<u32,
         .filter_map(|gi| Shape::from_profile_id(gi.profile_id))
         .map(|s| s.info().compute_slices)
         .sum();
-    let same = g
-        .gis
-        .iter()
-        .filter(|gi| gi.profile_id == profile_id)
-        .count() as u32;
+    let same = g.gis.iter().filter(|gi| gi.profile_id == profile_id).count() as u32;
     if used_compute + si.compute_slices > mig::COMPUTE_SLICES || same >= si.max_instances {
         return Err(ERR_INSUFFICIENT_RESOURCES);
     }
@@ -156,11 +149,7 @@ fn create_gi(g: &mut SimGpu, profile_id: u32, start: Option<u32>) -> Result<u32,
         Some(s) if !si.starts.contains(&s) => return Err(ERR_INVALID_ARGUMENT),
         Some(s) if !free(s) => return Err(ERR_INSUFFICIENT_RESOURCES),
         Some(s) => s,
-        None => *si
-            .starts
-            .iter()
-            .find(|&&s| free(s))
-            .ok_or(ERR_INSUFFICIENT_RESOURCES)?,
+        None => *si.starts.iter().find(|&&s| free(s)).ok_or(ERR_INSUFFICIENT_RESOURCES)?,
     };
     let id = (1..).find(|id| g.gi(*id).is_none()).expect("a free id");
     g.gis.push(SimGi {
@@ -196,10 +185,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
         st.record(
             "nvmlDeviceCreateGpuInstanceWithPlacement",
             index,
-            format!(
-                "gi={id} profile={profile_id} placement={}:{}",
-                p.start, p.size
-            ),
+            format!("gi={id} profile={profile_id} placement={}:{}", p.start, p.size),
         );
         Ok(true)
     })
@@ -372,21 +358,11 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
         if used + s > gi_slices {
             return Err(ERR_INSUFFICIENT_RESOURCES);
         }
-        let id = (0..)
-            .find(|id| sgi.cis.iter().all(|c| c.id != *id))
-            .expect("a free id");
+        let id = (0..).find(|id| sgi.cis.iter().all(|c| c.id != *id)).expect("a free id");
         let uuid = st.next_mig_uuid(gpu, gid);
         let g = st.gpu_mut(gpu).ok_or(ERR_INVALID_ARGUMENT)?;
-        let sgi = g
-            .gis
-            .iter_mut()
-            .find(|x| x.id == gid)
-            .ok_or(ERR_NOT_FOUND)?;
-        sgi.cis.push(SimCi {
-            id,
-            profile_id,
-            uuid,
-        });
+        let sgi = g.gis.iter_mut().find(|x| x.id == gid).ok_or(ERR_NOT_FOUND)?;
+        sgi.cis.push(SimCi { id, profile_id, uuid });
         if !ci.is_null() {
             unsafe { *ci = pack(K_CI, gpu, gid, id) as nvmlComputeInstance_t };
         }
@@ -468,21 +444,13 @@ pub extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -> nvmlR
         {
             return Err(ERR_IN_USE);
         }
-        let sgi = g
-            .gis
-            .iter_mut()
-            .find(|x| x.id == gid)
-            .ok_or(ERR_NOT_FOUND)?;
+        let sgi = g.gis.iter_mut().find(|x| x.id == gid).ok_or(ERR_NOT_FOUND)?;
         let before = sgi.cis.len();
         sgi.cis.retain(|c| c.id != cid);
         if sgi.cis.len() == before {
             return Err(ERR_NOT_FOUND);
         }
-        st.record(
-            "nvmlComputeInstanceDestroy",
-            gpu,
-            format!("gi={gid} ci={cid}"),
-        );
+        st.record("nvmlComputeInstanceDestroy", gpu, format!("gi={gid} ci={cid}"));
         Ok(true)
     })
 }
@@ -496,10 +464,7 @@ fn mig_devices(g: &SimGpu) -> Vec<(u32, u32)> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
-    dev: nvmlDevice_t,
-    count: *mut c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(dev: nvmlDevice_t, count: *mut c_uint) -> nvmlReturn_t {
     read("nvmlDeviceGetMaxMigDeviceCount", |st| {
         device(st, dev)?;
         unsafe { out(count, mig::COMPUTE_SLICES) }
@@ -523,20 +488,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
-    dev: nvmlDevice_t,
-    is_mig: *mut c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(dev: nvmlDevice_t, is_mig: *mut c_uint) -> nvmlReturn_t {
     read("nvmlDeviceIsMigDeviceHandle", |_| unsafe {
         out(is_mig, (unpack(dev).0 == K_MIG) as c_uint)
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
-    dev: nvmlDevice_t,
-    id: *mut c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
     read("nvmlDeviceGetGpuInstanceId", |_| match unpack(dev) {
         (K_MIG, _, gi, _) => unsafe { out(id, gi) },
         _ => Err(ERR_NOT_SUPPORTED),
@@ -544,10 +503,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
-    dev: nvmlDevice_t,
-    id: *mut c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
     read("nvmlDeviceGetComputeInstanceId", |_| match unpack(dev) {
         (K_MIG, _, _, ci) => unsafe { out(id, ci) },
         _ => Err(ERR_NOT_SUPPORTED),
@@ -559,11 +515,10 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_dev: nvmlDevice_t,
     dev: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    read(
-        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-        |_| match unpack(mig_dev) {
+    read("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", |_| {
+        match unpack(mig_dev) {
             (K_MIG, gpu, _, _) => unsafe { out(dev, pack(K_DEVICE, gpu, 0, 0) as nvmlDevice_t) },
             _ => Err(ERR_INVALID_ARGUMENT),
-        },
-    )
+        }
+    })
 }

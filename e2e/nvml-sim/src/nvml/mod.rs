@@ -27,10 +27,7 @@ pub const ERR_UNKNOWN: u32 = 999;
 
 /// The NVML error names the simulator understands in fault specs (`IN_USE`, `UNKNOWN`...).
 pub fn error_code(name: &str) -> Option<u32> {
-    let n = name
-        .trim()
-        .trim_start_matches("NVML_ERROR_")
-        .to_ascii_uppercase();
+    let n = name.trim().trim_start_matches("NVML_ERROR_").to_ascii_uppercase();
     Some(match n.as_str() {
         "UNINITIALIZED" => 1,
         "INVALID_ARGUMENT" => 2,
@@ -63,33 +60,16 @@ fn paths() -> Result<&'static Paths, u32> {
 
 /// Runs one NVML call: checks injected faults (by name, and `mutation` for mutating calls),
 /// then `f`, which returns whether it changed the state.
-pub(crate) fn call(
-    name: &str,
-    mutating: bool,
-    f: impl FnOnce(&mut SimState) -> Result<bool, u32>,
-) -> nvmlReturn_t {
+pub(crate) fn call(name: &str, mutating: bool, f: impl FnOnce(&mut SimState) -> Result<bool, u32>) -> nvmlReturn_t {
     let Ok(paths) = paths() else {
         return ERR_DRIVER_NOT_LOADED;
     };
     let r = with_state(paths, |st| {
-        let faults_before = st
-            .faults
-            .iter()
-            .map(|f| (f.seen, f.times))
-            .collect::<Vec<_>>();
-        let fault = st.check_fault(name).or_else(|| {
-            if mutating {
-                st.check_fault("mutation")
-            } else {
-                None
-            }
-        });
-        let faults_changed = faults_before
-            != st
-                .faults
-                .iter()
-                .map(|f| (f.seen, f.times))
-                .collect::<Vec<_>>();
+        let faults_before = st.faults.iter().map(|f| (f.seen, f.times)).collect::<Vec<_>>();
+        let fault = st
+            .check_fault(name)
+            .or_else(|| if mutating { st.check_fault("mutation") } else { None });
+        let faults_changed = faults_before != st.faults.iter().map(|f| (f.seen, f.times)).collect::<Vec<_>>();
         if let Some(code) = fault {
             return (code, true);
         }
@@ -212,20 +192,14 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
     read("nvmlSystemGetDriverVersion", |st| unsafe {
         write_str(version, length, &st.driver_version)
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
     read("nvmlSystemGetNVMLVersion", |st| unsafe {
         write_str(version, length, &st.nvml_version)
     })
@@ -251,10 +225,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
-    index: c_uint,
-    dev: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, dev: *mut nvmlDevice_t) -> nvmlReturn_t {
     read("nvmlDeviceGetHandleByIndex_v2", |st| {
         st.gpu(index).ok_or(ERR_INVALID_ARGUMENT)?;
         unsafe { out(dev, pack(K_DEVICE, index, 0, 0) as nvmlDevice_t) }
@@ -263,17 +234,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetIndex", |st| unsafe {
-        out(index, device(st, dev)?.index)
-    })
+    read("nvmlDeviceGetIndex", |st| unsafe { out(index, device(st, dev)?.index) })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(
-    dev: nvmlDevice_t,
-    buf: *mut c_char,
-    len: c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: nvmlDevice_t, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
     read("nvmlDeviceGetUUID", |st| {
         let (kind, gpu, gi, ci) = unpack(dev);
         let uuid = match kind {
@@ -281,12 +246,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
             K_MIG => {
                 let g = st.gpu(gpu).ok_or(ERR_INVALID_ARGUMENT)?;
                 let gi = g.gi(gi).ok_or(ERR_NOT_FOUND)?;
-                gi.cis
-                    .iter()
-                    .find(|c| c.id == ci)
-                    .ok_or(ERR_NOT_FOUND)?
-                    .uuid
-                    .clone()
+                gi.cis.iter().find(|c| c.id == ci).ok_or(ERR_NOT_FOUND)?.uuid.clone()
             }
             _ => return Err(ERR_INVALID_ARGUMENT),
         };
@@ -295,21 +255,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetName(
-    dev: nvmlDevice_t,
-    buf: *mut c_char,
-    len: c_uint,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetName(dev: nvmlDevice_t, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
     read("nvmlDeviceGetName", |st| unsafe {
         write_str(buf, len, &device(st, dev)?.name)
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
-    dev: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
     read("nvmlDeviceGetPciInfo_v3", |st| {
         let g = device(st, dev)?;
         // SAFETY: all-zero is a valid nvmlPciInfo_t.
@@ -353,10 +306,7 @@ fn memory_of(st: &SimState, dev: nvmlDevice_t) -> Result<(u64, u64), u32> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
-    dev: nvmlDevice_t,
-    m: *mut nvmlMemory_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, m: *mut nvmlMemory_t) -> nvmlReturn_t {
     read("nvmlDeviceGetMemoryInfo", |st| {
         let (total, used) = memory_of(st, dev)?;
         unsafe {
@@ -373,10 +323,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
-    dev: nvmlDevice_t,
-    m: *mut nvmlMemory_v2_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, m: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
     read("nvmlDeviceGetMemoryInfo_v2", |st| {
         let (total, used) = memory_of(st, dev)?;
         if m.is_null() {
@@ -399,33 +346,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
-    dev: nvmlDevice_t,
-    node: *mut c_uint,
-) -> nvmlReturn_t {
-    read("nvmlDeviceGetNumaNodeId", |st| {
-        match device(st, dev)?.numa_node {
-            Some(n) => unsafe { out(node, n as c_uint) },
-            None => Err(ERR_NOT_SUPPORTED),
-        }
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(dev: nvmlDevice_t, node: *mut c_uint) -> nvmlReturn_t {
+    read("nvmlDeviceGetNumaNodeId", |st| match device(st, dev)?.numa_node {
+        Some(n) => unsafe { out(node, n as c_uint) },
+        None => Err(ERR_NOT_SUPPORTED),
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
-    dev: nvmlDevice_t,
-    mode: *mut nvmlComputeMode_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(dev: nvmlDevice_t, mode: *mut nvmlComputeMode_t) -> nvmlReturn_t {
     read("nvmlDeviceGetComputeMode", |st| unsafe {
         out(mode, device(st, dev)?.compute_mode)
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceSetComputeMode(
-    dev: nvmlDevice_t,
-    mode: nvmlComputeMode_t,
-) -> nvmlReturn_t {
+pub extern "C" fn nvmlDeviceSetComputeMode(dev: nvmlDevice_t, mode: nvmlComputeMode_t) -> nvmlReturn_t {
     call("nvmlDeviceSetComputeMode", true, |st| {
         if ![0, 2, 3].contains(&mode) {
             return Err(ERR_INVALID_ARGUMENT);
@@ -499,11 +435,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         let n = g.processes.len() as c_uint;
         if infos.is_null() || unsafe { *count } < n {
             unsafe { *count = n };
-            return if n == 0 {
-                Ok(())
-            } else {
-                Err(ERR_INSUFFICIENT_SIZE)
-            };
+            return if n == 0 { Ok(()) } else { Err(ERR_INSUFFICIENT_SIZE) };
         }
         for (i, p) in g.processes.iter().enumerate() {
             let v = nvmlProcessInfo_t {

@@ -7,8 +7,7 @@
 
 use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
 use crate::api::{
-    DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus,
-    Placement, ProcessStatus,
+    DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
@@ -22,8 +21,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// `nvmlGpuInstanceProfileInfo_v2`: struct size with the version in the top byte (nvml.h's
 /// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)`).
-const PROFILE_INFO_V2: u32 =
-    std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+const PROFILE_INFO_V2: u32 = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
 
 /// An initialised NVML library.
 pub struct NvmlGpus {
@@ -59,9 +57,7 @@ impl NvmlGpus {
             Err(NvmlError::LibloadingError(e)) => Err(format!(
                 "cannot load the NVML library {name}: {e}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1"
             )),
-            Err(e) => Err(format!(
-                "NVML library {name} failed to initialise (nvmlInit_v2): {e}"
-            )),
+            Err(e) => Err(format!("NVML library {name} failed to initialise (nvmlInit_v2): {e}")),
         }
     }
 
@@ -87,10 +83,7 @@ impl NvmlGpus {
                 .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
                 .map_err(|e| err("nvmlSystemGetCudaDriverVersion_v2", e))?,
         };
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| err("nvmlDeviceGetCount_v2", e))?;
+        let count = self.nvml.device_count().map_err(|e| err("nvmlDeviceGetCount_v2", e))?;
         let mut gpus = Vec::new();
         for index in 0..count {
             gpus.push(self.discover_gpu(index).unwrap_or_else(|e| GpuStatus {
@@ -114,9 +107,7 @@ impl NvmlGpus {
             .nvml
             .device_by_index(index)
             .map_err(|e| err(&at("nvmlDeviceGetHandleByIndex_v2"), e))?;
-        let pci = dev
-            .pci_info()
-            .map_err(|e| err(&at("nvmlDeviceGetPciInfo_v3"), e))?;
+        let pci = dev.pci_info().map_err(|e| err(&at("nvmlDeviceGetPciInfo_v3"), e))?;
         let mig_mode = match dev.mig_mode() {
             Ok(m) => Some(MigModeStatus {
                 current: m.current == 1,
@@ -162,10 +153,7 @@ impl NvmlGpus {
                 .total
                 / MIB,
             numa_node: dev.numa_node_id().ok().map(|n| n as i32),
-            compute_mode: dev
-                .compute_mode()
-                .ok()
-                .map(|m| compute_mode_name(m).to_string()),
+            compute_mode: dev.compute_mode().ok().map(|m| compute_mode_name(m).to_string()),
             mig_mode,
             profiles,
             instances,
@@ -217,16 +205,13 @@ impl NvmlGpus {
                 )
             };
             match unsafe { placements(dev, info.id, ptr::null_mut(), &mut count) } {
-                c if c == nvmlReturn_enum_NVML_SUCCESS
-                    || c == nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => {}
+                c if c == nvmlReturn_enum_NVML_SUCCESS || c == nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => {}
                 c if c == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => continue,
                 c => check(what, c)?,
             }
             let mut buf = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
             if count > 0 {
-                check(what, unsafe {
-                    placements(dev, info.id, buf.as_mut_ptr(), &mut count)
-                })?;
+                check(what, unsafe { placements(dev, info.id, buf.as_mut_ptr(), &mut count) })?;
                 buf.truncate(count as usize);
             }
             let placements: Vec<Placement> = buf
@@ -266,13 +251,10 @@ impl NvmlGpus {
         let gi_info = sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
         let mut out = Vec::new();
         for p in profiles {
-            let mut buf: Vec<nvmlGpuInstance_t> =
-                vec![ptr::null_mut(); p.max_instances.max(1) as usize];
+            let mut buf: Vec<nvmlGpuInstance_t> = vec![ptr::null_mut(); p.max_instances.max(1) as usize];
             let mut count = 0u32;
             let what = || format!("nvmlDeviceGetGpuInstances(GPU {index}, profile {})", p.id);
-            check(what, unsafe {
-                get_gis(dev, p.id, buf.as_mut_ptr(), &mut count)
-            })?;
+            check(what, unsafe { get_gis(dev, p.id, buf.as_mut_ptr(), &mut count) })?;
             for &gi in buf.iter().take(count as usize) {
                 let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
                 check(|| format!("nvmlGpuInstanceGetInfo(GPU {index})"), unsafe {
@@ -296,10 +278,9 @@ impl NvmlGpus {
         let max = {
             let f = sym(lib.nvmlDeviceGetMaxMigDeviceCount.as_ref())?;
             let mut n = 0u32;
-            check(
-                || format!("nvmlDeviceGetMaxMigDeviceCount(GPU {index})"),
-                unsafe { f(dev, &mut n) },
-            )?;
+            check(|| format!("nvmlDeviceGetMaxMigDeviceCount(GPU {index})"), unsafe {
+                f(dev, &mut n)
+            })?;
             n
         };
         let by_index = sym(lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref())?;
@@ -322,11 +303,7 @@ impl NvmlGpus {
                 .iter_mut()
                 .find(|i| ok && i.gpu_instance_id == g && i.compute_instance_id == Some(c))
             {
-                inst.uuid = Some(
-                    unsafe { CStr::from_ptr(buf.as_ptr()) }
-                        .to_string_lossy()
-                        .into_owned(),
-                );
+                inst.uuid = Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
             }
         }
         out.sort_by_key(|i| i.placement);
@@ -347,17 +324,14 @@ impl NvmlGpus {
             {
                 continue;
             }
-            let mut buf: Vec<nvmlComputeInstance_t> =
-                vec![ptr::null_mut(); p.instanceCount.max(1) as usize];
+            let mut buf: Vec<nvmlComputeInstance_t> = vec![ptr::null_mut(); p.instanceCount.max(1) as usize];
             let mut count = 0u32;
             check(|| "nvmlGpuInstanceGetComputeInstances".into(), unsafe {
                 list(gi, p.id, buf.as_mut_ptr(), &mut count)
             })?;
             for &ci in buf.iter().take(count as usize) {
                 let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-                check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe {
-                    info(ci, &mut i)
-                })?;
+                check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe { info(ci, &mut i) })?;
                 out.push((p.id, i.id));
             }
         }
@@ -375,10 +349,9 @@ impl NvmlGpus {
         let dev = self.device(gpu)?;
         let f = sym(self.lib().nvmlDeviceGetGpuInstanceById.as_ref())?;
         let mut gi: nvmlGpuInstance_t = ptr::null_mut();
-        check(
-            || format!("nvmlDeviceGetGpuInstanceById(GPU {gpu}, {id})"),
-            unsafe { f(dev.handle(), id, &mut gi) },
-        )?;
+        check(|| format!("nvmlDeviceGetGpuInstanceById(GPU {gpu}, {id})"), unsafe {
+            f(dev.handle(), id, &mut gi)
+        })?;
         Ok(gi)
     }
 
@@ -399,18 +372,11 @@ impl NvmlGpus {
             }
         }
         let p = best.ok_or_else(|| {
-            format!(
-                "GPU {gpu}: the driver offers no compute instance profile for a new GPU instance"
-            )
+            format!("GPU {gpu}: the driver offers no compute instance profile for a new GPU instance")
         })?;
         let mut ci: nvmlComputeInstance_t = ptr::null_mut();
         check(
-            || {
-                format!(
-                    "nvmlGpuInstanceCreateComputeInstance(GPU {gpu}, CI profile {})",
-                    p.id
-                )
-            },
+            || format!("nvmlGpuInstanceCreateComputeInstance(GPU {gpu}, CI profile {})", p.id),
             unsafe { create(gi, p.id, &mut ci) },
         )
     }
@@ -445,9 +411,7 @@ impl NvmlGpus {
                 })?;
                 for &ci in buf.iter().take(count as usize) {
                     let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-                    check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe {
-                        info(ci, &mut i)
-                    })?;
+                    check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe { info(ci, &mut i) })?;
                     if i.id == *compute_instance_id {
                         let what = || {
                             format!(
@@ -484,20 +448,11 @@ impl NvmlGpus {
                     size: placement.size,
                 };
                 let mut gi: nvmlGpuInstance_t = ptr::null_mut();
-                let what = || {
-                    format!(
-                        "nvmlDeviceCreateGpuInstanceWithPlacement(GPU {gpu}, {profile} at {placement})"
-                    )
-                };
-                check(what, unsafe {
-                    create(dev.handle(), *profile_id, &p, &mut gi)
-                })?;
+                let what = || format!("nvmlDeviceCreateGpuInstanceWithPlacement(GPU {gpu}, {profile} at {placement})");
+                check(what, unsafe { create(dev.handle(), *profile_id, &p, &mut gi) })?;
                 self.create_full_ci(*gpu, gi)?;
             }
-            Action::CreateComputeInstance {
-                gpu,
-                gpu_instance_id,
-            } => {
+            Action::CreateComputeInstance { gpu, gpu_instance_id } => {
                 let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
                 self.create_full_ci(*gpu, gi)?;
             }
