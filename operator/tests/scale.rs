@@ -23,11 +23,14 @@ fn run(f: &support::Fleet) -> PlanOutput {
     )
 }
 
+/// Grants on one GPU: (tenant, mode, units).
+type GpuGrants = Vec<(String, Mode, u32)>;
+
 fn check_invariants(f: &support::Fleet, out: &PlanOutput) {
     let policy = &f.policies[0].spec;
     let tier_of: HashMap<String, String> = f.tenants.iter().map(|t| (t.name_any(), t.spec.tier.clone())).collect();
     // Units granted per GPU (node, gpu) and per MIG instance (node, gpu, placement).
-    let mut per_gpu: BTreeMap<(String, u32), Vec<(String, Mode, u32)>> = BTreeMap::new();
+    let mut per_gpu: BTreeMap<(String, u32), GpuGrants> = BTreeMap::new();
     let mut per_instance: BTreeMap<(String, u32, String), u32> = BTreeMap::new();
     for t in &out.tenants {
         let name = t.name_any();
