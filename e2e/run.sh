@@ -124,6 +124,9 @@ cmd_test() {
 		return
 	fi
 	build
+	# Compile the suite before starting anything: a compile error needs no cluster.
+	say "building the e2e suite ..."
+	"$CARGO" test -p gpu-tenancy-e2e --no-run
 	# A control plane of its own (not the one of `make e2e-up`), torn down on any exit.
 	local dir="$STATE_DIR/test"
 	if pid_alive "$dir"; then
