@@ -15,6 +15,7 @@
 # GO (default go).
 set -euo pipefail
 
+CALLER_DIR="$(pwd)"
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 BIN_DIR="$ROOT/e2e/bin"
@@ -57,6 +58,14 @@ build() {
 	if [[ "$(readlink "$KUBECTL_LINK" 2>/dev/null)" != "controlplane" ]]; then
 		ln -sfn controlplane "$KUBECTL_LINK"
 	fi
+}
+
+# abs PATH: PATH made absolute relative to the caller's directory (the tests run elsewhere).
+abs() {
+	case "$1" in
+	/*) printf '%s\n' "$1" ;;
+	*) printf '%s\n' "$CALLER_DIR/$1" ;;
+	esac
 }
 
 pid_alive() { # DIR: is the control plane recorded in DIR running? (pid reuse and zombies excluded)
@@ -117,8 +126,12 @@ cmd_test() {
 	local kubeconfig
 	if [[ -n "${GPU_TENANCY_E2E_KUBECONFIG:-}" ]]; then
 		[[ -r "$GPU_TENANCY_E2E_KUBECONFIG" ]] || die "GPU_TENANCY_E2E_KUBECONFIG=$GPU_TENANCY_E2E_KUBECONFIG is not a readable file"
-		kubeconfig="$GPU_TENANCY_E2E_KUBECONFIG"
-		[[ -n "${GPU_TENANCY_E2E_KUBECTL:-}" ]] || build
+		kubeconfig="$(abs "$GPU_TENANCY_E2E_KUBECONFIG")"
+		if [[ -n "${GPU_TENANCY_E2E_KUBECTL:-}" ]]; then
+			GPU_TENANCY_E2E_KUBECTL="$(abs "$GPU_TENANCY_E2E_KUBECTL")"
+		else
+			build # for e2e/bin/kubectl
+		fi
 		say "running the suite against the cluster in GPU_TENANCY_E2E_KUBECONFIG (starting nothing)"
 		run_suite "$kubeconfig" "$@"
 		return
