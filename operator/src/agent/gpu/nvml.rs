@@ -45,20 +45,29 @@ fn check(what: impl FnOnce() -> String, code: nvmlReturn_t) -> Result<(), String
 impl NvmlGpus {
     /// Loads NVML from `lib` (the system's `libnvidia-ml.so.1` when `None`) and initialises it.
     pub fn open(lib: Option<&OsStr>) -> Result<NvmlGpus, String> {
-        let name = lib
-            .map(|l| l.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "libnvidia-ml.so".into());
-        let mut b = Nvml::builder();
-        if let Some(l) = lib {
-            b.lib_path(l);
+        // The driver ships `libnvidia-ml.so.1`; the unversioned name often exists only with
+        // development packages, so try the versioned one first.
+        let names: Vec<&OsStr> = match lib {
+            Some(l) => vec![l],
+            None => vec![OsStr::new("libnvidia-ml.so.1"), OsStr::new("libnvidia-ml.so")],
+        };
+        let mut load_error = String::new();
+        for name in &names {
+            match Nvml::builder().lib_path(name).init() {
+                Ok(nvml) => return Ok(NvmlGpus { nvml }),
+                Err(NvmlError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
+                Err(NvmlError::LibloadingError(_)) => {}
+                Err(e) => {
+                    let name = name.to_string_lossy();
+                    return Err(format!("NVML library {name} failed to initialise (nvmlInit_v2): {e}"));
+                }
+            }
         }
-        match b.init() {
-            Ok(nvml) => Ok(NvmlGpus { nvml }),
-            Err(NvmlError::LibloadingError(e)) => Err(format!(
-                "cannot load the NVML library {name}: {e}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1"
-            )),
-            Err(e) => Err(format!("NVML library {name} failed to initialise (nvmlInit_v2): {e}")),
-        }
+        let tried: Vec<String> = names.iter().map(|n| n.to_string_lossy().into_owned()).collect();
+        Err(format!(
+            "cannot load the NVML library {}: {load_error}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1",
+            tried.join(" or ")
+        ))
     }
 
     fn lib(&self) -> &NvmlLib {
