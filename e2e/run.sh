@@ -6,7 +6,8 @@
 #   e2e/run.sh build        build e2e/bin/controlplane and the e2e/bin/kubectl link (if needed)
 #   e2e/run.sh up           start a control plane in the background (state: target/e2e/)
 #   e2e/run.sh down         stop it
-#   e2e/run.sh test [ARGS]  run the suite against a fresh control plane, always torn down;
+#   e2e/run.sh test [ARGS]  run the suite against a fresh control plane of its own
+#                           (target/e2e/run-PID/, always torn down; logs kept on failure);
 #                           with GPU_TENANCY_E2E_KUBECONFIG set, against that cluster instead
 #                           (ARGS go to the test binary, e.g. a test name filter)
 #
@@ -49,8 +50,8 @@ build() {
 		local start=$SECONDS minor="${version#v1.}"
 		minor="${minor%%.*}"
 		mkdir -p "$BIN_DIR"
-		(cd "$SRC_DIR" && "$GO" build -trimpath \
-			-ldflags "-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+		(cd "$SRC_DIR" && "$GO" build -trimpath -buildvcs=false \
+			-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
 			-o "$CONTROLPLANE.tmp" .) || die "building the control plane failed (see the Go output above)"
 		mv -f "$CONTROLPLANE.tmp" "$CONTROLPLANE"
 		say "built e2e/bin/controlplane in $((SECONDS - start))s"
@@ -106,6 +107,15 @@ stop() { # DIR
 	"$CONTROLPLANE" down --dir "$1"
 }
 
+finish() { # DIR STATUS: stop the control plane of a test run; keep its logs if the run failed
+	stop "$1" || true
+	if [[ "$2" == 0 ]]; then
+		rm -rf "$1"
+	else
+		say "control plane logs kept in ${1#"$ROOT"/}/ (controlplane.log, etcd.log)"
+	fi
+}
+
 cmd_up() {
 	build
 	if pid_alive "$STATE_DIR"; then
@@ -140,16 +150,17 @@ cmd_test() {
 	# Compile the suite before starting anything: a compile error needs no cluster.
 	say "building the e2e suite ..."
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
-	# A control plane of its own (not the one of `make e2e-up`), torn down on any exit.
-	local dir="$STATE_DIR/test"
-	if pid_alive "$dir"; then
-		say "stopping a control plane left over from an earlier run"
-		stop "$dir"
-	fi
-	trap 'stop "'"$dir"'" || true' EXIT
+	# A control plane of its own (not the one of `make e2e-up`, nor of a concurrent run), torn
+	# down on any exit. Directories of earlier runs whose control plane is gone are removed.
+	local old
+	for old in "$STATE_DIR"/run-*; do
+		if [[ -d "$old" ]] && ! pid_alive "$old"; then rm -rf "$old"; fi
+	done
+	local dir="$STATE_DIR/run-$$"
+	trap 'finish "'"$dir"'" $?' EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
-	say "starting a fresh control plane (state: target/e2e/test/) ..."
+	say "starting a fresh control plane (state: ${dir#"$ROOT"/}) ..."
 	local t0=$SECONDS
 	start "$dir" true
 	say "control plane ready in $((SECONDS - t0))s at $(cat "$dir/ready")"
