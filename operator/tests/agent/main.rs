@@ -482,3 +482,35 @@ fn scrub_check_reads_back_zeros() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A process that appears between the agent's look and its destroy: NVML answers IN_USE. That GPU
+/// fails with the driver's reason, the others carry on, and the next apply finishes.
+#[test]
+fn in_use_from_the_driver_fails_one_gpu_and_the_next_apply_finishes() {
+    let sim = Sim::new("inuse", &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
+    let a = [("3g.40gb", 0, 4, Some("alpha")), ("3g.40gb", 4, 4, Some("beta"))];
+    assert_eq!(sim.apply(&gpus(&[mig_gpu(0, &a), mig_gpu(1, &a)])).code(), Some(0));
+    nvidia_ml_sim::ctl::fail(&sim.paths, "nvmlComputeInstanceDestroy", 1, "IN_USE", 1).unwrap();
+    let b = [("7g.80gb", 0, 8, Some("gamma"))];
+    let run = sim.apply(&gpus(&[mig_gpu(0, &b), mig_gpu(1, &b)]));
+    assert_eq!(run.code(), Some(1));
+    let failed: Vec<_> = run.status().gpus.iter().filter(|g| g.applied == Some(false)).collect();
+    assert_eq!(failed.len(), 1, "{}", run.stdout());
+    assert_eq!(failed[0].reason.as_deref(), Some("Failed"));
+    assert!(
+        failed[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("nvmlComputeInstanceDestroy"),
+        "{:?}",
+        failed[0].message
+    );
+    let run = sim.apply(&gpus(&[mig_gpu(0, &b), mig_gpu(1, &b)]));
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_eq!(
+        (layout(run.status(), 0), layout(run.status(), 1)),
+        (vec!["7g.80gb@0:8".to_string()], vec!["7g.80gb@0:8".to_string()])
+    );
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
+}
