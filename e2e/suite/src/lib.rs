@@ -333,6 +333,14 @@ impl Cleanup {
             .push((format!("{plural}.{GROUP}"), name.to_owned()));
     }
 
+    /// Registers any cluster-scoped object by resource (`namespaces`, `clusterroles.rbac.authorization.k8s.io`).
+    pub fn add_resource(&self, resource: &str, name: &str) {
+        self.objects
+            .lock()
+            .unwrap()
+            .push((resource.to_owned(), name.to_owned()));
+    }
+
     /// Registers every object a manifest file creates (`kubectl delete -f` semantics).
     pub fn add_docs(&self, docs: &[Value]) {
         for d in docs {
@@ -370,6 +378,38 @@ impl Drop for Cleanup {
                 eprintln!("cleanup: `{}` failed: {}", out.command, out.stderr);
             }
         }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Namespaces
+
+/// Creates namespace `name` (with `labels`) and its `default` ServiceAccount, registering the
+/// namespace with `cleanup`.
+///
+/// The local control plane runs no kube-controller-manager: nothing creates the `default`
+/// ServiceAccount (without it the ServiceAccount admission plugin refuses every pod), and a
+/// deleted namespace stays Terminating (harmless: the cluster is thrown away).
+pub async fn create_namespace(client: &Client, cleanup: &Cleanup, name: &str, labels: &[(&str, &str)]) {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use kube::api::PostParams;
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.to_owned());
+    ns.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    cleanup.add_resource("namespaces", name);
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    let mut sa = ServiceAccount::default();
+    sa.metadata.name = Some("default".into());
+    match Api::<ServiceAccount>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &sa)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {} // a real cluster's controller was faster
+        Err(e) => panic!("creating serviceaccount {name}/default: {e}"),
     }
 }
 
