@@ -2,7 +2,7 @@
 //! should have, keeping every instance that can stay.
 
 use super::models::{GpuModel, Shape};
-use super::solver::{LayoutError, mask, name_error, resolve_profiles, solve_shapes};
+use super::solver::{LayoutError, instances_at, mask, name_error, resolve_profiles, solve_shapes};
 use crate::api::{MigInstanceSpec, Placement};
 
 /// An instance that exists on the GPU now.
@@ -97,19 +97,7 @@ pub fn diff_layout<S: AsRef<str>>(
         let shapes: Vec<Shape> = remaining.iter().map(|p| p.shape).collect();
         if let Ok(starts) = solve_shapes(&shapes, &fixed) {
             let keep_idx: Vec<usize> = kept.iter().map(|k| k.0).collect();
-            let mut create: Vec<MigInstanceSpec> = remaining
-                .iter()
-                .zip(starts)
-                .map(|(p, start)| MigInstanceSpec {
-                    profile: p.name.to_string(),
-                    placement: Placement {
-                        start,
-                        size: p.info().memory_slices,
-                    },
-                    tenant: None,
-                })
-                .collect();
-            create.sort_by_key(|c| c.placement);
+            let create = instances_at(&remaining, &starts);
             return Ok(LayoutDiff {
                 keep: keep_idx.iter().map(|&i| current[i].clone()).collect(),
                 destroy: current

@@ -84,10 +84,15 @@ pub fn solve<S: AsRef<str>>(model: &GpuModel, profiles: &[S]) -> Result<Vec<MigI
     let resolved = resolve_profiles(model, profiles)?;
     let shapes: Vec<Shape> = resolved.iter().map(|p| p.shape).collect();
     let starts = solve_shapes(&shapes, &[])?;
-    let mut out: Vec<MigInstanceSpec> = resolved
+    Ok(instances_at(&resolved, &starts))
+}
+
+/// Instances of `profiles` at `starts` (one start per profile), sorted by placement.
+pub(crate) fn instances_at(profiles: &[Profile], starts: &[u32]) -> Vec<MigInstanceSpec> {
+    let mut out: Vec<MigInstanceSpec> = profiles
         .iter()
         .zip(starts)
-        .map(|(p, start)| MigInstanceSpec {
+        .map(|(p, &start)| MigInstanceSpec {
             profile: p.name.to_string(),
             placement: Placement {
                 start,
@@ -96,8 +101,8 @@ pub fn solve<S: AsRef<str>>(model: &GpuModel, profiles: &[S]) -> Result<Vec<MigI
             tenant: None,
         })
         .collect();
-    out.sort_by_key(|i| (i.placement.start, i.placement.size));
-    Ok(out)
+    out.sort_by_key(|i| i.placement);
+    out
 }
 
 /// Memory-slice bitmask of a shape at a start.
