@@ -87,3 +87,43 @@ async fn crds_install_with_server_side_apply_and_become_established() {
     // Applying again changes nothing and still succeeds (idempotent, as GitOps re-syncs are).
     apply_crds(&client).await;
 }
+
+/// Installing crds/ on a fresh cluster must not make the API server warn (`kubectl apply`, Argo CD
+/// and Flux all show such warnings to users). Warnings come on create only, so each CRD is
+/// created with server-side dry-run under a group of its own, which leaves the cluster unchanged.
+#[tokio::test]
+async fn crds_install_without_api_server_warnings() {
+    let _client = client().await;
+    let dir = std::env::temp_dir().join(format!("gpu-tenancy-e2e-crds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut warnings = Vec::new();
+    for (plural, crd) in crds() {
+        let mut v = serde_json::to_value(&crd).unwrap();
+        let group = format!("warnings-check.{GROUP}");
+        v["spec"]["group"] = group.clone().into();
+        v["metadata"]["name"] = format!("{plural}.{group}").into();
+        let file = dir.join(format!("{plural}.json"));
+        std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+        let out = kubectl_async(vec![
+            "create".into(),
+            "--dry-run=server".into(),
+            "-f".into(),
+            file.display().to_string(),
+        ])
+        .await;
+        let stderr = out.stderr.clone();
+        out.ok();
+        warnings.extend(
+            stderr
+                .lines()
+                .filter(|l| l.starts_with("Warning:"))
+                .map(|l| format!("crds/{plural}.{GROUP}.yaml: {l}")),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        warnings.is_empty(),
+        "the API server warns about crds/:\n  {}",
+        warnings.join("\n  ")
+    );
+}
