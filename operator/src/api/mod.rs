@@ -68,12 +68,36 @@ impl std::fmt::Display for Mode {
 
 /// All four CRDs, in a stable order (the order of `gpu-tenancy crd` and of `crds/`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
-        SharingPolicy::crd(),
-        GpuTenant::crd(),
-        GpuPartitionPlan::crd(),
-        GpuNode::crd(),
-    ]
+    [SharingPolicy::crd(), GpuTenant::crd(), GpuPartitionPlan::crd(), GpuNode::crd()]
+        .into_iter()
+        .map(kubernetes_formats)
+        .collect()
+}
+
+/// schemars writes `format: uint32`/`uint64` for unsigned integers; the API server knows only the
+/// OpenAPI formats and warns on every other. The bounds (`minimum: 0`) already say "unsigned".
+fn kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                match map.get("format").and_then(|f| f.as_str()) {
+                    Some("uint32" | "uint16" | "uint8") => {
+                        map.insert("format".into(), "int32".into());
+                    }
+                    Some("uint64" | "uint") => {
+                        map.insert("format".into(), "int64".into());
+                    }
+                    _ => {}
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serialises");
+    walk(&mut value);
+    serde_json::from_value(value).expect("format names do not change a CRD's shape")
 }
 
 /// The CRDs as one multi-document YAML stream, exactly what `crds/` holds.
@@ -151,6 +175,8 @@ mod tests {
             );
             let v = &crd.spec.versions[0];
             assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+            let text = serde_json::to_string(crd).unwrap();
+            assert!(!text.contains("\"uint"), "the API server warns on unsigned formats");
         }
     }
 }

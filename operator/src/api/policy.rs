@@ -29,7 +29,7 @@ pub struct SharingPolicySpec {
     #[schemars(length(min = 1, max = 32))]
     #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "self.all(t, self.filter(u, u.name == t.name).size() == 1)",
-         "message": "tier names must be unique", "reason": "FieldValueDuplicate"}
+         "message": "tier names must be unique", "reason": "FieldValueInvalid"}
     ]))]
     pub tiers: Vec<Tier>,
 
