@@ -5,10 +5,10 @@
 
 pub mod agent;
 pub mod api;
-pub mod mig;
 pub mod cli;
-pub mod migparted;
 pub mod inventory;
+pub mod mig;
+pub mod migparted;
 pub mod planner;
 pub mod policy;
 pub mod problem;

@@ -405,7 +405,10 @@ pub fn with_state<R>(paths: &Paths, f: impl FnOnce(&mut SimState) -> (R, bool)) 
     if st.abort_now {
         eprintln!("nvml-sim: aborting at mutation {} as injected", st.mutations);
         // A simulated crash should not litter the working directory with core files.
-        let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: lowering our own core size limit.
         unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) };
         std::process::abort();

@@ -68,10 +68,15 @@ impl std::fmt::Display for Mode {
 
 /// All four CRDs, in a stable order (the order of `gpu-tenancy crd` and of `crds/`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    [SharingPolicy::crd(), GpuTenant::crd(), GpuPartitionPlan::crd(), GpuNode::crd()]
-        .into_iter()
-        .map(kubernetes_formats)
-        .collect()
+    [
+        SharingPolicy::crd(),
+        GpuTenant::crd(),
+        GpuPartitionPlan::crd(),
+        GpuNode::crd(),
+    ]
+    .into_iter()
+    .map(kubernetes_formats)
+    .collect()
 }
 
 /// schemars writes `format: uint32`/`uint64` for unsigned integers; the API server knows only the

@@ -96,10 +96,20 @@ pub fn run(cli: Cli) -> i32 {
         Command::Agent(cmd) => agent::run(cmd),
         Command::Crd { out_dir } => crd::run(out_dir.as_deref()),
         Command::Validate { paths } => validate::run(&paths),
-        Command::Plan { paths, inventory, output } => plan::run(&paths, &inventory, output),
-        Command::Import { from: Format::MigParted, file, config, output } => {
-            migparted::run_import(&file, config.as_deref(), output)
-        }
-        Command::Export { to: Format::MigParted, paths } => migparted::run_export(&paths),
+        Command::Plan {
+            paths,
+            inventory,
+            output,
+        } => plan::run(&paths, &inventory, output),
+        Command::Import {
+            from: Format::MigParted,
+            file,
+            config,
+            output,
+        } => migparted::run_import(&file, config.as_deref(), output),
+        Command::Export {
+            to: Format::MigParted,
+            paths,
+        } => migparted::run_export(&paths),
     }
 }
