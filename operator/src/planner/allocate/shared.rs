@@ -1,0 +1,143 @@
+//! Shared GPUs (MPS, time-slicing): which GPU's shares a tenant takes, under its tier's
+//! co-location rule, its policy's caps and the memory headroom.
+
+use super::{Allocator, Family, Pool, Shortfall};
+use crate::api::{CoLocation, Mode};
+
+impl Allocator<'_, '_> {
+    pub(super) fn take_shared(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32) -> u32 {
+        let forbidden = self.tenants[t].co_location == CoLocation::Forbidden;
+        let tier = self.tenants[t].tier.clone();
+        let mut left = want;
+        let mut eligible = false;
+        // Own GPUs first, then partly used GPUs of the same tier, then empty ones in order.
+        let own: Vec<usize> = self.state[t]
+            .shares
+            .keys()
+            .filter(|(f, d, _)| *f == key.0 && *d == key.1)
+            .map(|k| k.2)
+            .collect();
+        for i in own {
+            if left == 0 {
+                break;
+            }
+            left -= self.try_gpu(t, r, key, i, left, &mut eligible);
+        }
+        if !forbidden && left > 0 {
+            let partial: Vec<usize> = match self.pools.get(key) {
+                Some(Pool::Shared { partial, .. }) => partial.get(&tier).cloned().unwrap_or_default(),
+                _ => vec![],
+            };
+            for i in partial {
+                if left == 0 {
+                    break;
+                }
+                left -= self.try_gpu(t, r, key, i, left, &mut eligible);
+            }
+        }
+        let mut i = match self.pools.get(key) {
+            Some(Pool::Shared { next_empty, .. }) => *next_empty,
+            _ => return 0,
+        };
+        while left > 0 {
+            let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+                break;
+            };
+            if i >= gpus.len() {
+                break;
+            }
+            if gpus[i].capacity.is_none() {
+                left -= self.try_gpu(t, r, key, i, left, &mut eligible);
+            }
+            i += 1;
+        }
+        if !eligible && left > 0 {
+            self.state[t].why[r].get_or_insert(Shortfall::Rules);
+        }
+        want - left
+    }
+
+    /// Grants up to `want` shares of shared GPU `i` of pool `key` to tenant `t`, if its rules allow.
+    fn try_gpu(
+        &mut self,
+        t: usize,
+        r: usize,
+        key: &(Family, Vec<String>),
+        i: usize,
+        want: u32,
+        eligible: &mut bool,
+    ) -> u32 {
+        let tenant = &self.tenants[t];
+        let forbidden = tenant.co_location == CoLocation::Forbidden;
+        let headroom = u64::from(tenant.headroom_percent.min(100));
+        let (mode, cap_setting) = match key.0 {
+            Family::Shared(Mode::Mps) => (Mode::Mps, tenant.max_mps_clients),
+            _ => (Mode::TimeSlicing, tenant.max_time_slicing_replicas),
+        };
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return 0;
+        };
+        let g = &gpus[i];
+        let joins_others = g.used > 0 && !self.state[t].shares.contains_key(&(key.0.clone(), key.1.clone(), i));
+        if g.setting > cap_setting
+            || (joins_others && (forbidden || g.locked || g.tier.as_deref() != Some(tenant.tier.as_str())))
+        {
+            return 0;
+        }
+        *eligible = true;
+        let usable = g.memory_mib * (100 - headroom) / 100;
+        let per_share = match mode {
+            Mode::Mps => g.pinned_mib.unwrap_or(usable / u64::from(g.setting.max(1))),
+            _ => g.memory_mib / u64::from(g.setting.max(1)),
+        };
+        // Pinned limits that overcommit memory less headroom shrink the GPU's shares.
+        let capacity = g.capacity.unwrap_or(match (mode, g.pinned_mib) {
+            (Mode::Mps, Some(p)) if p > 0 => g.setting.min((usable / p) as u32),
+            _ => g.setting,
+        });
+        let n = want.min(capacity.saturating_sub(g.used));
+        let n = if n == 0 {
+            0
+        } else {
+            self.memory_allows(t, r, per_share, n)
+        };
+        if n == 0 {
+            return 0;
+        }
+        let tier = self.tenants[t].tier.clone();
+        let Some(Pool::Shared {
+            gpus,
+            next_empty,
+            partial,
+        }) = self.pools.get_mut(key)
+        else {
+            return 0;
+        };
+        let g = &mut gpus[i];
+        let first = g.capacity.is_none();
+        g.capacity = Some(capacity);
+        g.used += n;
+        let at = g.at;
+        if first {
+            g.tier = Some(tier.clone());
+            g.locked = forbidden;
+            if !forbidden && g.used < capacity {
+                partial.entry(tier).or_default().push(i);
+            }
+        } else if g.used >= capacity
+            && let Some(list) = partial.get_mut(g.tier.as_deref().unwrap_or_default())
+        {
+            list.retain(|&j| j != i);
+        }
+        while *next_empty < gpus.len() && gpus[*next_empty].capacity.is_some() {
+            *next_empty += 1;
+        }
+        *self.state[t]
+            .shares
+            .entry((key.0.clone(), key.1.clone(), i))
+            .or_insert(0) += n;
+        self.bind_whole(t, at, mode, n);
+        self.record(t, r, n, per_share);
+        n
+    }
+}
