@@ -272,12 +272,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
     let mut busy = Vec::new();
     for e in &diff.destroy {
         let inst = inst_of(e).expect("diffed from these instances");
-        let p: Vec<u32> = o
-            .processes
-            .iter()
-            .filter(|p| p.gpu_instance_id == Some(inst.gpu_instance_id))
-            .map(|p| p.pid)
-            .collect();
+        let p = instance_pids(o, inst.gpu_instance_id);
         if !p.is_empty() {
             busy.push(format!(
                 "{} at {} runs pids {}",
@@ -343,12 +338,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         };
         if needed && !done.scrubbed.contains(&(g.index, target)) {
             if let Some(inst) = existing.filter(|_| !created) {
-                let p: Vec<u32> = o
-                    .processes
-                    .iter()
-                    .filter(|p| p.gpu_instance_id == Some(inst.gpu_instance_id))
-                    .map(|p| p.pid)
-                    .collect();
+                let p = instance_pids(o, inst.gpu_instance_id);
                 if !p.is_empty() {
                     busy.push(format!(
                         "{} at {} changes hands but runs pids {}",
@@ -438,6 +428,15 @@ fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Do
         });
     }
     plan
+}
+
+/// Pids of the processes running in one GPU instance.
+fn instance_pids(o: &GpuStatus, gpu_instance_id: u32) -> Vec<u32> {
+    o.processes
+        .iter()
+        .filter(|p| p.gpu_instance_id == Some(gpu_instance_id))
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// Checks a spec layout against the profiles and placements the driver reports for this GPU.
