@@ -46,6 +46,9 @@ pub fn apply(
     let (observed, plans) = loop {
         round += 1;
         let observed = gpus.discover()?;
+        if round == 1 {
+            run.drift = status::drift(&observed, spec, prev);
+        }
         let plans = plan_node(&observed, spec, prev, &done);
         for p in &plans {
             if !p.notes.is_empty() {

@@ -19,6 +19,73 @@ pub struct RunRecord {
     pub scrubs: Vec<(u32, ScrubTarget, ScrubRecord)>,
     /// Findings worth telling (drift, half-done work), from the first plan that saw them.
     pub notes: BTreeMap<u32, Vec<String>>,
+    /// GPUs found changed behind the agent's back, from the first observation (see [`drift`]).
+    pub drift: BTreeMap<u32, String>,
+}
+
+/// A GPU's MIG state as comparable data: mode on, and (profile, placement) of each instance.
+fn mig_state(
+    mig_on: bool,
+    instances: impl Iterator<Item = (String, crate::api::Placement)>,
+) -> (bool, Vec<(String, crate::api::Placement)>) {
+    let mut v: Vec<_> = instances.collect();
+    v.sort_by_key(|(_, p)| *p);
+    (mig_on, v)
+}
+
+fn describe(state: &(bool, Vec<(String, crate::api::Placement)>)) -> String {
+    match state {
+        (false, _) => "MIG off".into(),
+        (true, v) if v.is_empty() => "MIG on, no instances".into(),
+        (true, v) => v
+            .iter()
+            .map(|(p, at)| format!("{p}@{at}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// GPUs whose hardware no longer matches what the agent last applied, although their spec is the
+/// same (a reboot, or someone with nvidia-smi): GPU index → what was expected and what was found.
+/// Pure; compares the first observation of an apply with the previous status.
+pub fn drift(observed: &GpuNodeStatus, spec: &GpuNodeSpec, prev: Option<&GpuNodeStatus>) -> BTreeMap<u32, String> {
+    let mut out = BTreeMap::new();
+    let Some(prev) = prev else { return out };
+    for g in &spec.gpus {
+        let (Some(before), Some(now)) = (
+            prev.gpus.iter().find(|p| p.index == g.index && p.applied == Some(true)),
+            observed.gpus.iter().find(|o| o.index == g.index),
+        ) else {
+            continue;
+        };
+        let wanted = mig_state(
+            g.mode == crate::api::Mode::Mig,
+            g.mig_instances.iter().map(|i| (i.profile.clone(), i.placement)),
+        );
+        let applied = mig_state(
+            before.mig_mode.is_some_and(|m| m.current),
+            before.instances.iter().map(|i| (i.profile.clone(), i.placement)),
+        );
+        if applied != wanted {
+            continue; // the spec changed since: a reconfiguration, not drift
+        }
+        let found = mig_state(
+            now.mig_mode.is_some_and(|m| m.current),
+            now.instances.iter().map(|i| (i.profile.clone(), i.placement)),
+        );
+        if found != wanted {
+            out.insert(
+                g.index,
+                format!(
+                    "GPU {}: applied {}, found {}",
+                    g.index,
+                    describe(&wanted),
+                    describe(&found)
+                ),
+            );
+        }
+    }
+    out
 }
 
 /// Conditions that need a person rather than time.
@@ -125,6 +192,31 @@ pub fn build(
     } else {
         ""
     };
+    let drifted: Vec<String> = run.drift.values().cloned().collect();
+    let repaired = run
+        .drift
+        .keys()
+        .all(|i| out.gpus.iter().any(|g| g.index == *i && g.applied == Some(true)));
+    set_condition(
+        &mut out.conditions,
+        "Drifted",
+        !drifted.is_empty(),
+        match (drifted.is_empty(), repaired) {
+            (true, _) => "NoDrift",
+            (false, true) => "Repaired",
+            (false, false) => "Found",
+        },
+        if drifted.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "changed outside the agent (reboot or manual change): {}",
+                drifted.join("; ")
+            )
+        },
+        generation,
+        now,
+    );
     set_condition(
         &mut out.conditions,
         ConditionSet::RECONCILING,

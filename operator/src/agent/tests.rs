@@ -414,3 +414,36 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
     );
     assert_eq!(d.notes.len(), 1);
 }
+
+#[test]
+fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
+    let spec = GpuNodeSpec {
+        gpus: vec![mig_spec(0, vec![want("7g.80gb", 0, 8, Some("a"))])],
+        ..Default::default()
+    };
+    let mut applied = gpu(0, "H100-80GB", true);
+    applied.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    applied.applied = Some(true);
+    let prev = GpuNodeStatus {
+        gpus: vec![applied.clone()],
+        ..Default::default()
+    };
+    let now = GpuNodeStatus {
+        gpus: vec![gpu(0, "H100-80GB", true)],
+        ..Default::default()
+    };
+    let found = super::status::drift(&now, &spec, Some(&prev));
+    assert_eq!(found[&0], "GPU 0: applied 7g.80gb@0:8, found MIG on, no instances");
+    // Matching hardware, no previous status, or a changed spec: none of these is drift.
+    let same = GpuNodeStatus {
+        gpus: vec![applied],
+        ..Default::default()
+    };
+    assert!(super::status::drift(&same, &spec, Some(&prev)).is_empty());
+    assert!(super::status::drift(&now, &spec, None).is_empty());
+    let changed = GpuNodeSpec {
+        gpus: vec![mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))])],
+        ..Default::default()
+    };
+    assert!(super::status::drift(&now, &changed, Some(&prev)).is_empty());
+}

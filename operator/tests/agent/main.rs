@@ -257,6 +257,12 @@ fn a_reboot_recreates_the_declared_layout() {
     );
     assert_eq!(layout(run.status(), 0), ["4g.71gb@0:4", "2g.35gb@4:2", "1g.35gb@6:2"]);
     assert_eq!(sim.scrubs().len(), scrubs, "same tenants at the same places: no scrub");
+    let drifted = run.status().conditions.iter().find(|c| c.type_ == "Drifted").unwrap();
+    assert!(
+        drifted.message.ends_with("found MIG on, no instances"),
+        "{}",
+        drifted.message
+    );
 }
 
 #[test]
@@ -295,6 +301,16 @@ fn drift_is_repaired_and_reported() {
     let msg = run.status().gpus[0].message.clone().unwrap_or_default();
     assert!(msg.contains("1g.10gb at 6:1 is not in the spec"), "{msg}");
     assert_eq!(layout(run.status(), 0), ["3g.40gb@0:4", "2g.20gb@4:2"]);
+    let drifted = run.status().conditions.iter().find(|c| c.type_ == "Drifted").unwrap();
+    assert_eq!((drifted.status.as_str(), drifted.reason.as_str()), ("True", "Repaired"));
+    assert_eq!(
+        drifted.message,
+        "changed outside the agent (reboot or manual change): GPU 0: applied 3g.40gb@0:4 2g.20gb@4:2, found 3g.40gb@0:4 1g.10gb@6:1"
+    );
+    // Once repaired, the next apply finds nothing.
+    let again = sim.apply(&spec);
+    let drifted = again.status().conditions.iter().find(|c| c.type_ == "Drifted").unwrap();
+    assert_eq!((drifted.status.as_str(), drifted.reason.as_str()), ("False", "NoDrift"));
 }
 
 #[test]
