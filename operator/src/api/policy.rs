@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
     category = "gputenancy",
     derive = "PartialEq",
     status = "SharingPolicyStatus",
-    printcolumn = r#"{"name":"Tiers","type":"string","jsonPath":".spec.tiers[*].name","description":"Trust tiers this policy defines"}"#,
+    printcolumn = r#"{"name":"Tiers","type":"string","jsonPath":".status.tiers","description":"Trust tiers this policy defines"}"#,
     printcolumn = r#"{"name":"Headroom","type":"integer","jsonPath":".spec.memoryHeadroomPercent","description":"Percent of shared GPU memory never granted"}"#,
     printcolumn = r#"{"name":"Tenants","type":"integer","jsonPath":".status.tenants","description":"Tenants that reference this policy"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
@@ -124,6 +124,10 @@ pub enum TopologyPolicy {
 pub struct SharingPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The tier names, comma-separated, for `kubectl get` (a printer column shows only the first
+    /// element of a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<String>,
     /// Number of tenants that reference this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<u32>,

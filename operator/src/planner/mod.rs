@@ -38,6 +38,8 @@ pub struct PlanOutput {
     pub tenants: Vec<GpuTenant>,
     /// Every plan with its computed status, sorted by name.
     pub plans: Vec<GpuPartitionPlan>,
+    /// Every policy with its computed status, sorted by name.
+    pub policies: Vec<SharingPolicy>,
     /// Every problem found, sorted.
     pub problems: Vec<Problem>,
 }
@@ -64,6 +66,7 @@ pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
     let nodes = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();
     let tenants = status::tenant_statuses(input.tenants, &tenant_check, &grants, now);
     let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, now);
+    let policies = status::policy_statuses(input.policies, input.tenants, &problems, now);
 
     problems.sort();
     problems.dedup();
@@ -71,6 +74,7 @@ pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
         nodes,
         tenants,
         plans: plan_statuses,
+        policies,
         problems,
     }
 }

@@ -3,9 +3,11 @@
 use super::allocate::TenantGrants;
 use super::nodes::{Fleet, NodeState};
 use crate::api::{
-    ConditionSet, GpuPartitionPlan, GpuPartitionPlanStatus, GpuTenant, PlanNodeCounts, PlanNodeDetail, set_condition,
+    ConditionSet, GpuPartitionPlan, GpuPartitionPlanStatus, GpuTenant, PlanNodeCounts, PlanNodeDetail, SharingPolicy,
+    set_condition,
 };
 use crate::policy::{PlanCheck, TenantCheck};
+use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
@@ -238,4 +240,82 @@ pub fn plan_statuses(
             plan
         })
         .collect()
+}
+
+/// Policy statuses: the tier names for `kubectl get`, how many tenants refer to each policy, and
+/// whether it has problems of its own.
+pub fn policy_statuses(
+    policies: &[SharingPolicy],
+    tenants: &[GpuTenant],
+    problems: &[Problem],
+    now: &Time,
+) -> Vec<SharingPolicy> {
+    let mut out: Vec<SharingPolicy> = policies.to_vec();
+    out.sort_by_key(|p| p.name_any());
+    for p in &mut out {
+        let name = p.name_any();
+        let generation = p.metadata.generation;
+        let mut status = p.status.take().unwrap_or_default();
+        status.observed_generation = generation;
+        status.tiers = Some(
+            p.spec
+                .tiers
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        status.tenants = Some(tenants.iter().filter(|t| t.spec.policy_ref == name).count() as u32);
+        let own: Vec<&Problem> = problems
+            .iter()
+            .filter(|x| x.object == format!("SharingPolicy/{name}"))
+            .collect();
+        let c = &mut status.conditions;
+        set_condition(c, ConditionSet::RECONCILING, false, "Planned", "", generation, now);
+        if own.is_empty() {
+            set_condition(c, ConditionSet::VALID, true, "Valid", "", generation, now);
+            set_condition(c, ConditionSet::STALLED, false, "Valid", "", generation, now);
+            set_condition(
+                c,
+                ConditionSet::READY,
+                true,
+                "Valid",
+                "the policy is in force",
+                generation,
+                now,
+            );
+        } else {
+            let msg = joined(own.iter().map(|x| x.message.as_str()));
+            let field = own[0].field.clone();
+            set_condition(
+                c,
+                ConditionSet::VALID,
+                false,
+                "Invalid",
+                format!("{field}: {msg}"),
+                generation,
+                now,
+            );
+            set_condition(
+                c,
+                ConditionSet::STALLED,
+                true,
+                "Invalid",
+                "fix the spec",
+                generation,
+                now,
+            );
+            set_condition(
+                c,
+                ConditionSet::READY,
+                false,
+                "Invalid",
+                "the policy is not valid",
+                generation,
+                now,
+            );
+        }
+        p.status = Some(status);
+    }
+    out
 }

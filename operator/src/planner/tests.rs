@@ -203,6 +203,11 @@ fn mig_instances_go_to_tenants_with_placements() {
     assert_eq!(gpu0.mig_instances[2].tenant.as_deref(), Some("a"));
     assert_eq!(gpu0.scrub, ScrubMemory::Always);
     assert_eq!(tenant(&out, "a").summary.as_deref(), Some("5/5"));
+    let policy = out.policies[0].status.as_ref().unwrap();
+    assert_eq!(
+        (policy.tiers.as_deref(), policy.tenants),
+        (Some("external,internal,experimental"), Some(1))
+    );
     assert_eq!(condition(tenant(&out, "a"), "Ready").status, "True");
 }
 
