@@ -16,8 +16,8 @@ pub enum NodeState {
     Planned,
     /// No plan selects the node.
     Unplanned,
-    /// Two plans of equal priority select it; neither applies.
-    Conflict(String),
+    /// Plans of equal priority select it; none applies.
+    Conflict { plans: Vec<String>, message: String },
     /// The winning plan cannot be applied to this node (or is invalid); GPUs are left as they are.
     Failed(String),
 }
@@ -103,11 +103,14 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
                         conflicts.entry((i.min(j), i.max(j))).or_default().push(&inv.name);
                     }
                 }
-                node.state = NodeState::Conflict(format!(
-                    "selected by {} at the same priority {}",
-                    names.join(" and "),
-                    plans[*first].spec.priority
-                ));
+                node.state = NodeState::Conflict {
+                    message: format!(
+                        "selected by {} at the same priority {}",
+                        names.join(" and "),
+                        plans[*first].spec.priority
+                    ),
+                    plans: names,
+                };
             }
             [winner, ..] => {
                 let plan = plans[*winner];
