@@ -8,6 +8,7 @@
 //!   - {pciDeviceId: "0x233010DE", count: 8}   # or model: "NVIDIA H100 80GB HBM3"
 //! ```
 
+use crate::api::{ConditionSet, GpuNode, GpuSpec, GpuStatus, Mode, Placement};
 use crate::mig::{GpuModel, model_by_name, model_by_pci_id};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,6 +26,34 @@ pub struct InventoryNode {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<InventoryGpus>,
+    /// What runs on the node now, per GPU index (what the agent would report): lets the offline
+    /// plan show what a change moves. GPUs not listed are taken as empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub current: Vec<InventoryCurrentGpu>,
+}
+
+/// The current state of one GPU in an inventory file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InventoryCurrentGpu {
+    pub gpu: u32,
+    pub mode: Mode,
+    /// MIG instances present now, with the tenant each serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InventoryInstance>,
+    /// Tenants whose pods use the whole GPU now (MPS, TimeSlicing, Exclusive).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InventoryInstance {
+    pub profile: String,
+    /// `start:size` in memory slices, as `nvidia-smi mig -lgi` prints it.
+    pub placement: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A run of identical GPUs; indices are numbered in file order.
@@ -51,8 +80,8 @@ fn one() -> u32 {
     1
 }
 
-/// One GPU of a node as the planner sees it.
-#[derive(Clone, Debug, PartialEq)]
+/// One GPU of a node as the planner sees it: what it is and what runs on it now.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeGpu {
     pub index: u32,
     pub model: Option<&'static GpuModel>,
@@ -63,14 +92,51 @@ pub struct NodeGpu {
     pub uuid: Option<String>,
     /// MIG instances present now (profile, placement); used to keep what can stay.
     pub instances: Vec<crate::mig::ExistingInstance>,
+    /// Tenant each current MIG instance is bound to, by placement (the bindings that stay put).
+    pub instance_tenants: BTreeMap<Placement, String>,
+    /// Mode the GPU is in now, when known.
+    pub mode: Option<Mode>,
+    /// Tenants bound to the whole GPU now (MPS, TimeSlicing, Exclusive), sorted.
+    pub tenants: Vec<String>,
+    /// Memory per MIG profile as the driver reports it (name → MiB); preferred over the tables.
+    pub profile_memory_mib: BTreeMap<String, u64>,
 }
 
-/// A GPU node as the planner sees it: from the inventory file offline, from GpuNode status in a cluster.
-#[derive(Clone, Debug, PartialEq)]
+/// A GPU node as the planner sees it: from the inventory file offline, from its Node and GpuNode in
+/// a cluster ([`crate::planner::node_inventory`]).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInventory {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<NodeGpu>,
+    /// Whether the node's agent has reported its GPUs. A node that has not is counted as waiting
+    /// and not planned: the planner never guesses what a node has.
+    pub reported: bool,
+    /// The node's GpuNode as it is now (spec the controller wrote, whether the agent applied it):
+    /// the rollout step's input. `None` offline and for a node without a GpuNode.
+    pub current: Option<CurrentNode>,
+}
+
+/// A GpuNode as it is in the cluster now, reduced to what the rollout step needs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CurrentNode {
+    pub spec: crate::api::GpuNodeSpec,
+    pub generation: Option<i64>,
+    /// The generation the agent last reported on, and how it went.
+    pub observed_generation: Option<i64>,
+    pub applied: AppliedState,
+}
+
+/// Whether the agent has applied the GpuNode's current spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AppliedState {
+    /// No report for the current generation yet (the agent is working on it, or is down).
+    #[default]
+    Pending,
+    /// Every GPU matches the spec.
+    Applied,
+    /// The agent gave up on the spec and needs a person; carries its message.
+    Failed(String),
 }
 
 impl InventoryFile {
@@ -127,8 +193,39 @@ impl InventoryFile {
                         name: name.clone(),
                         memory_mib: entry.memory_mib.or(model.map(|m| m.memory_mib)).unwrap_or(0),
                         numa_node: entry.numa_node.unwrap_or(0),
-                        uuid: None,
-                        instances: vec![],
+                        ..NodeGpu::default()
+                    });
+                }
+            }
+            for (c, cur) in node.current.iter().enumerate() {
+                let at = format!("nodes[{n}].current[{c}]");
+                let Some(gpu) = gpus.get_mut(cur.gpu as usize) else {
+                    errors.push(format!(
+                        "{at}.gpu: the node has {} GPUs, so GPU {} does not exist",
+                        gpus.len(),
+                        cur.gpu
+                    ));
+                    continue;
+                };
+                gpu.mode = Some(cur.mode);
+                gpu.tenants = cur.tenants.clone();
+                gpu.tenants.sort();
+                gpu.tenants.dedup();
+                for (i, inst) in cur.instances.iter().enumerate() {
+                    let Some(placement) = parse_placement(&inst.placement) else {
+                        errors.push(format!(
+                            "{at}.instances[{i}].placement: {:?} is not a placement; write start:size, e.g. 0:4",
+                            inst.placement
+                        ));
+                        continue;
+                    };
+                    if let Some(t) = &inst.tenant {
+                        gpu.instance_tenants.insert(placement, t.clone());
+                    }
+                    gpu.instances.push(crate::mig::ExistingInstance {
+                        profile: inst.profile.clone(),
+                        placement,
+                        gpu_instance_id: None,
                     });
                 }
             }
@@ -136,10 +233,120 @@ impl InventoryFile {
                 name: node.name.clone(),
                 labels: node.labels.clone(),
                 gpus,
+                // An inventory file describes what the nodes have: it is their report.
+                reported: true,
+                current: None,
             });
         }
         if errors.is_empty() { Ok(nodes) } else { Err(errors) }
     }
+}
+
+impl NodeInventory {
+    /// A node as the cluster describes it: labels from its Node, GPUs from its GpuNode's status
+    /// (what the agent found), and what runs now. Bindings and layouts come from the GpuNode's
+    /// spec where it covers a GPU (the controller's last decision, applied or on its way), else
+    /// from what the agent reports as applied, so feeding the planner its own output changes
+    /// nothing. A node whose GpuNode has no status yet is not `reported`.
+    pub fn from_cluster(name: &str, labels: &BTreeMap<String, String>, gpu_node: Option<&GpuNode>) -> NodeInventory {
+        let status = gpu_node.and_then(|n| n.status.as_ref());
+        let spec = gpu_node.map(|n| &n.spec);
+        let gpus = status
+            .map(|s| {
+                s.gpus
+                    .iter()
+                    .map(|g| node_gpu(g, spec.and_then(|sp| sp.gpus.iter().find(|x| x.index == g.index))))
+                    .collect()
+            })
+            .unwrap_or_default();
+        NodeInventory {
+            name: name.to_string(),
+            labels: labels.clone(),
+            gpus,
+            reported: status.is_some_and(|s| s.gpu_count.is_some() || !s.gpus.is_empty()),
+            current: gpu_node.map(|n| CurrentNode {
+                spec: n.spec.clone(),
+                generation: n.metadata.generation,
+                observed_generation: status.and_then(|s| s.observed_generation),
+                applied: applied_state(n),
+            }),
+        }
+    }
+}
+
+fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
+    let model = model_by_pci_id(&g.pci_device_id);
+    let mut gpu = NodeGpu {
+        index: g.index,
+        model,
+        name: g.name.clone(),
+        memory_mib: g.memory_mib,
+        numa_node: g.numa_node.unwrap_or(0),
+        uuid: Some(g.uuid.clone()).filter(|u| !u.is_empty()),
+        profile_memory_mib: g.profiles.iter().map(|p| (p.name.clone(), p.memory_mib)).collect(),
+        ..NodeGpu::default()
+    };
+    match spec {
+        Some(s) => {
+            gpu.mode = Some(s.mode);
+            gpu.tenants = s.tenants.clone();
+            for i in &s.mig_instances {
+                gpu.instances.push(crate::mig::ExistingInstance {
+                    profile: i.profile.clone(),
+                    placement: i.placement,
+                    gpu_instance_id: None,
+                });
+                if let Some(t) = &i.tenant {
+                    gpu.instance_tenants.insert(i.placement, t.clone());
+                }
+            }
+        }
+        None => {
+            gpu.mode = g.applied_mode;
+            gpu.tenants = g.applied_tenants.clone();
+            for i in &g.instances {
+                gpu.instances.push(crate::mig::ExistingInstance {
+                    profile: i.profile.clone(),
+                    placement: i.placement,
+                    gpu_instance_id: Some(i.gpu_instance_id),
+                });
+                if let Some(t) = &i.tenant {
+                    gpu.instance_tenants.insert(i.placement, t.clone());
+                }
+            }
+        }
+    }
+    gpu.tenants.sort();
+    gpu
+}
+
+/// Applied when the agent reported on this generation with `Ready=True`; failed on `Stalled=True`.
+fn applied_state(node: &GpuNode) -> AppliedState {
+    let Some(status) = &node.status else {
+        return AppliedState::Pending;
+    };
+    if status.observed_generation != node.metadata.generation {
+        return AppliedState::Pending;
+    }
+    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    if let Some(c) = find(ConditionSet::STALLED) {
+        AppliedState::Failed(c.message.clone())
+    } else if find(ConditionSet::READY).is_some() {
+        AppliedState::Applied
+    } else {
+        AppliedState::Pending
+    }
+}
+
+/// Parses `start:size` (memory slices).
+pub fn parse_placement(s: &str) -> Option<Placement> {
+    let (start, size) = s.trim().split_once(':')?;
+    let placement = Placement {
+        start: start.trim().parse().ok()?,
+        size: size.trim().parse().ok()?,
+    };
+    (placement.start <= 7 && (1..=8).contains(&placement.size) && placement.start + placement.size <= 8)
+        .then_some(placement)
 }
 
 #[cfg(test)]

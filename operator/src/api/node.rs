@@ -1,7 +1,7 @@
 //! `GpuNode`: one per GPU node. The controller owns `spec` (the resolved desired state), the agent
 //! owns `status` (what the GPUs really are, and whether the spec is applied).
 
-use super::{Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema};
+use super::{BusyGpuPolicy, Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -37,6 +37,10 @@ pub struct GpuNodeSpec {
     /// Key of the device-plugin ConfigMap this node uses (label `nvidia.com/device-plugin.config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_plugin_config: Option<String>,
+    /// What the agent does when a GPU to change still runs processes: `Wait` until they end, or
+    /// `Evict` their pods (through the Eviction API, so PodDisruptionBudgets hold). From the plan.
+    #[serde(default)]
+    pub busy_gpu_policy: BusyGpuPolicy,
 }
 
 /// Desired state of one GPU.

@@ -1,7 +1,7 @@
 //! Which plan governs each node, and the node's desired GPU layout under it.
 
 use super::devices::{expand_devices, selector_matches};
-use crate::api::{GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory};
+use crate::api::{BusyGpuPolicy, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory};
 use crate::inventory::NodeInventory;
 use crate::mig::{diff_layout, solve_named};
 use crate::policy::PlanCheck;
@@ -16,6 +16,8 @@ pub enum NodeState {
     Planned,
     /// No plan selects the node.
     Unplanned,
+    /// The node's agent has not reported its GPUs yet; nothing is planned for it until it does.
+    Waiting,
     /// Plans of equal priority select it; none applies.
     Conflict { plans: Vec<String>, message: String },
     /// The winning plan cannot be applied to this node (or is invalid); GPUs are left as they are.
@@ -31,6 +33,8 @@ pub struct NodeDesired<'a> {
     pub gpus: Vec<GpuSpec>,
     /// Per entry of `gpus`: the tenants the plan dedicates that GPU to (empty: open to all).
     pub dedicated: Vec<Vec<String>>,
+    /// What the agent does with a GPU to change that still runs processes (the plan's rollout).
+    pub busy_gpu_policy: BusyGpuPolicy,
 }
 
 pub struct Fleet<'a> {
@@ -46,6 +50,7 @@ impl NodeDesired<'_> {
                 plan: self.plan.clone(),
                 gpus: self.gpus.clone(),
                 device_plugin_config: None,
+                busy_gpu_policy: self.busy_gpu_policy,
             },
         );
         node.spec.device_plugin_config = device_plugin_config(&self.gpus);
@@ -88,7 +93,16 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
             state: NodeState::Unplanned,
             gpus: vec![],
             dedicated: vec![],
+            busy_gpu_policy: BusyGpuPolicy::default(),
         };
+        if !inv.reported {
+            node.state = NodeState::Waiting;
+            if let [winner, ..] = candidates.as_slice() {
+                node.plan = Some(plans[*winner].name_any());
+            }
+            out.push(node);
+            continue;
+        }
         match candidates.as_slice() {
             [] => {}
             [first, second, ..] if plans[*first].spec.priority == plans[*second].spec.priority => {
@@ -115,6 +129,12 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
             [winner, ..] => {
                 let plan = plans[*winner];
                 node.plan = Some(plan.name_any());
+                node.busy_gpu_policy = plan
+                    .spec
+                    .rollout
+                    .as_ref()
+                    .map(|r| r.busy_gpu_policy)
+                    .unwrap_or_default();
                 if !checks[*winner].is_valid() {
                     node.state = NodeState::Failed("the plan is not valid; see its Valid condition".into());
                 } else {

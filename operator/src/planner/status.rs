@@ -126,6 +126,11 @@ fn node_counts(fleet: &Fleet) -> BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeD
     for node in &fleet.nodes {
         let entries: Vec<(String, &str, String)> = match (&node.state, &node.plan) {
             (NodeState::Planned, Some(p)) => vec![(p.clone(), "Pending", String::new())],
+            (NodeState::Waiting, Some(p)) => vec![(
+                p.clone(),
+                "Waiting",
+                "the node's agent has not reported its GPUs yet".to_string(),
+            )],
             (NodeState::Failed(m), Some(p)) => vec![(p.clone(), "Failed", m.clone())],
             (NodeState::Conflict { plans, message }, _) => {
                 plans.iter().map(|p| (p.clone(), "Conflict", message.clone())).collect()

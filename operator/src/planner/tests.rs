@@ -145,9 +145,11 @@ pub(crate) fn node(name: &str, pool: &str, model: &str, count: u32, numa_split: 
                 memory_mib: model.memory_mib,
                 numa_node: if numa_split && i >= count / 2 { 1 } else { 0 },
                 uuid: Some(format!("GPU-{name}-{i}")),
-                instances: vec![],
+                ..NodeGpu::default()
             })
             .collect(),
+        reported: true,
+        current: None,
     }
 }
 

@@ -119,9 +119,11 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
                         memory_mib: model.memory_mib,
                         numa_node: i32::from(g >= half),
                         uuid: Some(format!("GPU-{name}-{g}")),
-                        instances: vec![],
+                        ..NodeGpu::default()
                     })
                     .collect(),
+                reported: true,
+                current: None,
             }
         })
         .collect();
