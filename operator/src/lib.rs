@@ -6,10 +6,13 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod devices;
 pub mod inventory;
+pub mod labels;
 pub mod mig;
 pub mod migparted;
 pub mod planner;
 pub mod policy;
 pub mod problem;
 pub mod schema;
+pub mod selectors;

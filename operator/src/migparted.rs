@@ -5,6 +5,8 @@
 //! entry's position and its filter so that `export` writes the same file back.
 
 use crate::api::{GpuGroup, GpuPartitionPlan, GpuPartitionPlanSpec, MigSettings, Mode};
+use crate::devices::parse_devices;
+use crate::labels;
 use crate::mig::model_by_pci_id;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use serde::{Deserialize, Serialize};
@@ -13,11 +15,6 @@ use std::collections::BTreeMap;
 pub const ANNOTATION_CONFIG: &str = "gputenancy.io/mig-parted-config";
 pub const ANNOTATION_ENTRY: &str = "gputenancy.io/mig-parted-entry";
 pub const ANNOTATION_FILTER: &str = "gputenancy.io/mig-parted-device-filter";
-/// Node label GPU feature discovery sets on every GPU node.
-pub const LABEL_GPU_PRESENT: &str = "nvidia.com/gpu.present";
-pub const LABEL_GPU_PRODUCT: &str = "nvidia.com/gpu.product";
-/// Node label with the PCI device IDs of a node's GPUs, for models whose product label is unknown here.
-pub const LABEL_PCI_DEVICE_ID: &str = "gputenancy.io/pci-device-id";
 
 /// A whole mig-parted file. Unknown fields are refused, as mig-parted does.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -212,7 +209,7 @@ fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry)
 fn selector_for(filter: Option<&DeviceFilter>) -> LabelSelector {
     let Some(filter) = filter else {
         return LabelSelector {
-            match_labels: Some(BTreeMap::from([(LABEL_GPU_PRESENT.to_string(), "true".to_string())])),
+            match_labels: Some(BTreeMap::from([(labels::GPU_PRESENT.to_string(), "true".to_string())])),
             match_expressions: None,
         };
     };
@@ -220,7 +217,7 @@ fn selector_for(filter: Option<&DeviceFilter>) -> LabelSelector {
     let models: Option<Vec<_>> = ids.iter().map(|id| model_by_pci_id(id)).collect();
     let (key, mut values): (&str, Vec<String>) = match models {
         Some(models) => (
-            LABEL_GPU_PRODUCT,
+            labels::GPU_PRODUCT,
             models
                 .iter()
                 .zip(&ids)
@@ -233,7 +230,7 @@ fn selector_for(filter: Option<&DeviceFilter>) -> LabelSelector {
                 })
                 .collect(),
         ),
-        None => (LABEL_PCI_DEVICE_ID, ids.clone()),
+        None => (labels::PCI_DEVICE_ID, ids.clone()),
     };
     values.sort();
     values.dedup();
@@ -269,7 +266,7 @@ pub fn export(plans: &[GpuPartitionPlan]) -> (MigPartedFile, Vec<String>) {
             let devices = if group.devices == "all" {
                 Devices::All("all".into())
             } else {
-                Devices::List(crate::planner::parse_devices(&group.devices).unwrap_or_default())
+                Devices::List(parse_devices(&group.devices).unwrap_or_default())
             };
             let mig_devices = group.mig.as_ref().map(|m| {
                 let mut counts = BTreeMap::new();
@@ -352,7 +349,7 @@ mod tests {
         let plans = import(&file, Some("all-3g.40gb")).unwrap();
         assert_eq!(plans.len(), 1);
         let sel = &plans[0].spec.node_selector;
-        assert_eq!(sel.match_labels.as_ref().unwrap()[LABEL_GPU_PRESENT], "true");
+        assert_eq!(sel.match_labels.as_ref().unwrap()[labels::GPU_PRESENT], "true");
     }
 
     #[test]

@@ -3,9 +3,9 @@
 use super::load::{FileProblem, Loaded, load};
 use crate::inventory::NodeInventory;
 use crate::mig::GpuModel;
-use crate::planner::selector_matches;
 use crate::policy::{check_plan, check_policies, check_tenants};
 use crate::problem::Problem;
+use crate::selectors::selector_matches;
 use kube::ResourceExt;
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -3,12 +3,10 @@
 //! gives the same output, and feeding its own output back as the current state changes nothing.
 
 mod allocate;
-mod devices;
 mod fairshare;
 mod nodes;
 mod status;
 
-pub use devices::{expand_devices, parse_devices, selector_matches, selector_problems};
 pub use fairshare::weighted_fair_share;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};

@@ -1,11 +1,12 @@
 //! Which plan governs each node, and the node's desired GPU layout under it.
 
-use super::devices::{expand_devices, selector_matches};
 use crate::api::{BusyGpuPolicy, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory};
+use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
 use crate::mig::{diff_layout, solve_named};
 use crate::policy::PlanCheck;
 use crate::problem::Problem;
+use crate::selectors::selector_matches;
 use kube::ResourceExt;
 use std::collections::{BTreeMap, HashMap};
 

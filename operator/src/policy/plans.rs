@@ -3,9 +3,10 @@
 
 use crate::api::{GpuPartitionPlan, Mode};
 use crate::mig::{GpuModel, model_by_name, solve_named};
-use crate::migparted::LABEL_GPU_PRODUCT;
-use crate::planner::{parse_devices, selector_problems};
+use crate::devices::parse_devices;
+use crate::labels::GPU_PRODUCT as LABEL_GPU_PRODUCT;
 use crate::problem::Problem;
+use crate::selectors::selector_problems;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use std::collections::BTreeSet;

@@ -1,0 +1,76 @@
+//! Well-known label keys, in one place: those NVIDIA's components set or read, and ours.
+//! Each says who writes it and who reads it.
+
+/// GPU model of a node (`NVIDIA-H100-80GB-HBM3`), set by NVIDIA GPU feature discovery. Read by plans'
+/// `nodeSelector`s, by the plan checks (the GPU models a selector names, for MIG feasibility) and by
+/// `import --from mig-parted` (a `device-filter` becomes a selector on it).
+pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+
+/// `true` on every GPU node, set by GPU feature discovery. Read by plans imported from a mig-parted
+/// entry without `device-filter` (they apply to every GPU node).
+pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+
+/// Key of the device-plugin ConfigMap a node uses. Written by the controller (a GpuNode's
+/// `devicePluginConfig`); read by the NVIDIA device plugin's config-manager, which falls back to the
+/// default config for unknown names (FACTS.md §3).
+pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
+
+/// PCI device IDs of a node's GPUs, for models whose product label is not known here. Read by plans
+/// imported from a mig-parted `device-filter` naming such a model.
+pub const PCI_DEVICE_ID: &str = "gputenancy.io/pci-device-id";
+
+/// Tenant name, on namespaces (the tenant they belong to) and on nodes and taints of GPUs dedicated to
+/// one tenant. Written by the controller; read by the ValidatingAdmissionPolicy that keeps a tenant's
+/// pods off another tenant's dedicated capacity (DESIGN.md §4 invariant 2), and by tenants' pods
+/// (node affinity, tolerations).
+pub const TENANT: &str = "gputenancy.io/tenant";
+
+/// `true` on a node whose GPUs are dedicated to tenants (`gpus[].tenants`). Written by the controller;
+/// read by the admission policy, which then looks at [`TENANT`].
+pub const DEDICATED: &str = "gputenancy.io/dedicated";
+
+/// A node's sharing setting (`MIG`, `MPS`, `TimeSlicing`, `Exclusive`): the device plugin applies one
+/// sharing setting per node (k8s-device-plugin#1786). Written by the controller; read by pods that
+/// choose an isolation through a node selector, and by people.
+pub const SHARING: &str = "gputenancy.io/sharing";
+
+/// Marks objects the controller writes (device-plugin ConfigMap, quotas, node labels) so that it
+/// updates and prunes only its own; value [`MANAGED_BY_VALUE`]. Read by the controller's writer.
+pub const MANAGED_BY: &str = "gputenancy.io/managed-by";
+
+/// The value of [`MANAGED_BY`].
+pub const MANAGED_BY_VALUE: &str = "gpu-tenancy";
+
+/// Where a node's reconfiguration stands, like mig-manager's `nvidia.com/mig.config.state`
+/// (FACTS.md §3). Written by the node agent; read by people and automation waiting for a node.
+pub const CONFIG_STATE: &str = "gputenancy.io/config.state";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Label keys are a DNS subdomain prefix and a name of at most 63 characters.
+    #[test]
+    fn keys_are_valid_label_keys() {
+        for key in [
+            GPU_PRODUCT,
+            GPU_PRESENT,
+            DEVICE_PLUGIN_CONFIG,
+            PCI_DEVICE_ID,
+            TENANT,
+            DEDICATED,
+            SHARING,
+            MANAGED_BY,
+            CONFIG_STATE,
+        ] {
+            let (prefix, name) = key.split_once('/').unwrap();
+            assert!(prefix.len() <= 253 && prefix.contains('.'), "{key}");
+            assert!(!name.is_empty() && name.len() <= 63, "{key}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+                "{key}"
+            );
+        }
+        assert!(MANAGED_BY_VALUE.len() <= 63);
+    }
+}
