@@ -116,30 +116,64 @@ pub fn crds_yaml() -> String {
 
 /// Parses a Kubernetes quantity of bytes ("20Gi", "512Mi", "1.5G", "1000") into MiB, rounding down.
 /// Returns `None` for anything that is not a plain decimal number with an optional binary or
-/// decimal suffix; the CRD pattern [`QUANTITY_PATTERN`] admits the same strings.
+/// decimal suffix (the CRD pattern [`QUANTITY_PATTERN`] admits the same strings), and for amounts
+/// of MiB past `u64::MAX`.
+///
+/// Integer arithmetic throughout: a float cannot hold every byte count (`0.9999999999999999999Mi`
+/// reads as `1.0` in an f64), and a limit rounded up would hand out memory that is not there.
 pub fn quantity_to_mib(q: &str) -> Option<u64> {
+    const MIB: u128 = 1 << 20;
     let q = q.trim();
     let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(q.len());
     let (num, suffix) = q.split_at(split);
-    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
+    let (whole, fraction) = num.split_once('.').unwrap_or((num, ""));
+    if whole.is_empty() || (num.contains('.') && fraction.is_empty()) || fraction.contains('.') {
         return None;
     }
-    let value: f64 = num.parse().ok()?;
-    let factor: f64 = match suffix {
-        "" => 1.0,
-        "k" | "K" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
+    let factor: u128 = match suffix {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
         _ => return None,
     };
-    Some((value * factor / (1024.0 * 1024.0)).floor() as u64)
+    let mut whole_value: u128 = 0;
+    for d in whole.bytes() {
+        whole_value = whole_value.checked_mul(10)?.checked_add(u128::from(d - b'0'))?;
+    }
+    // floor(0.d1d2...dn × factor), exactly: multiply the digit string by `factor` from the last
+    // digit, carrying; what carries past the decimal point is the whole part. The carry stays
+    // below `factor`, so any number of fraction digits is fine.
+    let fraction_bytes = fraction
+        .bytes()
+        .rev()
+        .fold(0u128, |carry, d| (u128::from(d - b'0') * factor + carry) / 10);
+    // floor((w·f + x) / 2^20) = floor((w·f + floor(x)) / 2^20) for the fractional bytes x.
+    let bytes = whole_value.checked_mul(factor)?.checked_add(fraction_bytes)?;
+    u64::try_from(bytes / MIB).ok()
+}
+
+/// The shortest exact binary quantity for an amount of MiB: `40Gi`, `512Mi`, `1536Mi`, `0`.
+/// [`quantity_to_mib`] reads it back to the same number.
+pub fn mib_to_quantity(mib: u64) -> String {
+    if mib == 0 {
+        return "0".into();
+    }
+    let mut value = mib;
+    let mut suffix = 0;
+    const SUFFIXES: [&str; 4] = ["Mi", "Gi", "Ti", "Pi"];
+    while suffix + 1 < SUFFIXES.len() && value.is_multiple_of(1024) {
+        value /= 1024;
+        suffix += 1;
+    }
+    format!("{value}{}", SUFFIXES[suffix])
 }
 
 /// The byte quantities the CRDs accept (a subset of Kubernetes quantities: no exponents, no milli).
@@ -162,9 +196,104 @@ mod tests {
         assert_eq!(quantity_to_mib("1.5Gi"), Some(1536));
         assert_eq!(quantity_to_mib("1G"), Some(953));
         assert_eq!(quantity_to_mib("1048576"), Some(1));
-        for bad in ["", "Gi", "1.", ".5Gi", "1..2Gi", "10gb", "-1Gi", "1e3"] {
+        for bad in [
+            "", "Gi", "1.", ".5Gi", "1..2Gi", "1.2.3Gi", "10gb", "-1Gi", "1e3", "1m", "1Ei", " 1 Gi",
+        ] {
             assert_eq!(quantity_to_mib(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn quantity_fractions_round_down_exactly() {
+        assert_eq!(quantity_to_mib("0.5Gi"), Some(512));
+        assert_eq!(quantity_to_mib("1.1G"), Some(1049), "1100000000 B = 1049.04 MiB");
+        assert_eq!(quantity_to_mib("0.25Mi"), Some(0));
+        assert_eq!(quantity_to_mib("1.999999Mi"), Some(1));
+        assert_eq!(
+            quantity_to_mib("1.0000000000000000000000000000000000000000001Gi"),
+            Some(1024)
+        );
+        // An f64 reads 0.9999999999999999999 as 1.0: the float version said 1 MiB here.
+        assert_eq!(quantity_to_mib("0.9999999999999999999Mi"), Some(0));
+        assert_eq!(quantity_to_mib("2047.99999999999999999999Ki"), Some(1));
+        assert_eq!(quantity_to_mib("1048575.9999999999999"), Some(0));
+        assert_eq!(quantity_to_mib("1.048576M"), Some(1), "1048576 bytes exactly");
+        assert_eq!(quantity_to_mib("0001.5Gi"), Some(1536));
+    }
+
+    #[test]
+    fn quantities_near_u64_limits() {
+        let max = u64::MAX;
+        assert_eq!(quantity_to_mib(&format!("{max}Mi")), Some(max));
+        assert_eq!(quantity_to_mib("18446744073709551616Mi"), None, "2^64 MiB");
+        // 2^84 - 1 bytes is u64::MAX MiB and a little; 2^84 bytes is 2^64 MiB.
+        assert_eq!(quantity_to_mib("19342813113834066795298815"), Some(max));
+        assert_eq!(quantity_to_mib("19342813113834066795298816"), None);
+        assert_eq!(quantity_to_mib("17179869183Pi"), Some(max - (1 << 30) + 1));
+        assert_eq!(quantity_to_mib("17179869184Pi"), None, "2^34 Pi = 2^64 MiB");
+        assert_eq!(quantity_to_mib("17179869183.999999999999999999Pi"), Some(max));
+        assert_eq!(quantity_to_mib("19342813113.834066795298815P"), Some(max));
+        // Past u128 while reading the digits.
+        assert_eq!(quantity_to_mib(&"9".repeat(40)), None);
+        assert_eq!(quantity_to_mib(&format!("{}Ki", "9".repeat(39))), None);
+        assert_eq!(
+            quantity_to_mib(&format!("1.{}Pi", "9".repeat(200))),
+            Some((1 << 31) - 1)
+        );
+    }
+
+    #[test]
+    fn mib_write_as_the_shortest_exact_binary_quantity() {
+        assert_eq!(mib_to_quantity(40 * 1024), "40Gi");
+        assert_eq!(mib_to_quantity(512), "512Mi");
+        assert_eq!(mib_to_quantity(1536), "1536Mi");
+        assert_eq!(mib_to_quantity(1024 * 1024), "1Ti");
+        assert_eq!(mib_to_quantity(3 << 30), "3Pi");
+        assert_eq!(mib_to_quantity(1 << 40), "1024Pi", "no suffix past Pi");
+        assert_eq!(mib_to_quantity(0), "0");
+        for mib in [0, 1, 1023, 1024, 81559, 81920, 1 << 33, u64::MAX, u64::MAX - 1023] {
+            let q = mib_to_quantity(mib);
+            assert_eq!(quantity_to_mib(&q), Some(mib), "{q}");
+            assert!(regex_like_quantity(&q), "{q} matches QUANTITY_PATTERN");
+        }
+    }
+
+    proptest::proptest! {
+        /// Against the same number computed as one fraction `digits / 10^k`, small enough for u128.
+        #[test]
+        fn quantities_match_exact_fractions(
+            whole in 0u64..10_000_000_000,
+            fraction in proptest::option::of("[0-9]{1,9}"),
+            suffix in proptest::sample::select(vec!["", "k", "M", "G", "T", "P", "Ki", "Mi", "Gi", "Ti", "Pi"]),
+        ) {
+            let factor: u128 = match suffix {
+                "" => 1,
+                "k" => 1_000,
+                "M" => 1_000_000,
+                "G" => 1_000_000_000,
+                "T" => 1_000_000_000_000,
+                "P" => 1_000_000_000_000_000,
+                binary => 1 << (10 * (["Ki", "Mi", "Gi", "Ti", "Pi"].iter().position(|s| *s == binary).unwrap() + 1)),
+            };
+            let frac = fraction.as_deref().unwrap_or("");
+            let scale = 10u128.pow(frac.len() as u32);
+            let digits = u128::from(whole) * scale + frac.parse::<u128>().unwrap_or(0);
+            let expected = u64::try_from(digits * factor / scale / (1 << 20)).ok();
+            let q = match fraction {
+                Some(f) => format!("{whole}.{f}{suffix}"),
+                None => format!("{whole}{suffix}"),
+            };
+            proptest::prop_assert_eq!(quantity_to_mib(&q), expected, "{}", q);
+        }
+    }
+
+    /// [`QUANTITY_PATTERN`] for integers with a binary suffix, without a regex engine.
+    fn regex_like_quantity(q: &str) -> bool {
+        let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let suffix = &q[digits.len()..];
+        !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && ["", "Ki", "Mi", "Gi", "Ti", "Pi"].contains(&suffix)
     }
 
     #[test]
