@@ -134,6 +134,10 @@ pub struct GpuModel {
     pub memory_mib: u64,
     /// Profile names by [`Shape`] order.
     profile_names: [&'static str; 7],
+    /// Instance memory NVIDIA publishes for this model, by memory slices: `(memory slices, MiB)`, from
+    /// the `nvidia-smi` figures FACTS.md §1 quotes. An instance's memory is its memory slices, so a
+    /// figure holds for every profile with that many slices (1g and 1g+me; 1g.2x and 2g; 3g and 4g).
+    published_memory_mib: &'static [(u32, u64)],
 }
 
 /// NVIDIA's PCI vendor ID, appended to device IDs in mig-parted's `device-filter`.
@@ -170,6 +174,8 @@ pub static MODELS: &[GpuModel] = &[
             "4g.20gb",
             "7g.40gb",
         ],
+        // 1g.5gb: 4864 MB (FACTS.md §1, MIG user guide).
+        published_memory_mib: &[(1, 4864)],
     },
     GpuModel {
         key: "A100-80GB",
@@ -201,6 +207,8 @@ pub static MODELS: &[GpuModel] = &[
             "4g.40gb",
             "7g.80gb",
         ],
+        // 1g.10gb: 9856 MB (FACTS.md §1, MIG user guide).
+        published_memory_mib: &[(1, 9856)],
     },
     GpuModel {
         key: "H100-80GB",
@@ -232,6 +240,10 @@ pub static MODELS: &[GpuModel] = &[
             "4g.40gb",
             "7g.80gb",
         ],
+        // nvidia-smi mig -lgip (FACTS.md §1): 1g.10gb 9.75 GiB, 1g.20gb 19.62 GiB, 3g.40gb 39.5 GiB,
+        // 7g.80gb 79.25 GiB. 19.62 is printed with two decimals: 20096 MiB (19.625 GiB) is the one
+        // multiple of 128 MiB that prints so, and every exact figure here is a multiple of 128 MiB.
+        published_memory_mib: &[(1, 9984), (2, 20096), (4, 40448), (8, 81152)],
     },
     GpuModel {
         key: "H100-NVL",
@@ -255,6 +267,7 @@ pub static MODELS: &[GpuModel] = &[
             "4g.47gb",
             "7g.94gb",
         ],
+        published_memory_mib: &[],
     },
     GpuModel {
         key: "H200",
@@ -278,6 +291,8 @@ pub static MODELS: &[GpuModel] = &[
             "4g.71gb",
             "7g.141gb",
         ],
+        // 1g.18gb: 16 GiB (FACTS.md §1, nvidia-smi mig -lgip in mig-parted#120).
+        published_memory_mib: &[(1, 16384)],
     },
     GpuModel {
         key: "B200",
@@ -295,14 +310,16 @@ pub static MODELS: &[GpuModel] = &[
             "4g.90gb",
             "7g.180gb",
         ],
+        published_memory_mib: &[],
     },
 ];
 
-/// A profile of a given model: its shape and its model-specific name.
+/// A profile of a given model: its shape, its model-specific name and its instances' memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Profile {
     pub shape: Shape,
     pub name: &'static str,
+    memory_mib: u64,
 }
 
 impl Profile {
@@ -310,13 +327,18 @@ impl Profile {
         self.shape.info()
     }
 
-    /// Nominal memory from the profile name (`3g.40gb` is 40 GiB), in MiB.
+    /// Memory of an instance of this profile, in MiB; never above the GPU's memory. See
+    /// [`GpuModel::profile_memory_mib`].
     pub fn memory_mib(&self) -> u64 {
-        nominal_memory_mib(self.name).unwrap_or(0)
+        self.memory_mib
     }
 }
 
 /// Nominal memory of a profile name (`3g.40gb` → 40 GiB), in MiB.
+///
+/// For accounting only: a tenant's `limits.memory` counts a `3g.40gb` at 40 GiB (README), whatever
+/// the model. It is not an instance's memory: `7g.80gb` names 80 GiB, more than an H100's 81559 MiB;
+/// [`GpuModel::profile_memory_mib`] gives what an instance has.
 pub fn nominal_memory_mib(profile: &str) -> Option<u64> {
     let gb = profile.split_once('.')?.1;
     let digits: String = gb.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -326,17 +348,37 @@ pub fn nominal_memory_mib(profile: &str) -> Option<u64> {
 impl GpuModel {
     pub fn profile(&self, name: &str) -> Option<Profile> {
         let i = self.profile_names.iter().position(|n| *n == name)?;
-        Some(Profile {
-            shape: Shape::ALL[i],
-            name: self.profile_names[i],
-        })
+        Some(self.profile_for(Shape::ALL[i]))
     }
 
     pub fn profile_for(&self, shape: Shape) -> Profile {
         Profile {
             shape,
             name: self.profile_names[shape.index()],
+            memory_mib: self.shape_memory_mib(shape),
         }
+    }
+
+    /// Memory of an instance of the profile `name` on this model, in MiB, or `None` for a profile
+    /// the model does not have. Never above [`GpuModel::memory_mib`].
+    ///
+    /// Where NVIDIA publishes the figure (FACTS.md §1: nvidia-smi output), that figure. Otherwise it
+    /// is derived from memory slices, `memory_mib × memory slices / 8` rounded down: an estimate, at
+    /// most the GPU's memory, where a name-based figure would not be (`7g.80gb` names 80 GiB, an
+    /// H100 has 81559 MiB). A node agent reads the real figure from the driver.
+    pub fn profile_memory_mib(&self, name: &str) -> Option<u64> {
+        self.profile(name).map(|p| p.memory_mib())
+    }
+
+    /// Memory of an instance of `shape` on this model, in MiB: see [`GpuModel::profile_memory_mib`].
+    pub fn shape_memory_mib(&self, shape: Shape) -> u64 {
+        let slices = shape.info().memory_slices;
+        let published = self.published_memory_mib.iter().find(|(s, _)| *s == slices);
+        let mib = match published {
+            Some(&(_, mib)) => mib,
+            None => self.memory_mib * u64::from(slices) / u64::from(MEMORY_SLICES),
+        };
+        mib.min(self.memory_mib)
     }
 
     pub fn profiles(&self) -> impl Iterator<Item = Profile> + '_ {
@@ -437,6 +479,73 @@ mod tests {
         assert_eq!(h100.profile("3g.40gb").unwrap().info().profile_id, 9);
         assert_eq!(nominal_memory_mib("3g.40gb"), Some(40 * 1024));
         assert_eq!(nominal_memory_mib("1g.10gb+me"), Some(10 * 1024));
+    }
+
+    #[test]
+    fn profile_memory_never_exceeds_the_gpu() {
+        for model in MODELS {
+            let mut by_slices = Vec::new();
+            for p in model.profiles() {
+                let mib = model.profile_memory_mib(p.name).unwrap();
+                assert_eq!(mib, p.memory_mib());
+                assert!(mib > 0, "{} {}", model.key, p.name);
+                assert!(
+                    mib <= model.memory_mib,
+                    "{} {}: {mib} > {}",
+                    model.key,
+                    p.name,
+                    model.memory_mib
+                );
+                if p.shape == Shape::SevenSlice {
+                    // The whole GPU as one instance: at most its memory, and nearly all of it.
+                    assert!(
+                        mib <= model.memory_mib && mib >= model.memory_mib * 9 / 10,
+                        "{}",
+                        p.name
+                    );
+                }
+                by_slices.push((p.info().memory_slices, mib));
+            }
+            by_slices.sort();
+            assert!(
+                by_slices.windows(2).all(|w| w[0].1 <= w[1].1),
+                "{}: more memory slices, no less memory: {by_slices:?}",
+                model.key
+            );
+            assert_eq!(model.profile_memory_mib("9g.99gb"), None);
+        }
+        // The name-based figure is above the GPU's memory here; the instance figure is not.
+        let h100 = model_by_name("H100-80GB").unwrap();
+        assert!(nominal_memory_mib("7g.80gb").unwrap() > h100.memory_mib);
+        assert!(h100.profile_memory_mib("7g.80gb").unwrap() < h100.memory_mib);
+    }
+
+    /// GiB with two decimals, cut as nvidia-smi's `mig -lgip` column reads.
+    fn gib(mib: u64) -> String {
+        let hundredths = mib * 100 / 1024;
+        format!("{}.{:02}", hundredths / 100, hundredths % 100)
+    }
+
+    /// The figures FACTS.md §1 quotes from NVIDIA (nvidia-smi, the MIG user guide), written as
+    /// NVIDIA prints them: an oracle that does not go through the table above.
+    #[test]
+    fn profile_memory_matches_nvidia_published_figures() {
+        let mib = |model: &str, profile: &str| model_by_name(model).unwrap().profile_memory_mib(profile).unwrap();
+        assert_eq!(mib("A100-40GB", "1g.5gb"), 4864);
+        assert_eq!(mib("A100-80GB", "1g.10gb"), 9856);
+        assert_eq!(gib(mib("H100-80GB", "1g.10gb")), "9.75");
+        assert_eq!(gib(mib("H100-80GB", "1g.20gb")), "19.62");
+        assert_eq!(gib(mib("H100-80GB", "3g.40gb")), "39.50");
+        assert_eq!(gib(mib("H100-80GB", "7g.80gb")), "79.25");
+        assert_eq!(gib(mib("H200", "1g.18gb")), "16.00");
+        // Same memory slices, same memory.
+        assert_eq!(mib("H100-80GB", "1g.10gb+me"), mib("H100-80GB", "1g.10gb"));
+        assert_eq!(mib("H100-80GB", "2g.20gb"), mib("H100-80GB", "1g.20gb"));
+        assert_eq!(mib("H100-80GB", "4g.40gb"), mib("H100-80GB", "3g.40gb"));
+        // Not published here: derived from memory slices, rounded down.
+        assert_eq!(mib("B200", "7g.180gb"), 183359);
+        assert_eq!(mib("B200", "3g.90gb"), 183359 * 4 / 8);
+        assert_eq!(mib("H100-NVL", "1g.12gb"), 95830 / 8);
     }
 
     #[test]
