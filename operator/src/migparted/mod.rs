@@ -5,7 +5,7 @@
 //! entry's position and its filter so that `export` writes the same file back.
 
 use crate::api::{GpuGroup, GpuPartitionPlan, GpuPartitionPlanSpec, MigSettings, Mode};
-use crate::devices::parse_devices;
+use crate::devices::{format_devices, parse_devices};
 use crate::labels;
 use crate::mig::model_by_pci_id;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
@@ -16,27 +16,39 @@ pub const ANNOTATION_CONFIG: &str = "gputenancy.io/mig-parted-config";
 pub const ANNOTATION_ENTRY: &str = "gputenancy.io/mig-parted-entry";
 pub const ANNOTATION_FILTER: &str = "gputenancy.io/mig-parted-device-filter";
 
-/// A whole mig-parted file. Unknown fields are refused, as mig-parted does.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(deny_unknown_fields)]
+mod parse;
+
+pub use parse::mig_profile_format;
+
+/// The only version of the mig-parted file format (`api/spec/v1`).
+pub const VERSION: &str = "v1";
+
+/// A whole mig-parted file, as [`MigPartedFile::parse`] accepts it.
+#[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct MigPartedFile {
     pub version: String,
-    #[serde(rename = "mig-configs")]
+    /// Config name → entries. Never empty in a file that has `mig-configs` (mig-parted refuses
+    /// `mig-configs: {}`); empty for a file with only `version`, or none at all, which mig-parted accepts.
+    #[serde(rename = "mig-configs", skip_serializing_if = "BTreeMap::is_empty")]
     pub mig_configs: BTreeMap<String, Vec<MigPartedEntry>>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// One entry of a config: which GPUs of which models, MIG on or off, and the instances.
+#[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct MigPartedEntry {
-    #[serde(rename = "device-filter", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "device-filter", skip_serializing_if = "Option::is_none")]
     pub device_filter: Option<DeviceFilter>,
     pub devices: Devices,
     #[serde(rename = "mig-enabled")]
     pub mig_enabled: bool,
-    #[serde(rename = "mig-devices", default, skip_serializing_if = "Option::is_none")]
+    /// Profile → count. `Some(empty)` with MIG on means no instances; mig-parted requires the field
+    /// when `mig-enabled` is true.
+    #[serde(rename = "mig-devices", skip_serializing_if = "Option::is_none")]
     pub mig_devices: Option<BTreeMap<String, u32>>,
 }
 
+/// PCI IDs (`0x233010DE`) of the GPU models an entry applies to. An empty string or list is no
+/// filter, as in mig-parted (`MatchesDeviceFilter`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum DeviceFilter {
@@ -53,54 +65,106 @@ impl DeviceFilter {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(untagged)]
+/// The GPUs of a node an entry applies to, by index.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Devices {
-    /// Always the string `all`.
-    All(String),
+    /// `all`.
+    All,
+    /// GPU indices, in file order.
     List(Vec<u32>),
 }
 
+impl Serialize for Devices {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Devices::All => s.serialize_str("all"),
+            Devices::List(l) => l.serialize(s),
+        }
+    }
+}
+
+/// Why a mig-parted file is refused: mig-parted's own rules (see [`MigPartedFile::parse`]).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MigPartedError {
-    #[error("version {0:?} is not supported; mig-parted files say `version: v1`")]
+    #[error("not YAML: {0}")]
+    Yaml(String),
+    #[error("a mig-parted file is a mapping with `version` and `mig-configs`, not {0}")]
+    NotAMapping(String),
+    #[error("version: missing; mig-parted files say `version: v1`")]
+    MissingVersion,
+    #[error("version {0} is not supported; mig-parted files say `version: v1`")]
     Version(String),
-    #[error("config {config:?} entry {entry}: devices must be `all` or a list of GPU indices, not {value:?}")]
-    Devices {
+    #[error("{0}: unexpected field; a mig-parted file has only `version` and `mig-configs`")]
+    UnknownField(String),
+    #[error("mig-configs: needs at least one config, or leave the field out")]
+    NoConfigs,
+    #[error("mig-configs: must map config names to lists of entries, not {0}")]
+    ConfigsNotAMapping(String),
+    #[error("config {0:?}: needs at least one entry")]
+    EmptyConfig(String),
+    #[error("config {config:?}: must be a list of entries, not {value}")]
+    ConfigNotAList { config: String, value: String },
+    #[error(
+        "config {config:?} entry {entry}: an entry is a mapping of devices, mig-enabled, mig-devices and device-filter, not {value}"
+    )]
+    EntryNotAMapping {
         config: String,
         entry: usize,
         value: String,
+    },
+    #[error("config {config:?} entry {entry}: {field}: {problem}")]
+    Entry {
+        config: String,
+        entry: usize,
+        /// The entry's field: `devices`, `devices[2]`, `mig-devices["1g.5gb"]`, ...
+        field: String,
+        problem: EntryProblem,
     },
     #[error("config {0:?} not found in the file; it has: {1}")]
     NoSuchConfig(String, String),
 }
 
-impl MigPartedFile {
-    pub fn parse(yaml: &str) -> Result<MigPartedFile, String> {
-        let file: MigPartedFile = serde_saphyr::from_str(yaml).map_err(|e| first_line(&e.to_string()))?;
-        if file.version != "v1" {
-            return Err(MigPartedError::Version(file.version).to_string());
-        }
-        for (name, entries) in &file.mig_configs {
-            for (i, e) in entries.iter().enumerate() {
-                if let Devices::All(s) = &e.devices
-                    && s != "all"
-                {
-                    return Err(MigPartedError::Devices {
-                        config: name.clone(),
-                        entry: i,
-                        value: s.clone(),
-                    }
-                    .to_string());
-                }
-            }
-        }
-        Ok(file)
-    }
+/// What is wrong with one field of an entry.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EntryProblem {
+    #[error("required")]
+    Missing,
+    #[error("unexpected field; an entry has devices, mig-enabled, mig-devices and device-filter")]
+    UnknownField,
+    #[error("must be a PCI ID such as \"0x233010DE\" or a list of them, not {0}")]
+    DeviceFilter(String),
+    #[error("must be `all` or a list of GPU indices, not {0}")]
+    Devices(String),
+    #[error("{0} is not a GPU index (0-{max})", max = crate::devices::MAX_DEVICE_INDEX)]
+    DeviceIndex(String),
+    #[error("names GPU {0} twice")]
+    DuplicateDevice(u32),
+    #[error("an empty list applies to no GPU; name GPUs or remove the entry")]
+    NoDevices,
+    #[error("must be true or false, not {0}")]
+    NotABool(String),
+    #[error("must map MIG profiles to counts, e.g. {{1g.10gb: 7}}, not {0}")]
+    MigDevices(String),
+    #[error("not a MIG profile name: {0}")]
+    ProfileFormat(String),
+    #[error("count must be a whole number of instances, not {0}")]
+    Count(String),
+    #[error("count must not be negative, not {0}")]
+    NegativeCount(String),
+    #[error("every count is 0; write `{{}}` for MIG with no instances")]
+    AllCountsZero,
+    #[error("required when mig-enabled is true; `{{}}` is MIG on with no instances")]
+    MigDevicesRequired,
+    #[error("lists MIG devices while mig-enabled is false; remove them or enable MIG")]
+    MigDevicesWithoutMig,
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or_default().to_string()
+impl MigPartedFile {
+    /// Reads a mig-parted file, refusing what `nvidia-mig-parted` refuses when it loads one, with
+    /// the config name, entry index and field of the first problem (rules in `parse.rs`).
+    pub fn parse(yaml: &str) -> Result<MigPartedFile, MigPartedError> {
+        parse::parse(yaml)
+    }
 }
 
 /// The profiles of an entry as a list, in profile-name order (each repeated `count` times).
@@ -153,8 +217,8 @@ fn plan_name(config: &str) -> String {
 
 fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry) -> GpuPartitionPlan {
     let devices = match &entry.devices {
-        Devices::All(_) => "all".to_string(),
-        Devices::List(l) => l.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        Devices::All => "all".to_string(),
+        Devices::List(l) => format_devices(l),
     };
     let group = if entry.mig_enabled {
         GpuGroup {
@@ -207,13 +271,19 @@ fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry)
 /// Nodes a device filter applies to: by product label when every PCI ID is a known model,
 /// otherwise by the PCI device ID label; every GPU node when there is no filter.
 fn selector_for(filter: Option<&DeviceFilter>) -> LabelSelector {
-    let Some(filter) = filter else {
+    // mig-parted skips empty IDs, and no ID at all is no filter (`MatchesDeviceFilter`).
+    let ids: Vec<String> = filter
+        .map(DeviceFilter::ids)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|id| !id.is_empty())
+        .collect();
+    if ids.is_empty() {
         return LabelSelector {
             match_labels: Some(BTreeMap::from([(labels::GPU_PRESENT.to_string(), "true".to_string())])),
             match_expressions: None,
         };
-    };
-    let ids = filter.ids();
+    }
     let models: Option<Vec<_>> = ids.iter().map(|id| model_by_pci_id(id)).collect();
     let (key, mut values): (&str, Vec<String>) = match models {
         Some(models) => (
@@ -264,7 +334,7 @@ pub fn export(plans: &[GpuPartitionPlan]) -> (MigPartedFile, Vec<String>) {
         });
         for (g, group) in plan.spec.gpus.iter().enumerate() {
             let devices = if group.devices == "all" {
-                Devices::All("all".into())
+                Devices::All
             } else {
                 Devices::List(parse_devices(&group.devices).unwrap_or_default())
             };
@@ -313,8 +383,8 @@ pub fn export(plans: &[GpuPartitionPlan]) -> (MigPartedFile, Vec<String>) {
 mod tests {
     use super::*;
 
-    const DEFAULT: &str = include_str!("../tests/data/mig-parted-config-default.yaml");
-    const EXAMPLE: &str = include_str!("../tests/data/mig-parted-example-config.yaml");
+    const DEFAULT: &str = include_str!("../../tests/data/mig-parted-config-default.yaml");
+    const EXAMPLE: &str = include_str!("../../tests/data/mig-parted-example-config.yaml");
 
     #[test]
     fn nvidia_files_round_trip() {
@@ -352,11 +422,40 @@ mod tests {
         assert_eq!(sel.match_labels.as_ref().unwrap()[labels::GPU_PRESENT], "true");
     }
 
+    /// mig-parted's `MatchesDeviceFilter`: an empty string or list is no filter, every GPU.
+    #[test]
+    fn empty_device_filter_is_no_filter() {
+        for filter in ["\"\"", "[]"] {
+            let text = format!(
+                "version: v1\nmig-configs:\n  c:\n  - {{device-filter: {filter}, devices: all, mig-enabled: false}}\n"
+            );
+            let file = MigPartedFile::parse(&text).unwrap();
+            let plans = import(&file, None).unwrap();
+            let sel = &plans[0].spec.node_selector;
+            assert_eq!(
+                sel.match_labels.as_ref().unwrap()[labels::GPU_PRESENT],
+                "true",
+                "{filter}"
+            );
+            assert_eq!(export(&plans).0, file, "{filter} round-trips");
+        }
+    }
+
     #[test]
     fn unknown_fields_and_versions_are_refused() {
         let bad = "version: v1\nmig-configs:\n  x:\n  - devices: all\n    mig-enabled: true\n    mig-devicez: {}\n";
-        assert!(MigPartedFile::parse(bad).unwrap_err().contains("mig-devicez"));
+        assert!(
+            MigPartedFile::parse(bad)
+                .unwrap_err()
+                .to_string()
+                .contains("mig-devicez")
+        );
         let v2 = "version: v2\nmig-configs: {}\n";
-        assert!(MigPartedFile::parse(v2).unwrap_err().contains("version \"v2\""));
+        assert!(
+            MigPartedFile::parse(v2)
+                .unwrap_err()
+                .to_string()
+                .contains("version \"v2\"")
+        );
     }
 }
