@@ -6,6 +6,8 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod desired;
+pub mod device_plugin;
 pub mod devices;
 pub mod inventory;
 pub mod labels;

@@ -142,6 +142,71 @@ fn plan_json_has_nodes_tenants_and_problems() {
     assert_eq!(acme["status"]["summary"], "12/12");
 }
 
+/// Drops `lastTransitionTime` (the CLI stamps "now") so two computations compare.
+fn without_times(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            map.remove("lastTransitionTime");
+            map.values_mut().for_each(without_times);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(without_times),
+        _ => {}
+    }
+}
+
+/// Golden test: what `plan` prints is exactly the output of the one function the controller calls.
+#[test]
+fn plan_prints_exactly_the_desired_state() {
+    use gpu_tenancy::cli::plan::{compute, manifests_yaml};
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let (desired, problems) =
+        compute(&[root().join("examples")], &root().join("examples/inventory.yaml"), now).unwrap();
+    assert_eq!(problems, Vec::<String>::new());
+
+    let o = gpu_tenancy(&[
+        "plan",
+        "-f",
+        "examples/",
+        "--inventory",
+        "examples/inventory.yaml",
+        "-o",
+        "yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), manifests_yaml(&desired));
+
+    let o = gpu_tenancy(&[
+        "plan",
+        "-f",
+        "examples/",
+        "--inventory",
+        "examples/inventory.yaml",
+        "-o",
+        "json",
+    ]);
+    let mut printed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut computed = serde_json::to_value(&desired).unwrap();
+    computed["problems"] = serde_json::json!([]);
+    without_times(&mut printed);
+    without_times(&mut computed);
+    assert_eq!(printed, computed);
+    // Every kind of object is there.
+    for key in [
+        "nodes",
+        "tenants",
+        "plans",
+        "policies",
+        "namespaces",
+        "resourceQuotas",
+        "nodeLabels",
+        "configMaps",
+        "admissionPolicies",
+        "admissionBindings",
+    ] {
+        assert!(!printed[key].as_array().unwrap().is_empty(), "{key}");
+    }
+}
+
 #[test]
 fn plan_table_is_for_people() {
     let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml"]);

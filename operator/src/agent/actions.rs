@@ -362,7 +362,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
 }
 
 fn scrub_failed(r: Option<&crate::api::ScrubRecord>) -> bool {
-    r.is_some_and(|r| r.result == "Failed")
+    r.is_some_and(|r| r.result == crate::api::ScrubResult::Failed)
 }
 
 fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatus) {

@@ -114,7 +114,7 @@ fn step(
                     Err(e) => {
                         let rec = ScrubRecord {
                             time: jiff::Timestamp::now().to_string(),
-                            result: "Failed".into(),
+                            result: crate::api::ScrubResult::Failed,
                             tenant: tenant.clone(),
                             bytes_cleared: None,
                         };
@@ -181,7 +181,7 @@ fn scrub_one(
     let report = scrub::run(&device, Amount::AllFree, cuda)?;
     Ok(ScrubRecord {
         time: jiff::Timestamp::now().to_string(),
-        result: "Scrubbed".into(),
+        result: crate::api::ScrubResult::Scrubbed,
         tenant,
         bytes_cleared: Some(report.bytes_cleared),
     })

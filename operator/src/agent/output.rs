@@ -149,7 +149,7 @@ pub fn apply_table(s: &GpuNodeStatus) -> String {
                     .filter_map(|i| i.last_scrub.as_ref())
                     .max_by(|a, b| a.time.cmp(&b.time))
             })
-            .map(|r| format!("{} {}", r.result, r.time))
+            .map(|r| format!("{:?} {}", r.result, r.time))
             .unwrap_or("-".into());
         rows.push(vec![
             g.index.to_string(),

@@ -264,7 +264,7 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
     let skipped = |tenant: Option<&String>| {
         Some(ScrubRecord {
             time: stamp.to_string(),
-            result: "Skipped".into(),
+            result: crate::api::ScrubResult::Skipped,
             tenant: tenant.cloned(),
             bytes_cleared: None,
         })

@@ -310,7 +310,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     assert!(plan_gpu(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
     prev.applied_tenants = vec!["b".into()];
     prev.last_scrub = Some(ScrubRecord {
-        result: "Failed".into(),
+        result: crate::api::ScrubResult::Failed,
         ..Default::default()
     });
     assert_eq!(plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);

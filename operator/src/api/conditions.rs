@@ -12,6 +12,8 @@ impl ConditionSet {
     pub const STALLED: &'static str = "Stalled";
     pub const VALID: &'static str = "Valid";
     pub const CAPACITY_SHORT: &'static str = "CapacityShort";
+    /// On a GpuTenant: whether Kubernetes enforces which GPUs its pods get, or only how many.
+    pub const ISOLATED: &'static str = "Isolated";
 }
 
 /// Sets one condition in a list keyed by `type`. `lastTransitionTime` only moves when the status

@@ -228,12 +228,23 @@ pub struct ProcessStatus {
 pub struct ScrubRecord {
     /// RFC 3339 time the scrub finished.
     pub time: String,
-    /// `Scrubbed`, `Skipped` (policy Never) or `Failed`.
-    pub result: String,
+    pub result: ScrubResult,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     #[serde(default, rename = "bytesCleared", skip_serializing_if = "Option::is_none")]
     pub bytes_cleared: Option<u64>,
+}
+
+/// How a scrub ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ScrubResult {
+    /// Memory was zeroed and verified.
+    #[default]
+    Scrubbed,
+    /// Not scrubbed: the policy is `Never`.
+    Skipped,
+    /// The scrub did not finish; the GPU or instance is not handed over.
+    Failed,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -7,7 +7,7 @@ pub mod crd;
 mod load;
 mod migparted;
 mod output;
-mod plan;
+pub mod plan;
 mod validate;
 
 pub use output::Output;

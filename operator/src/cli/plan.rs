@@ -1,65 +1,82 @@
 //! `gpu-tenancy plan -f PATH... --inventory FILE`: what the controller would write, offline.
 
 use super::load::{FileProblem, load};
-use super::output::{Output, print_data, print_table};
-use super::validate::{inventories, problems};
-use crate::api::{ConditionSet, GpuNode, GpuTenant, Mode};
+use super::output::{Output, print_table};
+use super::validate::inventories;
+use crate::api::{ConditionSet, GpuNode, Mode};
+use crate::desired::{Desired, Settings, desired};
 use crate::inventory::InventoryFile;
-use crate::planner::{PlanInput, plan};
+use crate::planner::PlanInput;
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+/// What `plan -o json` prints: the desired state with problems as `FILE: Kind/name: field: message`.
 #[derive(Serialize)]
-struct PlanReport<'a> {
-    nodes: &'a [GpuNode],
-    tenants: &'a [GpuTenant],
+struct JsonReport<'a> {
+    #[serde(flatten)]
+    desired: &'a Desired,
     problems: Vec<String>,
 }
 
 pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
-    let mut loaded = match load(paths) {
-        Ok(l) => l,
+    let (desired, problem_lines) = match compute(paths, inventory, Time(jiff::Timestamp::now())) {
+        Ok(x) => x,
         Err(e) => {
             eprintln!("error: {e}");
             return 2;
         }
     };
-    let inv_text = match std::fs::read_to_string(inventory) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: cannot read inventory {}: {e}", inventory.display());
-            return 2;
+    match output {
+        Output::Table => print_tables(&desired, &problem_lines),
+        Output::Json => {
+            let mut value = serde_json::to_value(JsonReport {
+                desired: &desired,
+                problems: vec![],
+            })
+            .expect("the desired state serialises");
+            value["problems"] = serde_json::json!(problem_lines);
+            println!("{}", serde_json::to_string_pretty(&value).expect("JSON serialises"));
         }
-    };
-    // The inventory named by --inventory counts once, even when it also sits in a -f folder.
-    loaded.inventories.clear();
-    match serde_saphyr::from_str::<InventoryFile>(&inv_text) {
-        Ok(inv) => loaded.inventories.push((inventory.display().to_string(), inv)),
-        Err(e) => {
-            eprintln!(
-                "error: {}: not an inventory file: {}",
-                inventory.display(),
-                e.to_string().lines().next().unwrap_or("")
-            );
-            return 2;
+        Output::Yaml => {
+            for line in &problem_lines {
+                println!("# problem: {line}");
+            }
+            print!("{}", manifests_yaml(&desired));
         }
     }
-    let mut found: Vec<FileProblem> = Vec::new();
-    let nodes = inventories(&loaded, &mut found);
-    found.extend(problems(&loaded, &nodes));
+    if problem_lines.is_empty() { 0 } else { 1 }
+}
 
-    // Only objects that passed the schema reach the planner; the planner's own problems are added.
-    let now = Time(jiff::Timestamp::now());
-    let out = plan(
+/// Loads the manifests and the inventory and computes the desired state, as the controller would:
+/// the one function [`desired`]. Problems come back as lines naming file, object and field.
+pub fn compute(paths: &[PathBuf], inventory: &Path, now: Time) -> Result<(Desired, Vec<String>), String> {
+    let mut loaded = load(paths).map_err(|e| e.to_string())?;
+    let inv_text = std::fs::read_to_string(inventory)
+        .map_err(|e| format!("cannot read inventory {}: {e}", inventory.display()))?;
+    // The inventory named by --inventory counts once, even when it also sits in a -f folder.
+    loaded.inventories.clear();
+    let inv = serde_saphyr::from_str::<InventoryFile>(&inv_text).map_err(|e| {
+        format!(
+            "{}: not an inventory file: {}",
+            inventory.display(),
+            e.to_string().lines().next().unwrap_or("")
+        )
+    })?;
+    loaded.inventories.push((inventory.display().to_string(), inv));
+    // Schema and CEL problems of the files; objects that failed them never reach the planner.
+    let mut found: Vec<FileProblem> = loaded.problems.clone();
+    let nodes = inventories(&loaded, &mut found);
+    let out = desired(
         &PlanInput {
             policies: &loaded.policies,
             tenants: &loaded.tenants,
             plans: &loaded.plans,
             nodes: &nodes,
         },
+        &Settings::default(),
         &now,
     );
     for p in &out.problems {
@@ -74,23 +91,40 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
     }
     found.sort();
     found.dedup();
-    let problem_lines: Vec<String> = found.iter().map(ToString::to_string).collect();
-
-    match output {
-        Output::Table => print_tables(&out.nodes, &out.tenants, &problem_lines),
-        format => print_data(
-            &PlanReport {
-                nodes: &out.nodes,
-                tenants: &out.tenants,
-                problems: problem_lines.clone(),
-            },
-            format,
-        ),
-    }
-    if problem_lines.is_empty() { 0 } else { 1 }
+    Ok((out, found.iter().map(ToString::to_string).collect()))
 }
 
-fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
+/// The objects the controller applies, as one multi-document YAML stream for `kubectl apply -f -`:
+/// GpuNode specs, namespaces, quotas, the device plugin's ConfigMap, node labels and taints, the
+/// admission policies and their bindings. (Statuses are not applyable; `-o json` has them.)
+pub fn manifests_yaml(desired: &Desired) -> String {
+    let mut docs: Vec<String> = Vec::new();
+    fn push<T: Serialize>(docs: &mut Vec<String>, items: &[T]) {
+        for item in items {
+            docs.push(serde_saphyr::to_string(item).expect("a Kubernetes object serialises"));
+        }
+    }
+    let specs: Vec<GpuNode> = desired
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut n = n.clone();
+            n.status = None;
+            n
+        })
+        .collect();
+    push(&mut docs, &specs);
+    push(&mut docs, &desired.namespaces);
+    push(&mut docs, &desired.resource_quotas);
+    push(&mut docs, &desired.config_maps);
+    push(&mut docs, &desired.node_labels);
+    push(&mut docs, &desired.admission_policies);
+    push(&mut docs, &desired.admission_bindings);
+    docs.join("---\n")
+}
+
+fn print_tables(desired: &Desired, problems: &[String]) {
+    let (nodes, tenants) = (&desired.nodes, &desired.tenants);
     let mut rows = Vec::new();
     for node in nodes {
         if node.spec.gpus.is_empty() {
@@ -188,10 +222,104 @@ fn print_tables(nodes: &[GpuNode], tenants: &[GpuTenant], problems: &[String]) {
         &rows,
     );
 
+    print_enforcement(desired);
+
     if !problems.is_empty() {
         println!("\nPROBLEMS");
         for p in problems {
             println!("{p}");
         }
     }
+}
+
+/// What enforces the grants: quotas per namespace, node labels and taints, admission, changes.
+fn print_enforcement(desired: &Desired) {
+    let rows: Vec<Vec<String>> = desired
+        .resource_quotas
+        .iter()
+        .map(|q| {
+            let hard = q.spec.as_ref().and_then(|s| s.hard.clone()).unwrap_or_default();
+            let nonzero: Vec<String> = hard
+                .iter()
+                .filter(|(_, v)| v.0 != "0")
+                .map(|(k, v)| format!("{}={}", k.trim_start_matches("requests."), v.0))
+                .collect();
+            vec![
+                q.namespace().unwrap_or_default(),
+                q.labels().get(crate::labels::TENANT).cloned().unwrap_or("-".into()),
+                if nonzero.is_empty() {
+                    "no GPUs".into()
+                } else {
+                    nonzero.join(" ")
+                },
+            ]
+        })
+        .collect();
+    println!("\nQUOTAS (every other GPU resource is 0)");
+    print_table(&["NAMESPACE", "TENANT", "HARD"], &rows);
+
+    let rows: Vec<Vec<String>> = desired
+        .node_labels
+        .iter()
+        .map(|n| {
+            let taints: Vec<String> = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .iter()
+                .map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect))
+                .collect();
+            vec![
+                n.name_any(),
+                n.labels()
+                    .get(crate::labels::DEVICE_PLUGIN_CONFIG)
+                    .cloned()
+                    .unwrap_or_default(),
+                if taints.is_empty() {
+                    "-".into()
+                } else {
+                    taints.join(",")
+                },
+            ]
+        })
+        .collect();
+    println!("\nNODE LABELS AND TAINTS");
+    print_table(&["NODE", "DEVICE PLUGIN CONFIG", "TAINTS"], &rows);
+    println!(
+        "\nADMISSION: {} ValidatingAdmissionPolicies with their bindings ({})",
+        desired.admission_policies.len(),
+        desired
+            .admission_policies
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    if !desired.changes.is_empty() {
+        let rows: Vec<Vec<String>> = desired.changes.iter().map(change_row).collect();
+        println!("\nCHANGES");
+        print_table(
+            &["NODE", "GPU", "INSTANCE", "FROM", "TO", "WHY", "SCRUB", "EVICT"],
+            &rows,
+        );
+    }
+}
+
+fn change_row(c: &crate::planner::BindingChange) -> Vec<String> {
+    let list = |t: &[String]| if t.is_empty() { "-".to_string() } else { t.join(",") };
+    vec![
+        c.node.clone(),
+        c.gpu.to_string(),
+        match (&c.profile, &c.placement) {
+            (Some(p), Some(at)) => format!("{p}@{}", at.start),
+            _ => "whole GPU".into(),
+        },
+        list(&c.old_tenants),
+        list(&c.new_tenants),
+        c.reason.to_string(),
+        if c.scrub { "yes" } else { "no" }.into(),
+        if c.may_evict { "may" } else { "no" }.into(),
+    ]
 }

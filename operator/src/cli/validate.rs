@@ -2,10 +2,8 @@
 
 use super::load::{FileProblem, Loaded, load};
 use crate::inventory::NodeInventory;
-use crate::mig::GpuModel;
-use crate::policy::{check_plan, check_policies, check_tenants};
+use crate::policy::{check_plan, check_policies, check_tenants, models_of_selected_nodes};
 use crate::problem::Problem;
-use crate::selectors::selector_matches;
 use kube::ResourceExt;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -25,13 +23,7 @@ pub fn problems(loaded: &Loaded, inventory: &[NodeInventory]) -> Vec<FileProblem
     }
     let tenant_names: BTreeSet<String> = loaded.tenants.iter().map(|t| t.name_any()).collect();
     for plan in &loaded.plans {
-        let mut models: Vec<&'static GpuModel> = inventory
-            .iter()
-            .filter(|n| selector_matches(&plan.spec.node_selector, &n.labels))
-            .flat_map(|n| n.gpus.iter().filter_map(|g| g.model))
-            .collect();
-        models.sort_by_key(|m| m.key);
-        models.dedup_by_key(|m| m.key);
+        let models = models_of_selected_nodes(plan, inventory);
         let check = check_plan(plan, &tenant_names, &models);
         found.extend(check.problems.into_iter().filter(|p| {
             // Without tenants in the files, a dedication cannot be checked.

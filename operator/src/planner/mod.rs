@@ -3,15 +3,18 @@
 //! gives the same output, and feeding its own output back as the current state changes nothing.
 
 mod allocate;
+mod changes;
 mod fairshare;
 mod nodes;
+pub mod rollout;
 mod status;
 
+pub use changes::{BindingChange, ChangeReason};
 pub use fairshare::weighted_fair_share;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
 use crate::inventory::NodeInventory;
-use crate::policy::{check_plan, check_policies, check_tenants};
+use crate::policy::{check_plan, check_policies, check_tenants, models_of_selected_nodes};
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -30,7 +33,8 @@ pub struct PlanInput<'a> {
 /// What the controller would write.
 #[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct PlanOutput {
-    /// One GpuNode per inventory node with its desired spec, sorted by name.
+    /// One GpuNode per inventory node with the spec to write now, sorted by name: the desired spec,
+    /// or the current one where the rollout holds the node back ([`rollout`]).
     pub nodes: Vec<GpuNode>,
     /// Every tenant with its computed status, sorted by name.
     pub tenants: Vec<GpuTenant>,
@@ -40,6 +44,9 @@ pub struct PlanOutput {
     pub policies: Vec<SharingPolicy>,
     /// Every problem found, sorted.
     pub problems: Vec<Problem>,
+    /// Every GPU or MIG instance whose tenants the desired specs change against what runs now,
+    /// with the reason, sorted by node, GPU and placement.
+    pub changes: Vec<BindingChange>,
 }
 
 /// Plans a fleet. `now` stamps condition transition times; pass a fixed time for reproducible output.
@@ -51,7 +58,10 @@ pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
     let tenant_names: BTreeSet<String> = input.tenants.iter().map(|t| t.name_any()).collect();
     let mut plans: Vec<&GpuPartitionPlan> = input.plans.iter().collect();
     plans.sort_by_key(|p| p.name_any());
-    let plan_checks: Vec<_> = plans.iter().map(|p| check_plan(p, &tenant_names, &[])).collect();
+    let plan_checks: Vec<_> = plans
+        .iter()
+        .map(|p| check_plan(p, &tenant_names, &models_of_selected_nodes(p, input.nodes)))
+        .collect();
     for c in &plan_checks {
         problems.extend(c.problems.iter().cloned());
     }
@@ -60,22 +70,25 @@ pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
     problems.extend(fleet.problems.iter().cloned());
 
     let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes);
+    let changes = changes::binding_changes(&fleet.nodes, input.tenants, &tenant_check.valid);
 
-    let nodes = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();
+    let desired = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();
+    let rollout = rollout::rollout(desired, input.nodes, &plans);
     let tenants = status::tenant_statuses(input.tenants, &tenant_check, &grants, now);
-    let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, now);
+    let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, &rollout, now);
     let policies = status::policy_statuses(input.policies, input.tenants, &problems, now);
 
     problems.sort();
     problems.dedup();
     PlanOutput {
-        nodes,
+        nodes: rollout.nodes,
         tenants,
         plans: plan_statuses,
         policies,
         problems,
+        changes,
     }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

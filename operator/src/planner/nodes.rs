@@ -4,7 +4,7 @@ use crate::api::{BusyGpuPolicy, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec,
 use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
 use crate::mig::{diff_layout, solve_named};
-use crate::policy::PlanCheck;
+use crate::policy::{PlanCheck, mps_pinned_problem};
 use crate::problem::Problem;
 use crate::selectors::selector_matches;
 use kube::ResourceExt;
@@ -211,6 +211,11 @@ fn resolve_layout(
             };
             if group.mode == Mode::Mps && spec.mps.is_none() {
                 spec.mps = Some(Default::default());
+            }
+            if let Some(mps) = &spec.mps
+                && let Some(message) = mps_pinned_problem(mps, &gpu.name, gpu.memory_mib)
+            {
+                return Err((format!("spec.gpus[{g}].mps.pinnedMemoryLimit"), message));
             }
             if let Some(mig) = &group.mig {
                 let field = format!("spec.gpus[{g}].mig.profiles");

@@ -2,9 +2,10 @@
 //! models its selector names, dedicated tenants, and the device plugin's one-sharing-per-node rule.
 
 use crate::api::{GpuPartitionPlan, Mode};
-use crate::mig::{GpuModel, model_by_name, solve_named};
+use crate::device_plugin::{NodeConfig, Sharing};
 use crate::devices::parse_devices;
 use crate::labels::GPU_PRODUCT as LABEL_GPU_PRODUCT;
+use crate::mig::{GpuModel, model_by_name, solve_named};
 use crate::problem::Problem;
 use crate::selectors::selector_problems;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -42,18 +43,54 @@ pub fn models_selected_by(selector: &LabelSelector) -> Vec<&'static GpuModel> {
     models
 }
 
-/// How the device plugin would share a non-MIG GPU group; the plugin allows one per node.
-fn sharing_signature(mode: Mode, group: &crate::api::GpuGroup) -> Option<String> {
-    match mode {
-        Mode::Mig => None,
-        Mode::Exclusive => Some("Exclusive".into()),
-        Mode::Mps => Some(format!(
-            "MPS with {} clients",
-            group.mps.as_ref().map_or(4, |m| m.max_clients)
-        )),
-        Mode::TimeSlicing => Some(format!(
-            "TimeSlicing with {} replicas",
-            group.time_slicing.as_ref().map_or(0, |t| t.replicas)
+/// GPU models of the nodes a plan's selector selects: a plan must fit these too (one list of
+/// problems for `validate`, `plan` and the controller).
+pub fn models_of_selected_nodes(
+    plan: &GpuPartitionPlan,
+    nodes: &[crate::inventory::NodeInventory],
+) -> Vec<&'static GpuModel> {
+    let mut models: Vec<&'static GpuModel> = nodes
+        .iter()
+        .filter(|n| crate::selectors::selector_matches(&plan.spec.node_selector, &n.labels))
+        .flat_map(|n| n.gpus.iter().filter_map(|g| g.model))
+        .collect();
+    models.sort_by_key(|m| m.key);
+    models.dedup_by_key(|m| m.key);
+    models
+}
+
+/// MPS settings the device plugin's MPS daemon cannot honour. The plugin runs the one MPS daemon of a
+/// node (README, "MPS"): it gives every client `100 / replicas` percent of the threads and
+/// `memory / replicas` of pinned memory (`cmd/mps-control-daemon/mps/daemon.go`). Pinned memory
+/// depends on the GPU's memory, so it is checked per node by the planner ([`mps_pinned_problem`]).
+fn mps_problems(g: &crate::api::GpuGroup) -> Vec<(&'static str, String)> {
+    let Some(mps) = &g.mps else { return vec![] };
+    let mut out = Vec::new();
+    let equal = 100 / mps.max_clients.max(1);
+    if let Some(p) = mps.active_thread_percentage
+        && p != equal
+    {
+        out.push((
+            "activeThreadPercentage",
+            format!(
+                "the device plugin's MPS daemon gives each of {} clients {equal}% of the threads (100 / maxClients); set {equal} or remove activeThreadPercentage",
+                mps.max_clients
+            ),
+        ));
+    }
+    out
+}
+
+/// The pinned memory the device plugin's MPS daemon gives each client on a GPU with `memory_mib`,
+/// and a problem when the plan asks for another value.
+pub fn mps_pinned_problem(mps: &crate::api::MpsSettings, gpu_name: &str, memory_mib: u64) -> Option<String> {
+    let asked = mps.pinned_memory_limit.as_deref()?;
+    let per_client = memory_mib / u64::from(mps.max_clients.max(1));
+    match crate::api::quantity_to_mib(asked) {
+        Some(mib) if mib == per_client => None,
+        _ => Some(format!(
+            "the device plugin's MPS daemon pins each client to GPU memory / maxClients, {per_client}Mi on {gpu_name} with {} clients; set {per_client}Mi or remove pinnedMemoryLimit",
+            mps.max_clients
         )),
     }
 }
@@ -171,24 +208,16 @@ pub fn check_plan(
         }
     }
 
-    let mut signatures: Vec<(String, usize)> = Vec::new();
-    for (i, g) in plan.spec.gpus.iter().enumerate() {
-        if let Some(sig) = sharing_signature(g.mode, g)
-            && !signatures.iter().any(|(s, _)| *s == sig)
-        {
-            signatures.push((sig, i));
-        }
+    // The plan's groups land on the same nodes, so they must make one device-plugin config.
+    if let Err((i, conflict)) = NodeConfig::fold(plan.spec.gpus.iter().map(|g| (g.mode, Sharing::of_group(g)))) {
+        problems.push(problem(format!("spec.gpus[{i}].mode"), conflict.to_string()));
     }
-    let shared = plan.spec.gpus.iter().any(|g| g.mode.is_shared());
-    if shared && signatures.len() > 1 {
-        let (first, j) = &signatures[0];
-        let (second, i) = &signatures[1];
-        problems.push(problem(
-            format!("spec.gpus[{i}].mode"),
-            format!(
-                "the device plugin gives every non-MIG GPU of a node the same sharing, and spec.gpus[{j}] is {first} while this is {second}; put them in plans for different nodes"
-            ),
-        ));
+    for (i, g) in plan.spec.gpus.iter().enumerate() {
+        problems.extend(
+            mps_problems(g)
+                .into_iter()
+                .map(|(f, m)| problem(format!("spec.gpus[{i}].mps.{f}"), m)),
+        );
     }
     PlanCheck { problems }
 }

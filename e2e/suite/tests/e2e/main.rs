@@ -4,6 +4,7 @@
 mod bounds;
 mod controlplane;
 mod crds;
+mod desired;
 mod fixtures;
 mod printer_columns;
 mod status;

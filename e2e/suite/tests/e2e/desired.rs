@@ -1,0 +1,272 @@
+//! What the controller writes (`gpu-tenancy plan -o yaml`, the `desired` function) is accepted by
+//! the real API server, and the admission policies it renders refuse and admit the right pods.
+
+use gpu_tenancy::api::{
+    GpuPartitionPlan, GpuTenant, GpuTenantSpec, Mode, ResourceRequest, SharingPolicy, TenantLimits,
+};
+use gpu_tenancy::cli::plan::{compute, manifests_yaml};
+use gpu_tenancy::desired::{Desired, POLICY_PREFIX, Settings, desired};
+use gpu_tenancy::inventory::InventoryFile;
+use gpu_tenancy::planner::PlanInput;
+use gpu_tenancy_e2e::{Cleanup, Names, client, create_namespace, ensure_crds, kubectl_async, repo_root};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// The examples' plan, as `plan -o yaml` prints it, passes a server-side dry run: every object is
+/// well-formed for the API server (schemas, CEL of the policies' expressions, our CRDs).
+#[tokio::test]
+async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
+    let client = client().await;
+    ensure_crds(&client).await;
+    let cleanup = Cleanup::new();
+    let root = repo_root();
+    let (desired, problems) =
+        compute(&[root.join("examples")], &root.join("examples/inventory.yaml"), now()).expect("the examples load");
+    assert_eq!(problems, Vec::<String>::new());
+    // A dry run persists nothing, so namespaced objects need their namespaces to exist already.
+    let settings = Settings::default();
+    let mut namespaces: Vec<String> = desired.namespaces.iter().map(|n| n.name_any()).collect();
+    namespaces.push(settings.device_plugin_namespace.clone());
+    for ns in &namespaces {
+        if kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
+            .await
+            .success
+        {
+            continue;
+        }
+        create_namespace(&client, &cleanup, ns, &[]).await;
+    }
+    let file = std::env::temp_dir().join(format!("gt-e2e-plan-{}.yaml", std::process::id()));
+    std::fs::write(&file, manifests_yaml(&desired)).unwrap();
+    let out = kubectl_async(vec![
+        "apply".into(),
+        "--dry-run=server".into(),
+        "--server-side".into(),
+        "--field-manager=gpu-tenancy-controller".into(),
+        "-f".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    std::fs::remove_file(&file).ok();
+    let stdout = out.ok();
+    // One line per object, each "serverside-applied (server dry run)".
+    let expected = desired.nodes.len()
+        + desired.namespaces.len()
+        + desired.resource_quotas.len()
+        + desired.config_maps.len()
+        + desired.node_labels.len()
+        + desired.admission_policies.len()
+        + desired.admission_bindings.len();
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains("(server dry run)")).count(),
+        expected,
+        "{stdout}"
+    );
+}
+
+fn tenant(name: &str, tier: &str, ns: &str, resources: Vec<ResourceRequest>, max_per_pod: Option<u32>) -> GpuTenant {
+    GpuTenant::new(
+        name,
+        GpuTenantSpec {
+            tier: tier.into(),
+            policy_ref: "default".into(),
+            namespaces: vec![ns.into()],
+            priority: 0,
+            weight: 1,
+            resources,
+            limits: max_per_pod.map(|m| TenantLimits {
+                max_gpus_per_pod: Some(m),
+                memory: None,
+            }),
+        },
+    )
+}
+
+fn pod(name: &str, limits: serde_json::Value, tolerations: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.invalid/cuda:latest", "resources": {"limits": limits}}],
+            "tolerations": tolerations,
+        }
+    }))
+    .unwrap()
+}
+
+/// The rendered admission policies, applied for real, refuse a pod that breaks its tenant's
+/// isolation with the policy's message and admit one that keeps to it.
+#[tokio::test]
+async fn tenant_admission_policies_refuse_and_admit_pods() {
+    let client = client().await;
+    ensure_crds(&client).await;
+    let cleanup = Cleanup::new();
+    let names = Names::new("admission");
+    let root = repo_root();
+    let policies: Vec<SharingPolicy> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(root.join("examples/policy.yaml")).unwrap()).unwrap();
+    let plans: Vec<GpuPartitionPlan> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(root.join("examples/plans.yaml")).unwrap()).unwrap();
+    let inventory: InventoryFile =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("examples/inventory.yaml")).unwrap()).unwrap();
+    let nodes = inventory.resolve().unwrap();
+    let (ext, exp) = (names.next(), names.next());
+    let (ext_ns, exp_ns) = (format!("{ext}-ns"), format!("{exp}-ns"));
+    let tenants = vec![
+        tenant(
+            &ext,
+            "external",
+            &ext_ns,
+            vec![ResourceRequest {
+                mode: Mode::Mig,
+                profile: Some("1g.10gb".into()),
+                count: 2,
+            }],
+            Some(1),
+        ),
+        tenant(
+            &exp,
+            "experimental",
+            &exp_ns,
+            vec![ResourceRequest {
+                mode: Mode::TimeSlicing,
+                profile: None,
+                count: 2,
+            }],
+            None,
+        ),
+    ];
+    let d: Desired = desired(
+        &PlanInput {
+            policies: &policies,
+            tenants: &tenants,
+            plans: &plans,
+            nodes: &nodes,
+        },
+        &Settings::default(),
+        &now(),
+    );
+    for (t, ns) in [(&ext, &ext_ns), (&exp, &exp_ns)] {
+        create_namespace(&client, &cleanup, ns, &[("gputenancy.io/tenant", t)]).await;
+    }
+    // Only these tenants' policies: the policy for namespaces of no tenant would judge every other
+    // test's pods.
+    let mine: Vec<serde_json::Value> = d
+        .admission_policies
+        .iter()
+        .filter(|p| p.name_any().starts_with(POLICY_PREFIX))
+        .map(|p| serde_json::to_value(p).unwrap())
+        .chain(
+            d.admission_bindings
+                .iter()
+                .filter(|b| b.name_any().starts_with(POLICY_PREFIX))
+                .map(|b| serde_json::to_value(b).unwrap()),
+        )
+        .collect();
+    for o in &mine {
+        let resource = if o["kind"] == "ValidatingAdmissionPolicy" {
+            "validatingadmissionpolicies.admissionregistration.k8s.io"
+        } else {
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io"
+        };
+        cleanup.add_resource(resource, o["metadata"]["name"].as_str().unwrap());
+    }
+    let file = std::env::temp_dir().join(format!("gt-e2e-adm-{}.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        mine.iter()
+            .map(|o| serde_saphyr::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+    )
+    .unwrap();
+    kubectl_async(vec![
+        "apply".into(),
+        "--server-side".into(),
+        "-f".into(),
+        file.display().to_string(),
+    ])
+    .await
+    .ok();
+    std::fs::remove_file(&file).ok();
+
+    let pods = |ns: &str| Api::<Pod>::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // (namespace, pod, refused with a message containing ..., or admitted)
+    let cases: Vec<(&str, Pod, Option<String>)> = vec![
+        (
+            &ext_ns,
+            pod("mig", json!({"nvidia.com/mig-1g.10gb": "1"}), json!([])),
+            None,
+        ),
+        (
+            &ext_ns,
+            pod("shared", json!({"nvidia.com/gpu.shared": "1"}), json!([])),
+            Some(format!("GpuTenant {ext} (tier external) may not use shared GPUs")),
+        ),
+        (
+            &ext_ns,
+            pod("two", json!({"nvidia.com/mig-1g.10gb": "2"}), json!([])),
+            Some(format!(
+                "GpuTenant {ext} (tier external) allows at most 1 GPUs per pod (spec.limits.maxGpusPerPod); this pod asks for 2"
+            )),
+        ),
+        (
+            &ext_ns,
+            pod(
+                "steal",
+                json!({}),
+                json!([{"key": "gputenancy.io/dedicated", "operator": "Equal", "value": "someone-else", "effect": "NoSchedule"}]),
+            ),
+            Some("may tolerate only its own dedicated nodes".into()),
+        ),
+        (
+            &ext_ns,
+            pod("everything", json!({}), json!([{"operator": "Exists"}])),
+            Some("a toleration without a key tolerates every taint".into()),
+        ),
+        (
+            &exp_ns,
+            pod(
+                "ts",
+                json!({"nvidia.com/gpu.shared": "1"}),
+                json!([{"key": "gputenancy.io/sharing", "operator": "Equal", "value": "TimeSlicing", "effect": "NoSchedule"}]),
+            ),
+            None,
+        ),
+        (&exp_ns, pod("cpu", json!({"cpu": "1"}), json!([])), None),
+    ];
+    // A new policy takes a moment to reach the admission plugin: retry the first refusal until it bites.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if pods(&ext_ns).create(&dry, &cases[1].1).await.is_err() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tenant's admission policy never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    for (ns, p, refusal) in cases {
+        let result = pods(ns).create(&dry, &p).await;
+        match (refusal, result) {
+            (None, Ok(_)) => {}
+            (None, Err(e)) => panic!("pod {} in {ns} was refused: {e}", p.name_any()),
+            (Some(m), Ok(_)) => panic!(
+                "pod {} in {ns} was admitted; expected a refusal with {m:?}",
+                p.name_any()
+            ),
+            (Some(m), Err(e)) => assert!(e.to_string().contains(&m), "pod {}: {e} lacks {m:?}", p.name_any()),
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Per planned node: the device-plugin config it uses, and the labels and taints that keep tenants
+//! where their tier and dedications allow; the device plugin's ConfigMap; and each tenant's
+//! `Isolated` condition, which says plainly which grants Kubernetes enforces.
+
+use super::Settings;
+use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
+use crate::device_plugin::{NodeConfig, Sharing};
+use crate::inventory::NodeInventory;
+use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, SHARING};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The one tenant every GPU of a node is dedicated to by its plan, if there is one: such a node is
+/// tainted for that tenant, so no other tenant's pod runs there.
+fn dedicated_to(node: &GpuNode, plans: &[GpuPartitionPlan], inventory: Option<&NodeInventory>) -> Option<String> {
+    let plan = plans.iter().find(|p| Some(p.name_any()) == node.spec.plan)?;
+    let all_listed = inventory.is_none_or(|inv| inv.gpus.len() == node.spec.gpus.len());
+    let mut owners = plan.spec.gpus.iter().map(|g| g.tenants.as_slice());
+    let first = owners.next()?;
+    match first {
+        [only] if all_listed && !node.spec.gpus.is_empty() && owners.all(|o| o == first) => Some(only.clone()),
+        _ => None,
+    }
+}
+
+pub fn render(
+    nodes: &[GpuNode],
+    plans: &[GpuPartitionPlan],
+    inventory: &[NodeInventory],
+    tenants: &[GpuTenant],
+    settings: &Settings,
+) -> (Vec<Node>, Vec<ConfigMap>) {
+    let known: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
+    let by_name: BTreeMap<&str, &NodeInventory> = inventory.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut configs: BTreeMap<String, NodeConfig> = BTreeMap::new();
+    let mut out = Vec::new();
+    for node in nodes {
+        if node.spec.gpus.is_empty() {
+            continue;
+        }
+        // Plans that break the rule never reach a node spec; a spec that does is left unlabelled.
+        let Ok(config) = NodeConfig::of_gpus(&node.spec.gpus) else {
+            continue;
+        };
+        let key = config.key();
+        configs.insert(key.clone(), config);
+        let mut labels = super::managed_labels();
+        labels.insert(DEVICE_PLUGIN_CONFIG.into(), key);
+        let mut taints = Vec::new();
+        if let Some(Sharing::Mps { .. } | Sharing::TimeSlicing { .. }) = config.sharing {
+            let mode = node
+                .spec
+                .gpus
+                .iter()
+                .map(|g| g.mode)
+                .find(|m| m.is_shared())
+                .unwrap_or(Mode::TimeSlicing);
+            labels.insert(SHARING.into(), mode.to_string());
+            taints.push(taint(SHARING, mode.as_str()));
+        }
+        if let Some(tenant) = dedicated_to(node, plans, by_name.get(node.name_any().as_str()).copied())
+            && known.contains(&tenant)
+        {
+            labels.insert(DEDICATED.into(), tenant.clone());
+            taints.push(taint(DEDICATED, &tenant));
+        }
+        out.push(Node {
+            metadata: ObjectMeta {
+                name: Some(node.name_any()),
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(taints),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        });
+    }
+    let data: BTreeMap<String, String> = configs
+        .iter()
+        .map(|(k, c)| {
+            (
+                k.clone(),
+                serde_saphyr::to_string(&c.render()).expect("a plugin config serialises"),
+            )
+        })
+        .collect();
+    let config_map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(settings.device_plugin_config_map.clone()),
+            namespace: Some(settings.device_plugin_namespace.clone()),
+            labels: Some(super::managed_labels()),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        ..ConfigMap::default()
+    };
+    (out, vec![config_map])
+}
+
+fn taint(key: &str, value: &str) -> Taint {
+    Taint {
+        key: key.into(),
+        value: Some(value.into()),
+        effect: "NoSchedule".into(),
+        ..Taint::default()
+    }
+}
+
+/// Sets each tenant's `Isolated` condition: `True` when every grant is on a node dedicated (and
+/// tainted) to it, so Kubernetes keeps other tenants' pods away; otherwise `False` with reason
+/// `CountsOnly`, naming the nodes where the quota enforces how many units the tenant uses but the
+/// device plugin chooses which GPU or instance a pod gets.
+pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &Time) -> Vec<GpuTenant> {
+    let dedicated: BTreeMap<String, String> = nodes
+        .iter()
+        .filter_map(|n| Some((n.name_any(), n.labels().get(DEDICATED)?.clone())))
+        .collect();
+    for t in &mut tenants {
+        let name = t.name_any();
+        let generation = t.metadata.generation;
+        let Some(status) = t.status.as_mut() else { continue };
+        if status.grants.is_empty() {
+            status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
+            continue;
+        }
+        let shared: BTreeSet<&str> = status
+            .grants
+            .iter()
+            .filter(|g| dedicated.get(&g.node) != Some(&name))
+            .map(|g| g.node.as_str())
+            .collect();
+        let (ok, reason, message) = if shared.is_empty() {
+            (
+                true,
+                "DedicatedNodes",
+                "every grant is on a node tainted for this tenant alone".to_string(),
+            )
+        } else {
+            let listed: Vec<&str> = shared.iter().take(5).copied().collect();
+            (
+                false,
+                "CountsOnly",
+                format!(
+                    "on {} node{} ({}{}) the quota enforces how many units this tenant uses, but NVIDIA's device plugin picks which GPU or MIG instance a pod gets, so the per-GPU binding is bookkeeping; dedicate whole nodes to the tenant (a plan's spec.gpus[].tenants on every GPU of a node) to enforce it",
+                    shared.len(),
+                    if shared.len() == 1 { "" } else { "s" },
+                    listed.join(", "),
+                    if shared.len() > 5 { ", ..." } else { "" }
+                ),
+            )
+        };
+        set_condition(
+            &mut status.conditions,
+            ConditionSet::ISOLATED,
+            ok,
+            reason,
+            message,
+            generation,
+            now,
+        );
+    }
+    tenants
+}

@@ -1,0 +1,184 @@
+//! Tenant namespaces: their label and a ResourceQuota on the device plugin's resource names.
+//!
+//! A tenant's grant is its total across all its namespaces. Kubernetes quota is per namespace and
+//! admission cannot see another namespace's usage, so the grant is split: each namespace gets
+//! `grant / n`, the first `grant % n` namespaces (in `spec.namespaces` order) one more. The sum of
+//! the quotas is the grant, so the namespaces together can never hold more (the trade-off: one
+//! namespace cannot borrow what another leaves unused; list the busiest namespace first, or give
+//! the tenant one namespace, to put the remainder where it is needed).
+//!
+//! Every GPU resource name in the fleet is listed, at 0 where the tenant has no grant, so a
+//! namespace never uses capacity it was not given. A tenant with problems gets nothing: its
+//! namespaces keep a quota of zeros (fail closed). A namespace two tenants claim belongs to
+//! neither: it gets zeros and no tenant label.
+
+use super::managed_labels;
+use crate::api::{GpuNode, GpuTenant, Mode};
+use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
+use crate::labels::TENANT;
+use crate::planner::PlanOutput;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Name of the ResourceQuota in each tenant namespace.
+pub const QUOTA_NAME: &str = "gpu-tenancy";
+
+/// Device-plugin resource names a grant of `mode` (and `profile`) is counted under.
+pub fn resource_name(mode: Mode, profile: Option<&str>) -> String {
+    match mode {
+        Mode::Mig => mig_resource(profile.unwrap_or_default()),
+        Mode::Exclusive => RESOURCE_GPU.into(),
+        Mode::Mps | Mode::TimeSlicing => RESOURCE_SHARED.into(),
+    }
+}
+
+/// Every GPU resource name the fleet or the tenants mention.
+fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> {
+    let mut names = BTreeSet::from([RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]);
+    for n in nodes {
+        for g in &n.spec.gpus {
+            names.extend(g.mig_instances.iter().map(|i| mig_resource(&i.profile)));
+        }
+    }
+    for t in tenants {
+        names.extend(
+            t.spec
+                .resources
+                .iter()
+                .filter(|r| r.mode == Mode::Mig)
+                .map(|r| resource_name(r.mode, r.profile.as_deref())),
+        );
+    }
+    names
+}
+
+/// The owner reference that lets garbage collection remove a tenant's objects with it; only when
+/// the tenant came from a cluster (offline objects have no uid).
+pub(super) fn owner(tenant: &GpuTenant) -> Option<Vec<OwnerReference>> {
+    tenant.controller_owner_ref(&()).map(|o| vec![o])
+}
+
+/// Per tenant, granted units per resource name (only a valid tenant's grants count).
+fn granted(tenant: &GpuTenant) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let status = tenant.status.as_ref();
+    let valid = status
+        .is_some_and(|s| crate::api::condition_status(&s.conditions, crate::api::ConditionSet::VALID) == Some(true));
+    if !valid {
+        return out;
+    }
+    for a in status.map(|s| s.allocation.as_slice()).unwrap_or_default() {
+        *out.entry(resource_name(a.mode, a.profile.as_deref())).or_insert(0) += u64::from(a.granted);
+    }
+    out
+}
+
+/// Splits `total` over `n` namespaces: `total / n` each, the first `total % n` one more.
+pub fn split(total: u64, n: usize, position: usize) -> u64 {
+    let n = n.max(1) as u64;
+    total / n + u64::from((position as u64) < total % n)
+}
+
+pub fn render(out: &PlanOutput) -> (Vec<Namespace>, Vec<ResourceQuota>) {
+    let names = resource_names(&out.nodes, &out.tenants);
+    let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
+    for t in &out.tenants {
+        for ns in &t.spec.namespaces {
+            claims.entry(ns.as_str()).or_default().push(t);
+        }
+    }
+    let mut namespaces = Vec::new();
+    let mut quotas = Vec::new();
+    for (ns, owners) in claims {
+        let sole = match owners.as_slice() {
+            [t] => Some(*t),
+            _ => None,
+        };
+        let mut labels = managed_labels();
+        if let Some(t) = sole {
+            labels.insert(TENANT.into(), t.name_any());
+        }
+        namespaces.push(Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.to_string()),
+                labels: Some(labels.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        });
+        let (grants, position, count) = match sole {
+            Some(t) => (
+                granted(t),
+                t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
+                t.spec.namespaces.len(),
+            ),
+            None => (BTreeMap::new(), 0, 1),
+        };
+        let hard = names
+            .iter()
+            .map(|name| {
+                let total = grants.get(name).copied().unwrap_or(0);
+                (
+                    format!("requests.{name}"),
+                    Quantity(split(total, count, position).to_string()),
+                )
+            })
+            .collect();
+        let mut annotations = BTreeMap::new();
+        annotations.insert(
+            "gputenancy.io/quota".to_string(),
+            match sole {
+                Some(t) if count > 1 => format!(
+                    "share {} of {count} of GpuTenant {}'s grant, split evenly over its namespaces",
+                    position + 1,
+                    t.name_any()
+                ),
+                Some(t) => format!("GpuTenant {}'s grant", t.name_any()),
+                None => format!(
+                    "claimed by {}: a namespace belongs to one tenant, so it gets no GPUs",
+                    owners
+                        .iter()
+                        .map(|t| format!("GpuTenant/{}", t.name_any()))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            },
+        );
+        quotas.push(ResourceQuota {
+            metadata: ObjectMeta {
+                name: Some(QUOTA_NAME.into()),
+                namespace: Some(ns.to_string()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                owner_references: sole.and_then(owner),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(hard),
+                ..ResourceQuotaSpec::default()
+            }),
+            ..ResourceQuota::default()
+        });
+    }
+    (namespaces, quotas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    /// The namespaces of a tenant never hold more than its grant, and differ by at most one.
+    #[test]
+    fn split_sums_to_the_grant() {
+        for total in 0..40u64 {
+            for n in 1..7usize {
+                let parts: Vec<u64> = (0..n).map(|i| split(total, n, i)).collect();
+                assert_eq!(parts.iter().sum::<u64>(), total, "{total} over {n}");
+                assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
+            }
+        }
+    }
+}

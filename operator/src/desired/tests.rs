@@ -1,0 +1,268 @@
+//! The desired state on small fleets: quotas, admission, node labels and taints, device-plugin
+//! config, and the Isolated condition. Expected values are written out by hand.
+
+use super::*;
+use crate::api::{ConditionSet, Mode, TenantLimits};
+use crate::device_plugin::{PluginConfig, parser_rule_violations};
+use crate::inventory::NodeInventory;
+use crate::planner::tests::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+
+fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory]) -> Desired {
+    let policies = [policy()];
+    desired(
+        &PlanInput {
+            policies: &policies,
+            tenants,
+            plans,
+            nodes,
+        },
+        &Settings::default(),
+        &now(),
+    )
+}
+
+fn hard(d: &Desired, ns: &str) -> BTreeMap<String, String> {
+    d.resource_quotas
+        .iter()
+        .find(|q| q.namespace().as_deref() == Some(ns))
+        .unwrap_or_else(|| panic!("no quota in {ns}"))
+        .spec
+        .as_ref()
+        .unwrap()
+        .hard
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+fn fleet() -> (Vec<GpuPartitionPlan>, Vec<NodeInventory>) {
+    let plans = vec![
+        plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])]),
+        plan_for("ts", "h200", vec![group("all", Mode::TimeSlicing)]),
+        plan_for("excl", "a100", vec![group("all", Mode::Exclusive)]),
+    ];
+    let nodes = vec![
+        node("h100-a", "h100", "H100-80GB", 2, false),
+        node("h200-a", "h200", "H200", 2, false),
+        node("a100-a", "a100", "A100-40GB", 4, false),
+    ];
+    (plans, nodes)
+}
+
+#[test]
+fn quotas_split_each_grant_over_the_tenants_namespaces() {
+    let (plans, nodes) = fleet();
+    let mut acme = TenantBuilder::new("acme", "external")
+        .mig("3g.40gb", 3)
+        .want(Mode::Exclusive, 3)
+        .build();
+    acme.spec.namespaces = vec!["acme-prod".into(), "acme-dev".into()];
+    let d = run(&[acme], &plans, &nodes);
+    // 3 instances over 2 namespaces: the first listed gets 2, the second 1; the sum is the grant.
+    let prod = hard(&d, "acme-prod");
+    let dev = hard(&d, "acme-dev");
+    assert_eq!(prod["requests.nvidia.com/mig-3g.40gb"], "2");
+    assert_eq!(dev["requests.nvidia.com/mig-3g.40gb"], "1");
+    assert_eq!(prod["requests.nvidia.com/gpu"], "2");
+    assert_eq!(dev["requests.nvidia.com/gpu"], "1");
+    // What the tenant was not given is 0, not absent.
+    assert_eq!(prod["requests.nvidia.com/gpu.shared"], "0");
+    assert_eq!(prod.len(), 3, "{prod:?}");
+    let ns: Vec<(String, Option<String>)> = d
+        .namespaces
+        .iter()
+        .map(|n| (n.name_any(), n.labels().get("gputenancy.io/tenant").cloned()))
+        .collect();
+    assert_eq!(
+        ns,
+        [
+            ("acme-dev".to_string(), Some("acme".to_string())),
+            ("acme-prod".to_string(), Some("acme".to_string()))
+        ]
+    );
+}
+
+#[test]
+fn an_invalid_tenant_and_a_contested_namespace_get_zeros() {
+    let (plans, nodes) = fleet();
+    let bad = TenantBuilder::new("bad", "platinum").want(Mode::Exclusive, 1).build();
+    let mut a = TenantBuilder::new("a", "internal").want(Mode::Exclusive, 1).build();
+    let mut b = TenantBuilder::new("b", "internal").want(Mode::Exclusive, 1).build();
+    a.spec.namespaces = vec!["shared".into()];
+    b.spec.namespaces = vec!["shared".into()];
+    let d = run(&[a, b, bad], &plans, &nodes);
+    for ns in ["bad", "shared"] {
+        assert!(hard(&d, ns).values().all(|v| v == "0"), "{ns}: {:?}", hard(&d, ns));
+    }
+    let shared = d.namespaces.iter().find(|n| n.name_any() == "shared").unwrap();
+    assert!(!shared.labels().contains_key("gputenancy.io/tenant"));
+    // The invalid tenant's policy refuses every GPU resource.
+    let p = d
+        .admission_policies
+        .iter()
+        .find(|p| p.name_any() == "gputenancy.io-tenant-bad")
+        .unwrap();
+    let v = p.spec.as_ref().unwrap().validations.as_ref().unwrap();
+    assert!(
+        v[0].message
+            .as_ref()
+            .unwrap()
+            .contains("is not valid, so its pods get no GPUs")
+    );
+}
+
+#[test]
+fn admission_follows_the_tier() {
+    let (plans, nodes) = fleet();
+    let mut acme = TenantBuilder::new("acme", "external").mig("3g.40gb", 1).build();
+    acme.spec.limits = Some(TenantLimits {
+        max_gpus_per_pod: Some(2),
+        memory: None,
+    });
+    let lab = TenantBuilder::new("lab", "experimental")
+        .want(Mode::TimeSlicing, 2)
+        .build();
+    let d = run(&[acme, lab], &plans, &nodes);
+    let messages = |name: &str| -> Vec<String> {
+        let p = d.admission_policies.iter().find(|p| p.name_any() == name).unwrap();
+        p.spec
+            .as_ref()
+            .unwrap()
+            .validations
+            .clone()
+            .unwrap()
+            .iter()
+            .map(|v| v.message.clone().or(v.message_expression.clone()).unwrap())
+            .collect()
+    };
+    let acme = messages("gputenancy.io-tenant-acme");
+    // The test policy's external tier allows MIG, Exclusive and MPS: shared GPUs are allowed (MPS),
+    // the time-slicing taint is not.
+    assert!(
+        acme.iter()
+            .any(|m| m.contains("may not tolerate the taint gputenancy.io/sharing=TimeSlicing"))
+    );
+    assert!(!acme.iter().any(|m| m.contains("may not use MIG")));
+    assert!(acme.iter().any(|m| m.contains("at most 2 GPUs per pod")));
+    assert!(
+        acme.iter()
+            .any(|m| m.contains("only its own dedicated nodes (gputenancy.io/dedicated=acme)"))
+    );
+    let lab = messages("gputenancy.io-tenant-lab");
+    assert!(!lab.iter().any(|m| m.contains("may not use")), "{lab:?}");
+    // Bindings select the tenant's namespaces by label; one more policy covers namespaces of no tenant.
+    let names: Vec<String> = d.admission_bindings.iter().map(|b| b.name_any()).collect();
+    assert_eq!(
+        names,
+        [
+            "gputenancy.io-no-tenant",
+            "gputenancy.io-tenant-acme",
+            "gputenancy.io-tenant-lab"
+        ]
+    );
+}
+
+#[test]
+fn nodes_get_their_device_plugin_config_and_taints() {
+    let (mut plans, mut nodes) = fleet();
+    let gamma = TenantBuilder::new("gamma", "internal").want(Mode::Exclusive, 2).build();
+    plans.push(plan_for(
+        "gamma-only",
+        "dedicated",
+        vec![crate::api::GpuGroup {
+            tenants: vec!["gamma".into()],
+            ..group("all", Mode::Exclusive)
+        }],
+    ));
+    nodes.push(node("h200-d", "dedicated", "H200", 2, false));
+    let d = run(&[gamma], &plans, &nodes);
+    let summary: Vec<(String, String, Vec<String>)> = d
+        .node_labels
+        .iter()
+        .map(|n| {
+            (
+                n.name_any(),
+                n.labels()["nvidia.com/device-plugin.config"].clone(),
+                n.spec
+                    .as_ref()
+                    .unwrap()
+                    .taints
+                    .clone()
+                    .unwrap()
+                    .iter()
+                    .map(|t| format!("{}={}", t.key, t.value.clone().unwrap()))
+                    .collect(),
+            )
+        })
+        .collect();
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        summary,
+        [
+            (s("a100-a"), s("exclusive"), vec![]),
+            (s("h100-a"), s("mig-mixed"), vec![]),
+            (
+                s("h200-a"),
+                s("time-slicing-4"),
+                vec![s("gputenancy.io/sharing=TimeSlicing")]
+            ),
+            (s("h200-d"), s("exclusive"), vec![s("gputenancy.io/dedicated=gamma")]),
+        ]
+    );
+    // One ConfigMap key per distinct config, each a config the plugin's parser accepts.
+    let data = d.config_maps[0].data.clone().unwrap();
+    assert_eq!(
+        data.keys().collect::<Vec<_>>(),
+        ["exclusive", "mig-mixed", "time-slicing-4"]
+    );
+    for (key, text) in &data {
+        let config: PluginConfig = serde_saphyr::from_str(text).unwrap();
+        assert_eq!(parser_rule_violations(&config), Vec::<String>::new(), "{key}");
+    }
+    assert!(
+        data["time-slicing-4"].contains("renameByDefault: true"),
+        "{}",
+        data["time-slicing-4"]
+    );
+    assert!(data["mig-mixed"].contains("migStrategy: mixed"));
+    // gamma's grants are all on its dedicated node: Kubernetes enforces them.
+    let gamma = d.tenants[0].status.as_ref().unwrap();
+    let isolated = gamma
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ConditionSet::ISOLATED)
+        .unwrap();
+    assert_eq!(
+        (isolated.status.as_str(), isolated.reason.as_str()),
+        ("True", "DedicatedNodes")
+    );
+}
+
+#[test]
+fn bindings_on_shared_nodes_are_reported_as_counts_only() {
+    let (plans, nodes) = fleet();
+    let acme = TenantBuilder::new("acme", "external").mig("3g.40gb", 1).build();
+    let d = run(&[acme], &plans, &nodes);
+    let c = d.tenants[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ConditionSet::ISOLATED)
+        .unwrap()
+        .clone();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "CountsOnly"));
+    assert!(c.message.contains("h100-a"), "{}", c.message);
+}
+
+#[test]
+fn the_same_input_gives_the_same_objects() {
+    let (plans, nodes) = fleet();
+    let t = [TenantBuilder::new("acme", "external").mig("3g.40gb", 3).build()];
+    assert_eq!(run(&t, &plans, &nodes), run(&t, &plans, &nodes));
+}
