@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
     status = "GpuPartitionPlanStatus",
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"The higher plan wins a node two plans select"}"#,
     printcolumn = r#"{"name":"Selected","type":"integer","jsonPath":".status.nodes.selected","description":"Nodes this plan governs"}"#,
-    printcolumn = r#"{"name":"Applied","type":"integer","jsonPath":".status.nodes.applied","description":"Nodes whose GPUs match the plan"}"#,
+    printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.nodes.updated","description":"Nodes whose GpuNode spec is the plan's layout"}"#,
+    printcolumn = r#"{"name":"Applied","type":"integer","jsonPath":".status.nodes.applied","description":"Updated nodes whose agent reported the spec applied"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -154,7 +155,7 @@ pub struct GpuPartitionPlanStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<PlanNodeCounts>,
-    /// Nodes not (yet) applied, with the reason.
+    /// Nodes held back, waiting or failed, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_details: Vec<PlanNodeDetail>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -165,9 +166,20 @@ pub struct GpuPartitionPlanStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanNodeCounts {
+    /// Nodes the plan governs, and nodes where it conflicts with another plan.
+    /// `selected` = `applied` + `pending` + `waiting` + `failed`.
     pub selected: u32,
+    /// Nodes whose GpuNode spec is the plan's layout (applied or on its way).
+    #[serde(default)]
+    pub updated: u32,
+    /// Updated nodes whose agent reported that spec applied.
     pub applied: u32,
+    /// Nodes still to apply the plan: updated and not yet applied, or waiting for the rollout.
     pub pending: u32,
+    /// Nodes whose agent has not reported its GPUs yet; the plan applies there once it does.
+    #[serde(default)]
+    pub waiting: u32,
+    /// Nodes that cannot take the plan: it does not fit, plans conflict, or the agent gave up.
     pub failed: u32,
 }
 
@@ -175,7 +187,7 @@ pub struct PlanNodeCounts {
 #[serde(rename_all = "camelCase")]
 pub struct PlanNodeDetail {
     pub node: String,
-    /// `Pending`, `Failed` or `Conflict`.
+    /// `HeldBack` (waiting for the rollout), `Waiting` (for the agent), `Failed` or `Conflict`.
     pub state: String,
     pub message: String,
 }

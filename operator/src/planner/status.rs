@@ -2,6 +2,7 @@
 
 use super::allocate::TenantGrants;
 use super::nodes::{Fleet, NodeState};
+use super::rollout::{Progress, Rollout};
 use crate::api::{
     Condition, ConditionSet, GpuPartitionPlan, GpuTenant, PlanNodeCounts, PlanNodeDetail, SharingPolicy, set_condition,
 };
@@ -25,15 +26,23 @@ impl Conditions<'_> {
 
     /// `Valid` and `Stalled` from the object's own problems: problems need a person, so they stall it.
     fn validity(&mut self, problems: &[&Problem], valid: &str, stalled: &str) -> bool {
+        if self.valid(problems, valid) {
+            self.set(ConditionSet::STALLED, false, "Valid", "");
+            return true;
+        }
+        self.set(ConditionSet::STALLED, true, "Invalid", stalled);
+        false
+    }
+
+    /// `Valid` alone, for objects that can stall for other reasons too.
+    fn valid(&mut self, problems: &[&Problem], valid: &str) -> bool {
         if problems.is_empty() {
             self.set(ConditionSet::VALID, true, "Valid", valid);
-            self.set(ConditionSet::STALLED, false, "Valid", "");
             return true;
         }
         let fields = joined(problems.iter().map(|p| p.field.as_str()));
         let messages = joined(problems.iter().map(|p| p.message.as_str()));
         self.set(ConditionSet::VALID, false, "Invalid", format!("{fields}: {messages}"));
-        self.set(ConditionSet::STALLED, true, "Invalid", stalled);
         false
     }
 }
@@ -119,55 +128,109 @@ pub fn tenant_statuses(
     out
 }
 
-/// Per plan: nodes selected, pending (planned, not yet applied by their agents) and failed
-/// (the plan cannot apply there, or plans conflict), with details of the failures.
-fn node_counts(fleet: &Fleet) -> BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeDetail>)> {
+/// Where a node stands for a plan's status.
+enum Standing {
+    Applied,
+    /// Its spec is the plan's; the agent has not reported it applied yet.
+    Updated,
+    /// Its spec is the plan's; the agent gave up on it.
+    AgentFailed(String),
+    HeldBack,
+    Waiting,
+    /// The plan cannot apply there (`Failed`) or conflicts with another (`Conflict`).
+    Failed(&'static str, String),
+}
+
+/// Per plan: nodes selected, updated, applied, pending (updated and not yet applied, or held back
+/// by the rollout), waiting for their agent, failed; with details of the nodes held back, waiting
+/// or failed. `selected` = `applied` + `pending` + `waiting` + `failed`.
+fn node_counts(fleet: &Fleet, rollout: &Rollout) -> BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeDetail>)> {
     let mut counts: BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeDetail>)> = BTreeMap::new();
     for node in &fleet.nodes {
-        let entries: Vec<(String, &str, String)> = match (&node.state, &node.plan) {
-            (NodeState::Planned, Some(p)) => vec![(p.clone(), "Pending", String::new())],
-            (NodeState::Waiting, Some(p)) => vec![(
-                p.clone(),
-                "Waiting",
-                "the node's agent has not reported its GPUs yet".to_string(),
-            )],
-            (NodeState::Failed(m), Some(p)) => vec![(p.clone(), "Failed", m.clone())],
-            (NodeState::Conflict { plans, message }, _) => {
-                plans.iter().map(|p| (p.clone(), "Conflict", message.clone())).collect()
+        let name = &node.inventory.name;
+        let entries: Vec<(String, Standing)> = match (&node.state, &node.plan) {
+            (NodeState::Planned, Some(p)) => {
+                let standing = match rollout.node_rollouts.get(name).map(|r| &r.progress) {
+                    Some(Progress::Applied) => Standing::Applied,
+                    Some(Progress::HeldBack) => Standing::HeldBack,
+                    Some(Progress::Failed(m)) => Standing::AgentFailed(m.clone()),
+                    Some(Progress::Pending) | None => Standing::Updated,
+                };
+                vec![(p.clone(), standing)]
             }
+            (NodeState::Waiting, Some(p)) => vec![(p.clone(), Standing::Waiting)],
+            (NodeState::Failed(m), Some(p)) => vec![(p.clone(), Standing::Failed("Failed", m.clone()))],
+            (NodeState::Conflict { plans, message }, _) => plans
+                .iter()
+                .map(|p| (p.clone(), Standing::Failed("Conflict", message.clone())))
+                .collect(),
             _ => vec![],
         };
-        for (plan, state, message) in entries {
+        for (plan, standing) in entries {
+            let budget = rollout.plans.get(&plan);
             let (c, details) = counts.entry(plan).or_default();
             c.selected += 1;
-            if state == "Pending" {
-                c.pending += 1;
-            } else {
-                c.failed += 1;
-                details.push(PlanNodeDetail {
-                    node: node.inventory.name.clone(),
-                    state: state.into(),
-                    message,
-                });
-            }
+            let (state, message) = match standing {
+                Standing::Applied => {
+                    c.updated += 1;
+                    c.applied += 1;
+                    continue;
+                }
+                Standing::Updated => {
+                    c.updated += 1;
+                    c.pending += 1;
+                    continue;
+                }
+                Standing::AgentFailed(m) => {
+                    c.updated += 1;
+                    c.failed += 1;
+                    ("Failed", format!("the node's agent could not apply the plan: {m}"))
+                }
+                Standing::HeldBack => {
+                    c.pending += 1;
+                    let max = budget.map_or(1, |b| b.max_unavailable);
+                    (
+                        "HeldBack",
+                        format!("waiting for the rollout: {max} nodes change at once (maxUnavailable)"),
+                    )
+                }
+                Standing::Waiting => {
+                    c.waiting += 1;
+                    ("Waiting", "the node's agent has not reported its GPUs yet".to_string())
+                }
+                Standing::Failed(state, m) => {
+                    c.failed += 1;
+                    (state, m)
+                }
+            };
+            details.push(PlanNodeDetail {
+                node: name.clone(),
+                state: state.into(),
+                message,
+            });
         }
     }
     counts
 }
 
+/// Plan statuses (kstatus, FACTS.md §5): `Reconciling=True` while nodes are still to apply the plan
+/// or wait for their agents, `Stalled=True` only when a person must act (the plan is invalid, or a
+/// node cannot take it), `Ready=True` when every selected node has the plan's spec applied.
 pub fn plan_statuses(
     plans: &[&GpuPartitionPlan],
     checks: &[PlanCheck],
     fleet: &Fleet,
+    rollout: &Rollout,
     now: &Time,
 ) -> Vec<GpuPartitionPlan> {
-    let mut counts = node_counts(fleet);
+    let mut counts = node_counts(fleet, rollout);
     plans
         .iter()
         .zip(checks)
         .map(|(plan, check)| {
             let mut plan = (*plan).clone();
-            let (nodes, node_details) = counts.remove(&plan.name_any()).unwrap_or_default();
+            let name = plan.name_any();
+            let (nodes, node_details) = counts.remove(&name).unwrap_or_default();
             let mut status = plan.status.take().unwrap_or_default();
             status.observed_generation = plan.metadata.generation;
             let mut c = Conditions {
@@ -176,30 +239,66 @@ pub fn plan_statuses(
                 now,
             };
             let problems: Vec<&Problem> = check.problems.iter().collect();
-            let valid = c.validity(
-                &problems,
-                "the plan fits every GPU model it names",
-                "fix the spec; no node is changed until it is valid",
+            let valid = c.valid(&problems, "the plan fits every GPU model it names");
+            let n = &nodes;
+            let failed = format!(
+                "{} of {} nodes cannot take the plan; see status.nodeDetails",
+                n.failed, n.selected
             );
-            let (ready, reason, message) = if !valid {
-                (false, "Invalid", "the plan is not valid".to_string())
-            } else if nodes.failed > 0 {
-                (
-                    false,
-                    "NodesFailed",
-                    format!(
-                        "{} of {} nodes cannot take the plan; see status.nodeDetails",
-                        nodes.failed, nodes.selected
-                    ),
-                )
-            } else if nodes.pending > 0 {
-                (
-                    false,
-                    "Pending",
-                    format!("{} of {} nodes still to apply the plan", nodes.pending, nodes.selected),
-                )
+            if !valid {
+                c.set(
+                    ConditionSet::STALLED,
+                    true,
+                    "Invalid",
+                    "fix the spec; no node is changed until it is valid",
+                );
+            } else if n.failed > 0 {
+                c.set(ConditionSet::STALLED, true, "NodesFailed", failed.clone());
             } else {
-                (true, "Applied", format!("{} nodes applied", nodes.applied))
+                c.set(ConditionSet::STALLED, false, "Valid", "");
+            }
+            let pending = format!("{} of {} nodes still to apply the plan", n.pending, n.selected);
+            let waiting = format!(
+                "{} of {} nodes wait for their agent to report GPUs",
+                n.waiting, n.selected
+            );
+            if valid && n.pending > 0 {
+                let held = node_details.iter().filter(|d| d.state == "HeldBack").count();
+                let message = match rollout.plans.get(&name) {
+                    Some(r) if held > 0 => format!(
+                        "{pending}: {} changing at once (maxUnavailable {}), {held} waiting for the rollout",
+                        r.changing.len(),
+                        r.max_unavailable
+                    ),
+                    _ => pending.clone(),
+                };
+                c.set(ConditionSet::RECONCILING, true, "RollingOut", message);
+            } else if valid && n.waiting > 0 {
+                c.set(ConditionSet::RECONCILING, true, "WaitingForAgents", waiting.clone());
+            } else {
+                let reason = if valid { "Settled" } else { "Invalid" };
+                c.set(ConditionSet::RECONCILING, false, reason, "");
+            }
+            let (ready, reason, message) = if !valid {
+                (
+                    false,
+                    "Invalid",
+                    "the plan is not valid; see the Valid condition".to_string(),
+                )
+            } else if n.failed > 0 {
+                (false, "NodesFailed", failed)
+            } else if n.pending > 0 {
+                (false, "Pending", pending)
+            } else if n.waiting > 0 {
+                (false, "WaitingForAgents", waiting)
+            } else if n.selected == 0 {
+                (true, "Applied", "the plan selects no node".to_string())
+            } else {
+                (
+                    true,
+                    "Applied",
+                    format!("{} of {} nodes applied", n.applied, n.selected),
+                )
             };
             c.set(ConditionSet::READY, ready, reason, message);
             status.nodes = Some(nodes);

@@ -466,3 +466,243 @@ fn planning_is_deterministic_and_stable() {
     let again = run(&tenants, &plans, &current);
     assert_eq!(again.nodes, first.nodes);
 }
+
+// Rollout and plan statuses.
+
+fn plan_status(out: &PlanOutput, name: &str) -> GpuPartitionPlanStatus {
+    out.plans
+        .iter()
+        .find(|p| p.name_any() == name)
+        .and_then(|p| p.status.clone())
+        .unwrap()
+}
+
+fn plan_condition(s: &GpuPartitionPlanStatus, t: &str) -> Condition {
+    s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap()
+}
+
+/// The cluster after the writer wrote `out`: a changed spec bumps the GpuNode's generation, and its
+/// agent has not reported on it yet.
+fn write_nodes(nodes: &mut [NodeInventory], out: &[GpuNode]) {
+    for gn in out {
+        let n = nodes.iter_mut().find(|n| n.name == gn.name_any()).unwrap();
+        let c = n.current.get_or_insert_with(Default::default);
+        if c.spec != gn.spec {
+            c.spec = gn.spec.clone();
+            c.generation = Some(c.generation.unwrap_or(0) + 1);
+            c.applied = crate::inventory::AppliedState::Pending;
+        }
+    }
+}
+
+/// The agents of `names` report their current generation with `state`.
+fn report_nodes(nodes: &mut [NodeInventory], names: &[String], state: crate::inventory::AppliedState) {
+    for n in nodes.iter_mut().filter(|n| names.contains(&n.name)) {
+        let c = n.current.as_mut().unwrap();
+        c.observed_generation = c.generation;
+        c.applied = state.clone();
+    }
+}
+
+fn plan_at(plans: &[GpuPartitionPlan], nodes: &[NodeInventory], secs: i64) -> PlanOutput {
+    let policies = [policy()];
+    plan(
+        &PlanInput {
+            policies: &policies,
+            tenants: &[],
+            plans,
+            nodes,
+        },
+        &Time(jiff::Timestamp::from_second(secs).unwrap()),
+    )
+}
+
+/// The statuses of `out` fed back as the plans' current state, as the controller reads them.
+fn with_statuses(plans: &[GpuPartitionPlan], out: &PlanOutput) -> Vec<GpuPartitionPlan> {
+    plans
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            p.status = out
+                .plans
+                .iter()
+                .find(|o| o.name_any() == p.name_any())
+                .unwrap()
+                .status
+                .clone();
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
+    use crate::inventory::AppliedState;
+    let mut nodes: Vec<NodeInventory> = (0..10)
+        .map(|i| node(&format!("n{i}"), "x", "H100-80GB", 2, false))
+        .collect();
+    let exclusive = plan_for("p", "x", vec![group("all", Mode::Exclusive)]);
+    // In service: every node applied the exclusive layout.
+    let start = plan_at(std::slice::from_ref(&exclusive), &nodes, 1);
+    write_nodes(&mut nodes, &start.nodes);
+    let all: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    report_nodes(&mut nodes, &all, AppliedState::Applied);
+    let old_specs: Vec<GpuNodeSpec> = start.nodes.iter().map(|n| n.spec.clone()).collect();
+
+    let mut mps = plan_for("p", "x", vec![group("all", Mode::Mps)]);
+    mps.spec.rollout = Some(Rollout {
+        max_unavailable: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2)),
+        busy_gpu_policy: BusyGpuPolicy::Wait,
+    });
+    let mut plans = vec![mps];
+    let is_mps = |n: &GpuNode| n.spec.gpus.iter().all(|g| g.mode == Mode::Mps) && !n.spec.gpus.is_empty();
+
+    let out = plan_at(&plans, &nodes, 2);
+    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
+    assert_eq!(moved, ["n0", "n1"]);
+    for (n, old) in out.nodes.iter().zip(&old_specs).skip(2) {
+        assert_eq!(&n.spec, old, "{} keeps its spec", n.name_any());
+    }
+    let s = plan_status(&out, "p");
+    let counts = s.nodes.clone().unwrap();
+    assert_eq!(
+        (counts.selected, counts.updated, counts.applied, counts.pending),
+        (10, 2, 0, 10)
+    );
+    assert_eq!(plan_condition(&s, "Reconciling").status, "True");
+    assert_eq!(
+        plan_condition(&s, "Reconciling").message,
+        "10 of 10 nodes still to apply the plan: 2 changing at once (maxUnavailable 2), 8 waiting for the rollout"
+    );
+    assert_eq!(plan_condition(&s, "Stalled").status, "False");
+    assert_eq!(plan_condition(&s, "Ready").reason, "Pending");
+    assert_eq!(s.node_details.iter().filter(|d| d.state == "HeldBack").count(), 8);
+
+    // Written, nothing reported: the same specs again.
+    write_nodes(&mut nodes, &out.nodes);
+    plans = with_statuses(&plans, &out);
+    let again = plan_at(&plans, &nodes, 3);
+    assert_eq!(again.nodes, out.nodes);
+
+    // The two apply: the next two move.
+    report_nodes(&mut nodes, &moved, AppliedState::Applied);
+    let out = plan_at(&plans, &nodes, 4);
+    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
+    assert_eq!(moved, ["n0", "n1", "n2", "n3"]);
+    let counts = plan_status(&out, "p").nodes.unwrap();
+    assert_eq!((counts.updated, counts.applied, counts.pending), (4, 2, 8));
+
+    // Apply everything, two at a time.
+    let mut out = out;
+    for pass in 0.. {
+        assert!(pass < 10, "the rollout does not finish");
+        write_nodes(&mut nodes, &out.nodes);
+        plans = with_statuses(&plans, &out);
+        let changing: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.current.as_ref().unwrap().applied == AppliedState::Pending)
+            .map(|n| n.name.clone())
+            .collect();
+        assert!(changing.len() <= 2, "{changing:?}");
+        report_nodes(&mut nodes, &changing, AppliedState::Applied);
+        out = plan_at(&plans, &nodes, 10 + pass);
+        if plan_condition(&plan_status(&out, "p"), "Ready").status == "True" {
+            break;
+        }
+    }
+    let s = plan_status(&out, "p");
+    let counts = s.nodes.clone().unwrap();
+    assert_eq!(
+        (counts.selected, counts.updated, counts.applied, counts.pending),
+        (10, 10, 10, 0)
+    );
+    assert!(out.nodes.iter().all(is_mps));
+    assert!(s.node_details.is_empty());
+    assert_eq!(plan_condition(&s, "Reconciling").status, "False");
+    let ready = plan_condition(&s, "Ready");
+    assert_eq!(
+        (ready.reason.as_str(), ready.message.as_str()),
+        ("Applied", "10 of 10 nodes applied")
+    );
+
+    // Nothing changed: the same specs, and Ready keeps its transition time.
+    plans = with_statuses(&plans, &out);
+    let again = plan_at(&plans, &nodes, 1_000);
+    assert_eq!(again.nodes, out.nodes);
+    assert_eq!(plan_condition(&plan_status(&again, "p"), "Ready"), ready);
+    assert_eq!(again.plans, out.plans);
+}
+
+#[test]
+fn offline_plans_are_pending_until_agents_apply() {
+    let nodes: Vec<NodeInventory> = (0..3)
+        .map(|i| node(&format!("n{i}"), "x", "H100-80GB", 2, false))
+        .collect();
+    let plans = [plan_for("p", "x", vec![group("all", Mode::Exclusive)])];
+    let out = run(&[], &plans, &nodes);
+    assert!(
+        out.nodes.iter().all(|n| n.spec.gpus.len() == 2),
+        "everything is written"
+    );
+    let s = plan_status(&out, "p");
+    let counts = s.nodes.clone().unwrap();
+    assert_eq!(
+        (counts.selected, counts.updated, counts.applied, counts.pending),
+        (3, 3, 0, 3)
+    );
+    let ready = plan_condition(&s, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()),
+        ("False", "Pending", "3 of 3 nodes still to apply the plan")
+    );
+    assert_eq!(
+        plan_condition(&s, "Reconciling").message,
+        "3 of 3 nodes still to apply the plan"
+    );
+    assert_eq!(plan_condition(&s, "Stalled").status, "False");
+}
+
+#[test]
+fn nodes_whose_agent_failed_or_has_not_reported_are_counted_apart() {
+    use crate::inventory::AppliedState;
+    let mut nodes: Vec<NodeInventory> = (0..3)
+        .map(|i| node(&format!("n{i}"), "x", "H100-80GB", 2, false))
+        .collect();
+    let plans = [plan_for("p", "x", vec![group("all", Mode::Exclusive)])];
+    let out = run(&[], &plans, &nodes);
+    write_nodes(&mut nodes, &out.nodes);
+    report_nodes(&mut nodes, &["n0".into()], AppliedState::Applied);
+    report_nodes(
+        &mut nodes,
+        &["n1".into()],
+        AppliedState::Failed("GPU 1: Busy (pids 7)".into()),
+    );
+    nodes[2].reported = false;
+    let s = plan_status(&run(&[], &plans, &nodes), "p");
+    let counts = s.nodes.clone().unwrap();
+    assert_eq!(
+        (
+            counts.selected,
+            counts.updated,
+            counts.applied,
+            counts.pending,
+            counts.waiting,
+            counts.failed
+        ),
+        (3, 2, 1, 0, 1, 1)
+    );
+    let details: Vec<(&str, &str)> = s
+        .node_details
+        .iter()
+        .map(|d| (d.node.as_str(), d.state.as_str()))
+        .collect();
+    assert_eq!(details, [("n1", "Failed"), ("n2", "Waiting")]);
+    assert!(s.node_details[0].message.ends_with("GPU 1: Busy (pids 7)"));
+    let stalled = plan_condition(&s, "Stalled");
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "NodesFailed")
+    );
+    assert_eq!(plan_condition(&s, "Reconciling").reason, "WaitingForAgents");
+    assert_eq!(plan_condition(&s, "Ready").reason, "NodesFailed");
+}
