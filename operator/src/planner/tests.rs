@@ -396,16 +396,18 @@ fn nodes_with_too_few_gpus_or_no_mig_fail_with_the_reason() {
 
 #[test]
 fn mps_pinned_memory_respects_headroom() {
-    // 40 GiB less 10% headroom is 36 GiB: one 20 GiB client fits, not four.
+    // 40 GiB less 10% headroom is 36 GiB: one 20 GiB client fits, not two. (The device plugin's
+    // daemon pins memory / maxClients, so 20Gi goes with 2 clients on a 40 GiB GPU.)
     let mut g = group("all", Mode::Mps);
     g.mps = Some(MpsSettings {
-        max_clients: 4,
+        max_clients: 2,
         active_thread_percentage: None,
         pinned_memory_limit: Some("20Gi".into()),
     });
     let plans = [plan_for("p", "x", vec![g])];
-    let tenants = [TenantBuilder::new("t", "internal").want(Mode::Mps, 4).build()];
+    let tenants = [TenantBuilder::new("t", "internal").want(Mode::Mps, 2).build()];
     let out = run(&tenants, &plans, &[node("n", "x", "A100-40GB", 1, false)]);
+    assert_eq!(out.problems, []);
     assert_eq!(granted(&out, "t"), [1]);
 }
 

@@ -424,7 +424,7 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
         .find(|i| i.placement.start == 0)
         .unwrap();
     assert_eq!(inst.tenant.as_deref(), Some("gamma"));
-    assert_eq!(inst.last_scrub.as_ref().unwrap().result, "Scrubbed");
+    assert_eq!(inst.last_scrub.as_ref().unwrap().result, gpu_tenancy::api::ScrubResult::Scrubbed);
     assert_eq!(
         run.status().gpus[1].last_scrub.as_ref().unwrap().tenant.as_deref(),
         Some("gamma")
@@ -440,7 +440,7 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     assert_eq!(run.code(), Some(0));
     assert_eq!(sim.scrubs().len(), m);
     let rec = run.status().gpus[1].last_scrub.clone().unwrap();
-    assert_eq!((rec.result.as_str(), rec.tenant.as_deref()), ("Skipped", Some("delta")));
+    assert_eq!((rec.result, rec.tenant.as_deref()), (gpu_tenancy::api::ScrubResult::Skipped, Some("delta")));
     assert_eq!(
         sim.leaks(run.status()),
         ["GPU 1 holds gamma's data, now serves [\"delta\"]"]
