@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod crd;
 mod load;
+pub mod logging;
 mod migparted;
 mod output;
 pub mod plan;
