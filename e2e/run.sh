@@ -3,7 +3,9 @@
 # kube-apiserver, built from the Kubernetes Go modules) on 127.0.0.1, and runs the Rust suite
 # in e2e/suite against it.
 #
-#   e2e/run.sh build        build e2e/bin/controlplane and the e2e/bin/kubectl link (if needed)
+#   e2e/run.sh build        build e2e/bin/controlplane, the e2e/bin/kubectl link and
+#                           e2e/bin/helm-render (Helm's own renderer, for deploy/helm) and
+#                           e2e/bin/gitops (Argo CD health Lua, Flux apply/wait, kstatus) (if needed)
 #   e2e/run.sh up           start a control plane in the background (state: target/e2e/)
 #   e2e/run.sh down         stop it
 #   e2e/run.sh test [ARGS]  run the suite against a fresh control plane of its own
@@ -23,6 +25,10 @@ BIN_DIR="$ROOT/e2e/bin"
 CONTROLPLANE="$BIN_DIR/controlplane"
 KUBECTL_LINK="$BIN_DIR/kubectl"
 SRC_DIR="$ROOT/e2e/controlplane"
+HELM_RENDER="$BIN_DIR/helm-render"
+HELM_RENDER_SRC="$ROOT/e2e/helm-render"
+GITOPS="$BIN_DIR/gitops"
+GITOPS_SRC="$ROOT/e2e/gitops"
 STATE_DIR="$ROOT/target/e2e"
 GO="${GO:-go}"
 CARGO="${CARGO:-cargo}"
@@ -34,10 +40,12 @@ k8s_version() {
 	awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$SRC_DIR/go.mod"
 }
 
-# needs_build: the binary is missing or older than any source file of the Go module.
+# needs_build [BIN SRC]: the binary (default the control plane) is missing or older than any
+# source file of its Go module.
 needs_build() {
-	[[ -x "$CONTROLPLANE" ]] || return 0
-	[[ -n "$(find "$SRC_DIR" -newer "$CONTROLPLANE" \( -name '*.go' -o -name go.mod -o -name go.sum \) -print -quit)" ]]
+	local bin="${1:-$CONTROLPLANE}" src="${2:-$SRC_DIR}"
+	[[ -x "$bin" ]] || return 0
+	[[ -n "$(find "$src" -newer "$bin" \( -name '*.go' -o -name go.mod -o -name go.sum \) -print -quit)" ]]
 }
 
 build() {
@@ -58,6 +66,27 @@ build() {
 	fi
 	if [[ "$(readlink "$KUBECTL_LINK" 2>/dev/null)" != "controlplane" ]]; then
 		ln -sfn controlplane "$KUBECTL_LINK"
+	fi
+	# Helm's chart loader and template engine (helm.sh/helm/v3), for the deploy/helm tests: no
+	# helm binary needed. A module of its own, so its Kubernetes libraries never meet the
+	# control plane's.
+	if needs_build "$HELM_RENDER" "$HELM_RENDER_SRC"; then
+		say "building e2e/bin/helm-render from helm.sh/helm/v3 ..."
+		local hstart=$SECONDS
+		(cd "$HELM_RENDER_SRC" && "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$HELM_RENDER.tmp" .) ||
+			die "building e2e/bin/helm-render failed (see the Go output above)"
+		mv -f "$HELM_RENDER.tmp" "$HELM_RENDER"
+		say "built e2e/bin/helm-render in $((SECONDS - hstart))s"
+	fi
+	# Argo CD's way of running health Lua (gopher-lua), Flux's apply and wait (fluxcd/pkg/ssa)
+	# and kstatus, for the GitOps tests (deploy/argocd): a module of its own, like helm-render.
+	if needs_build "$GITOPS" "$GITOPS_SRC"; then
+		say "building e2e/bin/gitops from gopher-lua, fluxcd/pkg/ssa and kstatus ..."
+		local gstart=$SECONDS
+		(cd "$GITOPS_SRC" && "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$GITOPS.tmp" .) ||
+			die "building e2e/bin/gitops failed (see the Go output above)"
+		mv -f "$GITOPS.tmp" "$GITOPS"
+		say "built e2e/bin/gitops in $((SECONDS - gstart))s"
 	fi
 }
 
@@ -143,7 +172,8 @@ cmd_test() {
 			build # for e2e/bin/kubectl
 		fi
 		say "running the suite against the cluster in GPU_TENANCY_E2E_KUBECONFIG (starting nothing)"
-		run_suite "$kubeconfig" "$@"
+		run_suite "$kubeconfig" e2e "$@"
+		run_suite "$kubeconfig" controller --test-threads=1 "$@"
 		return
 	fi
 	build
@@ -164,15 +194,23 @@ cmd_test() {
 	local t0=$SECONDS
 	start "$dir" true
 	say "control plane ready in $((SECONDS - t0))s at $(cat "$dir/ready")"
-	run_suite "$dir/kubeconfig" "$@"
+	run_suite "$dir/kubeconfig" e2e "$@"
+	# The controller plans the whole cluster, so its scenarios (tests/controller) get a control
+	# plane of their own, and run one at a time.
+	finish "$dir" 0
+	dir="$STATE_DIR/run-$$-controller"
+	trap 'finish "'"$dir"'" $?' EXIT
+	say "starting a fresh control plane for the controller scenarios (state: ${dir#"$ROOT"/}) ..."
+	start "$dir" true
+	run_suite "$dir/kubeconfig" controller --test-threads=1 "$@"
 }
 
-run_suite() {
-	local kubeconfig="$1"
-	shift
+run_suite() { # KUBECONFIG TEST_BINARY [TEST_ARGS...]
+	local kubeconfig="$1" binary="$2"
+	shift 2
 	GPU_TENANCY_E2E_KUBECONFIG="$kubeconfig" \
 		GPU_TENANCY_E2E_KUBECTL="${GPU_TENANCY_E2E_KUBECTL:-$KUBECTL_LINK}" \
-		"$CARGO" test -p gpu-tenancy-e2e -- "$@"
+		"$CARGO" test -p gpu-tenancy-e2e --test "$binary" -- "$@"
 }
 
 case "${1:-}" in

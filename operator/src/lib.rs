@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod desired;
 pub mod device_plugin;
 pub mod devices;

@@ -1,0 +1,328 @@
+//! The controller's scenarios, in one sequence on one cluster (each step starts from the last).
+
+use crate::support::*;
+use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
+use gpu_tenancy::controller::Controller;
+use gpu_tenancy::desired::Settings;
+use gpu_tenancy_e2e::{Cleanup, kubectl_async};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+fn count(writes: &[String], prefix: &str) -> usize {
+    writes.iter().filter(|w| w.starts_with(prefix)).count()
+}
+
+async fn start(client: &Client) -> Controller {
+    let c = Controller::start(client.clone(), Settings::default(), Some("e2e".into()));
+    tokio::time::timeout(Duration::from_secs(30), c.stores.wait_until_ready())
+        .await
+        .expect("stores synced within 30 s")
+        .unwrap();
+    c
+}
+
+#[tokio::test]
+async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    let nodes = create_fleet(&client).await;
+    let c = start(&client).await;
+
+    // (a) The initial apply of examples/: everything is written once, then nothing.
+    let t0 = Instant::now();
+    let initial = converge(&client, &c).await;
+    eprintln!(
+        "MEASURE initial apply of examples/: {} writes in {:?}: {initial:#?}",
+        initial.len(),
+        t0.elapsed()
+    );
+    assert_eq!(count(&initial, "apply GpuNode"), nodes.len(), "{initial:#?}");
+    for ns in [
+        "acme-prod",
+        "acme-dev",
+        "beta",
+        "delta",
+        "gamma-training",
+        "research-sandbox",
+    ] {
+        let q = Api::<ResourceQuota>::namespaced(client.clone(), ns)
+            .get("gpu-tenancy")
+            .await;
+        assert!(q.is_ok(), "no quota in {ns}");
+    }
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &Settings::default().device_plugin_namespace)
+        .get(&Settings::default().device_plugin_config_map)
+        .await
+        .unwrap();
+    let keys: Vec<&String> = cm.data.as_ref().unwrap().keys().collect();
+    assert_eq!(keys, ["exclusive", "mig-mixed", "mps-4", "time-slicing-4"]);
+    let h200 = Api::<Node>::all(client.clone()).get("gpu-h200-1").await.unwrap();
+    assert_eq!(h200.labels()["nvidia.com/device-plugin.config"], "time-slicing-4");
+    // Ours beside the others' (the API server taints a new Node not-ready): only our keys were written.
+    let taints = h200.spec.unwrap().taints.unwrap();
+    let ours: Vec<(&str, Option<&str>)> = taints
+        .iter()
+        .filter(|t| t.key.starts_with("gputenancy.io/"))
+        .map(|t| (t.key.as_str(), t.value.as_deref()))
+        .collect();
+    assert_eq!(ours, [("gputenancy.io/sharing", Some("TimeSlicing"))]);
+    assert!(
+        taints.iter().any(|t| t.key == "node.kubernetes.io/not-ready"),
+        "{taints:?}"
+    );
+    let beta_ns = Api::<Namespace>::all(client.clone()).get("beta").await.unwrap();
+    assert_eq!(beta_ns.labels()["gputenancy.io/tenant"], "team-beta");
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .get("gputenancy.io-tenant-acme")
+            .await
+            .is_ok()
+    );
+    // Statuses people read: granted vs requested, Ready, the plan applied on its nodes.
+    let out = kubectl_async(vec!["get".into(), "gputenants".into()]).await.ok();
+    eprintln!("{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("acme ") && l.contains("12/12") && l.contains("True")),
+        "{out}"
+    );
+    let delta = Api::<GpuTenant>::all(client.clone()).get("team-delta").await.unwrap();
+    let short = delta
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "CapacityShort")
+        .unwrap();
+    assert_eq!(short.status, "True");
+    assert!(
+        short.message.contains("MPS shares: granted 4 of 20"),
+        "{}",
+        short.message
+    );
+    let out = kubectl_async(vec!["get".into(), "gpupartitionplans".into()]).await.ok();
+    eprintln!("{out}");
+    let plan = Api::<GpuPartitionPlan>::all(client.clone())
+        .get("h100-mig")
+        .await
+        .unwrap();
+    let ready = plan
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True", "{}", ready.message);
+
+    // (b) Idle: a pass with nothing changed writes nothing.
+    let idle = pass(&c).await;
+    assert_eq!(idle, Vec::<String>::new());
+    eprintln!("MEASURE idle pass: 0 writes");
+
+    // (c) One tenant's request changes: only its objects are written.
+    Api::<GpuTenant>::all(client.clone())
+        .patch(
+            "team-beta",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
+                "tier": "internal", "namespaces": ["beta"], "weight": 2,
+                "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let change = converge(&client, &c).await;
+    eprintln!("MEASURE one tenant change: {} writes: {change:#?}", change.len());
+    assert!(
+        change.contains(&"status GpuTenant team-beta".to_string()),
+        "{change:#?}"
+    );
+    assert!(
+        change.contains(&"apply ResourceQuota beta/gpu-tenancy".to_string()),
+        "{change:#?}"
+    );
+    for w in &change {
+        assert!(
+            w.contains("team-beta")
+                || w.contains("beta/")
+                || w.starts_with("apply GpuNode gpu-h100")
+                || w.starts_with("status GpuPartitionPlan h100-mig"),
+            "a write that is not team-beta's: {w} in {change:#?}"
+        );
+    }
+
+    // (d) Isolation, by the API server: team-beta (internal: MIG, MPS, Exclusive) may not tolerate
+    // the time-slicing taint; its MIG pod is admitted.
+    // No controller-manager may run here to give the namespace its default ServiceAccount.
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    let _ = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), "beta")
+        .create(&PostParams::default(), &sa)
+        .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "beta");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let pod = |limits: serde_json::Value, tolerations: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": limits}}], "tolerations": tolerations}}))
+        .unwrap()
+    };
+    let refused = pods
+        .create(&dry, &pod(json!({"nvidia.com/gpu.shared": "1"}), json!([{"key": "gputenancy.io/sharing", "operator": "Equal", "value": "TimeSlicing", "effect": "NoSchedule"}])))
+        .await
+        .expect_err("a time-slicing toleration of an internal tenant is refused");
+    assert!(
+        refused.to_string().contains(
+            "GpuTenant team-beta (tier internal) may not tolerate the taint gputenancy.io/sharing=TimeSlicing"
+        ),
+        "{refused}"
+    );
+    pods.create(&dry, &pod(json!({"nvidia.com/mig-2g.20gb": "1"}), json!([])))
+        .await
+        .expect("a MIG pod of team-beta is admitted");
+
+    // (e) A restarted controller (new stores, same cluster) rewrites nothing.
+    drop(c);
+    let c = start(&client).await;
+    let after_restart = pass(&c).await;
+    assert_eq!(
+        after_restart,
+        Vec::<String>::new(),
+        "a restarted controller rewrote: {after_restart:#?}"
+    );
+
+    // (f) Deleting a tenant removes its objects.
+    Api::<GpuTenant>::all(client.clone())
+        .delete("team-delta", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = converge(&client, &c).await;
+    eprintln!("MEASURE deleting team-delta: {gone:#?}");
+    // Its quota and admission policy go: by the garbage collector (they are owned by the tenant), or
+    // by the controller's own deletes when it is faster.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Api::<ResourceQuota>::namespaced(client.clone(), "delta")
+        .get("gpu-tenancy")
+        .await
+        .is_ok()
+        || Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .get("gputenancy.io-tenant-team-delta")
+            .await
+            .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "team-delta's quota or admission policy outlived it: {gone:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ns = Api::<Namespace>::all(client.clone()).get("delta").await.unwrap();
+    assert!(
+        !ns.labels().contains_key("gputenancy.io/tenant"),
+        "the namespace keeps no tenant label"
+    );
+    // And a pass after that writes nothing.
+    assert_eq!(pass(&c).await, Vec::<String>::new());
+    let _ = Api::<GpuNode>::all(client.clone());
+}
+
+/// A plan change reaches its nodes at most `maxUnavailable` at a time.
+#[tokio::test]
+async fn b_a_plan_change_rolls_out_within_max_unavailable() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    let c = start(&client).await;
+    // Four more H100 nodes under their own plan, maxUnavailable 1.
+    let node_api: Api<Node> = Api::all(client.clone());
+    let gn_api: Api<GpuNode> = Api::all(client.clone());
+    let names: Vec<String> = (0..4).map(|i| format!("roll-{i}")).collect();
+    for n in &names {
+        cleanup.add_resource("nodes", n);
+        cleanup.add("GpuNode", n);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"pool": "roll"}}})).unwrap();
+        let _ = node_api.create(&PostParams::default(), &node).await;
+        let _ = gn_api
+            .create(&PostParams::default(), &GpuNode::new(n, Default::default()))
+            .await;
+        let gpus: Vec<serde_json::Value> = [0, 1]
+            .iter()
+            .map(|i| json!({"index": i, "uuid": format!("GPU-{n}-{i}"), "name": "NVIDIA H100 80GB HBM3", "pciDeviceId": "0x233010DE", "memoryMiB": 81559}))
+            .collect();
+        let status: gpu_tenancy::api::GpuNodeStatus =
+            serde_json::from_value(json!({"gpuCount": 2, "gpus": gpus})).unwrap();
+        write_status(&client, n, &status).await;
+    }
+    let plan = |profiles: serde_json::Value| {
+        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": "roll"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "roll"}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
+                 "rollout": {"maxUnavailable": 1}}})
+    };
+    let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
+    plans
+        .patch(
+            "roll",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["3g.40gb", "3g.40gb"]))),
+        )
+        .await
+        .unwrap();
+    converge(&client, &c).await;
+    // The new layout: each pass may start at most one node; the agents apply one node per round.
+    plans
+        .patch(
+            "roll",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["7g.80gb"]))),
+        )
+        .await
+        .unwrap();
+    let mut rounds = 0;
+    loop {
+        let w = pass(&c).await;
+        let changing: Vec<String> = gn_api
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|n| names.contains(&n.name_any()))
+            .filter(|n| n.status.as_ref().and_then(|s| s.observed_generation) != n.metadata.generation)
+            .map(|n| n.name_any())
+            .collect();
+        assert!(
+            changing.len() <= 1,
+            "more than maxUnavailable nodes changing: {changing:?} after {w:?}"
+        );
+        let applied = agents_apply(&client, Some(&names)).await;
+        rounds += 1;
+        let done = gn_api
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|n| names.contains(&n.name_any()))
+            .all(|n| {
+                n.spec.gpus.iter().all(|g| g.mig_instances.len() == 1)
+                    && n.status.as_ref().and_then(|s| s.observed_generation) == n.metadata.generation
+            });
+        if done && applied.is_empty() {
+            break;
+        }
+        assert!(rounds < 20, "the rollout did not finish in 20 rounds");
+    }
+    eprintln!("MEASURE rollout of 4 nodes at maxUnavailable 1: {rounds} rounds");
+    assert!(
+        rounds >= 4,
+        "4 nodes at maxUnavailable 1 need at least 4 rounds, took {rounds}"
+    );
+    plans.delete("roll", &DeleteParams::default()).await.unwrap();
+}

@@ -1,0 +1,483 @@
+//! From the desired state and what the cluster holds now, the writes to make, in order, and the
+//! events a person should see. Pure: no client, so tests state exactly which requests a pass
+//! makes. Nothing is written that is already so: the API server is the shared, scarce resource.
+//!
+//! Objects the controller owns completely (quotas, admission policies, the device plugin's
+//! ConfigMap, GpuNode specs) are server-side applied when the live object does not already contain
+//! every desired field, and deleted when no longer desired (found by their `managed-by` label).
+//! Objects others own too get surgical writes: statuses only through `/status`; a Node's labels and
+//! taints by a merge patch that touches only our keys and is conditional on its resourceVersion
+//! (taints are one list that the kubelet and node controllers also write); a Namespace's labels.
+
+use crate::api::{ConditionSet, GpuNode, condition_status};
+use crate::desired::Desired;
+use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SHARING, TENANT};
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::core::ApiResource;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::stores::Snapshot;
+
+/// The kinds the controller writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    GpuNode,
+    SharingPolicy,
+    GpuTenant,
+    GpuPartitionPlan,
+    Namespace,
+    ResourceQuota,
+    ConfigMap,
+    Node,
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+}
+
+impl Kind {
+    pub fn api_resource(self) -> ApiResource {
+        use k8s_openapi::api::admissionregistration::v1 as adm;
+        use k8s_openapi::api::core::v1 as core;
+        match self {
+            Kind::GpuNode => ApiResource::erase::<crate::api::GpuNode>(&()),
+            Kind::SharingPolicy => ApiResource::erase::<crate::api::SharingPolicy>(&()),
+            Kind::GpuTenant => ApiResource::erase::<crate::api::GpuTenant>(&()),
+            Kind::GpuPartitionPlan => ApiResource::erase::<crate::api::GpuPartitionPlan>(&()),
+            Kind::Namespace => ApiResource::erase::<core::Namespace>(&()),
+            Kind::ResourceQuota => ApiResource::erase::<core::ResourceQuota>(&()),
+            Kind::ConfigMap => ApiResource::erase::<core::ConfigMap>(&()),
+            Kind::Node => ApiResource::erase::<core::Node>(&()),
+            Kind::ValidatingAdmissionPolicy => ApiResource::erase::<adm::ValidatingAdmissionPolicy>(&()),
+            Kind::ValidatingAdmissionPolicyBinding => ApiResource::erase::<adm::ValidatingAdmissionPolicyBinding>(&()),
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// One request to the API server.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Server-side apply of `object` (creates it if missing), field manager `gpu-tenancy-controller`.
+    Apply {
+        kind: Kind,
+        namespace: Option<String>,
+        name: String,
+        object: Value,
+    },
+    /// Server-side apply of `object`'s status on the status subresource.
+    Status { kind: Kind, name: String, object: Value },
+    /// A JSON merge patch (of a Node's or Namespace's labels and a Node's taints).
+    Patch { kind: Kind, name: String, patch: Value },
+    Delete {
+        kind: Kind,
+        namespace: Option<String>,
+        name: String,
+    },
+}
+
+impl Write {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Write::Apply { kind, .. }
+            | Write::Status { kind, .. }
+            | Write::Patch { kind, .. }
+            | Write::Delete { kind, .. } => *kind,
+        }
+    }
+
+    /// `apply`, `status`, `patch` or `delete`: the metric label.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Write::Apply { .. } => "apply",
+            Write::Status { .. } => "status",
+            Write::Patch { .. } => "patch",
+            Write::Delete { .. } => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Write {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Write::Apply {
+                kind, namespace, name, ..
+            }
+            | Write::Delete { kind, namespace, name } => {
+                let ns = namespace.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
+                write!(f, "{} {kind} {ns}{name}", self.action())
+            }
+            Write::Status { kind, name, .. } | Write::Patch { kind, name, .. } => {
+                write!(f, "{} {kind} {name}", self.action())
+            }
+        }
+    }
+}
+
+/// An event for a person: on which object, normal or warning, why, and what happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub kind: Kind,
+    pub name: String,
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The writes of one pass, in the order they must be made, and its events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diff {
+    pub writes: Vec<Write>,
+    pub notes: Vec<Note>,
+}
+
+/// Does `live` already hold every field of `want`? Objects: each key of `want`, recursively;
+/// lists: same length, element by element; anything else: equal. Fields the API server adds
+/// (defaults, metadata) do not count as differences.
+pub fn contains(live: &Value, want: &Value) -> bool {
+    match (live, want) {
+        (Value::Object(l), Value::Object(w)) => w.iter().all(|(k, v)| match l.get(k) {
+            Some(lv) => contains(lv, v),
+            None => {
+                v.is_null() || v.as_object().is_some_and(|o| o.is_empty()) || v.as_array().is_some_and(|a| a.is_empty())
+            }
+        }),
+        (Value::Array(l), Value::Array(w)) => l.len() == w.len() && l.iter().zip(w).all(|(a, b)| contains(a, b)),
+        (l, w) => l == w,
+    }
+}
+
+fn to_value<T: Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).expect("Kubernetes objects serialise")
+}
+
+/// Applies of `desired` objects the live set does not contain, and deletes of owned live objects
+/// no longer desired. Objects are keyed by namespace and name.
+fn owned<T: Resource + Serialize, L: Resource + Serialize>(
+    kind: Kind,
+    desired: &[T],
+    live: &[L],
+    out: &mut Vec<Write>,
+    deletes: &mut Vec<Write>,
+) {
+    let live: BTreeMap<(Option<String>, String), &L> = live
+        .iter()
+        .map(|l| {
+            (
+                (l.meta().namespace.clone(), l.meta().name.clone().unwrap_or_default()),
+                l,
+            )
+        })
+        .collect();
+    let mut wanted = BTreeSet::new();
+    for d in desired {
+        let key = (d.meta().namespace.clone(), d.meta().name.clone().unwrap_or_default());
+        let want = to_value(d);
+        if !live.get(&key).is_some_and(|l| contains(&to_value(*l), &want)) {
+            out.push(Write::Apply {
+                kind,
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+                object: want,
+            });
+        }
+        wanted.insert(key);
+    }
+    for (key, _) in live.iter().filter(|(k, _)| !wanted.contains(*k)) {
+        deletes.push(Write::Delete {
+            kind,
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+        });
+    }
+}
+
+/// The status write of an object whose computed status differs from its live one.
+fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize>(
+    kind: Kind,
+    desired: &[T],
+    live: &[T],
+    status_of: impl Fn(&T) -> Option<&S>,
+    out: &mut Vec<Write>,
+) {
+    let live: BTreeMap<String, &T> = live.iter().map(|l| (l.name_any(), l)).collect();
+    for d in desired {
+        let Some(want) = status_of(d) else { continue };
+        let Some(l) = live.get(&d.name_any()) else { continue };
+        if status_of(l) != Some(want) {
+            out.push(Write::Status {
+                kind,
+                name: d.name_any(),
+                object: json!({
+                    "apiVersion": T::api_version(&()),
+                    "kind": T::kind(&()),
+                    "metadata": {"name": d.name_any()},
+                    "status": to_value(want),
+                }),
+            });
+        }
+    }
+}
+
+/// The labels and taints this operator owns on a Node.
+const NODE_LABELS: [&str; 4] = [DEVICE_PLUGIN_CONFIG, SHARING, DEDICATED, MANAGED_BY];
+const NODE_TAINTS: [&str; 2] = [SHARING, DEDICATED];
+
+fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| keys.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Node labels and taints: only our keys change; other writers' taints are kept, and the patch
+/// fails if the Node changed since it was read (the next pass reads it again).
+fn node_patches(desired: &[Node], live: &[Node], out: &mut Vec<Write>) {
+    let wanted: BTreeMap<String, &Node> = desired.iter().map(|n| (n.name_any(), n)).collect();
+    for l in live {
+        let name = l.name_any();
+        let want = wanted.get(&name);
+        if want.is_none() && !l.labels().contains_key(MANAGED_BY) {
+            continue; // never ours
+        }
+        let want_labels = want.map(|w| ours(w.labels(), &NODE_LABELS)).unwrap_or_default();
+        let want_taints: Vec<Taint> = want.and_then(|w| w.spec.as_ref()?.taints.clone()).unwrap_or_default();
+        let live_labels = ours(l.labels(), &NODE_LABELS);
+        let live_taints = l.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let (mine, others): (Vec<Taint>, Vec<Taint>) = live_taints
+            .into_iter()
+            .partition(|t| NODE_TAINTS.contains(&t.key.as_str()));
+        if live_labels == want_labels && mine == want_taints {
+            continue;
+        }
+        let mut labels = serde_json::Map::new();
+        for k in live_labels.keys().filter(|k| !want_labels.contains_key(*k)) {
+            labels.insert(k.clone(), Value::Null);
+        }
+        for (k, v) in &want_labels {
+            labels.insert(k.clone(), Value::String(v.clone()));
+        }
+        let taints: Vec<Taint> = others.into_iter().chain(want_taints).collect();
+        out.push(Write::Patch {
+            kind: Kind::Node,
+            name,
+            patch: json!({
+                "metadata": {"resourceVersion": l.resource_version(), "labels": labels},
+                "spec": {"taints": taints},
+            }),
+        });
+    }
+}
+
+/// Tenant namespaces: created or labelled as desired; a namespace that is no longer a tenant's
+/// loses our labels (never the namespace: it holds the tenant's workloads).
+fn namespace_writes(d: &Desired, live: &Snapshot, out: &mut Vec<Write>) {
+    let mut desired = Vec::new();
+    let mut deletes = Vec::new();
+    owned(
+        Kind::Namespace,
+        &d.namespaces,
+        &live.namespaces,
+        &mut desired,
+        &mut deletes,
+    );
+    out.extend(desired);
+    let wanted: BTreeSet<String> = d.namespaces.iter().map(|n| n.name_any()).collect();
+    for ns in &live.namespaces {
+        let labels = ns.labels();
+        if !wanted.contains(&ns.name_any()) && labels.contains_key(MANAGED_BY) {
+            out.push(Write::Patch {
+                kind: Kind::Namespace,
+                name: ns.name_any(),
+                patch: json!({"metadata": {"labels": {MANAGED_BY: null, TENANT: null}}}),
+            });
+        }
+    }
+}
+
+/// Events for what changed state: a condition that flipped, a rollout step.
+fn notes(d: &Desired, live: &Snapshot) -> Vec<Note> {
+    let mut out = Vec::new();
+    let flips = |kind: Kind,
+                 name: String,
+                 was: &[crate::api::Condition],
+                 now: &[crate::api::Condition],
+                 out: &mut Vec<Note>| {
+        for (type_, bad_when, reason) in [
+            (ConditionSet::VALID, false, "Invalid"),
+            (ConditionSet::CAPACITY_SHORT, true, "CapacityShort"),
+            (ConditionSet::STALLED, true, "Stalled"),
+        ] {
+            let (before, after) = (condition_status(was, type_), condition_status(now, type_));
+            if after == Some(bad_when)
+                && before != after
+                && let Some(c) = now.iter().find(|c| c.type_ == type_)
+            {
+                out.push(Note {
+                    kind,
+                    name: name.clone(),
+                    warning: true,
+                    reason: reason.into(),
+                    message: c.message.clone(),
+                });
+            }
+        }
+    };
+    let by_name = |items: &[crate::api::GpuTenant]| -> BTreeMap<String, Vec<crate::api::Condition>> {
+        items
+            .iter()
+            .map(|t| (t.name_any(), t.status.clone().unwrap_or_default().conditions))
+            .collect()
+    };
+    let live_tenants = by_name(&live.tenants);
+    for t in &d.tenants {
+        let now = t.status.clone().unwrap_or_default().conditions;
+        flips(
+            Kind::GpuTenant,
+            t.name_any(),
+            live_tenants.get(&t.name_any()).map_or(&[][..], |v| v),
+            &now,
+            &mut out,
+        );
+    }
+    let live_plans: BTreeMap<String, Vec<crate::api::Condition>> = live
+        .plans
+        .iter()
+        .map(|p| (p.name_any(), p.status.clone().unwrap_or_default().conditions))
+        .collect();
+    for p in &d.plans {
+        let now = p.status.clone().unwrap_or_default().conditions;
+        flips(
+            Kind::GpuPartitionPlan,
+            p.name_any(),
+            live_plans.get(&p.name_any()).map_or(&[][..], |v| v),
+            &now,
+            &mut out,
+        );
+    }
+    // A rollout step: nodes of a plan whose spec changes in this pass.
+    let live_specs: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let mut steps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in &d.nodes {
+        if let (Some(plan), Some(l)) = (&n.spec.plan, live_specs.get(&n.name_any()))
+            && l.spec != n.spec
+            && !n.spec.gpus.is_empty()
+        {
+            steps.entry(plan.clone()).or_default().push(n.name_any());
+        }
+    }
+    for (plan, nodes) in steps {
+        out.push(Note {
+            kind: Kind::GpuPartitionPlan,
+            name: plan,
+            warning: false,
+            reason: "RolloutStep".into(),
+            message: format!(
+                "new GPU layout written for {} node(s): {}",
+                nodes.len(),
+                nodes.join(", ")
+            ),
+        });
+    }
+    out
+}
+
+/// Every write one pass makes, in order: GpuNode specs, statuses, namespaces, the device plugin's
+/// config, node labels and taints, quotas, admission policies then their bindings; deletes last,
+/// bindings before their policies.
+pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
+    let mut writes = Vec::new();
+    let mut deletes = Vec::new();
+
+    let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    for n in &d.nodes {
+        let current = live_nodes.get(&n.name_any());
+        // A node that is waiting for its agent and has no GpuNode gets none: nothing to say yet.
+        let skip = match current {
+            Some(l) => l.spec == n.spec,
+            None => n.spec.gpus.is_empty(),
+        };
+        if !skip {
+            writes.push(Write::Apply {
+                kind: Kind::GpuNode,
+                namespace: None,
+                name: n.name_any(),
+                object: json!({
+                    "apiVersion": GpuNode::api_version(&()),
+                    "kind": GpuNode::kind(&()),
+                    "metadata": {"name": n.name_any()},
+                    "spec": to_value(&n.spec),
+                }),
+            });
+        }
+    }
+    status(
+        Kind::SharingPolicy,
+        &d.policies,
+        &live.policies,
+        |p| p.status.as_ref(),
+        &mut writes,
+    );
+    status(
+        Kind::GpuTenant,
+        &d.tenants,
+        &live.tenants,
+        |t| t.status.as_ref(),
+        &mut writes,
+    );
+    status(
+        Kind::GpuPartitionPlan,
+        &d.plans,
+        &live.plans,
+        |p| p.status.as_ref(),
+        &mut writes,
+    );
+    namespace_writes(d, live, &mut writes);
+    owned(
+        Kind::ConfigMap,
+        &d.config_maps,
+        &live.config_maps,
+        &mut writes,
+        &mut deletes,
+    );
+    node_patches(&d.node_labels, &live.nodes, &mut writes);
+    owned(
+        Kind::ResourceQuota,
+        &d.resource_quotas,
+        &live.quotas,
+        &mut writes,
+        &mut deletes,
+    );
+    let mut binding_deletes = Vec::new();
+    owned(
+        Kind::ValidatingAdmissionPolicy,
+        &d.admission_policies,
+        &live.admission_policies,
+        &mut writes,
+        &mut deletes,
+    );
+    owned(
+        Kind::ValidatingAdmissionPolicyBinding,
+        &d.admission_bindings,
+        &live.admission_bindings,
+        &mut writes,
+        &mut binding_deletes,
+    );
+    writes.extend(binding_deletes);
+    writes.extend(deletes);
+    Diff {
+        writes,
+        notes: notes(d, live),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,411 @@
+//! Exactly which requests a pass makes, for a small fleet: a first pass writes everything, a pass
+//! over what it wrote writes nothing, a change writes only what it changes.
+
+use super::*;
+use crate::api::{GpuNodeStatus, GpuStatus};
+use crate::controller::desired_of;
+use crate::desired::Settings;
+use crate::planner::tests::{TenantBuilder, mig_group, now, plan_for, policy};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                ("pool".to_string(), pool.to_string()),
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+            ])),
+            resource_version: Some("7".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: others_taint.then(|| {
+                vec![Taint {
+                    key: "node.kubernetes.io/unschedulable".into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]
+            }),
+            ..NodeSpec::default()
+        }),
+        ..Node::default()
+    }
+}
+
+/// A GpuNode as its agent publishes it: two H100s, nothing applied yet.
+fn reported(name: &str) -> GpuNode {
+    let mut n = GpuNode::new(name, Default::default());
+    n.metadata.generation = Some(1);
+    n.status = Some(GpuNodeStatus {
+        gpu_count: Some(2),
+        gpus: (0..2)
+            .map(|i| GpuStatus {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                pci_device_id: "0x233010DE".into(),
+                memory_mib: 81559,
+                ..GpuStatus::default()
+            })
+            .collect(),
+        ..GpuNodeStatus::default()
+    });
+    n
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        policies: vec![policy()],
+        tenants: vec![TenantBuilder::new("acme", "external").mig("3g.40gb", 2).build()],
+        plans: vec![plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])],
+        gpu_nodes: vec![reported("n1")],
+        nodes: vec![cluster_node("n1", "h100", true)],
+        ..Snapshot::default()
+    }
+}
+
+fn writes(d: &Diff) -> Vec<String> {
+    d.writes.iter().map(ToString::to_string).collect()
+}
+
+/// What the API server would hold after the writes: applied objects stored as sent, statuses
+/// set, patches merged. Good enough to feed a second pass.
+fn apply(s: &mut Snapshot, d: &Diff) {
+    fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<T>, object: &Value) {
+        let o: T = serde_json::from_value(object.clone()).unwrap();
+        list.retain(|x| !(x.name_any() == o.name_any() && x.namespace() == o.namespace()));
+        list.push(o);
+    }
+    for w in &d.writes {
+        match w {
+            Write::Apply { kind, object, .. } => match kind {
+                Kind::GpuNode => {
+                    let mut o: GpuNode = serde_json::from_value(object.clone()).unwrap();
+                    let live = s.gpu_nodes.iter_mut().find(|n| n.name_any() == o.name_any());
+                    match live {
+                        Some(l) => {
+                            l.spec = o.spec;
+                            l.metadata.generation = l.metadata.generation.map(|g| g + 1);
+                        }
+                        None => {
+                            o.metadata.generation = Some(1);
+                            s.gpu_nodes.push(o);
+                        }
+                    }
+                }
+                Kind::Namespace => put(&mut s.namespaces, object),
+                Kind::ResourceQuota => put(&mut s.quotas, object),
+                Kind::ConfigMap => put(&mut s.config_maps, object),
+                Kind::ValidatingAdmissionPolicy => put(&mut s.admission_policies, object),
+                Kind::ValidatingAdmissionPolicyBinding => put(&mut s.admission_bindings, object),
+                other => panic!("unexpected apply of {other}"),
+            },
+            Write::Status { kind, name, object } => match kind {
+                Kind::GpuTenant => {
+                    let t = s.tenants.iter_mut().find(|t| &t.name_any() == name).unwrap();
+                    t.status = serde_json::from_value(object["status"].clone()).unwrap();
+                }
+                Kind::GpuPartitionPlan => {
+                    let p = s.plans.iter_mut().find(|p| &p.name_any() == name).unwrap();
+                    p.status = serde_json::from_value(object["status"].clone()).unwrap();
+                }
+                Kind::SharingPolicy => {
+                    let p = s.policies.iter_mut().find(|p| &p.name_any() == name).unwrap();
+                    p.status = serde_json::from_value(object["status"].clone()).unwrap();
+                }
+                other => panic!("unexpected status of {other}"),
+            },
+            Write::Patch {
+                kind: Kind::Node,
+                name,
+                patch,
+            } => {
+                let n = s.nodes.iter_mut().find(|n| &n.name_any() == name).unwrap();
+                let labels = n.metadata.labels.get_or_insert_with(Default::default);
+                for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
+                    match v.as_str() {
+                        Some(v) => labels.insert(k.clone(), v.into()),
+                        None => labels.remove(k),
+                    };
+                }
+                n.spec.get_or_insert_with(Default::default).taints =
+                    Some(serde_json::from_value(patch["spec"]["taints"].clone()).unwrap());
+            }
+            Write::Patch {
+                kind: Kind::Namespace,
+                name,
+                patch,
+            } => {
+                let n = s.namespaces.iter_mut().find(|n| &n.name_any() == name).unwrap();
+                let labels = n.metadata.labels.get_or_insert_with(Default::default);
+                for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
+                    match v.as_str() {
+                        Some(v) => labels.insert(k.clone(), v.into()),
+                        None => labels.remove(k),
+                    };
+                }
+            }
+            Write::Patch { .. } => panic!("unexpected patch {w}"),
+            Write::Delete { kind, namespace, name } => match kind {
+                Kind::ResourceQuota => s
+                    .quotas
+                    .retain(|q| !(&q.name_any() == name && &q.namespace() == namespace)),
+                Kind::ValidatingAdmissionPolicy => s.admission_policies.retain(|p| &p.name_any() != name),
+                Kind::ValidatingAdmissionPolicyBinding => s.admission_bindings.retain(|p| &p.name_any() != name),
+                _ => {}
+            },
+        }
+    }
+}
+
+fn pass(s: &Snapshot) -> Diff {
+    diff(&desired_of(s, &Settings::default(), &now()), s)
+}
+
+#[test]
+fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    assert_eq!(
+        writes(&d),
+        [
+            "apply GpuNode n1",
+            "status SharingPolicy default",
+            "status GpuTenant acme",
+            "status GpuPartitionPlan mig",
+            "apply Namespace acme",
+            "apply ConfigMap nvidia-device-plugin/gpu-tenancy-device-plugin-configs",
+            "patch Node n1",
+            "apply ResourceQuota acme/gpu-tenancy",
+            "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
+            "apply ValidatingAdmissionPolicy gputenancy.io-tenant-acme",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
+        ]
+    );
+    // The node patch keeps the other writer's taint and is conditional on the node's version.
+    let Write::Patch { patch, .. } = &d.writes[6] else {
+        panic!()
+    };
+    assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    assert_eq!(
+        patch["metadata"]["labels"]["nvidia.com/device-plugin.config"],
+        "mig-mixed"
+    );
+    assert_eq!(patch["spec"]["taints"][0]["key"], "node.kubernetes.io/unschedulable");
+    apply(&mut s, &d);
+    let again = pass(&s);
+    assert_eq!(
+        writes(&again),
+        Vec::<String>::new(),
+        "a pass over its own writes writes nothing"
+    );
+    assert_eq!(again.notes, []);
+}
+
+#[test]
+fn a_tenant_change_writes_only_what_changes() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    apply(&mut s, &d);
+    // acme asks for one instance fewer: its status, its quota, its instance binding in the GpuNode spec.
+    s.tenants[0].spec.resources[0].count = 1;
+    s.tenants[0].metadata.generation = Some(2);
+    let d = pass(&s);
+    assert_eq!(
+        writes(&d),
+        [
+            "apply GpuNode n1",
+            "status GpuTenant acme",
+            "apply ResourceQuota acme/gpu-tenancy"
+        ]
+    );
+}
+
+#[test]
+fn objects_no_longer_desired_are_deleted_bindings_first() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    apply(&mut s, &d);
+    s.tenants.clear();
+    let d = pass(&s);
+    let w = writes(&d);
+    let binding = w
+        .iter()
+        .position(|x| x == "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme");
+    let policy = w
+        .iter()
+        .position(|x| x == "delete ValidatingAdmissionPolicy gputenancy.io-tenant-acme");
+    assert!(binding.is_some() && policy.is_some() && binding < policy, "{w:?}");
+    assert!(
+        w.contains(&"delete ResourceQuota acme/gpu-tenancy".to_string()),
+        "{w:?}"
+    );
+    // The namespace stays (it holds the tenant's workloads) and loses our labels.
+    assert!(w.contains(&"patch Namespace acme".to_string()), "{w:?}");
+    assert!(!w.iter().any(|x| x.starts_with("delete Namespace")));
+}
+
+#[test]
+fn a_node_that_leaves_every_plan_loses_only_our_labels_and_taints() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    apply(&mut s, &d);
+    s.plans.clear();
+    let d = pass(&s);
+    let patch = d
+        .writes
+        .iter()
+        .find_map(|w| match w {
+            Write::Patch {
+                kind: Kind::Node,
+                patch,
+                ..
+            } => Some(patch.clone()),
+            _ => None,
+        })
+        .expect("a node patch");
+    assert_eq!(
+        patch["metadata"]["labels"]["nvidia.com/device-plugin.config"],
+        Value::Null
+    );
+    assert_eq!(patch["metadata"]["labels"]["gputenancy.io/managed-by"], Value::Null);
+    assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_node_waiting_for_its_agent_gets_no_gpunode() {
+    let mut s = snapshot();
+    s.gpu_nodes.clear();
+    s.nodes[0]
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(GPU_PRESENT_FOR_TEST.into(), "true".into());
+    let w = writes(&pass(&s));
+    assert!(!w.iter().any(|x| x.contains("GpuNode")), "{w:?}");
+}
+
+const GPU_PRESENT_FOR_TEST: &str = crate::labels::GPU_PRESENT;
+
+#[test]
+fn flipping_conditions_make_events() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    apply(&mut s, &d);
+    s.tenants[0].spec.resources[0].count = 5; // more 3g.40gb than the two GPUs hold
+    let d = pass(&s);
+    let short: Vec<&Note> = d.notes.iter().filter(|n| n.reason == "CapacityShort").collect();
+    assert_eq!(short.len(), 1, "{:?}", d.notes);
+    assert_eq!(
+        (short[0].kind, short[0].name.as_str(), short[0].warning),
+        (Kind::GpuTenant, "acme", true)
+    );
+    assert!(short[0].message.contains("granted 4 of 5"), "{}", short[0].message);
+    // The same state again: no new event (events mark transitions, not states).
+    apply(&mut s, &d);
+    assert_eq!(pass(&s).notes, []);
+}
+
+#[test]
+fn contains_ignores_what_the_server_adds() {
+    let live = json!({"a": 1, "b": {"c": [ {"x": 1, "default": true} ], "d": "added"}});
+    assert!(contains(&live, &json!({"b": {"c": [{"x": 1}]}})));
+    assert!(!contains(&live, &json!({"b": {"c": [{"x": 2}]}})));
+    assert!(!contains(&live, &json!({"b": {"c": []}})));
+    assert!(contains(&live, &json!({"e": null})));
+}
+
+/// The simulated agent: reports the current spec applied.
+fn agent_applies(s: &mut Snapshot) {
+    for n in &mut s.gpu_nodes {
+        let mut st = n.status.clone().unwrap_or_default();
+        if st.observed_generation == n.metadata.generation {
+            continue;
+        }
+        for g in &mut st.gpus {
+            if let Some(spec) = n.spec.gpus.iter().find(|x| x.index == g.index) {
+                g.applied_mode = Some(spec.mode);
+                g.applied_tenants = spec.tenants.clone();
+                g.applied = Some(true);
+            }
+        }
+        st.observed_generation = n.metadata.generation;
+        crate::api::set_condition(
+            &mut st.conditions,
+            ConditionSet::READY,
+            true,
+            "Applied",
+            "",
+            n.metadata.generation,
+            &now(),
+        );
+        n.status = Some(st);
+    }
+}
+
+/// A hand-over from a tenant that no longer exists is written with the strictest scrub (its policy
+/// is unknown); once the agent reports it applied, the GPU goes back to its tenants' own policy:
+/// one more spec write, then nothing.
+#[test]
+fn a_hand_over_from_a_removed_tenant_scrubs_then_settles() {
+    let mut s = snapshot();
+    s.plans = vec![plan_for(
+        "mps",
+        "h100",
+        vec![crate::planner::tests::group("all", crate::api::Mode::Mps)],
+    )];
+    s.tenants = vec![
+        TenantBuilder::new("a", "internal")
+            .want(crate::api::Mode::Mps, 5)
+            .build(),
+        TenantBuilder::new("b", "internal")
+            .want(crate::api::Mode::Mps, 2)
+            .build(),
+    ];
+    for _ in 0..3 {
+        let d = pass(&s);
+        apply(&mut s, &d);
+        agent_applies(&mut s);
+    }
+    assert_eq!(writes(&pass(&s)), Vec::<String>::new());
+    s.tenants.retain(|t| t.name_any() == "a");
+    let spec = |d: &Diff| -> Option<Value> {
+        d.writes.iter().find_map(|w| match w {
+            Write::Apply {
+                kind: Kind::GpuNode,
+                object,
+                ..
+            } => Some(object["spec"]["gpus"][1].clone()),
+            _ => None,
+        })
+    };
+    let first = pass(&s);
+    assert_eq!(
+        spec(&first).unwrap()["scrub"],
+        "Always",
+        "the hand-over scrubs: b's policy is unknown"
+    );
+    assert_eq!(spec(&first).unwrap()["tenants"], json!(["a"]));
+    apply(&mut s, &first);
+    agent_applies(&mut s);
+    let second = pass(&s);
+    assert_eq!(
+        spec(&second).unwrap()["scrub"],
+        "OnTenantChange",
+        "back to a's own policy"
+    );
+    apply(&mut s, &second);
+    agent_applies(&mut s);
+    let third = pass(&s);
+    assert_eq!(
+        writes(&third),
+        ["status GpuPartitionPlan mps"],
+        "the plan reports the node applied"
+    );
+    apply(&mut s, &third);
+    assert_eq!(writes(&pass(&s)), Vec::<String>::new());
+}

@@ -1,0 +1,123 @@
+//! `gpu-tenancy controller`: keeps the cluster equal to the desired state.
+//!
+//! The shape of linkerd's policy-controller: watches feed in-memory stores ([`stores`]); after a
+//! burst of changes settles (debounce), one pass computes the whole fleet's desired state with the
+//! same pure function `gpu-tenancy plan` prints ([`crate::desired::desired`]), diffs it against the
+//! stores ([`diff`]) and one writer makes only the writes that change something ([`writer`]).
+//! Only the leader writes; followers keep their stores warm to take over at once. Nothing requeues
+//! on a timer: a pass runs when something changed, or after a failed pass, with backoff.
+
+pub mod diff;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod retry;
+pub mod stores;
+pub mod writer;
+
+use crate::desired::{Desired, Settings, desired};
+use crate::inventory::NodeInventory;
+use crate::labels::GPU_PRESENT;
+use crate::planner::PlanInput;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Client, ResourceExt};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stores::{Snapshot, Stores};
+use tokio::sync::Notify;
+
+/// The planner's node inputs from the cluster: every Node that has a GpuNode or is labelled a GPU
+/// node (`nvidia.com/gpu.present=true`), with its labels, and its GpuNode (what the agent reports,
+/// what the controller last wrote). A Node with no GpuNode status yet is waiting for its agent. A
+/// GpuNode whose Node is gone is not planned.
+pub fn node_inventories(s: &Snapshot) -> Vec<NodeInventory> {
+    let gpu_nodes: BTreeMap<String, &crate::api::GpuNode> = s.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let mut out: Vec<NodeInventory> = s
+        .nodes
+        .iter()
+        .filter(|n| gpu_nodes.contains_key(&n.name_any()) || n.labels().get(GPU_PRESENT).is_some_and(|v| v == "true"))
+        .map(|n| NodeInventory::from_cluster(&n.name_any(), n.labels(), gpu_nodes.get(&n.name_any()).copied()))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Condition times at whole seconds, as Kubernetes writes them.
+pub fn now_seconds() -> Time {
+    let now = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// The desired state of the cluster in `s`.
+pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
+    let nodes = node_inventories(s);
+    desired(
+        &PlanInput {
+            policies: &s.policies,
+            tenants: &s.tenants,
+            plans: &s.plans,
+            nodes: &nodes,
+        },
+        settings,
+        now,
+    )
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassReport {
+    /// The writes made, as `action Kind name`.
+    pub writes: Vec<String>,
+    /// Writes that failed, with their errors.
+    pub failed: Vec<String>,
+    /// Time spent planning (the pure part), and in the whole pass.
+    pub plan_time: Duration,
+    pub total_time: Duration,
+}
+
+/// The controller: its stores, its writer and its settings.
+pub struct Controller {
+    pub stores: Stores,
+    writer: writer::Writer,
+    settings: Settings,
+    /// Notified on every change any store sees.
+    pub changed: Arc<Notify>,
+}
+
+impl Controller {
+    /// Creates the stores and spawns the watches that keep them current.
+    pub fn start(client: Client, settings: Settings, instance: Option<String>) -> Controller {
+        let changed = Arc::new(Notify::new());
+        let (stores, drive) = stores::stores(&client, &settings.device_plugin_namespace, changed.clone());
+        tokio::spawn(futures::StreamExt::for_each(drive, |()| async {}));
+        Controller {
+            stores,
+            writer: writer::Writer::new(client, instance),
+            settings,
+            changed,
+        }
+    }
+
+    /// One pass over the whole fleet: snapshot, desired state, diff, writes, events.
+    pub async fn pass(&self) -> PassReport {
+        let started = Instant::now();
+        let snapshot = self.stores.snapshot();
+        let d = desired_of(&snapshot, &self.settings, &now_seconds());
+        let diff = diff::diff(&d, &snapshot);
+        let plan_time = started.elapsed();
+        let outcome = self.writer.write_all(&diff.writes).await;
+        self.writer.publish(&diff.notes).await;
+        PassReport {
+            writes: diff
+                .writes
+                .iter()
+                .map(ToString::to_string)
+                .filter(|w| !outcome.failed.iter().any(|(f, _)| f == w))
+                .collect(),
+            failed: outcome.failed.iter().map(|(w, e)| format!("{w}: {e}")).collect(),
+            plan_time,
+            total_time: started.elapsed(),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The one writer: makes a pass's writes against the API server, in order, and publishes its events.
+//! A failed write does not stop the others (each object stands alone); the pass reports how many
+//! failed and the loop retries with backoff.
+
+use super::diff::{Kind, Note, Write};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+
+/// Field manager of everything the controller writes.
+pub const FIELD_MANAGER: &str = "gpu-tenancy-controller";
+
+/// Makes writes and publishes events.
+pub struct Writer {
+    client: Client,
+    recorder: Recorder,
+}
+
+/// What a batch of writes did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Writes that succeeded, as (kind, action).
+    pub done: Vec<(Kind, &'static str)>,
+    /// Writes that failed, each with its error.
+    pub failed: Vec<(String, kube::Error)>,
+}
+
+impl Writer {
+    pub fn new(client: Client, instance: Option<String>) -> Writer {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance,
+        };
+        Writer {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+        }
+    }
+
+    fn api(&self, kind: Kind, namespace: Option<&str>) -> Api<DynamicObject> {
+        let ar = kind.api_resource();
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    async fn write(&self, w: &Write) -> Result<(), kube::Error> {
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        match w {
+            Write::Apply {
+                kind,
+                namespace,
+                name,
+                object,
+            } => {
+                self.api(*kind, namespace.as_deref())
+                    .patch(name, &apply, &Patch::Apply(object))
+                    .await?;
+            }
+            Write::Status { kind, name, object } => {
+                self.api(*kind, None)
+                    .patch_status(name, &apply, &Patch::Apply(object))
+                    .await?;
+            }
+            Write::Patch { kind, name, patch } => {
+                self.api(*kind, None)
+                    .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+            }
+            Write::Delete { kind, namespace, name } => {
+                match self
+                    .api(*kind, namespace.as_deref())
+                    .delete(name, &DeleteParams::background())
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every write, in order.
+    pub async fn write_all(&self, writes: &[Write]) -> Outcome {
+        let mut outcome = Outcome::default();
+        for w in writes {
+            match self.write(w).await {
+                Ok(()) => {
+                    tracing::info!(write = %w, "wrote");
+                    outcome.done.push((w.kind(), w.action()));
+                }
+                Err(e) => {
+                    tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
+                    outcome.failed.push((w.to_string(), e));
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Publishes events; a failure is logged, never fatal (events are for people).
+    pub async fn publish(&self, notes: &[Note]) {
+        for n in notes {
+            let ar = n.kind.api_resource();
+            let reference = ObjectReference {
+                api_version: Some(ar.api_version.clone()),
+                kind: Some(ar.kind.clone()),
+                name: Some(n.name.clone()),
+                ..ObjectReference::default()
+            };
+            let event = Event {
+                type_: if n.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: n.reason.clone(),
+                note: Some(n.message.chars().take(1000).collect()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(object = %n.name, reason = %n.reason, error = %e, "could not publish an event");
+            }
+        }
+    }
+}
+
+/// The object reference of a cluster-scoped object of ours, for events.
+pub fn reference<K: Resource<DynamicType = ()>>(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::api_version(&()).into()),
+        kind: Some(K::kind(&()).into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}
