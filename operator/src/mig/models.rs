@@ -135,8 +135,9 @@ pub struct GpuModel {
     /// Profile names by [`Shape`] order.
     profile_names: [&'static str; 7],
     /// Instance memory NVIDIA publishes for this model, by memory slices: `(memory slices, MiB)`, from
-    /// the `nvidia-smi` figures FACTS.md §1 quotes. An instance's memory is its memory slices, so a
-    /// figure holds for every profile with that many slices (1g and 1g+me; 1g.2x and 2g; 3g and 4g).
+    /// the `nvidia-smi mig -lgip` outputs in tests/data/nvidia-smi/ and FACTS.md §1. An instance's
+    /// memory is its memory slices, so a figure holds for every profile with that many slices (1g
+    /// and 1g+me; 1g.2x and 2g; 3g and 4g).
     published_memory_mib: &'static [(u32, u64)],
 }
 
@@ -174,8 +175,9 @@ pub static MODELS: &[GpuModel] = &[
             "4g.20gb",
             "7g.40gb",
         ],
-        // 1g.5gb: 4864 MB (FACTS.md §1, MIG user guide).
-        published_memory_mib: &[(1, 4864)],
+        // nvidia-smi mig -lgip in the MIG user guide (tests/data/nvidia-smi/a100-40gb-lgip.txt):
+        // 4.75, 9.62, 19.50, 39.25 GiB.
+        published_memory_mib: &[(1, 4864), (2, 9856), (4, 19968), (8, 40192)],
     },
     GpuModel {
         key: "A100-80GB",
@@ -267,7 +269,9 @@ pub static MODELS: &[GpuModel] = &[
             "4g.47gb",
             "7g.94gb",
         ],
-        published_memory_mib: &[],
+        // nvidia-smi mig -lgip (tests/data/nvidia-smi/h100-nvl-lgip.txt): 10.75, 21.62, 46.38, 93.12 GiB;
+        // the same node's nvidia-smi lists those instances at 11008, 22144 and 47488 MiB.
+        published_memory_mib: &[(1, 11008), (2, 22144), (4, 47488), (8, 95360)],
     },
     GpuModel {
         key: "H200",
@@ -291,8 +295,9 @@ pub static MODELS: &[GpuModel] = &[
             "4g.71gb",
             "7g.141gb",
         ],
-        // 1g.18gb: 16 GiB (FACTS.md §1, nvidia-smi mig -lgip in mig-parted#120).
-        published_memory_mib: &[(1, 16384)],
+        // nvidia-smi mig -lgip in mig-parted#120 (tests/data/nvidia-smi/h200-lgip.txt): 16.00, 32.25,
+        // 69.50, 139.75 GiB.
+        published_memory_mib: &[(1, 16384), (2, 33024), (4, 71168), (8, 143104)],
     },
     GpuModel {
         key: "B200",
@@ -310,7 +315,9 @@ pub static MODELS: &[GpuModel] = &[
             "4g.90gb",
             "7g.180gb",
         ],
-        published_memory_mib: &[],
+        // nvidia-smi mig -lgip in mig-parted#187 (tests/data/nvidia-smi/b200-lgip.txt): 20.50 and
+        // 44.25 GiB; the 4- and 8-slice figures were not kept.
+        published_memory_mib: &[(1, 20992), (2, 45312)],
     },
 ];
 
@@ -538,6 +545,7 @@ mod tests {
         assert_eq!(gib(mib("H100-80GB", "3g.40gb")), "39.50");
         assert_eq!(gib(mib("H100-80GB", "7g.80gb")), "79.25");
         assert_eq!(gib(mib("H200", "1g.18gb")), "16.00");
+        assert_eq!(mib("H100-NVL", "3g.47gb"), 47488);
         // Same memory slices, same memory.
         assert_eq!(mib("H100-80GB", "1g.10gb+me"), mib("H100-80GB", "1g.10gb"));
         assert_eq!(mib("H100-80GB", "2g.20gb"), mib("H100-80GB", "1g.20gb"));
@@ -545,7 +553,6 @@ mod tests {
         // Not published here: derived from memory slices, rounded down.
         assert_eq!(mib("B200", "7g.180gb"), 183359);
         assert_eq!(mib("B200", "3g.90gb"), 183359 * 4 / 8);
-        assert_eq!(mib("H100-NVL", "1g.12gb"), 95830 / 8);
     }
 
     #[test]
