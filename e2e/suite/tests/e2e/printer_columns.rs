@@ -1,6 +1,7 @@
 //! `kubectl apply -f examples/` works, and `kubectl get` shows the CRDs' printer columns, per
-//! kind and for the whole `gputenancy` category.
+//! kind and for the whole `gputenancy` category; the cells hold the values of the status written.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gpu_tenancy_e2e::{
@@ -144,6 +145,193 @@ async fn examples_apply_and_kubectl_get_prints_the_printer_columns() {
                 .lines()
                 .any(|l| l.split_whitespace().next() == Some(&format!("{row_prefix}{own_name}"))),
             "`kubectl get {CATEGORY}` lacks {row_prefix}{own_name}:\n{out}"
+        );
+    }
+}
+
+/// `kubectl get <resource> <name>` as header → cell. Columns start where their header word starts
+/// (kubectl aligns them), so a cell may hold spaces (a GpuNode's layout does).
+async fn printed_row(resource: &str, name: &str) -> BTreeMap<String, String> {
+    let out = kubectl_async(vec!["get".into(), resource.into(), name.into()])
+        .await
+        .ok();
+    let mut lines = out.lines();
+    let header = lines.next().unwrap_or_default();
+    let row = lines
+        .next()
+        .unwrap_or_else(|| panic!("`kubectl get {resource} {name}` printed no row:\n{out}"));
+    let starts: Vec<(usize, &str)> = header
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || header.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| (i, header[i..].split(' ').next().unwrap()))
+        .collect();
+    let mut cells = BTreeMap::new();
+    for (k, &(start, word)) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).map_or(row.len(), |&(s, _)| s).min(row.len());
+        let cell = row.get(start.min(row.len())..end).unwrap_or_default().trim();
+        cells.insert(word.to_owned(), cell.to_owned());
+    }
+    cells
+}
+
+/// Writes `status` with server-side apply on /status, the way the controller does.
+async fn write_status(client: &kube::Client, kind: &str, name: &str, status: Value) {
+    let patch = serde_json::json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": kind,
+        "metadata": {"name": name},
+        "status": status,
+    });
+    gpu_tenancy_e2e::api(client, kind)
+        .patch_status(
+            name,
+            &kube::api::PatchParams::apply("gpu-tenancy-e2e-columns").force(),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{kind} {name}: server-side apply to /status: {e}"));
+}
+
+fn ready(status: &str) -> Value {
+    serde_json::json!([{
+        "type": "Ready",
+        "status": status,
+        "reason": "Written",
+        "message": "written by the e2e suite",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"
+    }])
+}
+
+fn cells(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The printed cells hold the values a status carries, not only the headers: each kind gets a
+/// status with known values through /status, and `kubectl get` must print exactly those.
+#[tokio::test]
+async fn kubectl_get_prints_the_status_values_in_the_columns() {
+    let client = client().await;
+    ensure_crds(&client).await;
+    let cleanup = Cleanup::new();
+    let names = Names::new("cells");
+
+    let mut created = Vec::new();
+    for (kind, _, _) in KINDS {
+        let name = names.next();
+        let mut obj = fixtures::valid(kind, &name);
+        match kind {
+            "GpuTenant" => obj["spec"]["priority"] = serde_json::json!(42),
+            "GpuPartitionPlan" => obj["spec"]["priority"] = serde_json::json!(7),
+            "SharingPolicy" => obj["spec"]["memoryHeadroomPercent"] = serde_json::json!(15),
+            _ => {}
+        }
+        cleanup.add(kind, &name);
+        gpu_tenancy_e2e::api(&client, kind)
+            .create(&Default::default(), &serde_json::from_value(obj).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("creating a valid {kind}: {e}"));
+        created.push((kind, name));
+    }
+    let name_of = |kind: &str| created.iter().find(|(k, _)| *k == kind).unwrap().1.clone();
+
+    let policy = name_of("SharingPolicy");
+    write_status(
+        &client,
+        "SharingPolicy",
+        &policy,
+        serde_json::json!({"tiers": "external,internal,experimental", "tenants": 3, "conditions": ready("True")}),
+    )
+    .await;
+    let tenant = name_of("GpuTenant");
+    write_status(
+        &client,
+        "GpuTenant",
+        &tenant,
+        serde_json::json!({"summary": "3/5", "conditions": ready("True")}),
+    )
+    .await;
+    let plan = name_of("GpuPartitionPlan");
+    write_status(
+        &client,
+        "GpuPartitionPlan",
+        &plan,
+        serde_json::json!({
+            "nodes": {"selected": 12, "updated": 9, "applied": 7, "pending": 4, "waiting": 0, "failed": 1},
+            "conditions": ready("False")
+        }),
+    )
+    .await;
+    let node = name_of("GpuNode");
+    write_status(
+        &client,
+        "GpuNode",
+        &node,
+        serde_json::json!({
+            "gpuCount": 4,
+            "layout": "0:3g.40gb+2g.20gb 1:MPS 2:TimeSlicing 3:Exclusive",
+            "conditions": ready("True")
+        }),
+    )
+    .await;
+
+    let cases = [
+        (
+            "sharingpolicies",
+            &policy,
+            cells(&[
+                ("NAME", &policy),
+                ("TIERS", "external,internal,experimental"),
+                ("HEADROOM", "15"),
+                ("TENANTS", "3"),
+                ("READY", "True"),
+            ]),
+        ),
+        (
+            "gputenants",
+            &tenant,
+            cells(&[
+                ("NAME", &tenant),
+                ("TIER", "external"),
+                ("PRIORITY", "42"),
+                ("GRANTED", "3/5"),
+                ("READY", "True"),
+            ]),
+        ),
+        (
+            "gpupartitionplans",
+            &plan,
+            cells(&[
+                ("NAME", &plan),
+                ("PRIORITY", "7"),
+                ("SELECTED", "12"),
+                ("UPDATED", "9"),
+                ("APPLIED", "7"),
+                ("READY", "False"),
+            ]),
+        ),
+        (
+            "gpunodes",
+            &node,
+            cells(&[
+                ("NAME", &node),
+                ("PLAN", "h100-mixed"),
+                ("GPUS", "4"),
+                ("LAYOUT", "0:3g.40gb+2g.20gb 1:MPS 2:TimeSlicing 3:Exclusive"),
+                ("READY", "True"),
+            ]),
+        ),
+    ];
+    for (resource, name, want) in cases {
+        let mut got = printed_row(resource, name).await;
+        // Age is the clock's; it is there and not empty.
+        let age = got.remove("AGE").unwrap_or_default();
+        assert!(
+            !age.is_empty(),
+            "`kubectl get {resource} {name}` has no AGE cell: {got:?}"
+        );
+        assert_eq!(
+            got, want,
+            "`kubectl get {resource} {name}`: printed cells vs the status written"
         );
     }
 }
