@@ -6,10 +6,11 @@
 
 use gpu_tenancy::api::*;
 use gpu_tenancy::inventory::{NodeGpu, NodeInventory};
-use gpu_tenancy::mig::model_by_name;
+use gpu_tenancy::mig::{ExistingInstance, model_by_name};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
+#[derive(Clone)]
 pub struct Fleet {
     pub policies: Vec<SharingPolicy>,
     pub tenants: Vec<GpuTenant>,
@@ -88,7 +89,8 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
                 mps: Some(MpsSettings {
                     max_clients: 8,
                     active_thread_percentage: Some(12),
-                    pinned_memory_limit: Some("4Gi".into()),
+                    // GPU memory / maxClients: what the device plugin pins each client to.
+                    pinned_memory_limit: Some("5Gi".into()),
                 }),
                 ..group("all", Mode::Mps)
             }],
@@ -127,59 +129,103 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
             }
         })
         .collect();
-    let tiers = ["external", "internal", "experimental"];
-    let tenants = (0..tenants)
-        .map(|i| {
-            let tier = tiers[rng.next(3) as usize];
-            let mut resources = vec![
-                ResourceRequest {
-                    mode: Mode::Mig,
-                    profile: Some("3g.40gb".into()),
-                    count: 1 + rng.next(4) as u32,
-                },
-                ResourceRequest {
-                    mode: Mode::Mig,
-                    profile: Some("1g.10gb".into()),
-                    count: 1 + rng.next(8) as u32,
-                },
-                ResourceRequest {
-                    mode: Mode::Exclusive,
-                    count: 1 + rng.next(4) as u32,
-                    profile: None,
-                },
-            ];
-            if tier != "external" {
-                resources.push(ResourceRequest {
-                    mode: Mode::Mps,
-                    count: 1 + rng.next(24) as u32,
-                    profile: None,
-                });
-            }
-            if tier == "experimental" {
-                resources.push(ResourceRequest {
-                    mode: Mode::TimeSlicing,
-                    count: 1 + rng.next(12) as u32,
-                    profile: None,
-                });
-            }
-            GpuTenant::new(
-                &format!("tenant-{i:04}"),
-                GpuTenantSpec {
-                    tier: tier.into(),
-                    policy_ref: "default".into(),
-                    namespaces: vec![format!("ns-{i:04}")],
-                    priority: rng.next(3) as i32,
-                    weight: 1 + rng.next(4) as u32,
-                    resources,
-                    limits: None,
-                },
-            )
-        })
-        .collect();
+    let tenants = (0..tenants).map(|i| draw_tenant(&mut rng, i)).collect();
     Fleet {
         policies: vec![policy],
         tenants,
         plans,
         nodes,
     }
+}
+
+/// One tenant as [`fleet`] makes them, drawn from `seed`: for adding tenants to a fleet.
+pub fn tenant(i: usize, seed: u64) -> GpuTenant {
+    draw_tenant(&mut Lcg(seed), i)
+}
+
+fn draw_tenant(rng: &mut Lcg, i: usize) -> GpuTenant {
+    let tiers = ["external", "internal", "experimental"];
+    let tier = tiers[rng.next(3) as usize];
+    let mut resources = vec![
+        ResourceRequest {
+            mode: Mode::Mig,
+            profile: Some("3g.40gb".into()),
+            count: 1 + rng.next(4) as u32,
+        },
+        ResourceRequest {
+            mode: Mode::Mig,
+            profile: Some("1g.10gb".into()),
+            count: 1 + rng.next(8) as u32,
+        },
+        ResourceRequest {
+            mode: Mode::Exclusive,
+            count: 1 + rng.next(4) as u32,
+            profile: None,
+        },
+    ];
+    if tier != "external" {
+        resources.push(ResourceRequest {
+            mode: Mode::Mps,
+            count: 1 + rng.next(24) as u32,
+            profile: None,
+        });
+    }
+    if tier == "experimental" {
+        resources.push(ResourceRequest {
+            mode: Mode::TimeSlicing,
+            count: 1 + rng.next(12) as u32,
+            profile: None,
+        });
+    }
+    GpuTenant::new(
+        &format!("tenant-{i:04}"),
+        GpuTenantSpec {
+            tier: tier.into(),
+            policy_ref: "default".into(),
+            namespaces: vec![format!("ns-{i:04}")],
+            priority: rng.next(3) as i32,
+            weight: 1 + rng.next(4) as u32,
+            resources,
+            limits: None,
+        },
+    )
+}
+
+/// The nodes as they run once `planned` is applied: each GPU's mode, whole-GPU tenants and MIG
+/// instances with their tenants, from its GpuNode spec (what the planner reads back in a cluster).
+/// GPUs a spec does not list are taken as empty.
+pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInventory> {
+    nodes
+        .iter()
+        .map(|n| {
+            let mut n = n.clone();
+            for g in &mut n.gpus {
+                g.mode = None;
+                g.tenants.clear();
+                g.instances.clear();
+                g.instance_tenants.clear();
+            }
+            let spec = planned
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(n.name.as_str()));
+            for s in spec.iter().flat_map(|p| &p.spec.gpus) {
+                let g = &mut n.gpus[s.index as usize];
+                g.mode = Some(s.mode);
+                if s.mode != Mode::Mig {
+                    g.tenants = s.tenants.clone();
+                }
+                for i in &s.mig_instances {
+                    g.instances.push(ExistingInstance {
+                        profile: i.profile.clone(),
+                        placement: i.placement,
+                        gpu_instance_id: None,
+                    });
+                    if let Some(t) = &i.tenant {
+                        g.instance_tenants.insert(i.placement, t.clone());
+                    }
+                }
+            }
+            n
+        })
+        .collect()
 }

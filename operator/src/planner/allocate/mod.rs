@@ -1,19 +1,27 @@
 //! Grants: which tenant gets which MIG instance, whole GPU or GPU share.
 //!
-//! Priority first; within a priority, capacity dedicated to a tenant goes to it, then open capacity
-//! is split by weighted fair share, then anything a rule (co-location, topology, policy caps, memory
-//! limit) kept from one tenant goes to the others. Every loop walks capacity in node-name, GPU and
-//! placement order, so the result is deterministic.
+//! How much, then which. How much: priority first; within a priority, capacity dedicated to a
+//! tenant goes to it, then open capacity is split by weighted fair share, then anything a rule
+//! (co-location, topology, policy caps, memory limit) kept from one tenant goes to the others. That
+//! pass is blind to what runs now, so amounts never depend on history. Which: [`sticky`] places
+//! those same amounts starting from the current bindings, so a tenant keeps the GPUs and instances
+//! it holds unless the inputs force a move (DESIGN.md §4, invariant 4). Every loop walks capacity
+//! in node-name, GPU and placement order, so the result is deterministic.
 
+mod exclusive;
+mod pools;
 mod report;
 mod shared;
+mod sticky;
 
 use super::fairshare::weighted_fair_share;
 use super::nodes::NodeDesired;
-use crate::api::{AllocationSummary, Grant, Mode, TopologyPolicy, quantity_to_mib};
+use crate::api::{AllocationSummary, Grant, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
+use pools::build_pools;
 use std::collections::{BTreeMap, HashMap};
+use sticky::{Amounts, Current, Placings, Step};
 
 /// What one tenant received.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -54,14 +62,33 @@ impl Family {
 /// (node position, GPU position in the node's spec list).
 type GpuRef = (u32, u32);
 
+/// Capacity of one kind, open (no tenants) or dedicated to the tenants listed.
+type PoolKey = (Family, Vec<String>);
+
+/// Per tenant: units received per (request, pool).
+type Targets = BTreeMap<(usize, PoolKey), u32>;
+
+/// Per tenant and request: why it fell short, if it did.
+type Reasons = Vec<Vec<Option<Shortfall>>>;
+
 struct MigPool {
+    /// (GPU, instance position in its spec).
     slots: Vec<(GpuRef, u32)>,
+    /// Slot indices in the order grants use them: plan order, and when placing from the current
+    /// bindings, instances nobody holds now first.
+    order: Vec<usize>,
+    taken: Vec<bool>,
+    /// Entries of `order` before this one are all taken.
     next: usize,
+    free: usize,
 }
 
 struct Domain {
     node: u32,
+    /// GPU positions still free (nobody holds them now first, when placing from current bindings).
     free: Vec<u32>,
+    /// Tenant of each GPU taken from this domain, so a tenant's later GPUs join its first ones.
+    users: Vec<usize>,
 }
 
 struct SharedGpu {
@@ -94,7 +121,7 @@ impl Pool {
     /// Units still free, for the fair-share split (shared GPUs count at their nominal setting).
     fn free(&self) -> u64 {
         match self {
-            Pool::Mig(p) => (p.slots.len() - p.next) as u64,
+            Pool::Mig(p) => p.free as u64,
             Pool::Exclusive(d) => d.iter().map(|d| d.free.len() as u64).sum(),
             Pool::Shared { gpus, .. } => gpus
                 .iter()
@@ -132,35 +159,24 @@ struct TenantState {
     shares: BTreeMap<(Family, Vec<String>, usize), u32>,
     /// Per request: the reason it is short, if it is.
     why: Vec<Option<Shortfall>>,
+    /// Units received per (request, pool).
+    by_pool: Targets,
 }
 
 struct Allocator<'n, 'a> {
     tenants: &'n [TenantProfile],
     nodes: &'n mut [NodeDesired<'a>],
-    pools: BTreeMap<(Family, Vec<String>), Pool>,
+    pools: BTreeMap<PoolKey, Pool>,
     state: Vec<TenantState>,
+    /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
+    placing: Option<Placings>,
+    /// Per pool, the units each tenant holds now: (MIG slot or shared GPU, 0), or exclusive (domain, GPU position).
+    held: HashMap<PoolKey, BTreeMap<String, Vec<(usize, u32)>>>,
+    /// Every grant in the order it was made: the blind pass's log is replayed by the placing pass.
+    log: Vec<Step>,
 }
 
 pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMap<String, TenantGrants> {
-    let pools = build_pools(nodes);
-    let state = tenants
-        .iter()
-        .map(|t| TenantState {
-            remaining: t.requests.iter().map(|r| r.count).collect(),
-            granted: vec![0; t.requests.len()],
-            memory_mib: 0,
-            grants: vec![],
-            shares: BTreeMap::new(),
-            why: vec![None; t.requests.len()],
-        })
-        .collect();
-    let mut a = Allocator {
-        tenants,
-        nodes,
-        pools,
-        state,
-    };
-
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
         tenants[y]
@@ -168,77 +184,91 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
+    // How much each tenant gets: blind to what runs now.
+    let mut blind_nodes = nodes.to_vec();
+    let mut blind = Allocator::new(tenants, &mut blind_nodes, None);
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
-        a.serve_level(level);
+        blind.serve_level(level);
     }
-    a.finish()
+    let amounts = blind.amounts();
+    // Which units: from the current bindings. A pool where the units kept leave no room for
+    // some amount (shared GPUs: co-location splits them by tier) is placed again with less
+    // stickiness: kept level by level, then as the blind pass placed it.
+    let now = Current::from_inventory(nodes);
+    let mut placings = Placings::new();
+    let (first, first_grants) = loop {
+        let mut trial = nodes.to_vec();
+        match sticky::place(tenants, &mut trial, &now, &placings, &amounts, &order) {
+            Ok(grants) => break (trial, grants),
+            Err(failed) => {
+                for key in failed {
+                    let p = placings.entry(key).or_default();
+                    match p.less_sticky() {
+                        Some(less) => *p = less,
+                        // Only with memory limits, which tie pools together.
+                        None => {
+                            let grants = blind.finish();
+                            adopt(nodes, blind_nodes);
+                            return grants;
+                        }
+                    }
+                }
+            }
+        }
+    };
+    // Once more from that result, every unit kept: shares over shared GPUs are then split as the
+    // next plan would split them (feeding the output back changes nothing).
+    let placed = Current::from_plan(&first);
+    let mut second = nodes.to_vec();
+    match sticky::place(tenants, &mut second, &placed, &Placings::new(), &amounts, &order) {
+        Ok(grants) => {
+            adopt(nodes, second);
+            grants
+        }
+        Err(_) => {
+            adopt(nodes, first);
+            first_grants
+        }
+    }
 }
 
-fn build_pools(nodes: &[NodeDesired]) -> BTreeMap<(Family, Vec<String>), Pool> {
-    let mut pools: BTreeMap<(Family, Vec<String>), Pool> = BTreeMap::new();
-    for (n, node) in nodes.iter().enumerate() {
-        let mut domains: BTreeMap<(Vec<String>, i32), Vec<u32>> = BTreeMap::new();
-        for (g, gpu) in node.gpus.iter().enumerate() {
-            let mut ded = node.dedicated[g].clone();
-            ded.sort();
-            let at = (n as u32, g as u32);
-            let inv = &node.inventory.gpus[gpu.index as usize];
-            match gpu.mode {
-                Mode::Mig => {
-                    for (i, inst) in gpu.mig_instances.iter().enumerate() {
-                        let key = (Family::Mig(inst.profile.clone()), ded.clone());
-                        let pool = pools
-                            .entry(key)
-                            .or_insert_with(|| Pool::Mig(MigPool { slots: vec![], next: 0 }));
-                        if let Pool::Mig(p) = pool {
-                            p.slots.push((at, i as u32));
-                        }
-                    }
-                }
-                Mode::Exclusive => domains.entry((ded, inv.numa_node)).or_default().push(g as u32),
-                mode => {
-                    let (setting, pinned_mib) = match mode {
-                        Mode::Mps => {
-                            let mps = gpu.mps.clone().unwrap_or_default();
-                            (
-                                mps.max_clients,
-                                mps.pinned_memory_limit.as_deref().and_then(quantity_to_mib),
-                            )
-                        }
-                        _ => (gpu.time_slicing.as_ref().map_or(1, |t| t.replicas), None),
-                    };
-                    let pool = pools
-                        .entry((Family::Shared(mode), ded))
-                        .or_insert_with(|| Pool::Shared {
-                            gpus: vec![],
-                            next_empty: 0,
-                            partial: HashMap::new(),
-                        });
-                    if let Pool::Shared { gpus, .. } = pool {
-                        gpus.push(SharedGpu {
-                            at,
-                            setting,
-                            memory_mib: inv.memory_mib,
-                            pinned_mib,
-                            capacity: None,
-                            used: 0,
-                            tier: None,
-                            locked: false,
-                        });
-                    }
-                }
-            }
-        }
-        for ((ded, _numa), free) in domains {
-            let pool = pools
-                .entry((Family::Exclusive, ded))
-                .or_insert_with(|| Pool::Exclusive(vec![]));
-            if let Pool::Exclusive(d) = pool {
-                d.push(Domain { node: n as u32, free });
-            }
+/// Takes the GPU specs of a pass that ran on a copy.
+fn adopt(nodes: &mut [NodeDesired], done: Vec<NodeDesired>) {
+    for (node, d) in nodes.iter_mut().zip(done) {
+        node.gpus = d.gpus;
+    }
+}
+
+impl<'n, 'a> Allocator<'n, 'a> {
+    /// An allocator over `nodes`; a placing pass passes the current bindings and how each pool uses them.
+    fn new(
+        tenants: &'n [TenantProfile],
+        nodes: &'n mut [NodeDesired<'a>],
+        current: Option<(&Current, &Placings)>,
+    ) -> Self {
+        let (pools, held) = build_pools(nodes, current);
+        let state = tenants
+            .iter()
+            .map(|t| TenantState {
+                remaining: t.requests.iter().map(|r| r.count).collect(),
+                granted: vec![0; t.requests.len()],
+                memory_mib: 0,
+                grants: vec![],
+                shares: BTreeMap::new(),
+                why: vec![None; t.requests.len()],
+                by_pool: BTreeMap::new(),
+            })
+            .collect();
+        Allocator {
+            tenants,
+            nodes,
+            pools,
+            state,
+            placing: current.map(|(_, p)| p.clone()),
+            held,
+            log: vec![],
         }
     }
-    pools
 }
 
 impl Allocator<'_, '_> {
@@ -304,7 +334,7 @@ impl Allocator<'_, '_> {
         let req = &self.tenants[t].requests[r];
         let family = Family::of(req.mode, req.profile.as_deref());
         let name = &self.tenants[t].name;
-        let keys: Vec<(Family, Vec<String>)> = self
+        let keys: Vec<PoolKey> = self
             .pools
             .keys()
             .filter(|(f, d)| *f == family && if dedicated { d.contains(name) } else { d.is_empty() })
@@ -315,12 +345,53 @@ impl Allocator<'_, '_> {
             if left == 0 {
                 break;
             }
-            let got = match &key.0 {
-                Family::Mig(p) => self.take_mig(t, r, &key, left, p),
-                Family::Exclusive => self.take_exclusive(t, r, &key, left),
-                Family::Shared(_) => self.take_shared(t, r, &key, left),
-            };
-            left -= got;
+            left -= self.take_from(t, r, &key, left);
+        }
+    }
+
+    /// Grants up to `want` units of request `r` to tenant `t` from pool `key`, counted and logged.
+    fn take_from(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
+        let got = match &key.0 {
+            Family::Mig(p) => self.take_mig(t, r, key, want, p),
+            Family::Exclusive => self.take_exclusive(t, r, key, want),
+            Family::Shared(_) => self.take_shared(t, r, key, want),
+        };
+        if got > 0 {
+            self.count(t, r, key, got);
+            self.log.push(Step {
+                t,
+                r,
+                key: key.clone(),
+                asked: want,
+                units: got,
+            });
+        }
+        got
+    }
+
+    fn count(&mut self, t: usize, r: usize, key: &PoolKey, units: u32) {
+        if units > 0 {
+            *self.state[t].by_pool.entry((r, key.clone())).or_default() += units;
+        }
+    }
+
+    /// Units of request `r` tenant `t` has from pool `key` so far.
+    fn have(&self, t: usize, r: usize, key: &PoolKey) -> u32 {
+        self.state[t].by_pool.get(&(r, key.clone())).copied().unwrap_or(0)
+    }
+
+    /// What this pass decided, for the placing pass.
+    fn amounts(&self) -> Amounts {
+        Amounts {
+            targets: self.state.iter().map(|s| s.by_pool.clone()).collect(),
+            log: self.log.clone(),
+            why: self.state.iter().map(|s| s.why.clone()).collect(),
+            shared_gpus: self
+                .pools
+                .keys()
+                .filter(|k| matches!(k.0, Family::Shared(_)))
+                .map(|k| (k.clone(), self.gpu_users(k)))
+                .collect(),
         }
     }
 
@@ -346,98 +417,49 @@ impl Allocator<'_, '_> {
         s.memory_mib += unit_mib * u64::from(units);
     }
 
-    fn take_mig(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32, profile: &str) -> u32 {
+    fn take_mig(&mut self, t: usize, r: usize, key: &PoolKey, want: u32, profile: &str) -> u32 {
         let unit = nominal_memory_mib(profile).unwrap_or(0);
         let want = self.memory_allows(t, r, unit, want);
         let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else {
             return 0;
         };
-        let n = want.min((pool.slots.len() - pool.next) as u32);
-        let taken: Vec<(GpuRef, u32)> = pool.slots[pool.next..pool.next + n as usize].to_vec();
-        pool.next += n as usize;
-        let name = self.tenants[t].name.clone();
-        for ((node, gpu), inst) in taken {
-            let nd = &mut self.nodes[node as usize];
-            let spec = &mut nd.gpus[gpu as usize];
-            let instance = &mut spec.mig_instances[inst as usize];
-            instance.tenant = Some(name.clone());
-            self.state[t].grants.push(Grant {
-                node: nd.inventory.name.clone(),
-                gpu: spec.index,
-                gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
-                mode: Mode::Mig,
-                profile: Some(instance.profile.clone()),
-                placement: Some(instance.placement.to_string()),
-                instance_uuid: None,
-                count: 1,
-            });
+        let mut taken = Vec::new();
+        let mut k = pool.next;
+        while taken.len() < want as usize && k < pool.order.len() {
+            let s = pool.order[k];
+            if !pool.taken[s] {
+                pool.taken[s] = true;
+                taken.push(pool.slots[s]);
+            }
+            k += 1;
+        }
+        while pool.next < pool.order.len() && pool.taken[pool.order[pool.next]] {
+            pool.next += 1;
+        }
+        pool.free -= taken.len();
+        let n = taken.len() as u32;
+        for (at, inst) in taken {
+            self.bind_instance(t, at, inst);
         }
         self.record(t, r, n, unit);
         n
     }
 
-    fn take_exclusive(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32) -> u32 {
-        let topology = self.tenants[t].topology;
-        let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
-            return 0;
-        };
-        // Best fit: the fullest domain that still holds the whole request keeps big domains free.
-        let fits = domains
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.free.len() as u32 >= want)
-            .min_by_key(|(i, d)| (d.free.len(), *i))
-            .map(|(i, _)| i);
-        let mut picks: Vec<(usize, usize)> = Vec::new(); // (domain, count)
-        match (fits, topology) {
-            (Some(d), _) if want > 1 && topology != TopologyPolicy::Ignore => picks.push((d, want as usize)),
-            (None, TopologyPolicy::Required) if want > 1 => {
-                self.state[t].why[r] = Some(Shortfall::Topology { count: want });
-                return 0;
-            }
-            _ => {
-                // Largest domains first: the fewest domains for what is left.
-                let mut order: Vec<usize> = (0..domains.len()).filter(|&i| !domains[i].free.is_empty()).collect();
-                if want == 1 {
-                    order.sort_by_key(|&i| (domains[i].free.len(), i));
-                } else {
-                    order.sort_by_key(|&i| (std::cmp::Reverse(domains[i].free.len()), i));
-                }
-                let mut left = want as usize;
-                for i in order {
-                    if left == 0 {
-                        break;
-                    }
-                    let n = left.min(domains[i].free.len());
-                    picks.push((i, n));
-                    left -= n;
-                }
-            }
-        }
-        let mut granted = 0;
-        for (d, n) in picks {
-            for _ in 0..n {
-                let (node, gpu_pos) = {
-                    let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
-                        break;
-                    };
-                    (domains[d].node, domains[d].free[0])
-                };
-                let unit = self.nodes[node as usize].inventory.gpus
-                    [self.nodes[node as usize].gpus[gpu_pos as usize].index as usize]
-                    .memory_mib;
-                if self.memory_allows(t, r, unit, 1) == 0 {
-                    return granted;
-                }
-                if let Some(Pool::Exclusive(domains)) = self.pools.get_mut(key) {
-                    domains[d].free.remove(0);
-                }
-                self.bind_whole(t, (node, gpu_pos), Mode::Exclusive, 1);
-                self.record(t, r, 1, unit);
-                granted += 1;
-            }
-        }
-        granted
+    fn bind_instance(&mut self, t: usize, (node, gpu): GpuRef, inst: u32) {
+        let nd = &mut self.nodes[node as usize];
+        let spec = &mut nd.gpus[gpu as usize];
+        let instance = &mut spec.mig_instances[inst as usize];
+        instance.tenant = Some(self.tenants[t].name.clone());
+        self.state[t].grants.push(Grant {
+            node: nd.inventory.name.clone(),
+            gpu: spec.index,
+            gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
+            mode: Mode::Mig,
+            profile: Some(instance.profile.clone()),
+            placement: Some(instance.placement.to_string()),
+            instance_uuid: None,
+            count: 1,
+        });
     }
 
     fn bind_whole(&mut self, t: usize, (node, gpu): GpuRef, mode: Mode, count: u32) {

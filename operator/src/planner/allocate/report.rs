@@ -2,6 +2,7 @@
 
 use super::{Allocator, Family, Pool, Shortfall, TenantGrants};
 use crate::api::{AllocationSummary, Grant, Mode, ScrubMemory};
+use crate::planner::changes::scrub_policies;
 use std::collections::{BTreeMap, HashMap};
 
 impl Allocator<'_, '_> {
@@ -28,17 +29,16 @@ impl Allocator<'_, '_> {
                 });
             }
         }
-        // Scrub policy per GPU: the strictest of the tenants it serves.
+        // Scrub policy per GPU: the strictest of the tenants it serves and of those it is taken
+        // from, unknown previous owners counting as `Always` (the rule: `changes::scrub_policies`).
         let scrub_of: HashMap<&str, ScrubMemory> = self.tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
         for node in self.nodes.iter_mut() {
             for gpu in &mut node.gpus {
                 gpu.tenants.sort();
-                let names = gpu
-                    .tenants
-                    .iter()
-                    .map(String::as_str)
-                    .chain(gpu.mig_instances.iter().filter_map(|i| i.tenant.as_deref()));
-                gpu.scrub = names.filter_map(|n| scrub_of.get(n).copied()).max().unwrap_or_default();
+            }
+            let scrub = scrub_policies(node, &scrub_of);
+            for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
+                gpu.scrub = s;
             }
         }
         let mut out = BTreeMap::new();

@@ -1,11 +1,11 @@
 //! Shared GPUs (MPS, time-slicing): which GPU's shares a tenant takes, under its tier's
 //! co-location rule, its policy's caps and the memory headroom.
 
-use super::{Allocator, Family, Pool, Shortfall};
+use super::{Allocator, Family, Pool, PoolKey, Shortfall};
 use crate::api::{CoLocation, Mode};
 
 impl Allocator<'_, '_> {
-    pub(super) fn take_shared(&mut self, t: usize, r: usize, key: &(Family, Vec<String>), want: u32) -> u32 {
+    pub(super) fn take_shared(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
         let forbidden = self.tenants[t].co_location == CoLocation::Forbidden;
         let tier = self.tenants[t].tier.clone();
         let mut left = want;
@@ -58,11 +58,11 @@ impl Allocator<'_, '_> {
     }
 
     /// Grants up to `want` shares of shared GPU `i` of pool `key` to tenant `t`, if its rules allow.
-    fn try_gpu(
+    pub(super) fn try_gpu(
         &mut self,
         t: usize,
         r: usize,
-        key: &(Family, Vec<String>),
+        key: &PoolKey,
         i: usize,
         want: u32,
         eligible: &mut bool,

@@ -1,0 +1,132 @@
+//! The capacity pools: each kind of capacity (MIG profile, exclusive GPUs by NUMA domain, MPS or
+//! time-slicing GPUs), open or dedicated to tenants, with the units each tenant holds now when a
+//! pass places from the current bindings.
+
+use super::sticky::{Current, Placing, Placings};
+use super::{Domain, Family, MigPool, Pool, PoolKey, SharedGpu};
+use crate::api::{Mode, quantity_to_mib};
+use crate::planner::nodes::NodeDesired;
+use std::collections::{BTreeMap, HashMap};
+
+pub(super) type Held = HashMap<PoolKey, BTreeMap<String, Vec<(usize, u32)>>>;
+
+fn hold(held: &mut Held, key: &PoolKey, holders: &[String], unit: (usize, u32)) {
+    for h in holders {
+        held.entry(key.clone())
+            .or_default()
+            .entry(h.clone())
+            .or_default()
+            .push(unit);
+    }
+}
+
+pub(super) fn build_pools(
+    nodes: &[NodeDesired],
+    current: Option<(&Current, &Placings)>,
+) -> (BTreeMap<PoolKey, Pool>, Held) {
+    // Current bindings count in the pools placed from them.
+    let current_for = |key: &PoolKey| {
+        current
+            .filter(|(_, p)| p.get(key) != Some(&Placing::Blind))
+            .map(|(c, _)| c)
+    };
+    let mut pools: BTreeMap<PoolKey, Pool> = BTreeMap::new();
+    let mut held: Held = HashMap::new();
+    let none = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        let mut domains: BTreeMap<(Vec<String>, i32), Vec<u32>> = BTreeMap::new();
+        for (g, gpu) in node.gpus.iter().enumerate() {
+            let mut ded = node.dedicated[g].clone();
+            ded.sort();
+            let at = (n as u32, g as u32);
+            let inv = &node.inventory.gpus[gpu.index as usize];
+            match gpu.mode {
+                Mode::Mig => {
+                    for (i, inst) in gpu.mig_instances.iter().enumerate() {
+                        let key = (Family::Mig(inst.profile.clone()), ded.clone());
+                        let holder = current_for(&key).and_then(|c| c.gpus[n][g].instances[i].clone());
+                        let pool = pools.entry(key.clone()).or_insert_with(|| {
+                            Pool::Mig(MigPool {
+                                slots: vec![],
+                                order: vec![],
+                                taken: vec![],
+                                next: 0,
+                                free: 0,
+                            })
+                        });
+                        if let Pool::Mig(p) = pool {
+                            hold(&mut held, &key, holder.as_slice(), (p.slots.len(), 0));
+                            p.slots.push((at, i as u32));
+                            p.taken.push(false);
+                            p.free += 1;
+                        }
+                    }
+                }
+                Mode::Exclusive => domains.entry((ded, inv.numa_node)).or_default().push(g as u32),
+                mode => {
+                    let (setting, pinned_mib) = match mode {
+                        Mode::Mps => {
+                            let mps = gpu.mps.clone().unwrap_or_default();
+                            (
+                                mps.max_clients,
+                                mps.pinned_memory_limit.as_deref().and_then(quantity_to_mib),
+                            )
+                        }
+                        _ => (gpu.time_slicing.as_ref().map_or(1, |t| t.replicas), None),
+                    };
+                    let key = (Family::Shared(mode), ded);
+                    let pool = pools.entry(key.clone()).or_insert_with(|| Pool::Shared {
+                        gpus: vec![],
+                        next_empty: 0,
+                        partial: HashMap::new(),
+                    });
+                    if let Pool::Shared { gpus, .. } = pool {
+                        let now = current_for(&key).map_or(&none, |c| &c.gpus[n][g].whole);
+                        hold(&mut held, &key, now, (gpus.len(), 0));
+                        gpus.push(SharedGpu {
+                            at,
+                            setting,
+                            memory_mib: inv.memory_mib,
+                            pinned_mib,
+                            capacity: None,
+                            used: 0,
+                            tier: None,
+                            locked: false,
+                        });
+                    }
+                }
+            }
+        }
+        for ((ded, _numa), mut free) in domains {
+            let key = (Family::Exclusive, ded);
+            let pool = pools.entry(key.clone()).or_insert_with(|| Pool::Exclusive(vec![]));
+            if let Pool::Exclusive(d) = pool {
+                if let Some(c) = current_for(&key) {
+                    for &g in &free {
+                        hold(&mut held, &key, &c.gpus[n][g as usize].whole, (d.len(), g));
+                    }
+                    // Free GPUs first: a new grant hands over no GPU it does not have to.
+                    free.sort_by_key(|&g| (!c.gpus[n][g as usize].whole.is_empty(), g));
+                }
+                d.push(Domain {
+                    node: n as u32,
+                    free,
+                    users: vec![],
+                });
+            }
+        }
+    }
+    for (key, pool) in &mut pools {
+        if let Pool::Mig(p) = pool {
+            let mut busy = vec![false; p.slots.len()];
+            for units in held.get(key).into_iter().flat_map(BTreeMap::values) {
+                for &(s, _) in units {
+                    busy[s] = true;
+                }
+            }
+            p.order = (0..p.slots.len()).collect();
+            p.order.sort_by_key(|&s| (busy[s], s));
+        }
+    }
+    (pools, held)
+}

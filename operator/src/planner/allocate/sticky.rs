@@ -1,0 +1,541 @@
+//! Bindings stay put (DESIGN.md §4, invariant 4): the amounts the blind pass decided, placed
+//! starting from what runs now.
+//!
+//! Every tenant first keeps the units it holds now (same node, GPU and placement; same shared GPU),
+//! up to its amount in that pool; then the blind pass's grants are replayed in their order for
+//! what is still missing, taking units nobody holds now first. So a binding moves only when its
+//! tenant's amount in that pool shrank (smaller request, fair share, a higher priority), the tenant
+//! is gone or invalid, the plan changed the GPU, or a rule (tier caps, co-location, NUMA topology,
+//! memory limit) refuses to keep it; and amounts are exactly the blind pass's.
+//!
+//! Keeping everything first can leave no room for an amount the blind pass found room for: shared
+//! GPUs serve one tier each, so kept shares spread over many GPUs can leave another tier none.
+//! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
+//! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
+
+use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets, TenantGrants};
+use crate::api::{CoLocation, Mode, TopologyPolicy};
+use crate::mig::nominal_memory_mib;
+use crate::planner::changes::{instance_holder, whole_holders};
+use crate::planner::nodes::NodeDesired;
+use crate::policy::TenantProfile;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// One grant of the blind pass: tenant, request, pool, units asked and received.
+#[derive(Clone, Debug)]
+pub(super) struct Step {
+    pub t: usize,
+    pub r: usize,
+    pub key: PoolKey,
+    pub asked: u32,
+    pub units: u32,
+}
+
+/// How a placing pass uses a pool's current bindings, most sticky first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Placing {
+    /// Every tenant keeps its units before anyone takes more.
+    #[default]
+    KeepFirst,
+    /// Priority level by level: a level keeps and takes before the next keeps anything.
+    ByLevel,
+    /// Current bindings ignored: the blind pass's placement.
+    Blind,
+}
+
+impl Placing {
+    pub fn less_sticky(self) -> Option<Placing> {
+        match self {
+            Placing::KeepFirst => Some(Placing::ByLevel),
+            Placing::ByLevel => Some(Placing::Blind),
+            Placing::Blind => None,
+        }
+    }
+}
+
+/// Placing per pool; pools not listed are `KeepFirst`.
+pub(super) type Placings = BTreeMap<PoolKey, Placing>;
+
+/// What the blind pass decided.
+pub(super) struct Amounts {
+    /// Per tenant, units per (request, pool).
+    pub targets: Vec<Targets>,
+    /// Its grants in order.
+    pub log: Vec<Step>,
+    /// Per tenant and request, why it fell short.
+    pub why: Reasons,
+    /// Per shared pool, the GPUs each tier uses (and each `coLocation: Forbidden` tenant locks).
+    pub shared_gpus: BTreeMap<PoolKey, GpuUsers>,
+}
+
+/// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
+pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
+
+/// Who holds each unit of the planned layout now, per node and planned GPU (positions as in
+/// `NodeDesired::gpus`).
+pub(super) struct Current {
+    pub gpus: Vec<Vec<GpuHolders>>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct GpuHolders {
+    /// Tenants of the GPU used whole in its planned mode.
+    pub whole: Vec<String>,
+    /// Tenant of each planned MIG instance.
+    pub instances: Vec<Option<String>>,
+}
+
+impl Current {
+    /// From what the nodes run now: an instance counts when it exists now with the same profile
+    /// and placement, a whole GPU when it is in the planned mode now.
+    pub fn from_inventory(nodes: &[NodeDesired]) -> Current {
+        let gpus = nodes
+            .iter()
+            .map(|node| {
+                node.gpus
+                    .iter()
+                    .map(|spec| {
+                        let inv = &node.inventory.gpus[spec.index as usize];
+                        GpuHolders {
+                            whole: whole_holders(inv, spec.mode).to_vec(),
+                            instances: spec
+                                .mig_instances
+                                .iter()
+                                .map(|i| instance_holder(inv, i).map(str::to_string))
+                                .collect(),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Current { gpus }
+    }
+
+    /// From a placement just made, as if it ran now.
+    pub fn from_plan(nodes: &[NodeDesired]) -> Current {
+        let gpus = nodes
+            .iter()
+            .map(|node| {
+                node.gpus
+                    .iter()
+                    .map(|spec| GpuHolders {
+                        whole: if spec.mode == Mode::Mig {
+                            vec![]
+                        } else {
+                            spec.tenants.clone()
+                        },
+                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
+                    })
+                    .collect()
+            })
+            .collect();
+        Current { gpus }
+    }
+}
+
+/// Places `amounts` on `nodes` from the bindings in `current`, each pool as `placings` says. The
+/// pools where some amount could not be placed exactly are the error.
+pub(super) fn place(
+    tenants: &[TenantProfile],
+    nodes: &mut [NodeDesired],
+    current: &Current,
+    placings: &Placings,
+    amounts: &Amounts,
+    order: &[usize],
+) -> Result<BTreeMap<String, TenantGrants>, Vec<PoolKey>> {
+    let mut a = Allocator::new(tenants, nodes, Some((current, placings)));
+    let placing = |key: &PoolKey| placings.get(key).copied().unwrap_or_default();
+    a.keep(amounts, order, |key| placing(key) == Placing::KeepFirst);
+    let mut log = amounts.log.iter().peekable();
+    for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
+        a.keep(amounts, level, |key| placing(key) == Placing::ByLevel);
+        // The blind pass served levels in order, so its log runs level by level too.
+        while let Some(s) = log.next_if(|s| level.contains(&s.t)) {
+            if placing(&s.key) == Placing::Blind {
+                a.take_from(s.t, s.r, &s.key, s.asked);
+                continue;
+            }
+            let target = amounts.targets[s.t].get(&(s.r, s.key.clone())).copied().unwrap_or(0);
+            let want = s.units.min(target.saturating_sub(a.have(s.t, s.r, &s.key)));
+            if want > 0 {
+                a.take_from(s.t, s.r, &s.key, want);
+            }
+        }
+        for &t in level {
+            for ((r, key), &n) in &amounts.targets[t] {
+                let have = a.have(t, *r, key);
+                if have < n && placing(key) != Placing::Blind {
+                    a.take_from(t, *r, key, n - have);
+                }
+            }
+        }
+    }
+    let mut failed = BTreeSet::new();
+    for (s, target) in a.state.iter().zip(&amounts.targets) {
+        for k in s.by_pool.keys().chain(target.keys()) {
+            if s.by_pool.get(k) != target.get(k) {
+                failed.insert(k.1.clone());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        return Err(failed.into_iter().collect());
+    }
+    for (s, why) in a.state.iter_mut().zip(&amounts.why) {
+        s.why = why.clone();
+    }
+    Ok(a.finish())
+}
+
+impl Allocator<'_, '_> {
+    /// Whether grants from pool `key` are placed from the current bindings.
+    pub(super) fn sticky(&self, key: &PoolKey) -> bool {
+        self.placing
+            .as_ref()
+            .is_some_and(|p| p.get(key) != Some(&Placing::Blind))
+    }
+
+    /// Tenants in `order` keep the units they hold now, up to their amount in each pool `which` names.
+    fn keep(&mut self, amounts: &Amounts, order: &[usize], which: impl Fn(&PoolKey) -> bool) {
+        let targets = &amounts.targets;
+        let mut opened: BTreeMap<PoolKey, GpuUsers> = BTreeMap::new();
+        for &t in order {
+            for ((r, key), &n) in &targets[t] {
+                if !which(key) {
+                    continue;
+                }
+                let units = self
+                    .held
+                    .get(key)
+                    .and_then(|h| h.get(&self.tenants[t].name))
+                    .cloned()
+                    .unwrap_or_default();
+                match &key.0 {
+                    Family::Mig(profile) => self.keep_instances(t, *r, key, n, &units, profile),
+                    Family::Exclusive => self.keep_gpus(t, *r, key, n, &units),
+                    Family::Shared(_) => {
+                        if !opened.contains_key(key) {
+                            opened.insert(key.clone(), self.gpu_users(key));
+                        }
+                        let quota = amounts.shared_gpus.get(key);
+                        let opened = opened.get_mut(key).expect("inserted above");
+                        self.keep_shares(t, *r, key, n, &units, quota, opened);
+                    }
+                }
+            }
+        }
+        let shared: BTreeSet<&PoolKey> = order
+            .iter()
+            .flat_map(|&t| targets[t].keys().map(|(_, k)| k))
+            .filter(|k| matches!(k.0, Family::Shared(_)) && which(k))
+            .collect();
+        for key in shared {
+            self.spread_kept(targets, order, key);
+        }
+    }
+
+    fn keep_instances(&mut self, t: usize, r: usize, key: &PoolKey, n: u32, units: &[(usize, u32)], profile: &str) {
+        let unit = nominal_memory_mib(profile).unwrap_or(0);
+        let mut kept = 0;
+        for &(s, _) in units {
+            if kept == n || self.memory_allows(t, r, unit, 1) == 0 {
+                break;
+            }
+            let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else {
+                return;
+            };
+            if pool.taken[s] {
+                continue;
+            }
+            pool.taken[s] = true;
+            pool.free -= 1;
+            let (at, inst) = pool.slots[s];
+            self.bind_instance(t, at, inst);
+            self.record(t, r, 1, unit);
+            kept += 1;
+        }
+        self.count(t, r, key, kept);
+    }
+
+    /// One share on each shared GPU the tenant holds (the rest is spread later), as long as the
+    /// GPUs left can still serve every other tier as many GPUs as the blind pass gave it ([`may_open`]):
+    /// GPUs serve one tier each, so a tier that keeps too many leaves another too few.
+    #[allow(clippy::too_many_arguments)]
+    fn keep_shares(
+        &mut self,
+        t: usize,
+        r: usize,
+        key: &PoolKey,
+        n: u32,
+        units: &[(usize, u32)],
+        quota: Option<&GpuUsers>,
+        opened: &mut GpuUsers,
+    ) {
+        let tenant = &self.tenants[t];
+        let who = if tenant.co_location == CoLocation::Forbidden {
+            (true, tenant.name.clone())
+        } else {
+            (false, tenant.tier.clone())
+        };
+        let none = GpuUsers::new();
+        let quota = quota.unwrap_or(&none);
+        for &(i, _) in units {
+            if self.have(t, r, key) >= n {
+                break;
+            }
+            let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+                return;
+            };
+            let opens = gpus[i].capacity.is_none();
+            if opens && !may_open(&who, quota, opened, gpus.len() as u32) {
+                continue;
+            }
+            let got = self.try_gpu(t, r, key, i, 1, &mut false);
+            if got > 0 && opens {
+                *opened.entry(who.clone()).or_default() += 1;
+            }
+            self.count(t, r, key, got);
+        }
+    }
+
+    /// The GPUs of shared pool `key` in use so far, by tier or locking tenant.
+    pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers {
+        let mut out = GpuUsers::new();
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return out;
+        };
+        for (i, g) in gpus.iter().enumerate() {
+            if g.capacity.is_none() {
+                continue;
+            }
+            let who = if g.locked {
+                let share = (key.0.clone(), key.1.clone(), i);
+                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.contains_key(&share));
+                (true, owner.map(|t| self.tenants[t].name.clone()).unwrap_or_default())
+            } else {
+                (false, g.tier.clone().unwrap_or_default())
+            };
+            *out.entry(who).or_default() += 1;
+        }
+        out
+    }
+
+    /// Exclusive GPUs: a multi-GPU grant under a topology policy keeps the domains where it holds
+    /// the most first; `Required` keeps only that one domain (the rest must join it).
+    fn keep_gpus(&mut self, t: usize, r: usize, key: &PoolKey, n: u32, units: &[(usize, u32)]) {
+        let topology = self.tenants[t].topology;
+        let mut units = units.to_vec();
+        if n > 1 && topology != TopologyPolicy::Ignore {
+            let mut per_domain: BTreeMap<usize, usize> = BTreeMap::new();
+            for &(d, _) in &units {
+                *per_domain.entry(d).or_default() += 1;
+            }
+            units.sort_by_key(|&(d, g)| (std::cmp::Reverse(per_domain[&d]), d, g));
+            if topology == TopologyPolicy::Required
+                && let Some(&(first, _)) = units.first()
+            {
+                units.retain(|&(d, _)| d == first);
+            }
+        }
+        let mut kept = 0;
+        for (d, gpu) in units {
+            if kept == n {
+                break;
+            }
+            let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
+                return;
+            };
+            if !domains[d].free.contains(&gpu) {
+                continue;
+            }
+            if !self.take_gpu(t, r, key, d, gpu) {
+                break;
+            }
+            kept += 1;
+        }
+        self.count(t, r, key, kept);
+    }
+
+    /// Shared GPUs: after one share on each GPU a tenant keeps, the rest of its amount goes to those
+    /// same GPUs as far as they have room, split so that as much as possible fits ([`spread`]).
+    fn spread_kept(&mut self, targets: &[Targets], order: &[usize], key: &PoolKey) {
+        let mut claims = Vec::new(); // (tenant, request, still needed)
+        for &t in order {
+            for ((r, k), &n) in &targets[t] {
+                if k == key {
+                    claims.push((t, *r, n - self.have(t, *r, key)));
+                }
+            }
+        }
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return;
+        };
+        let mut pairs = Vec::new();
+        for (c, &(t, _, _)) in claims.iter().enumerate() {
+            for (f, d, i) in self.state[t].shares.keys() {
+                if *f == key.0 && *d == key.1 {
+                    pairs.push((c, *i));
+                }
+            }
+        }
+        if pairs.is_empty() {
+            return;
+        }
+        let room: Vec<u32> = gpus
+            .iter()
+            .map(|g| g.capacity.map_or(0, |c| c.saturating_sub(g.used)))
+            .collect();
+        let need: Vec<u32> = claims.iter().map(|c| c.2).collect();
+        let split = spread(&need, &room, &pairs);
+        for (&(c, i), units) in pairs.iter().zip(split) {
+            if units > 0 {
+                let (t, r, _) = claims[c];
+                let got = self.try_gpu(t, r, key, i, units, &mut false);
+                self.count(t, r, key, got);
+            }
+        }
+    }
+}
+
+/// Whether `who` (a tier, or a tenant that locks its GPUs) may start using one more GPU of a shared
+/// pool of `total` GPUs: within what the blind pass gave it (`quota`), or beyond that when the GPUs
+/// nobody uses yet still cover what every user has yet to get of its quota.
+fn may_open(who: &(bool, String), quota: &GpuUsers, opened: &GpuUsers, total: u32) -> bool {
+    let need = |u: &(bool, String)| {
+        let q = quota.get(u).copied().unwrap_or(0);
+        q.saturating_sub(opened.get(u).copied().unwrap_or(0))
+    };
+    if need(who) > 0 {
+        return true;
+    }
+    let unused = total.saturating_sub(opened.values().sum());
+    unused > quota.keys().map(need).sum::<u32>()
+}
+
+/// Splits each claimant's `need` over the GPUs it may use (`pairs` of (claimant, GPU)) within
+/// each GPU's `room`, placing as much as can be placed (a maximum flow): greedy in pair order, then
+/// augmenting paths that move units between a claimant's GPUs to make room for another.
+/// Deterministic. Returns units per pair.
+pub(super) fn spread(need: &[u32], room: &[u32], pairs: &[(usize, usize)]) -> Vec<u32> {
+    let mut need = need.to_vec();
+    let mut room = room.to_vec();
+    let mut flow = vec![0u32; pairs.len()];
+    for (p, &(c, g)) in pairs.iter().enumerate() {
+        let n = need[c].min(room[g]);
+        flow[p] = n;
+        need[c] -= n;
+        room[g] -= n;
+    }
+    let mut by_claimant: Vec<Vec<usize>> = vec![vec![]; need.len()];
+    let mut by_gpu: Vec<Vec<usize>> = vec![vec![]; room.len()];
+    for (p, &(c, g)) in pairs.iter().enumerate() {
+        by_claimant[c].push(p);
+        by_gpu[g].push(p);
+    }
+    while let Some(start) = (0..need.len()).find(|&c| need[c] > 0) {
+        // Breadth-first from `start`: claimant → GPU along its pairs; GPU → another claimant
+        // whose units there could move. Ends at a GPU with room.
+        let mut via_gpu: Vec<Option<usize>> = vec![None; room.len()]; // pair that reached it
+        let mut via_claimant: Vec<Option<usize>> = vec![None; need.len()];
+        let mut seen = vec![false; need.len()];
+        seen[start] = true;
+        let mut queue = VecDeque::from([start]);
+        let mut end = None;
+        'search: while let Some(c) = queue.pop_front() {
+            for &p in &by_claimant[c] {
+                let g = pairs[p].1;
+                if via_gpu[g].is_some() {
+                    continue;
+                }
+                via_gpu[g] = Some(p);
+                if room[g] > 0 {
+                    end = Some(g);
+                    break 'search;
+                }
+                for &q in &by_gpu[g] {
+                    let other = pairs[q].0;
+                    if flow[q] > 0 && !seen[other] {
+                        seen[other] = true;
+                        via_claimant[other] = Some(q);
+                        queue.push_back(other);
+                    }
+                }
+            }
+        }
+        let Some(mut g) = end else {
+            // Nothing more fits for `start`; it keeps what it has.
+            need[start] = 0;
+            continue;
+        };
+        // Push one unit back along the path.
+        room[g] -= 1;
+        need[start] -= 1;
+        loop {
+            let p = via_gpu[g].expect("on the path");
+            flow[p] += 1;
+            let c = pairs[p].0;
+            if c == start {
+                break;
+            }
+            let q = via_claimant[c].expect("on the path");
+            flow[q] -= 1;
+            g = pairs[q].1;
+        }
+    }
+    flow
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+    use proptest::prelude::*;
+
+    #[test]
+    fn moves_a_share_to_make_room() {
+        // Greedy puts both of claimant 0's units on GPU 0; claimant 1 only has GPU 0.
+        assert_eq!(spread(&[2, 1], &[2, 1], &[(0, 0), (0, 1), (1, 0)]), [1, 1, 1]);
+        // Not everything fits: as much as fits, no more than each room.
+        assert_eq!(spread(&[3, 3], &[2, 1], &[(0, 0), (1, 0), (1, 1)]), [2, 0, 1]);
+    }
+
+    /// Exhaustive best over all splits, for small cases.
+    fn best(need: &[u32], room: &[u32], pairs: &[(usize, usize)]) -> u32 {
+        fn go(p: usize, need: &mut [u32], room: &mut [u32], pairs: &[(usize, usize)]) -> u32 {
+            if p == pairs.len() {
+                return 0;
+            }
+            let (c, g) = pairs[p];
+            let mut top = 0;
+            for n in 0..=need[c].min(room[g]) {
+                need[c] -= n;
+                room[g] -= n;
+                top = top.max(n + go(p + 1, need, room, pairs));
+                need[c] += n;
+                room[g] += n;
+            }
+            top
+        }
+        go(0, &mut need.to_vec(), &mut room.to_vec(), pairs)
+    }
+
+    proptest! {
+        #[test]
+        fn places_as_much_as_any_split(
+            need in prop::collection::vec(0u32..4, 1..4),
+            room in prop::collection::vec(0u32..4, 1..4),
+            edges in prop::collection::btree_set((0usize..4, 0usize..4), 0..7),
+        ) {
+            let pairs: Vec<(usize, usize)> =
+                edges.into_iter().filter(|&(c, g)| c < need.len() && g < room.len()).collect();
+            let got = spread(&need, &room, &pairs);
+            for (c, &n) in need.iter().enumerate() {
+                prop_assert!(pairs.iter().zip(&got).filter(|(p, _)| p.0 == c).map(|(_, u)| u).sum::<u32>() <= n);
+            }
+            for (g, &r) in room.iter().enumerate() {
+                prop_assert!(pairs.iter().zip(&got).filter(|(p, _)| p.1 == g).map(|(_, u)| u).sum::<u32>() <= r);
+            }
+            prop_assert_eq!(got.iter().sum::<u32>(), best(&need, &room, &pairs));
+            prop_assert_eq!(got.clone(), spread(&need, &room, &pairs));
+        }
+    }
+}

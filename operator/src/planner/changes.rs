@@ -1,0 +1,328 @@
+//! What a plan changes against what runs now: each GPU used whole, or MIG instance, whose tenants
+//! change, why, and whether a memory scrub and an eviction may follow (DESIGN.md §4, invariants 3
+//! and 4). Also the rule that sets each GPU's scrub policy from those hand-overs.
+
+use super::nodes::NodeDesired;
+use crate::api::{GpuTenant, MigInstanceSpec, Mode, Placement, ScrubMemory};
+use crate::inventory::{AppliedState, NodeGpu};
+use crate::policy::TenantProfile;
+use kube::ResourceExt;
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
+
+/// One GPU used whole (MPS, TimeSlicing, Exclusive), or one MIG instance, whose tenants change.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingChange {
+    pub node: String,
+    pub gpu: u32,
+    /// The MIG instance's profile and placement; absent for a GPU used whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// Tenants bound to it now, sorted.
+    pub old_tenants: Vec<String>,
+    /// Tenants bound to it in the plan, sorted.
+    pub new_tenants: Vec<String>,
+    pub reason: ChangeReason,
+    /// The agent clears its memory before the new tenants get it (the GPU's `scrub` is not `Never`).
+    pub scrub: bool,
+    /// A tenant loses it and may still run pods there: they are evicted or waited for, as the plan's
+    /// `busyGpuPolicy` says.
+    pub may_evict: bool,
+}
+
+/// Why a binding changes. For a unit a tenant loses, why that tenant loses it; for a unit that was
+/// free, why a tenant gets it.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "kind")]
+pub enum ChangeReason {
+    /// Free before; goes to a tenant that held nothing of its kind.
+    TenantAdded,
+    /// Free before; goes to a tenant whose grant of its kind grew.
+    GrantGrew,
+    /// Its tenant no longer exists.
+    TenantRemoved,
+    /// Its tenant exists but is not valid, so it gets nothing.
+    TenantInvalid,
+    /// Its tenant holds fewer of its kind now (a smaller request, or a smaller fair share).
+    GrantShrank,
+    /// Its tenant holds fewer of its kind now and a tenant of higher priority takes this one.
+    Preempted { by: String },
+    /// The plan changed the GPU: another mode, another MIG layout, or no plan for the node.
+    PlanChanged,
+    /// Its tenant holds as many of its kind as before, elsewhere: a placement rule (co-location,
+    /// NUMA topology, dedicated GPUs, tier caps) did not let it stay.
+    Repacked,
+}
+
+impl std::fmt::Display for ChangeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChangeReason::TenantAdded => write!(f, "free; granted to a tenant that held none of this kind"),
+            ChangeReason::GrantGrew => write!(f, "free; the tenant's grant of this kind grew"),
+            ChangeReason::TenantRemoved => write!(f, "the tenant no longer exists"),
+            ChangeReason::TenantInvalid => write!(f, "the tenant is not valid (see its Valid condition)"),
+            ChangeReason::GrantShrank => write!(f, "the tenant's grant of this kind shrank"),
+            ChangeReason::Preempted { by } => write!(f, "preempted by {by}, of higher priority"),
+            ChangeReason::PlanChanged => write!(f, "the plan changed this GPU"),
+            ChangeReason::Repacked => write!(f, "moved by a placement rule; the tenant keeps as many elsewhere"),
+        }
+    }
+}
+
+/// Tenant of planned MIG instance `inst` now: only when that instance exists now with the same
+/// profile and placement (otherwise the plan creates it, and nobody holds it yet).
+pub(crate) fn instance_holder<'a>(gpu: &'a NodeGpu, inst: &MigInstanceSpec) -> Option<&'a str> {
+    let exists = gpu
+        .instances
+        .iter()
+        .any(|e| e.profile == inst.profile && e.placement == inst.placement);
+    exists
+        .then(|| gpu.instance_tenants.get(&inst.placement).map(String::as_str))
+        .flatten()
+}
+
+/// Tenants of a GPU used whole now, when it is used in `mode` now (a mode change binds anew).
+pub(crate) fn whole_holders(gpu: &NodeGpu, mode: Mode) -> &[String] {
+    if mode != Mode::Mig && gpu.mode == Some(mode) {
+        &gpu.tenants
+    } else {
+        &[]
+    }
+}
+
+/// What a tenant holds is counted per kind: mode, and profile for MIG instances.
+type Kind<'a> = (Mode, Option<&'a str>);
+
+/// One unit whose tenants differ between now and the plan.
+struct UnitDiff<'a> {
+    gpu: u32,
+    instance: Option<(&'a str, Placement)>,
+    old: Vec<&'a str>,
+    new: Vec<&'a str>,
+    old_kind: Kind<'a>,
+    new_kind: Kind<'a>,
+    /// The unit is gone or new with the plan's layout, or the GPU's mode changed.
+    plan_changed: bool,
+}
+
+impl<'a> UnitDiff<'a> {
+    fn leaving(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.old.iter().copied().filter(|t| !self.new.contains(t))
+    }
+
+    fn joining(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.new.iter().copied().filter(|t| !self.old.contains(t))
+    }
+}
+
+fn sorted<'a>(names: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The units of a node whose tenants change, GPU by GPU: MIG instances now, instances the plan
+/// creates, then the GPU used whole.
+fn unit_diffs<'a>(node: &'a NodeDesired) -> Vec<UnitDiff<'a>> {
+    let mut out = Vec::new();
+    for inv in &node.inventory.gpus {
+        let spec = node.gpus.iter().find(|s| s.index == inv.index);
+        let planned: &[MigInstanceSpec] = spec.filter(|s| s.mode == Mode::Mig).map_or(&[], |s| &s.mig_instances);
+        for e in &inv.instances {
+            let kept = planned
+                .iter()
+                .find(|i| i.profile == e.profile && i.placement == e.placement);
+            let old = sorted(inv.instance_tenants.get(&e.placement));
+            let new = sorted(kept.and_then(|i| i.tenant.as_ref()));
+            if old != new {
+                let kind = (Mode::Mig, Some(e.profile.as_str()));
+                out.push(UnitDiff {
+                    gpu: inv.index,
+                    instance: Some((&e.profile, e.placement)),
+                    old,
+                    new,
+                    old_kind: kind,
+                    new_kind: kind,
+                    plan_changed: kept.is_none(),
+                });
+            }
+        }
+        let known = inv.mode.is_some() || !inv.instances.is_empty();
+        for i in planned {
+            let exists = inv
+                .instances
+                .iter()
+                .any(|e| e.profile == i.profile && e.placement == i.placement);
+            if !exists && let Some(t) = &i.tenant {
+                let kind = (Mode::Mig, Some(i.profile.as_str()));
+                out.push(UnitDiff {
+                    gpu: inv.index,
+                    instance: Some((&i.profile, i.placement)),
+                    old: vec![],
+                    new: vec![t],
+                    old_kind: kind,
+                    new_kind: kind,
+                    plan_changed: known,
+                });
+            }
+        }
+        let whole_now = inv.mode.filter(|m| *m != Mode::Mig);
+        let whole_plan = spec.map(|s| s.mode).filter(|m| *m != Mode::Mig);
+        let old = if inv.mode == Some(Mode::Mig) {
+            vec![]
+        } else {
+            sorted(&inv.tenants)
+        };
+        let new = sorted(
+            spec.filter(|s| s.mode != Mode::Mig)
+                .into_iter()
+                .flat_map(|s| &s.tenants),
+        );
+        if old != new {
+            let old_mode = whole_now.or(whole_plan).unwrap_or(Mode::Exclusive);
+            out.push(UnitDiff {
+                gpu: inv.index,
+                instance: None,
+                old,
+                new,
+                old_kind: (old_mode, None),
+                new_kind: (whole_plan.unwrap_or(old_mode), None),
+                plan_changed: inv.mode.is_some() && inv.mode != spec.map(|s| s.mode),
+            });
+        }
+    }
+    out
+}
+
+/// Each planned GPU's scrub policy (DESIGN.md §4, invariant 3): the strictest `scrubMemory` of
+/// the tenants it serves and of every tenant it or one of its instances is taken from. A previous
+/// owner that is not a valid tenant now (removed, invalid, a name nobody knows) counts as `Always`:
+/// nothing says what its data needs, so the planner fails closed and the GPU is scrubbed. And a
+/// scrub the agent has not applied yet is never relaxed: the current bindings come from that
+/// spec, so the hand-over it announced is no longer visible here while it may still be ahead.
+pub(crate) fn scrub_policies(node: &NodeDesired, scrub_of: &HashMap<&str, ScrubMemory>) -> Vec<ScrubMemory> {
+    let diffs = unit_diffs(node);
+    let pending = node
+        .inventory
+        .current
+        .as_ref()
+        .filter(|c| c.applied != AppliedState::Applied);
+    node.gpus
+        .iter()
+        .map(|spec| {
+            let serving = spec
+                .tenants
+                .iter()
+                .map(String::as_str)
+                .chain(spec.mig_instances.iter().filter_map(|i| i.tenant.as_deref()))
+                .filter_map(|n| scrub_of.get(n).copied())
+                .max()
+                .unwrap_or_default();
+            let outgoing = diffs
+                .iter()
+                .filter(|d| d.gpu == spec.index)
+                .flat_map(UnitDiff::leaving)
+                .map(|t| scrub_of.get(t).copied().unwrap_or(ScrubMemory::Always));
+            let unapplied = pending
+                .and_then(|c| c.spec.gpus.iter().find(|g| g.index == spec.index))
+                .map(|g| g.scrub);
+            outgoing.chain(unapplied).fold(serving, Ord::max)
+        })
+        .collect()
+}
+
+/// Units each tenant holds, per kind: now (`planned` false) or in the plan.
+fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool) -> HashMap<(&'a str, Kind<'a>), u32> {
+    let mut out: HashMap<(&str, Kind), u32> = HashMap::new();
+    for node in nodes {
+        if planned {
+            for spec in &node.gpus {
+                for i in &spec.mig_instances {
+                    if let Some(t) = &i.tenant {
+                        *out.entry((t, (Mode::Mig, Some(&i.profile)))).or_default() += 1;
+                    }
+                }
+                if spec.mode != Mode::Mig {
+                    for t in &spec.tenants {
+                        *out.entry((t, (spec.mode, None))).or_default() += 1;
+                    }
+                }
+            }
+            continue;
+        }
+        for gpu in &node.inventory.gpus {
+            for e in &gpu.instances {
+                if let Some(t) = gpu.instance_tenants.get(&e.placement) {
+                    *out.entry((t, (Mode::Mig, Some(&e.profile)))).or_default() += 1;
+                }
+            }
+            if let Some(mode) = gpu.mode.filter(|m| *m != Mode::Mig) {
+                for t in &gpu.tenants {
+                    *out.entry((t, (mode, None))).or_default() += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every binding the plan changes, sorted by node, GPU and placement (the GPU used whole first).
+pub fn binding_changes(nodes: &[NodeDesired], tenants: &[GpuTenant], valid: &[TenantProfile]) -> Vec<BindingChange> {
+    let exists: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
+    let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
+    let before = holdings(nodes, false);
+    let after = holdings(nodes, true);
+    let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
+    let reason = |d: &UnitDiff| -> ChangeReason {
+        if let Some(o) = d.leaving().next() {
+            if !exists.contains(o) {
+                return ChangeReason::TenantRemoved;
+            }
+            let Some(&mine) = priority.get(o) else {
+                return ChangeReason::TenantInvalid;
+            };
+            if d.plan_changed {
+                return ChangeReason::PlanChanged;
+            }
+            if count(&after, o, d.old_kind) >= count(&before, o, d.old_kind) {
+                return ChangeReason::Repacked;
+            }
+            let by = d.new.iter().find(|n| priority.get(*n).is_some_and(|&p| p > mine));
+            return match by {
+                Some(by) => ChangeReason::Preempted { by: by.to_string() },
+                None => ChangeReason::GrantShrank,
+            };
+        }
+        match d.joining().next() {
+            _ if d.plan_changed => ChangeReason::PlanChanged,
+            Some(j) if count(&before, j, d.new_kind) > 0 => ChangeReason::GrantGrew,
+            _ => ChangeReason::TenantAdded,
+        }
+    };
+    let mut out = Vec::new();
+    for node in nodes {
+        for d in unit_diffs(node) {
+            let spec = node.gpus.iter().find(|s| s.index == d.gpu);
+            out.push(BindingChange {
+                node: node.inventory.name.clone(),
+                gpu: d.gpu,
+                profile: d.instance.map(|(p, _)| p.to_string()),
+                placement: d.instance.map(|(_, at)| at),
+                reason: reason(&d),
+                scrub: spec.is_some_and(|s| s.scrub != ScrubMemory::Never),
+                may_evict: d.leaving().next().is_some(),
+                old_tenants: d.old.iter().map(|t| t.to_string()).collect(),
+                new_tenants: d.new.iter().map(|t| t.to_string()).collect(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.node, a.gpu, a.placement, &a.profile).cmp(&(&b.node, b.gpu, b.placement, &b.profile)));
+    out
+}
+
+#[cfg(test)]
+mod tests;
