@@ -6,6 +6,7 @@ mod controlplane;
 mod crds;
 mod desired;
 mod fixtures;
+mod gitops;
 mod printer_columns;
 mod status;
 mod validation;
