@@ -117,7 +117,7 @@ pub struct GpuTenantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocation: Vec<AllocationSummary>,
     /// GPU memory of all grants, in MiB.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "grantedMemoryMiB", skip_serializing_if = "Option::is_none")]
     pub granted_memory_mib: Option<u64>,
     /// Quota state per namespace (written by the controller).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 the input has problems (listed one per line), 2 usage or read errors.
 
 pub mod agent;
+mod controller;
 pub mod crd;
 mod load;
 pub mod logging;
@@ -28,6 +29,10 @@ pub enum Command {
     /// The node agent's GPU layer: discover GPUs through NVML, apply a GpuNode spec to them.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
+    /// Keep the cluster equal to the desired state: GpuNode specs, statuses, quotas, admission
+    /// policies, node labels and taints, the device plugin's config. Runs in the cluster (a
+    /// leader-elected Deployment) or anywhere with a KUBECONFIG.
+    Controller(controller::ControllerArgs),
     /// Print the four CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd {
         /// Write one file per CRD (`<plural>.gputenancy.io.yaml`) into this folder instead of printing.
@@ -95,6 +100,7 @@ pub enum Format {
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Agent(cmd) => agent::run(cmd),
+        Command::Controller(args) => controller::run_controller(args),
         Command::Crd { out_dir } => crd::run(out_dir.as_deref()),
         Command::Validate { paths } => validate::run(&paths),
         Command::Plan {

@@ -12,8 +12,11 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod retry;
+mod run;
 pub mod stores;
 pub mod writer;
+
+pub use run::{LeaderOptions, Options, run};
 
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::NodeInventory;
@@ -71,9 +74,13 @@ pub struct PassReport {
     pub writes: Vec<String>,
     /// Writes that failed, with their errors.
     pub failed: Vec<String>,
+    /// Writes made, as (kind, action), for the metrics.
+    pub done: Vec<(diff::Kind, &'static str)>,
     /// Time spent planning (the pure part), and in the whole pass.
     pub plan_time: Duration,
     pub total_time: Duration,
+    /// Tenants with the statuses of this pass (for the per-tenant metrics).
+    pub tenants: Vec<crate::api::GpuTenant>,
 }
 
 /// The controller: its stores, its writer and its settings.
@@ -116,8 +123,10 @@ impl Controller {
                 .filter(|w| !outcome.failed.iter().any(|(f, _)| f == w))
                 .collect(),
             failed: outcome.failed.iter().map(|(w, e)| format!("{w}: {e}")).collect(),
+            done: outcome.done,
             plan_time,
             total_time: started.elapsed(),
+            tenants: d.tenants,
         }
     }
 }

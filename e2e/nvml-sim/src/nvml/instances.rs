@@ -29,7 +29,9 @@ unsafe fn fill_profile_info(
     info.instanceCount = si.max_instances;
     info.multiprocessorCount = si.compute_slices * 16;
     info.copyEngineCount = si.compute_slices;
-    info.memorySizeMB = g.memory_mib * si.memory_slices as u64 / mig::MEMORY_SLICES as u64;
+    // What NVIDIA's driver reports for the profile on this model (checked against published
+    // `nvidia-smi mig -lgip` output in operator/tests/nvidia_smi_outputs.rs).
+    info.memorySizeMB = g.model().shape_memory_mib(shape).min(g.memory_mib);
     let name = profile_name(g, shape);
     unsafe { write_str(info.name.as_mut_ptr(), info.name.len() as c_uint, &name) }
 }

@@ -326,3 +326,214 @@ async fn b_a_plan_change_rolls_out_within_max_unavailable() {
     );
     plans.delete("roll", &DeleteParams::default()).await.unwrap();
 }
+
+/// The controller binary, leader-elected, in two replicas: the follower takes over when the
+/// leader stops mid-rollout, and finishes the rollout with no grant lost or doubled.
+#[tokio::test]
+async fn c_a_follower_takes_over_mid_rollout() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let gn_api: Api<GpuNode> = Api::all(client.clone());
+    let names: Vec<String> = (0..3).map(|i| format!("fo-{i}")).collect();
+    for n in &names {
+        cleanup.add_resource("nodes", n);
+        cleanup.add("GpuNode", n);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"pool": "fo"}}})).unwrap();
+        let _ = node_api.create(&PostParams::default(), &node).await;
+        let _ = gn_api
+            .create(&PostParams::default(), &GpuNode::new(n, Default::default()))
+            .await;
+        let gpus: Vec<serde_json::Value> = [0, 1]
+            .iter()
+            .map(|i| json!({"index": i, "uuid": format!("GPU-{n}-{i}"), "name": "NVIDIA H100 80GB HBM3", "pciDeviceId": "0x233010DE", "memoryMiB": 81559}))
+            .collect();
+        let status: gpu_tenancy::api::GpuNodeStatus =
+            serde_json::from_value(json!({"gpuCount": 2, "gpus": gpus})).unwrap();
+        write_status(&client, n, &status).await;
+    }
+    let plan = |profiles: serde_json::Value| {
+        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": "fo"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "fo"}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
+                 "rollout": {"maxUnavailable": 1}}})
+    };
+    let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
+    cleanup.add("GpuPartitionPlan", "fo");
+    plans
+        .patch(
+            "fo",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["3g.40gb", "3g.40gb"]))),
+        )
+        .await
+        .unwrap();
+
+    // The simulated agents apply each new spec, one node per tick.
+    let agents_client = client.clone();
+    let agents = tokio::spawn(async move {
+        loop {
+            agents_apply(&agents_client, None).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+    });
+    let a = ControllerProcess::start("replica-a");
+    let b = ControllerProcess::start("replica-b");
+    let lease = |client: Client| async move {
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client, "gpu-tenancy-system")
+            .get_opt("gpu-tenancy-controller")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let converged = |client: Client| async move {
+        let nodes = Api::<GpuNode>::all(client).list(&Default::default()).await.unwrap();
+        nodes.iter().filter(|n| n.name_any().starts_with("fo-")).all(|n| {
+            !n.spec.gpus.is_empty() && n.status.as_ref().and_then(|s| s.observed_generation) == n.metadata.generation
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(converged(client.clone()).await && lease(client.clone()).await.as_deref() == Some("replica-a")) {
+        assert!(
+            Instant::now() < deadline,
+            "replica-a did not lead and converge within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "MEASURE controller RSS with examples/ and 3 more nodes: {} KiB",
+        a.rss_kib()
+    );
+
+    // A new layout; stop the leader as soon as the rollout has started.
+    plans
+        .patch(
+            "fo",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["7g.80gb"]))),
+        )
+        .await
+        .unwrap();
+    let started = |client: Client| async move {
+        let nodes = Api::<GpuNode>::all(client).list(&Default::default()).await.unwrap();
+        nodes
+            .iter()
+            .any(|n| n.name_any().starts_with("fo-") && n.spec.gpus.iter().any(|g| g.mig_instances.len() == 1))
+    };
+    while !started(client.clone()).await {
+        assert!(Instant::now() < deadline, "the rollout did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t0 = Instant::now();
+    a.terminate();
+    while lease(client.clone()).await.as_deref() != Some("replica-b") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "replica-b did not take over within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "MEASURE failover (SIGTERM to the follower holding the lease): {:?}",
+        t0.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = Api::<GpuNode>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap();
+        let fo: Vec<&GpuNode> = nodes.iter().filter(|n| n.name_any().starts_with("fo-")).collect();
+        let changing = fo
+            .iter()
+            .filter(|n| n.status.as_ref().and_then(|s| s.observed_generation) != n.metadata.generation)
+            .count();
+        assert!(changing <= 1, "more than maxUnavailable nodes changing");
+        if fo
+            .iter()
+            .all(|n| n.spec.gpus.iter().all(|g| g.mig_instances.len() == 1))
+            && changing == 0
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica-b did not finish the rollout within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Nothing lost or doubled: what the cluster holds is exactly the desired state of what it holds.
+    let c = start(&client).await;
+    settle(&c).await;
+    let snapshot = c.stores.snapshot();
+    let d =
+        gpu_tenancy::controller::desired_of(&snapshot, &Settings::default(), &gpu_tenancy::controller::now_seconds());
+    let pending = gpu_tenancy::controller::diff::diff(&d, &snapshot).writes;
+    assert!(
+        pending
+            .iter()
+            .all(|w| !matches!(w, gpu_tenancy::controller::diff::Write::Apply { .. })),
+        "after the failover the cluster differs from the desired state: {pending:#?}"
+    );
+    agents.abort();
+    drop(b);
+    plans.delete("fo", &DeleteParams::default()).await.unwrap();
+}
+
+/// A `gpu-tenancy controller` process, killed when dropped.
+struct ControllerProcess {
+    child: std::process::Child,
+}
+
+impl ControllerProcess {
+    fn start(identity: &str) -> ControllerProcess {
+        let bin = gpu_tenancy_e2e::repo_root().join("target/debug/gpu-tenancy");
+        assert!(
+            bin.is_file(),
+            "{} is missing: run `cargo build -p gpu-tenancy` (e2e/run.sh does)",
+            bin.display()
+        );
+        let child = std::process::Command::new(bin)
+            .args([
+                "controller",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--lease-duration",
+                "5",
+                "--identity",
+                identity,
+            ])
+            .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
+            .env("POD_NAMESPACE", "gpu-tenancy-system")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("the controller starts");
+        ControllerProcess { child }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// SIGTERM, as Kubernetes stops a pod: the process releases its lease and exits.
+    fn terminate(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -19,13 +19,21 @@ pub const AGENT: &str = "gpu-tenancy-agent";
 pub async fn setup(cleanup: &Cleanup) -> Client {
     let client = client().await;
     ensure_crds(&client).await;
-    let ns = Settings::default().device_plugin_namespace;
-    if !kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
-        .await
-        .success
-    {
-        create_namespace(&client, cleanup, &ns, &[]).await;
+    // Kept for the scenarios that follow: deleting it would leave it Terminating for the next one.
+    let keep = Cleanup::new();
+    for ns in [
+        Settings::default().device_plugin_namespace,
+        "gpu-tenancy-system".to_string(),
+    ] {
+        if !kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
+            .await
+            .success
+        {
+            create_namespace(&client, &keep, &ns, &[]).await;
+        }
     }
+    std::mem::forget(keep);
+    let _ = cleanup;
     client
 }
 

@@ -1,0 +1,105 @@
+//! `gpu-tenancy controller`: the cluster-side half of the operator (a Deployment, leader-elected).
+
+use super::logging::{self, LogFormat};
+use crate::controller::leader::{DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME};
+use crate::controller::{LeaderOptions, Options, run};
+use crate::desired::Settings;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// Address of the HTTP server for Prometheus metrics (`/metrics`) and probes (`/healthz`, `/readyz`).
+    #[arg(long, value_name = "ADDR", default_value = crate::controller::http::DEFAULT_ADDR)]
+    metrics_addr: SocketAddr,
+    /// Log format: `text` for people, `json` for log pipelines. `RUST_LOG` sets the level.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Namespace of the Lease used for leader election (the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", default_value = "gpu-tenancy-system")]
+    leader_election_namespace: String,
+    /// Name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_LEASE_NAME)]
+    lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME", value_name = "ID")]
+    identity: Option<String>,
+    /// Seconds a leader holds the Lease without renewing it; a crashed leader is replaced within this.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_LEASE_DURATION.as_secs())]
+    lease_duration: u64,
+    /// Run without leader election: this replica always writes. Only for a single replica.
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Namespace of NVIDIA's device plugin, where the controller writes its config ConfigMap.
+    #[arg(long, value_name = "NS", default_value_t = Settings::default().device_plugin_namespace)]
+    device_plugin_namespace: String,
+    /// Name of the device plugin's config ConfigMap (the plugin's `config.name`).
+    #[arg(long, value_name = "NAME", default_value_t = Settings::default().device_plugin_config_map)]
+    device_plugin_config_map: String,
+    /// Milliseconds of quiet after a change before a pass runs (a burst of changes makes one pass).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    debounce_ms: u64,
+}
+
+pub fn run_controller(args: ControllerArgs) -> i32 {
+    logging::init(args.log_format, "info");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 2;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: no Kubernetes configuration (in-cluster service account or KUBECONFIG): {e}");
+                return 2;
+            }
+        };
+        let identity = args
+            .identity
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("gpu-tenancy-controller-{}", std::process::id()));
+        let options = Options {
+            settings: Settings {
+                device_plugin_namespace: args.device_plugin_namespace,
+                device_plugin_config_map: args.device_plugin_config_map,
+                ..Settings::default()
+            },
+            metrics_addr: args.metrics_addr,
+            leader: (!args.no_leader_election).then(|| LeaderOptions {
+                namespace: args.leader_election_namespace,
+                lease_name: args.lease_name,
+                identity,
+                duration: Duration::from_secs(args.lease_duration),
+            }),
+            debounce: Duration::from_millis(args.debounce_ms),
+        };
+        match run(client, options, shutdown_signal()).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                2
+            }
+        }
+    })
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}

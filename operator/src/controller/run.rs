@@ -1,0 +1,200 @@
+//! The controller's process: stores, the metrics and health server, leader election, and the loop
+//! that runs a pass when something changed (debounced), only while leading.
+
+use super::Controller;
+use super::http;
+use super::leader::{self, Election};
+use super::metrics::{Metrics, WriteAction};
+use super::retry::Backoff;
+use crate::desired::Settings;
+use kube::Client;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Where the Lease lives and who this replica is.
+#[derive(Clone, Debug)]
+pub struct LeaderOptions {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub duration: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub settings: Settings,
+    pub metrics_addr: SocketAddr,
+    /// `None`: this replica always leads (`--no-leader-election`).
+    pub leader: Option<LeaderOptions>,
+    /// Quiet time after a change before a pass runs, so a burst of changes makes one pass.
+    pub debounce: Duration,
+}
+
+/// Why the controller stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Metrics(std::io::Error),
+}
+
+fn action(a: &str) -> WriteAction {
+    match a {
+        "apply" => WriteAction::Apply,
+        "status" => WriteAction::Status,
+        "delete" => WriteAction::Delete,
+        _ => WriteAction::Patch,
+    }
+}
+
+/// Waits for `rx` to say true (or for shutdown); returns false on shutdown.
+async fn until_true(rx: &mut watch::Receiver<bool>) -> bool {
+    rx.wait_for(|v| *v).await.is_ok()
+}
+
+/// Joins the election, retrying with backoff while the API server cannot be reached: one line
+/// per attempt, never a panic.
+async fn elect(client: &Client, opts: &LeaderOptions) -> Election {
+    let mut backoff = Backoff::for_api_errors();
+    loop {
+        match leader::start(
+            client.clone(),
+            &opts.namespace,
+            &opts.lease_name,
+            &opts.identity,
+            opts.duration,
+        )
+        .await
+        {
+            Ok(e) => return e,
+            Err(e) => {
+                let wait = backoff.next();
+                tracing::error!(error = %e, retry_in = ?wait, "cannot join the leader election; retrying");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` completes (SIGTERM, Ctrl-C), then gives the lease up so a
+/// follower takes over at once.
+pub async fn run(
+    client: Client,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+
+    let metrics = Arc::new(Metrics::new());
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let listener = http::bind(options.metrics_addr).await.map_err(RunError::Metrics)?;
+    tokio::spawn(http::serve_on(
+        listener,
+        metrics.clone(),
+        ready_rx,
+        stopped(stop_rx.clone()),
+    ));
+
+    let identity = options.leader.as_ref().map(|l| l.identity.clone());
+    let controller = Controller::start(client.clone(), options.settings.clone(), identity);
+    tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
+    tokio::select! {
+        r = controller.stores.wait_until_ready() => {
+            if r.is_err() {
+                tracing::error!("a watch stopped before its first list");
+            }
+        }
+        _ = stopped(stop_rx.clone()) => return Ok(()),
+    }
+    let _ = ready_tx.send(true);
+    tracing::info!("caches synced");
+
+    let election = match &options.leader {
+        Some(opts) => {
+            tokio::select! {
+                e = elect(&client, opts) => e,
+                _ = stopped(stop_rx.clone()) => return Ok(()),
+            }
+        }
+        None => Election::always_leader(),
+    };
+    let mut leading = election.is_leader.clone();
+    let mut backoff = Backoff::for_api_errors();
+    let mut retry: Option<Duration> = None;
+    let mut stop = stop_rx.clone();
+    loop {
+        metrics.set_leader(*leading.borrow());
+        if !*leading.borrow() {
+            tracing::info!("following: waiting to lead");
+            tokio::select! {
+                ok = until_true(&mut leading) => if !ok { break },
+                _ = stop.changed() => break,
+            }
+            tracing::info!("leading");
+            metrics.set_leader(true);
+        } else {
+            // Wait for a change, or for the retry of a failed pass.
+            let wait = retry.unwrap_or(Duration::MAX);
+            tokio::select! {
+                _ = controller.changed.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                r = leading.changed() => { if r.is_err() { break } continue; }
+                _ = stop.changed() => break,
+            }
+            // Debounce: let a burst of watch events settle (at most 10 debounce periods).
+            for _ in 0..10 {
+                if tokio::time::timeout(options.debounce, controller.changed.notified())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        if *stop.borrow() {
+            break;
+        }
+        if !*leading.borrow() {
+            continue;
+        }
+        let report = controller.pass().await;
+        for (kind, a) in &report.done {
+            metrics.written(&kind.to_string(), action(a));
+        }
+        metrics.set_tenants(&report.tenants);
+        let ok = report.failed.is_empty();
+        metrics.pass(report.total_time, ok);
+        if ok {
+            backoff.reset();
+            retry = None;
+            if !report.writes.is_empty() {
+                tracing::info!(
+                    writes = report.writes.len(),
+                    plan_ms = report.plan_time.as_millis() as u64,
+                    "pass done"
+                );
+            }
+        } else {
+            metrics.error("write");
+            let wait = backoff.next();
+            tracing::warn!(failed = report.failed.len(), retry_in = ?wait, "pass had failed writes; retrying");
+            retry = Some(wait);
+        }
+    }
+    // Stop writing before giving the lease up, so two replicas never write at once.
+    drop(controller);
+    if let Err(e) = election.release().await {
+        tracing::warn!(error = %e, "could not release the lease; a follower takes over when it expires");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
