@@ -4,6 +4,7 @@
 mod bounds;
 mod controlplane;
 mod crds;
+mod deploy;
 mod desired;
 mod fixtures;
 mod gitops;
