@@ -50,9 +50,9 @@ pub struct Snapshot {
     pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
 
-fn copy<K: Clone>(store: &Store<K>) -> Vec<K>
+fn copy<K>(store: &Store<K>) -> Vec<K>
 where
-    K: Resource + 'static,
+    K: Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
     store.state().iter().map(|o| (**o).clone()).collect()

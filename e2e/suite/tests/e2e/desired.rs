@@ -41,7 +41,10 @@ async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
         {
             continue;
         }
-        create_namespace(&client, &cleanup, ns, &[]).await;
+        // Never deleted: other tests (and the controller scenarios) use the same namespace.
+        let keep = Cleanup::new();
+        create_namespace(&client, &keep, ns, &[]).await;
+        std::mem::forget(keep);
     }
     let file = std::env::temp_dir().join(format!("gt-e2e-plan-{}.yaml", std::process::id()));
     std::fs::write(&file, manifests_yaml(&desired)).unwrap();

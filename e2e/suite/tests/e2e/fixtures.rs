@@ -48,6 +48,7 @@ pub fn valid(kind: &str, name: &str) -> Value {
         }),
         "GpuNode" => json!({
             "plan": "h100-mixed",
+            "busyGpuPolicy": "Wait",
             "gpus": [
                 {"index": 0, "mode": "MIG", "scrub": "Always",
                  "migInstances": [{"profile": "3g.40gb", "placement": {"start": 0, "size": 4}}]},
