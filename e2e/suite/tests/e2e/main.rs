@@ -8,6 +8,7 @@ mod deploy;
 mod desired;
 mod fixtures;
 mod gitops;
+mod leader;
 mod printer_columns;
 mod status;
 mod validation;
