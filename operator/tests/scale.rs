@@ -200,6 +200,15 @@ fn check_grants_against_specs(f: &support::Fleet, out: &PlanOutput) -> Seen {
         let inv = inventory[node];
         inv.gpus.iter().find(|g| g.index == gpu).unwrap().memory_mib
     };
+    // An instance counts at its memory as NVIDIA publishes it for the GPU's model (the tables are
+    // held to nvidia-smi's output in tests/nvidia_smi_outputs.rs).
+    let instance_memory = |node: &str, gpu: u32, profile: &str| -> u64 {
+        let inv = inventory[node];
+        let g = inv.gpus.iter().find(|g| g.index == gpu).unwrap();
+        g.model
+            .and_then(|m| m.profile_memory_mib(profile))
+            .unwrap_or_else(|| profile_name_mib(profile))
+    };
     let setting = |g: &GpuSpec| -> u64 {
         let s = match g.mode {
             Mode::Mps => g.mps.as_ref().map(|m| m.max_clients),
@@ -266,7 +275,7 @@ fn check_grants_against_specs(f: &support::Fleet, out: &PlanOutput) -> Seen {
                         .entry((g.node.clone(), g.gpu, at))
                         .or_default()
                         .push(name.clone());
-                    memory += profile_name_mib(profile);
+                    memory += instance_memory(&g.node, g.gpu, profile);
                     seen.mig_grants += 1;
                 }
                 Mode::Exclusive => {

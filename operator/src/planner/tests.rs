@@ -215,7 +215,7 @@ fn mig_instances_go_to_tenants_with_placements() {
 
 #[test]
 fn priority_first_then_weighted_fair_share() {
-    let nodes = [node("n1", "mps", "A100-40GB", 3, false)];
+    let nodes = [node("n1", "mps", "A100-40GB", 4, false)];
     let mut g = group("all", Mode::Mps);
     g.mps = Some(MpsSettings {
         max_clients: 4,

@@ -74,6 +74,10 @@ type Reasons = Vec<Vec<Option<Shortfall>>>;
 struct MigPool {
     /// (GPU, instance position in its spec).
     slots: Vec<(GpuRef, u32)>,
+    /// Memory of one instance for the tenants' memory limits: as the driver reports the profile
+    /// (GpuNode status), else from the model's table (never above the GPU's memory), else the
+    /// profile name's nominal size; the largest over the pool's GPUs, so a limit is never exceeded.
+    unit_mib: u64,
     /// Slot indices in the order grants use them: plan order, and when placing from the current
     /// bindings, instances nobody holds now first.
     order: Vec<usize>,
@@ -119,15 +123,39 @@ enum Pool {
 
 impl Pool {
     /// Units still free, for the fair-share split (shared GPUs count at their nominal setting).
-    fn free(&self) -> u64 {
+    /// Units still free for claimants whose policies keep `headroom_percent` of an MPS GPU's memory.
+    fn free(&self, family: &Family, headroom_percent: u32) -> u64 {
         match self {
             Pool::Mig(p) => p.free as u64,
             Pool::Exclusive(d) => d.iter().map(|d| d.free.len() as u64).sum(),
             Pool::Shared { gpus, .. } => gpus
                 .iter()
                 .filter(|g| !g.locked)
-                .map(|g| u64::from(g.capacity.unwrap_or(g.setting).saturating_sub(g.used)))
+                .map(|g| {
+                    let capacity = g.capacity.unwrap_or_else(|| g.capacity_under(family, headroom_percent));
+                    u64::from(capacity.saturating_sub(g.used))
+                })
                 .sum(),
+        }
+    }
+}
+
+impl SharedGpu {
+    /// Memory one share stands for: an MPS client is pinned to memory / maxClients by the device
+    /// plugin's daemon (the plan's pinnedMemoryLimit may only repeat that value); a time-sliced
+    /// share is bookkeeping only (nothing bounds a process's memory there).
+    fn share_mib(&self) -> u64 {
+        self.pinned_mib
+            .unwrap_or(self.memory_mib / u64::from(self.setting.max(1)))
+    }
+
+    /// Shares the GPU offers under a policy keeping `headroom_percent` of its memory: an MPS GPU
+    /// only the clients whose pinned memory fits in the rest; a time-sliced GPU its replicas.
+    fn capacity_under(&self, family: &Family, headroom_percent: u32) -> u32 {
+        let usable = self.memory_mib * u64::from(100 - headroom_percent.min(100)) / 100;
+        match family {
+            Family::Shared(Mode::Mps) if self.share_mib() > 0 => self.setting.min((usable / self.share_mib()) as u32),
+            _ => self.setting,
         }
     }
 }
@@ -291,11 +319,17 @@ impl Allocator<'_, '_> {
             }
         }
         for (family, claims) in &families {
+            // The strictest headroom among the claimants: never promise shares a GPU cannot give.
+            let headroom = claims
+                .iter()
+                .map(|&(t, _)| self.tenants[t].headroom_percent)
+                .max()
+                .unwrap_or(0);
             let available: u64 = self
                 .pools
                 .iter()
                 .filter(|((f, d), _)| f == family && d.is_empty())
-                .map(|(_, p)| p.free())
+                .map(|(_, p)| p.free(family, headroom))
                 .sum();
             let demands: Vec<(u64, u64)> = claims
                 .iter()
@@ -418,7 +452,10 @@ impl Allocator<'_, '_> {
     }
 
     fn take_mig(&mut self, t: usize, r: usize, key: &PoolKey, want: u32, profile: &str) -> u32 {
-        let unit = nominal_memory_mib(profile).unwrap_or(0);
+        let unit = match self.pools.get(key) {
+            Some(Pool::Mig(p)) => p.unit_mib,
+            _ => nominal_memory_mib(profile).unwrap_or(0),
+        };
         let want = self.memory_allows(t, r, unit, want);
         let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else {
             return 0;

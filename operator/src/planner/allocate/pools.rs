@@ -48,6 +48,7 @@ pub(super) fn build_pools(
                         let pool = pools.entry(key.clone()).or_insert_with(|| {
                             Pool::Mig(MigPool {
                                 slots: vec![],
+                                unit_mib: 0,
                                 order: vec![],
                                 taken: vec![],
                                 next: 0,
@@ -55,6 +56,14 @@ pub(super) fn build_pools(
                             })
                         });
                         if let Pool::Mig(p) = pool {
+                            let memory = inv
+                                .profile_memory_mib
+                                .get(&inst.profile)
+                                .copied()
+                                .or_else(|| inv.model.and_then(|m| m.profile_memory_mib(&inst.profile)))
+                                .or_else(|| crate::mig::nominal_memory_mib(&inst.profile))
+                                .unwrap_or(0);
+                            p.unit_mib = p.unit_mib.max(memory);
                             hold(&mut held, &key, holder.as_slice(), (p.slots.len(), 0));
                             p.slots.push((at, i as u32));
                             p.taken.push(false);

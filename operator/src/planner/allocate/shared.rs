@@ -85,16 +85,8 @@ impl Allocator<'_, '_> {
             return 0;
         }
         *eligible = true;
-        let usable = g.memory_mib * (100 - headroom) / 100;
-        let per_share = match mode {
-            Mode::Mps => g.pinned_mib.unwrap_or(usable / u64::from(g.setting.max(1))),
-            _ => g.memory_mib / u64::from(g.setting.max(1)),
-        };
-        // Pinned limits that overcommit memory less headroom shrink the GPU's shares.
-        let capacity = g.capacity.unwrap_or(match (mode, g.pinned_mib) {
-            (Mode::Mps, Some(p)) if p > 0 => g.setting.min((usable / p) as u32),
-            _ => g.setting,
-        });
+        let per_share = g.share_mib();
+        let capacity = g.capacity.unwrap_or_else(|| g.capacity_under(&key.0, headroom as u32));
         let n = want.min(capacity.saturating_sub(g.used));
         let n = if n == 0 {
             0

@@ -235,7 +235,10 @@ impl Allocator<'_, '_> {
     }
 
     fn keep_instances(&mut self, t: usize, r: usize, key: &PoolKey, n: u32, units: &[(usize, u32)], profile: &str) {
-        let unit = nominal_memory_mib(profile).unwrap_or(0);
+        let unit = match self.pools.get(key) {
+            Some(Pool::Mig(p)) => p.unit_mib,
+            _ => nominal_memory_mib(profile).unwrap_or(0),
+        };
         let mut kept = 0;
         for &(s, _) in units {
             if kept == n || self.memory_allows(t, r, unit, 1) == 0 {

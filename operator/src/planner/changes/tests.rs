@@ -232,7 +232,7 @@ fn a_plan_change_is_the_reason() {
 
 #[test]
 fn shared_gpus_keep_their_tenants() {
-    let nodes = [node("n1", "mps", "A100-40GB", 3, false)];
+    let nodes = [node("n1", "mps", "A100-40GB", 4, false)];
     let mut g = group("all", Mode::Mps);
     g.mps = Some(MpsSettings {
         max_clients: 4,
