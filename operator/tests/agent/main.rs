@@ -354,7 +354,8 @@ fn a_crash_at_any_mutation_converges_on_the_next_apply() {
     ]);
     let prepare = |name: &str| {
         let sim = Sim::new(name, &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
-        assert_eq!(sim.apply(&a).code(), Some(0));
+        let run = sim.apply(&a);
+        assert_eq!(run.code(), Some(0), "{name}: {}{}", run.stdout(), run.stderr());
         sim.use_by(0, Some(0), "alpha");
         sim.use_by(0, Some(4), "beta");
         sim.use_by(1, None, "alpha");

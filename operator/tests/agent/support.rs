@@ -7,28 +7,90 @@ use nvidia_ml_sim::{ctl, state};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub const AGENT: &str = env!("CARGO_BIN_EXE_gpu-tenancy");
+/// The agent binary cargo built for this test run.
+const AGENT_BUILT: &str = env!("CARGO_BIN_EXE_gpu-tenancy");
+
+/// The agent binary and the simulated library as this test process found them at its start.
+///
+/// Other builds in the same target directory relink both while tests run (the library depends on
+/// the operator crate), and a relink removes the file for a moment: a test would then fail with
+/// "No such file". Hard links taken once per test process keep the files' contents alive until
+/// the process ends; stale links of finished processes are removed on the way.
+struct Snapshot {
+    agent: PathBuf,
+    lib: PathBuf,
+}
+
+fn snapshot() -> &'static Snapshot {
+    static SNAP: std::sync::OnceLock<Snapshot> = std::sync::OnceLock::new();
+    SNAP.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("agent-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        remove_stale_links(&dir);
+        let pid = std::process::id();
+        Snapshot {
+            agent: link(Path::new(AGENT_BUILT), &dir.join(format!("{pid}-gpu-tenancy"))),
+            lib: link(&sim_lib(), &dir.join(format!("{pid}-libnvidia_ml_sim.so"))),
+        }
+    })
+}
+
+/// Hard-links `from` at `to` (copying where a link is impossible), retrying while a relink
+/// has the file missing.
+fn link(from: &Path, to: &Path) -> PathBuf {
+    let _ = std::fs::remove_file(to);
+    for _ in 0..100 {
+        if std::fs::hard_link(from, to).is_ok() || std::fs::copy(from, to).is_ok() {
+            return to.to_path_buf();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("cannot link {} at {}", from.display(), to.display());
+}
+
+/// Removes links left by test processes that have ended (named `<pid>-...`).
+fn remove_stale_links(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let alive = name
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The agent binary the tests run.
+pub fn agent() -> &'static Path {
+    &snapshot().agent
+}
 
 /// The simulated library, built as a cdylib next to this test (as a dev-dependency, or by
 /// `cargo build --workspace`).
-pub fn sim_lib() -> PathBuf {
+fn sim_lib() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("deps dir");
     let candidates = [
         deps.join("libnvidia_ml_sim.so"),
         deps.parent().expect("profile dir").join("libnvidia_ml_sim.so"),
     ];
-    candidates
-        .iter()
-        .filter(|p| p.exists())
-        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "libnvidia_ml_sim.so not found next to {}; run `cargo build --workspace`",
-                exe.display()
-            )
-        })
+    for _ in 0..100 {
+        if let Some(p) = candidates
+            .iter()
+            .filter(|p| p.exists())
+            .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        {
+            return p.clone();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!(
+        "libnvidia_ml_sim.so not found next to {}; run `cargo build --workspace`",
+        exe.display()
+    )
 }
 
 pub struct Sim {
@@ -97,12 +159,12 @@ impl Sim {
     }
 
     pub fn command(&self) -> Command {
-        let mut c = Command::new(AGENT);
-        let lib = sim_lib();
+        let mut c = Command::new(agent());
+        let lib = &snapshot().lib;
         c.env("GPU_TENANCY_SIM_CONFIG", &self.paths.config)
             .env("GPU_TENANCY_SIM_STATE", &self.paths.state)
-            .env("GPU_TENANCY_NVML_LIB", &lib)
-            .env("GPU_TENANCY_CUDA_LIB", &lib)
+            .env("GPU_TENANCY_NVML_LIB", lib)
+            .env("GPU_TENANCY_CUDA_LIB", lib)
             .env_remove("CUDA_VISIBLE_DEVICES");
         if let Some(p) = &self.path_prefix {
             let old = std::env::var_os("PATH").unwrap_or_default();
