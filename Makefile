@@ -3,9 +3,10 @@
 CARGO ?= cargo
 E2E_PACKAGE := gpu-tenancy-e2e
 
-.PHONY: help build test unit lint fmt crds validate plan bench
+.PHONY: help build run test unit lint fmt crds validate plan bench
 
 help:
+	@echo "make run       the product on simulated GPUs: control plane, controller, agents, examples/"
 	@echo "make plan      offline plan of examples/ on examples/inventory.yaml"
 	@echo "make validate  validate examples/"
 	@echo "make test      unit, property and integration tests, then the e2e suite on a real kube-apiserver"
@@ -17,6 +18,9 @@ help:
 
 build:
 	$(CARGO) build --workspace
+
+run:
+	@e2e/demo.sh
 
 test: unit e2e
 

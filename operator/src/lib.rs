@@ -4,6 +4,7 @@
 //! line in [`cli`] and the loops that come later are thin shells around them.
 
 pub mod agent;
+pub mod agent_loop;
 pub mod api;
 pub mod cli;
 pub mod controller;

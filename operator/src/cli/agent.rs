@@ -94,6 +94,73 @@ pub enum AgentCommand {
         #[arg(long)]
         bytes: Option<u64>,
     },
+    /// Run in the cluster (the DaemonSet): create this node's GpuNode, apply its spec to the GPUs
+    /// whenever it changes (and every --poll seconds, to repair drift), publish the status.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// This node's name (the GpuNode's name).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: String,
+    /// NVML library to load instead of the system's libnvidia-ml.so.1.
+    #[arg(long, env = "GPU_TENANCY_NVML_LIB", value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+    /// CUDA driver library for memory scrubs instead of the system's libcuda.so.1.
+    #[arg(long, env = "GPU_TENANCY_CUDA_LIB", value_name = "PATH")]
+    cuda_lib: Option<PathBuf>,
+    /// Seconds between reads of the GPUs when nothing changed (drift: a reboot, a manual change).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    poll: u64,
+    /// Namespace of NVIDIA's device plugin (its pod on this node restarts after a MIG change).
+    #[arg(long, value_name = "NS", default_value = "nvidia-device-plugin")]
+    device_plugin_namespace: String,
+    /// Label selector of the device plugin's pods.
+    #[arg(
+        long,
+        value_name = "SELECTOR",
+        default_value = "app.kubernetes.io/name=nvidia-device-plugin"
+    )]
+    device_plugin_selector: String,
+    /// Log format: `text` or `json`. `RUST_LOG` sets the level.
+    #[arg(long, value_enum, default_value_t = super::logging::LogFormat::Text)]
+    log_format: super::logging::LogFormat,
+}
+
+fn run_in_cluster(args: RunArgs) -> i32 {
+    super::logging::init(args.log_format, "info");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 2;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: no Kubernetes configuration (in-cluster service account or KUBECONFIG): {e}");
+                return 2;
+            }
+        };
+        let opts = crate::agent_loop::Options {
+            node: args.node_name,
+            nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
+            cuda_lib: args.cuda_lib,
+            poll: std::time::Duration::from_secs(args.poll.max(1)),
+            device_plugin_namespace: args.device_plugin_namespace,
+            device_plugin_selector: args.device_plugin_selector,
+        };
+        match crate::agent_loop::run(client, opts, super::controller::shutdown_signal()).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                2
+            }
+        }
+    })
 }
 
 fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> String) {
@@ -177,6 +244,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
             });
             if all { 0 } else { 1 }
         }
+        AgentCommand::Run(args) => run_in_cluster(args),
         AgentCommand::ScrubCheck {
             device,
             bytes,

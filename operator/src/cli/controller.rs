@@ -88,7 +88,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
 }
 
 /// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

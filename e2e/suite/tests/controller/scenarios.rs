@@ -91,19 +91,10 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
             .any(|l| l.starts_with("acme ") && l.contains("12/12") && l.contains("True")),
         "{out}"
     );
-    let delta = Api::<GpuTenant>::all(client.clone()).get("team-delta").await.unwrap();
-    let short = delta
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "CapacityShort")
-        .unwrap();
-    assert_eq!(short.status, "True");
-    assert!(
-        short.message.contains("MPS shares: granted 4 of 20"),
-        "{}",
-        short.message
+    assert_eq!(
+        out.lines().filter(|l| l.contains(" True ")).count(),
+        5,
+        "every example tenant is Ready: {out}"
     );
     let out = kubectl_async(vec!["get".into(), "gpupartitionplans".into()]).await.ok();
     eprintln!("{out}");
@@ -157,6 +148,36 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
             "a write that is not team-beta's: {w} in {change:#?}"
         );
     }
+
+    // Short capacity shows with the numbers: team-delta asks for more MPS shares than are left.
+    Api::<GpuTenant>::all(client.clone())
+        .patch(
+            "team-delta",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
+                "tier": "internal", "namespaces": ["delta"], "resources": [{"mode": "MPS", "count": 20}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    converge(&client, &c).await;
+    let delta = Api::<GpuTenant>::all(client.clone()).get("team-delta").await.unwrap();
+    let short = delta
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "CapacityShort")
+        .unwrap();
+    assert_eq!(short.status, "True");
+    assert!(
+        short
+            .message
+            .contains("MPS shares: granted 8 of 20; capacity short: 24 free for 2 tenants"),
+        "{}",
+        short.message
+    );
 
     // (d) Isolation, by the API server: team-beta (internal: MIG, MPS, Exclusive) may not tolerate
     // the time-slicing taint; its MIG pod is admitted.
@@ -377,8 +398,8 @@ async fn c_a_follower_takes_over_mid_rollout() {
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
     });
+    // replica-a starts first and leads; replica-b joins once a holds the lease.
     let a = ControllerProcess::start("replica-a");
-    let b = ControllerProcess::start("replica-b");
     let lease = |client: Client| async move {
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client, "gpu-tenancy-system")
             .get_opt("gpu-tenancy-controller")
@@ -393,14 +414,17 @@ async fn c_a_follower_takes_over_mid_rollout() {
             !n.spec.gpus.is_empty() && n.status.as_ref().and_then(|s| s.observed_generation) == n.metadata.generation
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while !(converged(client.clone()).await && lease(client.clone()).await.as_deref() == Some("replica-a")) {
         assert!(
             Instant::now() < deadline,
-            "replica-a did not lead and converge within 60 s"
+            "replica-a did not lead and converge within 120 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let b = ControllerProcess::start("replica-b");
+    // Let replica-b list everything and wait on the lease before the leader goes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     eprintln!(
         "MEASURE controller RSS with examples/ and 3 more nodes: {} KiB",
         a.rss_kib()
@@ -438,7 +462,7 @@ async fn c_a_follower_takes_over_mid_rollout() {
         "MEASURE failover (SIGTERM to the follower holding the lease): {:?}",
         t0.elapsed()
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let nodes = Api::<GpuNode>::all(client.clone())
             .list(&Default::default())
@@ -459,7 +483,7 @@ async fn c_a_follower_takes_over_mid_rollout() {
         }
         assert!(
             Instant::now() < deadline,
-            "replica-b did not finish the rollout within 60 s"
+            "replica-b did not finish the rollout within 120 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

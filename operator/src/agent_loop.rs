@@ -1,0 +1,215 @@
+//! `gpu-tenancy agent run`: the node agent's Kubernetes loop, around the GPU layer of [`crate::agent`].
+//!
+//! It creates its node's GpuNode if missing, watches it, and on every change of the spec (and every
+//! `poll` interval, to find drift: a reboot, someone with nvidia-smi) applies the spec to the GPUs
+//! with the published status as the previous state, so who had each GPU and when it was scrubbed
+//! survives restarts. The status is written with server-side apply (field manager
+//! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
+//! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
+//! plugin's pod on this node is deleted so it re-reads the devices.
+
+use crate::agent::apply::{ApplyOptions, apply};
+use crate::agent::gpu::nvml::NvmlGpus;
+use crate::agent::scrub::CudaLib;
+use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
+use crate::labels::CONFIG_STATE;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Field manager of what the agent writes.
+pub const FIELD_MANAGER: &str = "gpu-tenancy-agent";
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub node: String,
+    pub nvml_lib: Option<OsString>,
+    pub cuda_lib: Option<PathBuf>,
+    /// How often the GPUs are read again without a spec change (drift).
+    pub poll: Duration,
+    /// Namespace and label selector of NVIDIA's device plugin pods (restarted after a MIG change).
+    pub device_plugin_namespace: String,
+    pub device_plugin_selector: String,
+}
+
+/// `pending`, `success` or `failed` from the published conditions.
+fn config_state(status: &GpuNodeStatus) -> &'static str {
+    if condition_status(&status.conditions, ConditionSet::STALLED) == Some(true) {
+        "failed"
+    } else if condition_status(&status.conditions, ConditionSet::READY) == Some(true) {
+        "success"
+    } else {
+        "pending"
+    }
+}
+
+/// The MIG layout of a status, to tell whether a pass changed it.
+fn mig_layout(status: &GpuNodeStatus) -> Vec<(u32, Vec<(String, u32, u32)>)> {
+    status
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.index,
+                g.instances
+                    .iter()
+                    .map(|i| (i.profile.clone(), i.placement.start, i.placement.size))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// One pass: read the GpuNode, apply its spec, publish what changed.
+async fn pass(client: &Client, gpus: &Arc<NvmlGpus>, opts: &Options) -> Result<(), String> {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let node = match api
+        .get_opt(&opts.node)
+        .await
+        .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?
+    {
+        Some(n) => n,
+        None => {
+            let created = api
+                .create(&PostParams::default(), &GpuNode::new(&opts.node, Default::default()))
+                .await;
+            match created {
+                Ok(n) => n,
+                Err(kube::Error::Api(e)) if e.code == 409 => api
+                    .get(&opts.node)
+                    .await
+                    .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?,
+                Err(e) => return Err(format!("creating GpuNode {}: {e}", opts.node)),
+            }
+        }
+    };
+    let spec = node.spec.clone();
+    let prev = node.status.clone();
+    let generation = node.metadata.generation;
+    let apply_opts = ApplyOptions {
+        cuda: CudaLib(opts.cuda_lib.clone()),
+        // In a cluster the device plugin's own MPS daemon serves pods (README, "MPS"); a second
+        // daemon would fight it, so the agent supervises none.
+        mps: None,
+        dry_run: false,
+    };
+    let g = gpus.clone();
+    let prev_for_apply = prev.clone();
+    let applied = tokio::task::spawn_blocking(move || apply(&g, &spec, prev_for_apply.as_ref(), &apply_opts))
+        .await
+        .map_err(|e| format!("the GPU pass stopped: {e}"))??;
+    let mut status = applied.status;
+    status.observed_generation = generation;
+    if prev.as_ref() != Some(&status) {
+        api.patch_status(
+            &opts.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status})),
+        )
+        .await
+        .map_err(|e| format!("writing GpuNode {} status: {e}", opts.node))?;
+        tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
+    }
+    let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
+    if mig_changed {
+        restart_device_plugin(client, opts).await;
+    }
+    label_config_state(client, opts, config_state(&status)).await;
+    Ok(())
+}
+
+/// Deletes the device plugin's pod on this node so its DaemonSet starts one that re-reads the devices.
+async fn restart_device_plugin(client: &Client, opts: &Options) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &opts.device_plugin_namespace);
+    let lp = ListParams::default()
+        .labels(&opts.device_plugin_selector)
+        .fields(&format!("spec.nodeName={}", opts.node));
+    match pods.list(&lp).await {
+        Ok(list) => {
+            for p in list {
+                match pods.delete(&p.name_any(), &DeleteParams::default()).await {
+                    Ok(_) => tracing::info!(pod = %p.name_any(), "restarted the device plugin after a MIG change"),
+                    Err(e) => tracing::warn!(pod = %p.name_any(), error = %e, "could not restart the device plugin"),
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not list the device plugin's pods"),
+    }
+}
+
+/// Keeps `gputenancy.io/config.state` on the node; written only when it changes.
+async fn label_config_state(client: &Client, opts: &Options, state: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = match nodes.get_opt(&opts.node).await {
+        Ok(Some(n)) => n.labels().get(CONFIG_STATE).cloned(),
+        Ok(None) => return, // no Node object (outside a cluster's node set): nothing to label
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the node");
+            return;
+        }
+    };
+    if current.as_deref() == Some(state) {
+        return;
+    }
+    let patch = json!({"metadata": {"labels": {CONFIG_STATE: state}}});
+    if let Err(e) = nodes
+        .patch(&opts.node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(error = %e, "could not label the node");
+    }
+}
+
+/// Runs until `shutdown`: a pass on every change of this node's GpuNode and every `poll`; failed
+/// passes are retried with backoff.
+pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    let nvml_lib = opts.nvml_lib.clone();
+    let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
+        .await
+        .map_err(|e| e.to_string())??;
+    let gpus = Arc::new(gpus);
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let mut changes = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
+    )
+    .default_backoff()
+    .applied_objects()
+    .boxed();
+    let mut backoff = crate::controller::retry::Backoff::for_api_errors();
+    let mut wait = Duration::ZERO;
+    tokio::pin!(shutdown);
+    let mut last_generation: Option<i64> = None;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(wait) => {}
+            ev = changes.next() => {
+                match ev {
+                    // Our own status writes come back as events; only a new spec is worth a pass.
+                    Some(Ok(n)) if n.metadata.generation == last_generation => continue,
+                    Some(Ok(n)) => last_generation = n.metadata.generation,
+                    Some(Err(e)) => { tracing::warn!(error = %e, "watching the GpuNode failed; retrying"); continue }
+                    None => return Err("the GpuNode watch ended".into()),
+                }
+            }
+        }
+        match pass(&client, &gpus, &opts).await {
+            Ok(()) => {
+                backoff.reset();
+                wait = opts.poll;
+            }
+            Err(e) => {
+                wait = backoff.next();
+                tracing::warn!(error = %e, retry_in = ?wait, "agent pass failed");
+            }
+        }
+    }
+}
