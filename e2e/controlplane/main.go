@@ -1,6 +1,8 @@
 // Command controlplane runs a real, single-process Kubernetes control plane for the
 // gpu-tenancy end-to-end tests: embedded etcd plus kube-apiserver (Kubernetes' own code,
-// built from its Go modules, the way envtest does it), and a kubectl of the same version.
+// built from its Go modules, the way envtest does it), the garbage collector, namespace and
+// serviceaccount controllers of kube-controller-manager (controllers.go), and a kubectl of the
+// same version.
 //
 //	controlplane up --dir DIR [--die-with-parent=false] [-- extra kube-apiserver flags]
 //	controlplane down --dir DIR
@@ -94,7 +96,8 @@ func main() {
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
   controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [-- EXTRA_KUBE_APISERVER_FLAGS...]
-      start embedded etcd + kube-apiserver on 127.0.0.1 (free ports), write DIR/kubeconfig,
+      start embedded etcd + kube-apiserver on 127.0.0.1 (free ports) and the garbage collector,
+      namespace and serviceaccount controllers, write DIR/kubeconfig,
       print its path once /readyz answers ok, and run until SIGTERM/SIGINT (or the parent dies).
   controlplane down --dir DIR
       stop the control plane recorded in DIR/controlplane.pid and wait until it is gone.
@@ -235,12 +238,17 @@ func up(args []string) error {
 	apiDone := make(chan error, 1)
 	go func() { apiDone <- cmd.Execute() }()
 
+	// The in-process controllers (controllers.go) stop first on a stop request, and with the process.
+	controllersCtx, stopControllers := context.WithCancel(context.Background())
+	defer stopControllers()
+
 	// Make sure a stop request ends the process even if a graceful shutdown hangs.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
 		fmt.Fprintf(os.Stderr, "controlplane: received %v, shutting down\n", s)
+		stopControllers()
 		time.Sleep(20 * time.Second)
 		fmt.Fprintln(os.Stderr, "controlplane: graceful shutdown took too long, exiting")
 		os.Remove(filepath.Join(absDir, "ready"))
@@ -258,6 +266,11 @@ func up(args []string) error {
 	defer cancel()
 	if err := waitReady(ctx, server, certs, apiDone); err != nil {
 		return err
+	}
+	// Garbage collector, namespace and serviceaccount controllers, as kube-controller-manager
+	// would run them.
+	if err := startControllers(controllersCtx, ctx, kubeconfig); err != nil {
+		return fmt.Errorf("starting controllers: %w", err)
 	}
 	// The ready marker lets scripts that started us in the background wait for readiness.
 	readyFile := filepath.Join(absDir, "ready")

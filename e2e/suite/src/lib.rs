@@ -384,12 +384,13 @@ impl Drop for Cleanup {
 // ------------------------------------------------------------------------------------------
 // Namespaces
 
-/// Creates namespace `name` (with `labels`) and its `default` ServiceAccount, registering the
-/// namespace with `cleanup`.
+/// Creates namespace `name` (with `labels`) and makes sure its `default` ServiceAccount exists
+/// when this returns, registering the namespace with `cleanup`.
 ///
-/// The local control plane runs no kube-controller-manager: nothing creates the `default`
-/// ServiceAccount (without it the ServiceAccount admission plugin refuses every pod), and a
-/// deleted namespace stays Terminating (harmless: the cluster is thrown away).
+/// Any cluster's serviceaccount controller creates `default` shortly after the namespace (the
+/// local control plane runs it too, with the garbage collector and namespace controller), but
+/// not at once, and without it the ServiceAccount admission plugin refuses every pod: so this
+/// creates it as well, and a 409 means the controller was first.
 pub async fn create_namespace(client: &Client, cleanup: &Cleanup, name: &str, labels: &[(&str, &str)]) {
     use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
     use kube::api::PostParams;
@@ -408,7 +409,7 @@ pub async fn create_namespace(client: &Client, cleanup: &Cleanup, name: &str, la
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {} // a real cluster's controller was faster
+        Err(kube::Error::Api(e)) if e.code == 409 => {} // the serviceaccount controller was first
         Err(e) => panic!("creating serviceaccount {name}/default: {e}"),
     }
 }

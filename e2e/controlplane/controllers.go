@@ -1,0 +1,170 @@
+package main
+
+// The part of kube-controller-manager that the operator and the tests rely on, run in-process
+// the way Kubernetes' own integration tests do it (test/integration/garbagecollector and
+// test/integration/namespace) and wired like kube-controller-manager does
+// (cmd/kube-controller-manager/app/core.go):
+//
+//   - garbage collector: deletes objects whose ownerReferences all point to deleted owners,
+//     custom resources included (owners and dependents of CRD kinds); CRDs installed later are
+//     picked up by a periodic discovery sync (garbagecollector.Sync);
+//   - namespace controller: deleting a namespace deletes its content, then the namespace;
+//   - serviceaccount controller: every namespace gets its `default` ServiceAccount.
+//
+// Nothing else of kube-controller-manager runs (no ResourceQuota status, no token or root CA
+// publishing, no workload controllers).
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/informers"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/controller-manager/pkg/informerfactory"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/garbagecollector"
+	namespacecontroller "k8s.io/kubernetes/pkg/controller/namespace"
+	serviceaccountcontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
+)
+
+const (
+	// How often the garbage collector re-reads discovery (new CRDs get monitors) and the
+	// RESTMapper is reset. kube-controller-manager uses 30s; the integration tests 5s. A local
+	// discovery read is two requests, so a short period costs little and lets a freshly
+	// installed CRD's objects be collected within seconds.
+	gcSyncPeriod = 2 * time.Second
+	gcWorkers    = 5
+	// kube-controller-manager's default --namespace-sync-period; deletions are event-driven.
+	namespaceSyncPeriod = 5 * time.Minute
+	namespaceWorkers    = 2
+)
+
+// startControllers starts the controllers against the API server of kubeconfig (the admin
+// credentials the tests use) and returns once their shared informers have synced (or waitCtx
+// ends: an error). They run until ctx is cancelled.
+func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
+	base, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading %s: %w", kubeconfig, err)
+	}
+	// One local API server, few objects: no client-side throttling (the namespace controller
+	// alone makes a discovery call and a delete call per resource type).
+	base.QPS = 1000
+	base.Burst = 2000
+	config := func(userAgent string) *rest.Config {
+		return rest.AddUserAgent(rest.CopyConfig(base), userAgent)
+	}
+	logger := klog.Background().WithName("controllers")
+	ctx = klog.NewContext(ctx, logger)
+
+	sharedClient, err := clientset.NewForConfig(config("shared-informers"))
+	if err != nil {
+		return err
+	}
+	sharedMetadataClient, err := metadata.NewForConfig(config("shared-informers"))
+	if err != nil {
+		return err
+	}
+	sharedInformers := informers.NewSharedInformerFactory(sharedClient, 0)
+	metadataInformers := metadatainformer.NewSharedInformerFactory(sharedMetadataClient, 0)
+	// Closed once every controller is built and the shared informers are started (as in
+	// kube-controller-manager), so the garbage collector's monitors join the same factories.
+	informersStarted := make(chan struct{})
+
+	// Garbage collector.
+	gcConfig := config("generic-garbage-collector")
+	gcClient, err := clientset.NewForConfig(gcConfig)
+	if err != nil {
+		return err
+	}
+	gcMetadataClient, err := metadata.NewForConfig(gcConfig)
+	if err != nil {
+		return err
+	}
+	// The RESTMapper's discovery client must not be the one garbagecollector.Sync reads (Sync
+	// resets the mapper when discovery changes).
+	restMapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(gcClient.Discovery()))
+	restMapper.Reset()
+	syncDiscovery, err := clientset.NewForConfig(gcConfig)
+	if err != nil {
+		return err
+	}
+	gc, err := garbagecollector.NewGarbageCollector(
+		ctx,
+		gcClient,
+		gcMetadataClient,
+		restMapper,
+		garbagecollector.DefaultIgnoredResources(),
+		informerfactory.NewInformerFactory(sharedInformers, metadataInformers),
+		informersStarted,
+	)
+	if err != nil {
+		return fmt.Errorf("creating the garbage collector: %w", err)
+	}
+
+	// Namespace controller.
+	nsConfig := config("namespace-controller")
+	nsClient, err := clientset.NewForConfig(nsConfig)
+	if err != nil {
+		return err
+	}
+	nsMetadataClient, err := metadata.NewForConfig(nsConfig)
+	if err != nil {
+		return err
+	}
+	namespaces := namespacecontroller.NewNamespaceController(
+		ctx,
+		nsClient,
+		nsMetadataClient,
+		nsClient.Discovery().ServerPreferredNamespacedResources,
+		sharedInformers.Core().V1().Namespaces(),
+		namespaceSyncPeriod,
+		v1.FinalizerKubernetes,
+	)
+
+	// ServiceAccount controller.
+	saClient, err := clientset.NewForConfig(config("service-account-controller"))
+	if err != nil {
+		return err
+	}
+	serviceAccounts, err := serviceaccountcontroller.NewServiceAccountsController(
+		logger,
+		sharedInformers.Core().V1().ServiceAccounts(),
+		sharedInformers.Core().V1().Namespaces(),
+		saClient,
+		serviceaccountcontroller.DefaultServiceAccountsControllerOptions(),
+	)
+	if err != nil {
+		return fmt.Errorf("creating the serviceaccount controller: %w", err)
+	}
+
+	go wait.Until(restMapper.Reset, gcSyncPeriod, ctx.Done())
+	go gc.Run(ctx, gcWorkers, gcSyncPeriod)
+	go gc.Sync(ctx, syncDiscovery.Discovery(), gcSyncPeriod)
+	go namespaces.Run(ctx, namespaceWorkers)
+	go serviceAccounts.Run(ctx, 1)
+
+	sharedInformers.Start(ctx.Done())
+	metadataInformers.Start(ctx.Done())
+	close(informersStarted)
+	syncCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(waitCtx, cancel)
+	defer stop()
+	for typ, ok := range sharedInformers.WaitForCacheSync(syncCtx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync", typ)
+		}
+	}
+	logger.Info("started", "controllers", []string{"garbagecollector", "namespace", "serviceaccount"})
+	return nil
+}
