@@ -50,8 +50,11 @@ fn config_state(status: &GpuNodeStatus) -> &'static str {
     }
 }
 
+/// Per GPU index, its MIG instances as (profile, start, size).
+type MigLayout = Vec<(u32, Vec<(String, u32, u32)>)>;
+
 /// The MIG layout of a status, to tell whether a pass changed it.
-fn mig_layout(status: &GpuNodeStatus) -> Vec<(u32, Vec<(String, u32, u32)>)> {
+fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
     status
         .gpus
         .iter()
