@@ -25,7 +25,6 @@ fn now() -> Time {
 async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
     let client = client().await;
     ensure_crds(&client).await;
-    let cleanup = Cleanup::new();
     let root = repo_root();
     let (desired, problems) =
         compute(&[root.join("examples")], &root.join("examples/inventory.yaml"), now()).expect("the examples load");
