@@ -39,8 +39,10 @@ pub enum AgentCommand {
         #[arg(short = 'f', long = "filename", value_name = "GPUNODE.yaml")]
         file: PathBuf,
         /// Previous status (YAML/JSON, as written by --write-status or a GpuNode with a status): who
-        /// had each GPU and instance and when it was scrubbed. A missing file means none: then GPUs
-        /// already matching are adopted as they are and only what changes is scrubbed.
+        /// had each GPU and instance and when it was scrubbed. Without it (no flag, a missing or
+        /// unreadable file, no record of a GPU or instance) the previous owner is unknown: a change
+        /// of hands, so memory is scrubbed before a GPU or instance is reported applied (unless its
+        /// scrub policy is Never).
         #[arg(long, value_name = "FILE")]
         status: Option<PathBuf>,
         /// Write the resulting status here (may be the same file as --status).
@@ -130,21 +132,7 @@ pub struct RunArgs {
 
 fn run_in_cluster(args: RunArgs) -> i32 {
     super::logging::init(args.log_format, "info");
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 2;
-        }
-    };
-    runtime.block_on(async move {
-        let client = match kube::Client::try_default().await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: no Kubernetes configuration (in-cluster service account or KUBECONFIG): {e}");
-                return 2;
-            }
-        };
+    super::cluster::with_client(|client| async move {
         let opts = crate::agent_loop::Options {
             node: args.node_name,
             nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
@@ -153,7 +141,7 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             device_plugin_namespace: args.device_plugin_namespace,
             device_plugin_selector: args.device_plugin_selector,
         };
-        match crate::agent_loop::run(client, opts, super::controller::shutdown_signal()).await {
+        match crate::agent_loop::run(client, opts, super::cluster::shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -201,9 +189,16 @@ pub fn run(cmd: AgentCommand) -> i32 {
                 Ok(s) => s,
                 Err(e) => return fail(&e),
             };
+            // An unreadable status is no status: every previous owner unknown, every hand-over
+            // scrubbed (fails closed, DESIGN.md §4.3), rather than no apply at all.
             let prev = match status.as_deref().map(read_status).transpose() {
                 Ok(p) => p.flatten(),
-                Err(e) => return fail(&e),
+                Err(e) => {
+                    eprintln!(
+                        "warning: {e}; every GPU's previous owner is taken as unknown (scrubbed before hand-over)"
+                    );
+                    None
+                }
             };
             let gpus = match NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)) {
                 Ok(g) => g,
@@ -354,12 +349,9 @@ fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
     let value: serde_json::Value = serde_saphyr::from_str(&text)
         .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
     let inner = value.get("status").cloned().unwrap_or(value);
-    serde_json::from_value(inner).map(Some).map_err(|e| {
-        format!(
-            "{}: not a GpuNode status: {e}; delete it to start from no remembered state",
-            path.display()
-        )
-    })
+    serde_json::from_value(inner)
+        .map(Some)
+        .map_err(|e| format!("{}: not a GpuNode status: {e}", path.display()))
 }
 
 fn write_atomic(path: &Path, text: &str) -> Result<(), String> {

@@ -43,21 +43,7 @@ pub struct ControllerArgs {
 
 pub fn run_controller(args: ControllerArgs) -> i32 {
     logging::init(args.log_format, "info");
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 2;
-        }
-    };
-    runtime.block_on(async move {
-        let client = match kube::Client::try_default().await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: no Kubernetes configuration (in-cluster service account or KUBECONFIG): {e}");
-                return 2;
-            }
-        };
+    super::cluster::with_client(|client| async move {
         let identity = args
             .identity
             .or_else(|| std::env::var("HOSTNAME").ok())
@@ -77,7 +63,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             }),
             debounce: Duration::from_millis(args.debounce_ms),
         };
-        match run(client, options, shutdown_signal()).await {
+        match run(client, options, super::cluster::shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -85,21 +71,4 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             }
         }
     })
-}
-
-/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
-pub(super) async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-    tracing::info!("shutting down");
 }

@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 the input has problems (listed one per line), 2 usage or read errors.
 
 pub mod agent;
+mod cluster;
 mod controller;
 pub mod crd;
 mod load;

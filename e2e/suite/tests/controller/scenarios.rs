@@ -264,30 +264,9 @@ async fn b_a_plan_change_rolls_out_within_max_unavailable() {
     apply_examples().await;
     let c = start(&client).await;
     // Four more H100 nodes under their own plan, maxUnavailable 1.
-    let node_api: Api<Node> = Api::all(client.clone());
     let gn_api: Api<GpuNode> = Api::all(client.clone());
-    let names: Vec<String> = (0..4).map(|i| format!("roll-{i}")).collect();
-    for n in &names {
-        cleanup.add_resource("nodes", n);
-        cleanup.add("GpuNode", n);
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"pool": "roll"}}})).unwrap();
-        let _ = node_api.create(&PostParams::default(), &node).await;
-        let _ = gn_api
-            .create(&PostParams::default(), &GpuNode::new(n, Default::default()))
-            .await;
-        let gpus: Vec<serde_json::Value> = [0, 1]
-            .iter()
-            .map(|i| json!({"index": i, "uuid": format!("GPU-{n}-{i}"), "name": "NVIDIA H100 80GB HBM3", "pciDeviceId": "0x233010DE", "memoryMiB": 81559}))
-            .collect();
-        let status: gpu_tenancy::api::GpuNodeStatus =
-            serde_json::from_value(json!({"gpuCount": 2, "gpus": gpus})).unwrap();
-        write_status(&client, n, &status).await;
-    }
-    let plan = |profiles: serde_json::Value| {
-        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": "roll"},
-        "spec": {"nodeSelector": {"matchLabels": {"pool": "roll"}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
-                 "rollout": {"maxUnavailable": 1}}})
-    };
+    let names = h100_pool(&client, &cleanup, "roll", 4).await;
+    let plan = |profiles: serde_json::Value| mig_plan("roll", profiles);
     let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
     plans
         .patch(
@@ -355,30 +334,8 @@ async fn c_a_follower_takes_over_mid_rollout() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     apply_examples().await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    let gn_api: Api<GpuNode> = Api::all(client.clone());
-    let names: Vec<String> = (0..3).map(|i| format!("fo-{i}")).collect();
-    for n in &names {
-        cleanup.add_resource("nodes", n);
-        cleanup.add("GpuNode", n);
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"pool": "fo"}}})).unwrap();
-        let _ = node_api.create(&PostParams::default(), &node).await;
-        let _ = gn_api
-            .create(&PostParams::default(), &GpuNode::new(n, Default::default()))
-            .await;
-        let gpus: Vec<serde_json::Value> = [0, 1]
-            .iter()
-            .map(|i| json!({"index": i, "uuid": format!("GPU-{n}-{i}"), "name": "NVIDIA H100 80GB HBM3", "pciDeviceId": "0x233010DE", "memoryMiB": 81559}))
-            .collect();
-        let status: gpu_tenancy::api::GpuNodeStatus =
-            serde_json::from_value(json!({"gpuCount": 2, "gpus": gpus})).unwrap();
-        write_status(&client, n, &status).await;
-    }
-    let plan = |profiles: serde_json::Value| {
-        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": "fo"},
-        "spec": {"nodeSelector": {"matchLabels": {"pool": "fo"}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
-                 "rollout": {"maxUnavailable": 1}}})
-    };
+    h100_pool(&client, &cleanup, "fo", 3).await;
+    let plan = |profiles: serde_json::Value| mig_plan("fo", profiles);
     let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
     cleanup.add("GpuPartitionPlan", "fo");
     plans

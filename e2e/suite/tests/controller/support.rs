@@ -209,3 +209,34 @@ pub async fn converge(client: &Client, c: &Controller) -> Vec<String> {
     }
     panic!("the controller did not converge in 30 passes; writes so far: {all:?}");
 }
+
+/// `count` nodes `<pool>-<i>` labelled `pool=<pool>`, each with two H100s reported by its agent.
+pub async fn h100_pool(client: &Client, cleanup: &Cleanup, pool: &str, count: usize) -> Vec<String> {
+    let node_api: Api<Node> = Api::all(client.clone());
+    let gn_api: Api<GpuNode> = Api::all(client.clone());
+    let names: Vec<String> = (0..count).map(|i| format!("{pool}-{i}")).collect();
+    for n in &names {
+        cleanup.add_resource("nodes", n);
+        cleanup.add("GpuNode", n);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"pool": pool}}})).unwrap();
+        let _ = node_api.create(&PostParams::default(), &node).await;
+        let _ = gn_api
+            .create(&PostParams::default(), &GpuNode::new(n, Default::default()))
+            .await;
+        let gpus: Vec<serde_json::Value> = [0, 1]
+            .iter()
+            .map(|i| json!({"index": i, "uuid": format!("GPU-{n}-{i}"), "name": "NVIDIA H100 80GB HBM3", "pciDeviceId": "0x233010DE", "memoryMiB": 81559}))
+            .collect();
+        let status: GpuNodeStatus = serde_json::from_value(json!({"gpuCount": 2, "gpus": gpus})).unwrap();
+        write_status(client, n, &status).await;
+    }
+    names
+}
+
+/// A plan named `pool` cutting every GPU of the nodes labelled `pool=<pool>` into `profiles`,
+/// one node at a time.
+pub fn mig_plan(pool: &str, profiles: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": pool},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": pool}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
+                 "rollout": {"maxUnavailable": 1}}})
+}
