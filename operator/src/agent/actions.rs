@@ -318,19 +318,16 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
             .find(|i| i.placement == want.placement && i.profile == want.profile);
         let created =
             diff.create.iter().any(|c| c.placement == want.placement) || done.touched.contains(&(g.index, target));
-        let prev_inst = prev.map(|p| {
+        let record = prev.and_then(|p| {
             p.instances
                 .iter()
                 .find(|i| i.placement == want.placement && i.profile == want.profile)
         });
-        let changed = match prev_inst {
-            // The previous status knows this GPU: any difference in hands (or a missing record,
-            // e.g. a run killed before it published) counts.
-            Some(Some(pi)) => pi.tenant != want.tenant || scrub_failed(pi.last_scrub.as_ref()),
-            Some(None) => true,
-            // Nothing known: adopt what is there, scrub what is new.
-            None => created,
-        };
+        // Fails closed (DESIGN.md §4.3): only a record of handing this very instance to this
+        // tenant counts as the same hands. No status, a GpuNode created again, an instance
+        // (re)created since the record (a reboot, a crash, a change behind the agent's back) or
+        // a failed scrub: the previous owner is unknown, and that is a change of hands.
+        let changed = created || !existing.is_some_and(|e| known_owner(record, e, &want.tenant));
         let needed = match g.scrub {
             ScrubMemory::Never => false,
             ScrubMemory::OnTenantChange => changed,
@@ -361,8 +358,29 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
     plan
 }
 
-fn scrub_failed(r: Option<&crate::api::ScrubRecord>) -> bool {
-    r.is_some_and(|r| r.result == crate::api::ScrubResult::Failed)
+/// Whether a scrub record proves a finished hand-over: scrubbed, or skipped by policy; not
+/// failed, not missing.
+pub fn handed_over(r: Option<&crate::api::ScrubRecord>) -> bool {
+    r.is_some_and(|r| r.result != crate::api::ScrubResult::Failed)
+}
+
+/// Whether `record` (from the previous status) shows the instance `now` handed to `tenant`: the
+/// same MIG device (UUIDs change when an instance is created again) and a finished hand-over.
+pub fn known_owner(record: Option<&MigInstanceStatus>, now: &MigInstanceStatus, tenant: &Option<String>) -> bool {
+    record.is_some_and(|r| {
+        r.uuid.is_some() && r.uuid == now.uuid && r.tenant == *tenant && handed_over(r.last_scrub.as_ref())
+    })
+}
+
+/// Whether `prev` (from the previous status) shows the GPU `o` handed whole to `g`'s tenants in
+/// `g`'s mode: the same GPU (UUID) and a finished hand-over.
+pub fn known_gpu_owner(prev: Option<&GpuStatus>, o: &GpuStatus, g: &GpuSpec) -> bool {
+    prev.is_some_and(|p| {
+        p.uuid == o.uuid
+            && p.applied_mode == Some(g.mode)
+            && p.applied_tenants == g.tenants
+            && handed_over(p.last_scrub.as_ref())
+    })
 }
 
 fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatus) {
@@ -390,12 +408,9 @@ fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Do
     };
     let cm_change = o.compute_mode.as_deref() != Some(want_cm);
     let reconfigured = cm_change || done.touched.contains(&(g.index, ScrubTarget::Gpu));
-    let changed = match prev {
-        Some(p) => {
-            p.applied_mode != Some(g.mode) || p.applied_tenants != g.tenants || scrub_failed(p.last_scrub.as_ref())
-        }
-        None => reconfigured,
-    };
+    // Fails closed (DESIGN.md §4.3): without a record of handing this GPU to these tenants in
+    // this mode, the previous owner is unknown, and that is a change of hands.
+    let changed = !known_gpu_owner(prev, o, g);
     let needed = match g.scrub {
         ScrubMemory::Never => false,
         ScrubMemory::OnTenantChange => changed,

@@ -1,7 +1,7 @@
 //! The status an apply publishes: what NVML reports now, plus what the agent remembers (tenants
 //! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
 
-use super::actions::{Action, GpuPlan, ScrubTarget};
+use super::actions::{Action, GpuPlan, ScrubTarget, handed_over};
 use crate::api::{
     ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
     set_condition,
@@ -229,18 +229,20 @@ pub fn build(
     out
 }
 
-/// Keeps what only the agent knows from the previous status.
+/// Keeps what only the agent knows from the previous status: for the same GPU (UUID) its last
+/// applied mode, tenants and scrub, and for the same MIG devices (UUID) their tenant and scrub. A
+/// GPU or instance that is not the one recorded starts with no record: an unknown owner.
 fn carry(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
-    let Some(p) = prev else { return };
+    let Some(p) = prev.filter(|p| p.uuid == o.uuid) else {
+        return;
+    };
     o.applied_mode = p.applied_mode;
     o.applied_tenants = p.applied_tenants.clone();
     o.last_scrub = p.last_scrub.clone();
     for inst in &mut o.instances {
-        if let Some(pi) = p
-            .instances
-            .iter()
-            .find(|x| x.placement == inst.placement && x.profile == inst.profile)
-        {
+        if let Some(pi) = p.instances.iter().find(|x| {
+            x.placement == inst.placement && x.profile == inst.profile && x.uuid.is_some() && x.uuid == inst.uuid
+        }) {
             inst.tenant = pi.tenant.clone();
             inst.last_scrub = pi.last_scrub.clone();
         }
@@ -284,7 +286,7 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
             if scrub_pending {
                 continue;
             }
-            if g.scrub == ScrubMemory::Never && (inst.tenant != want.tenant || inst.last_scrub.is_none()) {
+            if g.scrub == ScrubMemory::Never && !(inst.tenant == want.tenant && handed_over(inst.last_scrub.as_ref())) {
                 inst.last_scrub = skipped(want.tenant.as_ref());
             }
             inst.tenant = want.tenant.clone();
@@ -297,7 +299,8 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
         message.push(format!("done: {}", done.join(", ")));
     }
     if applied {
-        let owner_changed = o.applied_mode != Some(g.mode) || o.applied_tenants != g.tenants;
+        let owner_changed =
+            o.applied_mode != Some(g.mode) || o.applied_tenants != g.tenants || !handed_over(o.last_scrub.as_ref());
         if g.mode != crate::api::Mode::Mig && g.scrub == ScrubMemory::Never && owner_changed {
             o.last_scrub = skipped(g.tenants.first());
         }

@@ -95,6 +95,20 @@ fn none() -> RunMemory {
     RunMemory::default()
 }
 
+/// `o` as the previous status recorded it once the agent had handed everything over (scrubbed).
+fn recorded(o: &GpuStatus) -> GpuStatus {
+    let rec = Some(ScrubRecord {
+        result: ScrubResult::Scrubbed,
+        ..Default::default()
+    });
+    let mut p = o.clone();
+    p.last_scrub = rec.clone();
+    for i in &mut p.instances {
+        i.last_scrub = rec.clone();
+    }
+    p
+}
+
 #[test]
 fn a_matching_gpu_gets_no_action() {
     let mut o = gpu(0, "H100-80GB", true);
@@ -103,16 +117,35 @@ fn a_matching_gpu_gets_no_action() {
         0,
         vec![want("3g.40gb", 0, 4, Some("a")), want("3g.40gb", 4, 4, Some("b"))],
     );
-    let prev = o.clone();
+    let prev = recorded(&o);
     let p = plan_gpu(&o, &g, Some(&prev), &none());
     assert_eq!((p.actions, p.blocked), (vec![], None));
+    // The same layout without a record of who had it: every instance changes hands.
+    let p = plan_gpu(&o, &g, None, &none());
+    assert_eq!(p.actions.iter().filter(|a| a.is_scrub()).count(), 2);
+    let mut unscrubbed = prev.clone();
+    unscrubbed.instances[1].last_scrub = None;
+    let p = plan_gpu(&o, &g, Some(&unscrubbed), &none());
+    assert_eq!(
+        p.actions,
+        [Action::Scrub {
+            gpu: 0,
+            target: ScrubTarget::Instance(Placement { start: 4, size: 4 }),
+            tenant: Some("b".into())
+        }]
+    );
+    // An instance created again since the record (a new MIG device UUID) is not the one handed over.
+    let mut recreated = o.clone();
+    recreated.instances[0].uuid = Some("MIG-new".into());
+    let p = plan_gpu(&recreated, &g, Some(&prev), &none());
+    assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
 }
 
 #[test]
 fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
     let mut o = gpu(0, "H100-80GB", true);
     o.instances = vec![inst(1, "3g.40gb", 0, 4, Some("a")), inst(2, "3g.40gb", 4, 4, Some("b"))];
-    let prev = o.clone();
+    let prev = recorded(&o);
     let g = mig_spec(
         0,
         vec![
@@ -157,9 +190,9 @@ fn processes_in_the_way_block_the_whole_gpu() {
     assert_eq!(b.reason, "Busy");
     assert!(b.message.contains("3g.40gb at 0:4 runs pids 77"), "{}", b.message);
 
-    // A process in an instance that stays does not block.
+    // A process in an instance that stays, with the same known owner, does not block.
     let g = mig_spec(0, vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)]);
-    let p = plan_gpu(&o, &g, None, &none());
+    let p = plan_gpu(&o, &g, Some(&recorded(&o)), &none());
     assert_eq!(p.blocked, None);
     assert_eq!(
         p.actions.len(),
@@ -288,11 +321,28 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
         }),
         ..whole(0, Mode::Mps, &[t])
     };
-    let mut prev = o.clone();
+    let mut prev = recorded(&o);
     prev.applied_mode = Some(Mode::Mps);
     prev.applied_tenants = vec!["a".into()];
-    // Same hands: nothing. New hands: a scrub. Unknown past and nothing to change: adopt.
+    // Same hands: nothing. New hands: a scrub. Unknown past, or another GPU at this index, or
+    // no record of a finished hand-over: a change of hands, even with nothing else to change.
     assert!(plan_gpu(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
+    let scrub_a = [Action::Scrub {
+        gpu: 0,
+        target: ScrubTarget::Gpu,
+        tenant: Some("a".into()),
+    }];
+    assert_eq!(plan_gpu(&o, &spec("a"), None, &none()).actions, scrub_a);
+    let other = GpuStatus {
+        uuid: "GPU-other".into(),
+        ..prev.clone()
+    };
+    assert_eq!(plan_gpu(&o, &spec("a"), Some(&other), &none()).actions, scrub_a);
+    let unrecorded = GpuStatus {
+        last_scrub: None,
+        ..prev.clone()
+    };
+    assert_eq!(plan_gpu(&o, &spec("a"), Some(&unrecorded), &none()).actions, scrub_a);
     assert_eq!(
         plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions,
         [Action::Scrub {
@@ -301,7 +351,6 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
             tenant: Some("b".into())
         }]
     );
-    assert!(plan_gpu(&o, &spec("b"), None, &none()).actions.is_empty());
     // A scrub done earlier in the run is not repeated; a failed one is retried.
     let done = RunMemory {
         scrubbed: vec![(0, ScrubTarget::Gpu)],

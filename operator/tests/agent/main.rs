@@ -3,6 +3,7 @@
 //! simulator's log; memory hand-overs are checked against its dirty-memory markers.
 
 mod mps;
+mod safety;
 mod support;
 
 use gpu_tenancy::mig::model_by_name;
@@ -256,7 +257,12 @@ fn a_reboot_recreates_the_declared_layout() {
         "three instances, GI + CI each; MIG mode survived"
     );
     assert_eq!(layout(run.status(), 0), ["4g.71gb@0:4", "2g.35gb@4:2", "1g.35gb@6:2"]);
-    assert_eq!(sim.scrubs().len(), scrubs, "same tenants at the same places: no scrub");
+    assert_eq!(
+        sim.scrubs().len(),
+        scrubs + 3,
+        "instances created again are new MIG devices (new UUIDs) whose memory nobody vouches for: scrubbed"
+    );
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
     let drifted = run.status().conditions.iter().find(|c| c.type_ == "Drifted").unwrap();
     assert!(
         drifted.message.ends_with("found MIG on, no instances"),
@@ -406,7 +412,10 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     let run = sim.apply(&spec("alpha", "alpha", "OnTenantChange"));
     assert_eq!(run.code(), Some(0));
     let n = sim.scrubs().len();
-    assert_eq!(n, 2, "two new instances; GPU 1 already matched and is adopted");
+    assert_eq!(
+        n, 3,
+        "two new instances, and GPU 1 whose previous owner nobody recorded"
+    );
     sim.use_by(0, Some(0), "alpha");
     sim.use_by(1, None, "alpha");
 
@@ -425,7 +434,10 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
         .find(|i| i.placement.start == 0)
         .unwrap();
     assert_eq!(inst.tenant.as_deref(), Some("gamma"));
-    assert_eq!(inst.last_scrub.as_ref().unwrap().result, gpu_tenancy::api::ScrubResult::Scrubbed);
+    assert_eq!(
+        inst.last_scrub.as_ref().unwrap().result,
+        gpu_tenancy::api::ScrubResult::Scrubbed
+    );
     assert_eq!(
         run.status().gpus[1].last_scrub.as_ref().unwrap().tenant.as_deref(),
         Some("gamma")
@@ -441,7 +453,10 @@ fn scrubs_happen_exactly_on_a_change_of_hands() {
     assert_eq!(run.code(), Some(0));
     assert_eq!(sim.scrubs().len(), m);
     let rec = run.status().gpus[1].last_scrub.clone().unwrap();
-    assert_eq!((rec.result, rec.tenant.as_deref()), (gpu_tenancy::api::ScrubResult::Skipped, Some("delta")));
+    assert_eq!(
+        (rec.result, rec.tenant.as_deref()),
+        (gpu_tenancy::api::ScrubResult::Skipped, Some("delta"))
+    );
     assert_eq!(
         sim.leaks(run.status()),
         ["GPU 1 holds gamma's data, now serves [\"delta\"]"]

@@ -179,21 +179,26 @@ impl Sim {
     /// `agent apply` of a GpuNode spec (YAML of `spec`), remembering state in `status.yaml`;
     /// MPS left alone unless `mps` args are given.
     pub fn apply_with(&self, spec_yaml: &str, extra: &[&str]) -> Run {
+        let status = self.file("status.yaml");
+        let mut args = vec!["--status", status.to_str().unwrap()];
+        args.extend(["--write-status", status.to_str().unwrap()]);
+        args.extend(extra);
+        self.apply_args(spec_yaml, &args)
+    }
+
+    /// `agent apply` with exactly these arguments after `-f gpunode.yaml -o json`.
+    pub fn apply_args(&self, spec_yaml: &str, args: &[&str]) -> Run {
         let spec = self.file("gpunode.yaml");
         std::fs::write(
             &spec,
             format!("apiVersion: gputenancy.io/v1alpha1\nkind: GpuNode\nmetadata: {{name: n1}}\nspec:\n{spec_yaml}"),
         )
         .unwrap();
-        let status = self.file("status.yaml");
         let mut c = self.command();
         c.args(["agent", "apply", "-f"])
             .arg(&spec)
-            .arg("--status")
-            .arg(&status)
-            .arg("--write-status")
-            .arg(&status);
-        c.args(["-o", "json"]).args(extra);
+            .args(["-o", "json"])
+            .args(args);
         let out = c.output().expect("run agent");
         let status = serde_json::from_slice(&out.stdout).ok();
         Run { out, status }

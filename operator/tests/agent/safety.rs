@@ -1,0 +1,168 @@
+//! Fail closed (DESIGN.md §4.3): where the agent does not know something (a previous owner, a GPU
+//! it cannot read, a setting it could not send) it scrubs, does nothing, or reports not ready with
+//! the reason. Memory hand-overs are judged by the simulator's dirty-memory markers, not by what
+//! the agent says about them.
+
+use crate::support::Sim;
+use crate::{H100, gpus, mig_gpu};
+use gpu_tenancy::api::{GpuNodeStatus, ScrubResult};
+use nvidia_ml_sim::ctl;
+
+fn exclusive(index: u32, tenant: &str, scrub: &str) -> String {
+    format!("  - {{index: {index}, mode: Exclusive, tenants: [{tenant}], scrub: {scrub}}}\n")
+}
+
+/// Scrub entries the simulator logged for a GPU (`None`) or the instance with this GI id.
+fn scrubs_of(sim: &Sim, gpu: u32, gi: Option<u32>) -> usize {
+    sim.scrubs()
+        .iter()
+        .filter(|s| s.gpu == gpu && s.gpu_instance == gi)
+        .count()
+}
+
+/// Tenant `alpha` left data on GPU 0 (whole) and in GPU 1's only instance; the agent is then
+/// asked to hand both to `beta` without knowing who had them before.
+fn dirty_node(name: &str) -> (Sim, String) {
+    let sim = Sim::new(name, &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#]);
+    let spec = gpus(&[
+        exclusive(0, "beta", "OnTenantChange"),
+        mig_gpu(1, &[("7g.80gb", 0, 8, Some("beta"))]),
+    ]);
+    // Lay the node out (MIG on GPU 1, its instance created) the way a previous agent left it.
+    let run = sim.apply_args(&spec, &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    ctl::set_dirty(&sim.paths, 0, None, "alpha").unwrap();
+    ctl::set_dirty(&sim.paths, 1, Some(0), "alpha").unwrap();
+    (sim, spec)
+}
+
+fn assert_scrubbed_for_beta(sim: &Sim, st: &GpuNodeStatus, before: (usize, usize)) {
+    assert!(sim.leaks(st).is_empty(), "{:?}", sim.leaks(st));
+    let gi = sim.state().gpus[1].gis[0].id;
+    assert_eq!(
+        (scrubs_of(sim, 0, None), scrubs_of(sim, 1, Some(gi))),
+        (before.0 + 1, before.1 + 1),
+        "both scrubbed once more"
+    );
+    let rec = st.gpus[0].last_scrub.clone().expect("GPU 0 records its scrub");
+    assert_eq!(
+        (rec.result, rec.tenant.as_deref()),
+        (ScrubResult::Scrubbed, Some("beta"))
+    );
+    assert_eq!(
+        (st.gpus[0].applied, st.gpus[0].applied_tenants.clone()),
+        (Some(true), vec!["beta".into()])
+    );
+    let inst = &st.gpus[1].instances[0];
+    let rec = inst.last_scrub.clone().expect("the instance records its scrub");
+    assert_eq!(
+        (rec.result, rec.tenant.as_deref()),
+        (ScrubResult::Scrubbed, Some("beta"))
+    );
+    assert_eq!(inst.tenant.as_deref(), Some("beta"));
+}
+
+fn counts(sim: &Sim) -> (usize, usize) {
+    let gi = sim.state().gpus[1].gis[0].id;
+    (scrubs_of(sim, 0, None), scrubs_of(sim, 1, Some(gi)))
+}
+
+#[test]
+fn without_a_status_the_previous_owner_is_unknown_and_everything_is_scrubbed() {
+    let (sim, spec) = dirty_node("unknown-nostatus");
+    let before = counts(&sim);
+    let run = sim.apply_args(&spec, &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_scrubbed_for_beta(&sim, run.status(), before);
+}
+
+#[test]
+fn a_missing_unreadable_or_foreign_status_is_an_unknown_owner() {
+    let (sim, spec) = dirty_node("unknown-files");
+    let status = sim.file("status.yaml");
+    let arg = status.to_str().unwrap().to_string();
+
+    // Missing file.
+    let before = counts(&sim);
+    let run = sim.apply_args(&spec, &["--status", &arg]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_scrubbed_for_beta(&sim, run.status(), before);
+
+    // Unreadable file: said on stderr, and treated as knowing nothing.
+    ctl::set_dirty(&sim.paths, 0, None, "alpha").unwrap();
+    ctl::set_dirty(&sim.paths, 1, Some(0), "alpha").unwrap();
+    std::fs::write(&status, "gpus: [this is not a status\n").unwrap();
+    let before = counts(&sim);
+    let run = sim.apply_args(&spec, &["--status", &arg]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(run.stderr().contains("previous owner"), "{}", run.stderr());
+    assert_scrubbed_for_beta(&sim, run.status(), before);
+
+    // A status without these GPUs (a GpuNode deleted and created again).
+    ctl::set_dirty(&sim.paths, 0, None, "alpha").unwrap();
+    ctl::set_dirty(&sim.paths, 1, Some(0), "alpha").unwrap();
+    std::fs::write(&status, "gpuCount: 2\n").unwrap();
+    let before = counts(&sim);
+    let run = sim.apply_args(&spec, &["--status", &arg]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_scrubbed_for_beta(&sim, run.status(), before);
+
+    // A status as `agent discover` prints it: GPUs and instances, but nothing applied.
+    ctl::set_dirty(&sim.paths, 0, None, "alpha").unwrap();
+    ctl::set_dirty(&sim.paths, 1, Some(0), "alpha").unwrap();
+    let discovered = serde_json::to_string(&sim.discover()).unwrap();
+    std::fs::write(&status, discovered).unwrap();
+    let before = counts(&sim);
+    let run = sim.apply_args(&spec, &["--status", &arg]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_scrubbed_for_beta(&sim, run.status(), before);
+}
+
+#[test]
+fn an_unknown_owner_is_never_the_same_tenant_but_never_means_never() {
+    let (sim, _) = dirty_node("unknown-policies");
+    // Always: scrubbed (there is nothing to compare with).
+    let always = gpus(&[exclusive(0, "beta", "Always")]);
+    let before = scrubs_of(&sim, 0, None);
+    let run = sim.apply_args(&always, &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_eq!(scrubs_of(&sim, 0, None), before + 1);
+
+    // Never: the tenant's policy skips the scrub, and the status says it was skipped for beta.
+    ctl::set_dirty(&sim.paths, 0, None, "alpha").unwrap();
+    let never = gpus(&[exclusive(0, "beta", "Never")]);
+    let run = sim.apply_args(&never, &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_eq!(scrubs_of(&sim, 0, None), before + 1);
+    let rec = run.status().gpus[0].last_scrub.clone().unwrap();
+    assert_eq!(
+        (rec.result, rec.tenant.as_deref()),
+        (ScrubResult::Skipped, Some("beta"))
+    );
+}
+
+#[test]
+fn an_unknown_owner_with_processes_running_is_busy_not_handed_over() {
+    let sim = Sim::new("unknown-busy", &[H100]);
+    ctl::attach(
+        &sim.paths,
+        &ctl::Attach {
+            gpu: 0,
+            pid: 777,
+            tenant: Some("alpha".into()),
+            used_mib: 100,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let run = sim.apply_args(&gpus(&[exclusive(0, "beta", "OnTenantChange")]), &[]);
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("Busy")));
+    assert!(
+        g.applied_tenants.is_empty(),
+        "not handed to beta: {:?}",
+        g.applied_tenants
+    );
+    assert_eq!(sim.scrubs().len(), 0, "never scrubbed under a running process");
+}
