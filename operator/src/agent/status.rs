@@ -314,9 +314,17 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
         o.reason = Some(b.reason.into());
         message.push(b.message.clone());
     } else {
-        o.reason = Some("Pending".into());
+        // A scrub still owed means a hand-over not done: say so, so that whoever admits pods to
+        // this GPU keeps the new tenant off it (README, "Node agent").
+        let scrub_owed = pending.iter().any(|a| a.is_scrub());
+        o.reason = Some(if scrub_owed { "ScrubPending" } else { "Pending" }.into());
         let todo: Vec<String> = pending.iter().map(|a| a.to_string()).collect();
-        message.push(format!("still to do: {}", todo.join(", ")));
+        let what = if scrub_owed {
+            "not handed over before its scrub; still to do"
+        } else {
+            "still to do"
+        };
+        message.push(format!("{what}: {}", todo.join(", ")));
     }
     o.message = (!message.is_empty()).then(|| message.join("; "));
 }

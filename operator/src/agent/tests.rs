@@ -400,7 +400,7 @@ fn status_records_hands_only_once_applied() {
     let plans = plan_node(&observed, &spec, Some(&prev), &none());
     let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(s.gpus[0].applied, Some(false));
-    assert_eq!(s.gpus[0].reason.as_deref(), Some("Pending"));
+    assert_eq!(s.gpus[0].reason.as_deref(), Some("ScrubPending"));
     assert_eq!(s.gpus[0].applied_tenants, ["a"], "not handed over before the scrub");
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
 
@@ -416,6 +416,86 @@ fn status_records_hands_only_once_applied() {
     );
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(true));
     assert_eq!(s.layout.as_deref(), Some("0:Exclusive"));
+}
+
+fn t0() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap())
+}
+
+/// Until its scrub, an instance keeps its old tenant, its GPU is not applied (`ScrubPending`, or
+/// `ScrubFailed` with the error) and the node is not Ready; instances that keep their hands are
+/// recorded for the new spec at once.
+#[test]
+fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![inst(1, "3g.40gb", 0, 4, None), inst(2, "3g.40gb", 4, 4, None)];
+    let observed = GpuNodeStatus {
+        gpus: vec![o.clone()],
+        ..Default::default()
+    };
+    let mut prev_gpu = recorded(&o);
+    prev_gpu.instances[0].tenant = Some("a".into());
+    prev_gpu.instances[1].tenant = Some("b".into());
+    let prev = GpuNodeStatus {
+        gpus: vec![prev_gpu],
+        ..Default::default()
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![mig_spec(
+            0,
+            vec![want("3g.40gb", 0, 4, Some("c")), want("3g.40gb", 4, 4, Some("b"))],
+        )],
+        ..Default::default()
+    };
+    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let s = build(
+        &observed,
+        &spec,
+        Some(&prev),
+        &plans,
+        &RunRecord::default(),
+        None,
+        &t0(),
+    );
+    let g = &s.gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubPending")));
+    assert!(
+        g.message.as_deref().unwrap().contains("scrub instance at 0:4"),
+        "{:?}",
+        g.message
+    );
+    let tenants: Vec<Option<&str>> = g.instances.iter().map(|i| i.tenant.as_deref()).collect();
+    assert_eq!(tenants, [Some("a"), Some("b")], "c does not get 0:4 before its scrub");
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(ready.message.contains("GPU 0 (ScrubPending)"), "{}", ready.message);
+
+    // The scrub failed: the error is the reason, the instance still not handed over.
+    let failed = ScrubRecord {
+        result: ScrubResult::Failed,
+        tenant: Some("c".into()),
+        ..Default::default()
+    };
+    let run = RunRecord {
+        errors: [(
+            0,
+            ("ScrubFailed", "scrub instance at 0:4 failed: cuMemsetD8".to_string()),
+        )]
+        .into(),
+        scrubs: vec![(
+            0,
+            ScrubTarget::Instance(Placement { start: 0, size: 4 }),
+            failed.clone(),
+        )],
+        ..Default::default()
+    };
+    let s = build(&observed, &spec, Some(&prev), &plans, &run, None, &t0());
+    let g = &s.gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert!(g.message.as_deref().unwrap().contains("cuMemsetD8"), "{:?}", g.message);
+    assert_eq!(g.instances[0].tenant.as_deref(), Some("a"));
+    assert_eq!(g.instances[0].last_scrub, Some(failed));
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
 }
 
 #[test]

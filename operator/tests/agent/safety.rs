@@ -166,3 +166,67 @@ fn an_unknown_owner_with_processes_running_is_busy_not_handed_over() {
     );
     assert_eq!(sim.scrubs().len(), 0, "never scrubbed under a running process");
 }
+
+/// A hand-over the agent has not scrubbed for yet (here: a dry run) is reported as such: the GPU
+/// not applied with reason `ScrubPending`, its old tenants kept, the node not Ready.
+#[test]
+fn a_hand_over_waiting_for_its_scrub_is_scrub_pending_and_not_ready() {
+    let sim = Sim::new("scrubpending", &[H100]);
+    assert_eq!(
+        sim.apply(&gpus(&[exclusive(0, "alpha", "OnTenantChange")])).code(),
+        Some(0)
+    );
+    sim.use_by(0, None, "alpha");
+    let run = sim.apply_with(
+        &gpus(&[exclusive(0, "beta", "OnTenantChange")]),
+        &["--no-mps", "--dry-run"],
+    );
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubPending")));
+    assert_eq!(g.applied_tenants, ["alpha"]);
+    let ready = run.status().conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    assert!(ready.message.contains("GPU 0 (ScrubPending)"), "{}", ready.message);
+}
+
+/// A failed scrub of one MIG instance: the GPU reports `ScrubFailed` with the error, the instance
+/// keeps its old tenant, and the next apply scrubs and hands it over.
+#[test]
+fn a_failed_instance_scrub_keeps_the_old_tenant_until_a_scrub_succeeds() {
+    let sim = Sim::new("scrubfail-mig", &[H100]);
+    let spec = |t: &str| {
+        gpus(&[mig_gpu(
+            0,
+            &[("3g.40gb", 0, 4, Some(t)), ("3g.40gb", 4, 4, Some("beta"))],
+        )])
+    };
+    assert_eq!(sim.apply(&spec("alpha")).code(), Some(0));
+    sim.use_by(0, Some(0), "alpha");
+    ctl::fail(&sim.paths, "cuMemsetD8_v2", 1, "999", 1).unwrap();
+    let run = sim.apply(&spec("gamma"));
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert!(
+        g.message.as_deref().unwrap().contains("scrub instance at 0:4 failed"),
+        "{:?}",
+        g.message
+    );
+    let i0 = g.instances.iter().find(|i| i.placement.start == 0).unwrap();
+    assert_eq!(i0.tenant.as_deref(), Some("alpha"));
+    assert_eq!(i0.last_scrub.as_ref().unwrap().result, ScrubResult::Failed);
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
+
+    let run = sim.apply(&spec("gamma"));
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    let i0 = run.status().gpus[0]
+        .instances
+        .iter()
+        .find(|i| i.placement.start == 0)
+        .cloned()
+        .unwrap();
+    assert_eq!(i0.tenant.as_deref(), Some("gamma"));
+    assert_eq!(i0.last_scrub.unwrap().result, ScrubResult::Scrubbed);
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
+}
