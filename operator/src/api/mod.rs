@@ -76,7 +76,25 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
     .into_iter()
     .map(kubernetes_formats)
+    .map(unobserved_status)
     .collect()
+}
+
+/// A new object reads back with `status: {observedGeneration: 0}` until its controller (or agent)
+/// writes one: kstatus, and so Flux, calls an object without a status Current (ready), which
+/// would let a GitOps sync pass before anything looked at the object. With the generation not
+/// yet observed, kstatus says InProgress until the first status arrives. (The API server applies
+/// schema defaults when it reads an object from etcd, so this holds although a create's status is
+/// dropped by the status subresource.)
+fn unobserved_status(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(&crd).expect("a CRD serialises");
+    for version in value["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        let status = &mut version["schema"]["openAPIV3Schema"]["properties"]["status"];
+        if status.is_object() {
+            status["default"] = serde_json::json!({"observedGeneration": 0});
+        }
+    }
+    serde_json::from_value(value).expect("a default does not change a CRD's shape")
 }
 
 /// schemars writes `format: uint32`/`uint64` for unsigned integers; the API server knows only the

@@ -518,3 +518,77 @@ impl Drop for ControllerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Flux's own apply machinery and kstatus, with the controller running: a new tenant ends
+/// Current, an invalid plan ends Failed instead of hanging InProgress.
+#[tokio::test]
+async fn d_flux_sees_the_controller_s_statuses() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    let c = std::sync::Arc::new(start(&client).await);
+    let loop_c = c.clone();
+    let controller = tokio::spawn(async move {
+        loop {
+            let _ = pass(&loop_c).await;
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("gt-flux-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gitops.yaml");
+    std::fs::write(
+        &file,
+        r#"apiVersion: gputenancy.io/v1alpha1
+kind: GpuTenant
+metadata: {name: flux-team}
+spec:
+  tier: internal
+  namespaces: [flux-team]
+  resources: []
+---
+apiVersion: gputenancy.io/v1alpha1
+kind: GpuPartitionPlan
+metadata: {name: flux-impossible}
+spec:
+  nodeSelector: {matchLabels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, pool: flux}}
+  gpus:
+  - devices: all
+    mode: MIG
+    mig: {profiles: [4g.40gb, 4g.40gb]}
+"#,
+    )
+    .unwrap();
+    cleanup.add("GpuTenant", "flux-team");
+    cleanup.add("GpuPartitionPlan", "flux-impossible");
+    let gitops = gpu_tenancy_e2e::repo_root().join("e2e/bin/gitops");
+    let kubeconfig = gpu_tenancy_e2e::kubeconfig_path();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(gitops)
+            .args(["flux-apply-wait", "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(["--timeout", "60s", "--interval", "500ms"])
+            .arg(&file)
+            .output()
+            .expect("e2e/bin/gitops runs (built by e2e/run.sh)")
+    })
+    .await
+    .unwrap();
+    controller.abort();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "Flux sees one object Failed, none timing out: {stdout}"
+    );
+    let line = |kind: &str| -> serde_json::Value {
+        stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {stdout}"))
+    };
+    assert_eq!(line("GpuTenant")["status"], "Current", "{stdout}");
+    assert_eq!(line("GpuPartitionPlan")["status"], "Failed", "{stdout}");
+    std::fs::remove_dir_all(dir).ok();
+}
