@@ -76,11 +76,17 @@ pub fn reset(paths: &Paths, gpu: u32) -> Result<(), String> {
 /// Makes the `at`-th next call of `call` (or of any mutation, with `call = "mutation"`) fail
 /// with the NVML or CUDA error `error` (a name like `IN_USE` or a number), `times` times.
 pub fn fail(paths: &Paths, call: &str, at: u64, error: &str, times: u32) -> Result<(), String> {
+    fail_on(paths, call, None, at, error, times)
+}
+
+/// [`fail`] for the calls about one GPU (or its instances) only, with `gpu`.
+pub fn fail_on(paths: &Paths, call: &str, gpu: Option<u32>, at: u64, error: &str, times: u32) -> Result<(), String> {
     let code = error_code(error)
         .ok_or_else(|| format!("unknown error {error:?}: use an NVML name like IN_USE or a number"))?;
     update(paths, |st| {
         st.faults.push(Fault {
             call: call.to_string(),
+            gpu,
             at: at.max(1),
             error: code,
             times: times.max(1),

@@ -57,13 +57,13 @@ fn with_ctx(f: impl FnOnce(&mut Ctx) -> Result<(), u32>) -> u32 {
     }
 }
 
-/// An injected fault for `name`, if one is due (see `sim-ctl fail`).
-fn fault(paths: &Paths, name: &str) -> Option<u32> {
+/// An injected fault for `name` (about GPU `gpu`, if known), if one is due (see `sim-ctl fail`).
+fn fault(paths: &Paths, name: &str, gpu: Option<u32>) -> Option<u32> {
     with_state(paths, |st| {
         if !st.faults.iter().any(|f| f.call == name && f.times > 0) {
             return (None, false);
         }
-        (st.check_fault(name), true)
+        (st.check_fault(name, gpu), true)
     })
     .ok()
     .flatten()
@@ -150,7 +150,7 @@ pub extern "C" fn cuInit(_flags: c_uint) -> u32 {
             return CUDA_ERROR_NO_DEVICE;
         }
     };
-    if let Some(code) = fault(&paths, "cuInit") {
+    if let Some(code) = fault(&paths, "cuInit", None) {
         return code;
     }
     let Ok(st) = read(&paths) else {
@@ -259,8 +259,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> u32 {
     with_ctx(|ctx| {
-        let (paths, _) = current(ctx)?;
-        if let Some(code) = fault(&paths, "cuMemAlloc_v2") {
+        let (paths, t) = current(ctx)?;
+        if let Some(code) = fault(&paths, "cuMemAlloc_v2", Some(t.gpu)) {
             return Err(code);
         }
         let (free, _) = free_bytes(ctx)?;
@@ -299,7 +299,7 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> u32 {
 pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
     with_ctx(|ctx| {
         let (paths, t) = current(ctx)?;
-        if let Some(code) = fault(&paths, "cuMemsetD8_v2") {
+        if let Some(code) = fault(&paths, "cuMemsetD8_v2", Some(t.gpu)) {
             return Err(code);
         }
         let a = ctx
@@ -346,7 +346,7 @@ pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> u32 {
     with_ctx(|ctx| {
         let (paths, t) = current(ctx)?;
-        if let Some(code) = fault(&paths, "cuMemcpyDtoH_v2") {
+        if let Some(code) = fault(&paths, "cuMemcpyDtoH_v2", Some(t.gpu)) {
             return Err(code);
         }
         let a = ctx

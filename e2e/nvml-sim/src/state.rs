@@ -125,9 +125,12 @@ pub struct LogEntry {
 
 /// Makes a call fail: the `at`-th call of `call` (a function name, or `mutation` for any mutating
 /// call) after the fault is installed returns `error` instead, and so do the next `times - 1`.
+/// With `gpu`, only calls about that GPU (or its instances) count.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Fault {
     pub call: String,
+    #[serde(default)]
+    pub gpu: Option<u32>,
     pub at: u64,
     pub error: u32,
     pub times: u32,
@@ -260,10 +263,15 @@ impl SimState {
         )
     }
 
-    /// Counts a call against the faults installed for it; returns the injected error, if due.
-    pub fn check_fault(&mut self, call: &str) -> Option<u32> {
+    /// Counts a call (about `gpu`, if about one) against the faults installed for it; returns the
+    /// injected error, if due.
+    pub fn check_fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
         let mut hit = None;
-        for f in self.faults.iter_mut().filter(|f| f.call == call && f.times > 0) {
+        for f in self
+            .faults
+            .iter_mut()
+            .filter(|f| f.call == call && f.times > 0 && (f.gpu.is_none() || f.gpu == gpu))
+        {
             f.seen += 1;
             if hit.is_none() && f.seen >= f.at {
                 f.times -= 1;

@@ -14,6 +14,14 @@ use std::fmt;
 pub const COMPUTE_DEFAULT: &str = "Default";
 pub const COMPUTE_EXCLUSIVE_PROCESS: &str = "ExclusiveProcess";
 
+/// Reason of a GPU that NVML could not read: discovery reports it, the plan leaves it alone.
+pub const UNREADABLE: &str = "Unreadable";
+
+/// Whether discovery could not read this GPU (its `message` says what failed).
+pub fn unreadable(o: &GpuStatus) -> bool {
+    o.reason.as_deref() == Some(UNREADABLE)
+}
+
 /// One step of a reconfiguration. NVML steps first, scrubs last.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -117,7 +125,7 @@ impl fmt::Display for Action {
 /// Why a GPU is left as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// `Busy`, `ResetRequired`, `NotFound`, `InvalidSpec`, `MigNotSupported`.
+    /// `Busy`, `ResetRequired`, `NotFound`, `InvalidSpec`, `MigNotSupported`, `Unreadable`.
     pub reason: &'static str,
     pub message: String,
 }
@@ -165,6 +173,15 @@ pub fn plan_node(
         .map(|g| {
             let prev = previous.and_then(|p| p.gpus.iter().find(|x| x.index == g.index));
             match observed.gpus.iter().find(|o| o.index == g.index) {
+                // Nothing known, nothing done: not even what "idle" or "no MIG" would allow.
+                Some(o) if unreadable(o) => GpuPlan {
+                    index: g.index,
+                    blocked: Some(Blocked {
+                        reason: UNREADABLE,
+                        message: o.message.clone().unwrap_or_else(|| format!("NVML cannot read GPU {}", g.index)),
+                    }),
+                    ..Default::default()
+                },
                 Some(o) => plan_gpu(o, g, prev, done),
                 None => GpuPlan {
                     index: g.index,

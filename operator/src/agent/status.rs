@@ -1,7 +1,7 @@
 //! The status an apply publishes: what NVML reports now, plus what the agent remembers (tenants
 //! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
 
-use super::actions::{Action, GpuPlan, ScrubTarget, handed_over};
+use super::actions::{Action, GpuPlan, ScrubTarget, handed_over, unreadable};
 use crate::api::{
     ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
     set_condition,
@@ -54,7 +54,7 @@ pub fn drift(observed: &GpuNodeStatus, spec: &GpuNodeSpec, prev: Option<&GpuNode
     for g in &spec.gpus {
         let (Some(before), Some(now)) = (
             prev.gpus.iter().find(|p| p.index == g.index && p.applied == Some(true)),
-            observed.gpus.iter().find(|o| o.index == g.index),
+            observed.gpus.iter().find(|o| o.index == g.index && !unreadable(o)),
         ) else {
             continue;
         };
@@ -106,7 +106,11 @@ pub fn build(
     let mut out = observed.clone();
     for o in &mut out.gpus {
         let prev_g = prev.and_then(|p| p.gpus.iter().find(|g| g.index == o.index));
-        carry(o, prev_g);
+        if unreadable(o) {
+            last_known(o, prev_g);
+        } else {
+            carry(o, prev_g);
+        }
         if let Some(g) = spec.gpus.iter().find(|g| g.index == o.index) {
             let plan = plans.iter().find(|p| p.index == o.index);
             settle(o, g, plan, run, &stamp);
@@ -247,6 +251,20 @@ fn carry(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
             inst.last_scrub = pi.last_scrub.clone();
         }
     }
+}
+
+/// A GPU NVML cannot read keeps its last published record (hardware as last seen, tenants,
+/// scrubs), marked unreadable: forgetting it would make the next readable apply see an unknown
+/// owner, and the planner would lose the bindings it keeps.
+fn last_known(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
+    let Some(p) = prev else { return };
+    let (reason, message) = (o.reason.take(), o.message.take());
+    *o = GpuStatus {
+        reason,
+        message,
+        applied: None,
+        ..p.clone()
+    };
 }
 
 fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecord, stamp: &str) {

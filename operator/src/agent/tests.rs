@@ -498,6 +498,63 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
 }
 
+/// A GPU NVML cannot read: no action whatever the spec, its last known record published with the
+/// error, not ready, and not counted as drift.
+#[test]
+fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
+    let lost = GpuStatus {
+        index: 0,
+        reason: Some("Unreadable".into()),
+        message: Some("NVML cannot read GPU 0: nvmlDeviceGetMigMode(GPU 0): GPU is lost".into()),
+        ..Default::default()
+    };
+    let observed = GpuNodeStatus {
+        gpus: vec![lost],
+        ..Default::default()
+    };
+    let mut known = recorded(&gpu(0, "H100-80GB", true));
+    known.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    known.applied = Some(true);
+    let prev = GpuNodeStatus {
+        gpus: vec![known.clone()],
+        ..Default::default()
+    };
+    for g in [
+        mig_spec(0, vec![want("7g.80gb", 0, 8, Some("b"))]),
+        whole(0, Mode::Exclusive, &["b"]),
+        whole(0, Mode::Mps, &["b"]),
+    ] {
+        let spec = GpuNodeSpec {
+            gpus: vec![g],
+            ..Default::default()
+        };
+        for p in [None, Some(&prev)] {
+            let plans = plan_node(&observed, &spec, p, &none());
+            assert!(plans[0].actions.is_empty(), "{:?}", plans[0].actions);
+            assert_eq!(plans[0].blocked.as_ref().unwrap().reason, "Unreadable");
+        }
+        let plans = plan_node(&observed, &spec, Some(&prev), &none());
+        let s = build(
+            &observed,
+            &spec,
+            Some(&prev),
+            &plans,
+            &RunRecord::default(),
+            None,
+            &t0(),
+        );
+        let g = &s.gpus[0];
+        assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("Unreadable")));
+        assert!(g.message.as_deref().unwrap().contains("GPU is lost"));
+        assert_eq!(
+            (g.uuid.as_str(), g.instances[0].tenant.as_deref()),
+            ("GPU-0", Some("a"))
+        );
+        assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+        assert!(super::status::drift(&observed, &spec, Some(&prev)).is_empty());
+    }
+}
+
 #[test]
 fn mps_defaults_come_from_the_spec_per_daemon_device() {
     let mut a = gpu(0, "H100-80GB", false);

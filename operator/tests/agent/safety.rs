@@ -230,3 +230,78 @@ fn a_failed_instance_scrub_keeps_the_old_tenant_until_a_scrub_succeeds() {
     assert_eq!(i0.last_scrub.unwrap().result, ScrubResult::Scrubbed);
     assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
 }
+
+/// Any NVML error on a query about one GPU: that GPU is reported `Unreadable` with the error, its
+/// last known record is kept, nothing is done to it; the other GPU carries on; once readable again
+/// it converges without handing memory over.
+#[test]
+fn a_gpu_nvml_cannot_read_is_unreadable_left_alone_and_the_others_carry_on() {
+    let a = |i| mig_gpu(i, &[("3g.40gb", 0, 4, Some("alpha")), ("3g.40gb", 4, 4, Some("beta"))]);
+    let b = |i| mig_gpu(i, &[("7g.80gb", 0, 8, Some("gamma"))]);
+    let whole = |i, mode: &str| format!("  - {{index: {i}, mode: {mode}, tenants: [gamma]}}\n");
+    let mig_queries = [
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeMode",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGpuInstances",
+        "nvmlGpuInstanceGetComputeInstances",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+    ];
+    let cases = mig_queries.iter().map(|c| (*c, "MIG")).chain([
+        ("nvmlDeviceGetMigMode", "Exclusive"),
+        ("nvmlDeviceGetComputeMode", "MPS"),
+    ]);
+    for (n, (call, target)) in cases.enumerate() {
+        let sim = Sim::new(
+            &format!("unreadable-{n}-{target}"),
+            &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#],
+        );
+        assert_eq!(sim.apply(&gpus(&[a(0), a(1)])).code(), Some(0));
+        sim.use_by(0, Some(0), "alpha");
+        let want = |i| if target == "MIG" { b(i) } else { whole(i, target) };
+        let spec = gpus(&[want(0), want(1)]);
+        ctl::fail_on(&sim.paths, call, Some(0), 1, "GPU_IS_LOST", 100_000).unwrap();
+        let before = sim.mutations();
+        let scrubs = sim.scrubs().len();
+        let run = sim.apply(&spec);
+        assert_eq!(run.code(), Some(1), "{call} {target}: {}", run.stdout());
+        let g0 = &run.status().gpus[0];
+        assert_eq!(
+            (g0.applied, g0.reason.as_deref()),
+            (Some(false), Some("Unreadable")),
+            "{call} {target}: {:?}",
+            g0.message
+        );
+        let msg = g0.message.as_deref().unwrap_or_default();
+        assert!(
+            msg.contains(call) && msg.contains("fell off the bus"),
+            "{call} {target}: {msg}"
+        );
+        let touched: Vec<_> = sim.log_since(before).into_iter().filter(|e| e.gpu == 0).collect();
+        assert!(touched.is_empty(), "{call} {target}: GPU 0 was changed: {touched:?}");
+        assert!(
+            sim.scrubs()[scrubs..].iter().all(|s| s.gpu != 0),
+            "{call} {target}: GPU 0 was scrubbed"
+        );
+        let tenants: Vec<Option<&str>> = g0.instances.iter().map(|i| i.tenant.as_deref()).collect();
+        assert_eq!(
+            tenants,
+            [Some("alpha"), Some("beta")],
+            "{call} {target}: last known record kept"
+        );
+        let g1 = &run.status().gpus[1];
+        assert_eq!(g1.applied, Some(true), "{call} {target}: {:?}", g1.message);
+        let ready = run.status().conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert!(ready.message.contains("GPU 0 (Unreadable)"), "{}", ready.message);
+        let drifted = run.status().conditions.iter().find(|c| c.type_ == "Drifted").unwrap();
+        assert_eq!(drifted.status, "False", "unreadable is not drift: {}", drifted.message);
+
+        ctl::clear_faults(&sim.paths).unwrap();
+        let run = sim.apply(&spec);
+        assert_eq!(run.code(), Some(0), "{call} {target}: {}", run.stdout());
+        assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
+    }
+}

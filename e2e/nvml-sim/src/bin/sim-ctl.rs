@@ -50,6 +50,9 @@ enum Cmd {
         /// NVML/CUDA function name, or `mutation`.
         #[arg(long)]
         call: String,
+        /// Only calls about this GPU (or its instances) count.
+        #[arg(long)]
+        gpu: Option<u32>,
         /// Which call from now fails (1 = the next).
         #[arg(long, default_value_t = 1)]
         nth: u64,
@@ -117,10 +120,11 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
         Cmd::Reset { gpu } => ctl::reset(p, gpu),
         Cmd::Fail {
             call,
+            gpu,
             nth,
             error,
             times,
-        } => ctl::fail(p, &call, nth, &error, times),
+        } => ctl::fail_on(p, &call, gpu, nth, &error, times),
         Cmd::AbortAt { mutation } => ctl::abort_at(p, mutation),
         Cmd::ClearFaults => ctl::clear_faults(p),
         Cmd::Dirty { gpu, start, tenant } => ctl::set_dirty(p, gpu, start, &tenant),

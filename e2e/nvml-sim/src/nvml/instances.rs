@@ -42,7 +42,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstanceProfileInfo", |st| {
+    read_on("nvmlDeviceGetGpuInstanceProfileInfo", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         let mut v2: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
         unsafe { fill_profile_info(g, profile, &mut v2)? };
@@ -72,7 +72,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstanceProfileInfoV", |st| {
+    read_on("nvmlDeviceGetGpuInstanceProfileInfoV", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         if info.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstancePossiblePlacements_v2", |st| {
+    read_on("nvmlDeviceGetGpuInstancePossiblePlacements_v2", gpu_of(dev), |st| {
         device(st, dev)?;
         let shape = Shape::from_profile_id(profile_id).ok_or(ERR_NOT_SUPPORTED)?;
         let si = shape.info();
@@ -172,7 +172,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     placement: *const nvmlGpuInstancePlacement_t,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
-    call("nvmlDeviceCreateGpuInstanceWithPlacement", true, |st| {
+    call_on("nvmlDeviceCreateGpuInstanceWithPlacement", gpu_of(dev), true, |st| {
         if placement.is_null() || gi.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
         }
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
     profile_id: c_uint,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
-    call("nvmlDeviceCreateGpuInstance", true, |st| {
+    call_on("nvmlDeviceCreateGpuInstance", gpu_of(dev), true, |st| {
         if gi.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
         }
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     gis: *mut nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstances", |st| {
+    read_on("nvmlDeviceGetGpuInstances", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         if !g.mig_current {
             return Err(ERR_INVALID_STATE);
@@ -253,7 +253,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gi: *mut nvmlGpuInstance_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstanceById", |st| {
+    read_on("nvmlDeviceGetGpuInstanceById", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         g.gi(id).ok_or(ERR_NOT_FOUND)?;
         unsafe { out(gi, pack(K_GI, g.index, id, 0) as nvmlGpuInstance_t) }
@@ -265,7 +265,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     gi: nvmlGpuInstance_t,
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> nvmlReturn_t {
-    read("nvmlGpuInstanceGetInfo", |st| {
+    read_on("nvmlGpuInstanceGetInfo", gpu_of(gi), |st| {
         let (g, sgi) = gi_of(st, gi)?;
         let v = nvmlGpuInstanceInfo_t {
             device: pack(K_DEVICE, g.index, 0, 0) as nvmlDevice_t,
@@ -282,7 +282,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlGpuInstanceDestroy(gi: nvmlGpuInstance_t) -> nvmlReturn_t {
-    call("nvmlGpuInstanceDestroy", true, |st| {
+    call_on("nvmlGpuInstanceDestroy", gpu_of(gi), true, |st| {
         let (_, gpu, id, _) = unpack(gi);
         gi_of(st, gi)?;
         let g = st.gpu_mut(gpu).ok_or(ERR_INVALID_ARGUMENT)?;
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
-    read("nvmlGpuInstanceGetComputeInstanceProfileInfo", |st| {
+    read_on("nvmlGpuInstanceGetComputeInstanceProfileInfo", gpu_of(gi), |st| {
         let (_, sgi) = gi_of(st, gi)?;
         if eng_profile != 0 {
             return Err(ERR_NOT_SUPPORTED);
@@ -348,7 +348,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     profile_id: c_uint,
     ci: *mut nvmlComputeInstance_t,
 ) -> nvmlReturn_t {
-    call("nvmlGpuInstanceCreateComputeInstance", true, |st| {
+    call_on("nvmlGpuInstanceCreateComputeInstance", gpu_of(gi), true, |st| {
         let (_, gpu, gid, _) = unpack(gi);
         let (_, sgi) = gi_of(st, gi)?;
         let gi_slices = Shape::from_profile_id(sgi.profile_id)
@@ -384,7 +384,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     cis: *mut nvmlComputeInstance_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    read("nvmlGpuInstanceGetComputeInstances", |st| {
+    read_on("nvmlGpuInstanceGetComputeInstances", gpu_of(gi), |st| {
         let (g, sgi) = gi_of(st, gi)?;
         if count.is_null() || cis.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
@@ -408,7 +408,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     ci: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> nvmlReturn_t {
-    read("nvmlComputeInstanceGetInfo_v2", |st| {
+    read_on("nvmlComputeInstanceGetInfo_v2", gpu_of(ci), |st| {
         let (kind, gpu, gid, cid) = unpack(ci);
         if kind != K_CI {
             return Err(ERR_INVALID_ARGUMENT);
@@ -434,7 +434,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -> nvmlReturn_t {
-    call("nvmlComputeInstanceDestroy", true, |st| {
+    call_on("nvmlComputeInstanceDestroy", gpu_of(ci), true, |st| {
         let (kind, gpu, gid, cid) = unpack(ci);
         if kind != K_CI {
             return Err(ERR_INVALID_ARGUMENT);
@@ -467,7 +467,7 @@ fn mig_devices(g: &SimGpu) -> Vec<(u32, u32)> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(dev: nvmlDevice_t, count: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetMaxMigDeviceCount", |st| {
+    read_on("nvmlDeviceGetMaxMigDeviceCount", gpu_of(dev), |st| {
         device(st, dev)?;
         unsafe { out(count, mig::COMPUTE_SLICES) }
     })
@@ -479,7 +479,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_dev: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetMigDeviceHandleByIndex", |st| {
+    read_on("nvmlDeviceGetMigDeviceHandleByIndex", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         if !g.mig_current {
             return Err(ERR_INVALID_STATE);
@@ -491,14 +491,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(dev: nvmlDevice_t, is_mig: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceIsMigDeviceHandle", |_| unsafe {
+    read_on("nvmlDeviceIsMigDeviceHandle", gpu_of(dev), |_| unsafe {
         out(is_mig, (unpack(dev).0 == K_MIG) as c_uint)
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetGpuInstanceId", |_| match unpack(dev) {
+    read_on("nvmlDeviceGetGpuInstanceId", gpu_of(dev), |_| match unpack(dev) {
         (K_MIG, _, gi, _) => unsafe { out(id, gi) },
         _ => Err(ERR_NOT_SUPPORTED),
     })
@@ -506,7 +506,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: nvmlDevice_t, id: *mut 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetComputeInstanceId", |_| match unpack(dev) {
+    read_on("nvmlDeviceGetComputeInstanceId", gpu_of(dev), |_| match unpack(dev) {
         (K_MIG, _, _, ci) => unsafe { out(id, ci) },
         _ => Err(ERR_NOT_SUPPORTED),
     })
@@ -517,10 +517,12 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_dev: nvmlDevice_t,
     dev: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", |_| {
-        match unpack(mig_dev) {
+    read_on(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        gpu_of(mig_dev),
+        |_| match unpack(mig_dev) {
             (K_MIG, gpu, _, _) => unsafe { out(dev, pack(K_DEVICE, gpu, 0, 0) as nvmlDevice_t) },
             _ => Err(ERR_INVALID_ARGUMENT),
-        }
-    })
+        },
+    )
 }

@@ -61,14 +61,29 @@ fn paths() -> Result<&'static Paths, u32> {
 /// Runs one NVML call: checks injected faults (by name, and `mutation` for mutating calls),
 /// then `f`, which returns whether it changed the state.
 pub(crate) fn call(name: &str, mutating: bool, f: impl FnOnce(&mut SimState) -> Result<bool, u32>) -> nvmlReturn_t {
+    call_on(name, None, mutating, f)
+}
+
+/// [`call`] for a call about one GPU (or its instances): faults installed for another GPU do not
+/// apply to it.
+pub(crate) fn call_on(
+    name: &str,
+    gpu: Option<u32>,
+    mutating: bool,
+    f: impl FnOnce(&mut SimState) -> Result<bool, u32>,
+) -> nvmlReturn_t {
     let Ok(paths) = paths() else {
         return ERR_DRIVER_NOT_LOADED;
     };
     let r = with_state(paths, |st| {
         let faults_before = st.faults.iter().map(|f| (f.seen, f.times)).collect::<Vec<_>>();
-        let fault = st
-            .check_fault(name)
-            .or_else(|| if mutating { st.check_fault("mutation") } else { None });
+        let fault = st.check_fault(name, gpu).or_else(|| {
+            if mutating {
+                st.check_fault("mutation", gpu)
+            } else {
+                None
+            }
+        });
         let faults_changed = faults_before != st.faults.iter().map(|f| (f.seen, f.times)).collect::<Vec<_>>();
         if let Some(code) = fault {
             return (code, true);
@@ -87,6 +102,16 @@ pub(crate) fn call(name: &str, mutating: bool, f: impl FnOnce(&mut SimState) -> 
 /// Reads without changing the state.
 pub(crate) fn read(name: &str, f: impl FnOnce(&SimState) -> Result<(), u32>) -> nvmlReturn_t {
     call(name, false, |st| f(st).map(|_| false))
+}
+
+/// [`read`] about one GPU.
+pub(crate) fn read_on(name: &str, gpu: Option<u32>, f: impl FnOnce(&SimState) -> Result<(), u32>) -> nvmlReturn_t {
+    call_on(name, gpu, false, |st| f(st).map(|_| false))
+}
+
+/// The GPU a device, MIG device, GPU instance or compute instance handle belongs to.
+pub(crate) fn gpu_of<T>(h: *mut T) -> Option<u32> {
+    Some(unpack(h).1)
 }
 
 // Handles are opaque pointers; the simulator packs what it needs into them.
@@ -179,9 +204,12 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         1 => c"Uninitialized",
         2 => c"Invalid Argument",
         3 => c"Not Supported",
+        4 => c"Insufficient Permissions",
         6 => c"Not Found",
         7 => c"Insufficient Size",
         9 => c"Driver Not Loaded",
+        10 => c"Timeout",
+        15 => c"GPU is lost",
         16 => c"GPU requires reset",
         19 => c"In use by another client",
         23 => c"Insufficient Resources",
@@ -226,7 +254,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, dev: *mut nvmlDevice_t) -> nvmlReturn_t {
-    read("nvmlDeviceGetHandleByIndex_v2", |st| {
+    read_on("nvmlDeviceGetHandleByIndex_v2", Some(index), |st| {
         st.gpu(index).ok_or(ERR_INVALID_ARGUMENT)?;
         unsafe { out(dev, pack(K_DEVICE, index, 0, 0) as nvmlDevice_t) }
     })
@@ -234,12 +262,14 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, dev: *mut 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetIndex", |st| unsafe { out(index, device(st, dev)?.index) })
+    read_on("nvmlDeviceGetIndex", gpu_of(dev), |st| unsafe {
+        out(index, device(st, dev)?.index)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: nvmlDevice_t, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetUUID", |st| {
+    read_on("nvmlDeviceGetUUID", gpu_of(dev), |st| {
         let (kind, gpu, gi, ci) = unpack(dev);
         let uuid = match kind {
             K_DEVICE => device(st, dev)?.uuid.clone(),
@@ -256,14 +286,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: nvmlDevice_t, buf: *mut c_char, 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(dev: nvmlDevice_t, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetName", |st| unsafe {
+    read_on("nvmlDeviceGetName", gpu_of(dev), |st| unsafe {
         write_str(buf, len, &device(st, dev)?.name)
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
-    read("nvmlDeviceGetPciInfo_v3", |st| {
+    read_on("nvmlDeviceGetPciInfo_v3", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         // SAFETY: all-zero is a valid nvmlPciInfo_t.
         let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
@@ -307,7 +337,7 @@ fn memory_of(st: &SimState, dev: nvmlDevice_t) -> Result<(u64, u64), u32> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, m: *mut nvmlMemory_t) -> nvmlReturn_t {
-    read("nvmlDeviceGetMemoryInfo", |st| {
+    read_on("nvmlDeviceGetMemoryInfo", gpu_of(dev), |st| {
         let (total, used) = memory_of(st, dev)?;
         unsafe {
             out(
@@ -324,7 +354,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, m: *mut nvml
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, m: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
-    read("nvmlDeviceGetMemoryInfo_v2", |st| {
+    read_on("nvmlDeviceGetMemoryInfo_v2", gpu_of(dev), |st| {
         let (total, used) = memory_of(st, dev)?;
         if m.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
@@ -347,22 +377,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, m: *mut n
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(dev: nvmlDevice_t, node: *mut c_uint) -> nvmlReturn_t {
-    read("nvmlDeviceGetNumaNodeId", |st| match device(st, dev)?.numa_node {
-        Some(n) => unsafe { out(node, n as c_uint) },
-        None => Err(ERR_NOT_SUPPORTED),
+    read_on("nvmlDeviceGetNumaNodeId", gpu_of(dev), |st| {
+        match device(st, dev)?.numa_node {
+            Some(n) => unsafe { out(node, n as c_uint) },
+            None => Err(ERR_NOT_SUPPORTED),
+        }
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeMode(dev: nvmlDevice_t, mode: *mut nvmlComputeMode_t) -> nvmlReturn_t {
-    read("nvmlDeviceGetComputeMode", |st| unsafe {
+    read_on("nvmlDeviceGetComputeMode", gpu_of(dev), |st| unsafe {
         out(mode, device(st, dev)?.compute_mode)
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceSetComputeMode(dev: nvmlDevice_t, mode: nvmlComputeMode_t) -> nvmlReturn_t {
-    call("nvmlDeviceSetComputeMode", true, |st| {
+    call_on("nvmlDeviceSetComputeMode", gpu_of(dev), true, |st| {
         if ![0, 2, 3].contains(&mode) {
             return Err(ERR_INVALID_ARGUMENT);
         }
@@ -380,7 +412,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetMigMode", |st| {
+    read_on("nvmlDeviceGetMigMode", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         unsafe {
             out(current, g.mig_current as c_uint)?;
@@ -395,7 +427,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     activation: *mut nvmlReturn_t,
 ) -> nvmlReturn_t {
-    call("nvmlDeviceSetMigMode", true, |st| {
+    call_on("nvmlDeviceSetMigMode", gpu_of(dev), true, |st| {
         let g = device_mut(st, dev)?;
         let enable = match mode {
             0 => false,
@@ -427,7 +459,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    read("nvmlDeviceGetComputeRunningProcesses_v3", |st| {
+    read_on("nvmlDeviceGetComputeRunningProcesses_v3", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         if count.is_null() {
             return Err(ERR_INVALID_ARGUMENT);

@@ -5,7 +5,7 @@
 //! (and its `possible_placements` returns an empty list). Profile IDs and placements always come
 //! from the driver: other GPUs number them differently than the static tables.
 
-use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
+use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
 use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
@@ -35,6 +35,21 @@ fn err(what: &str, e: NvmlError) -> String {
 /// A function of the raw table, or which one the library lacks.
 fn sym<T, E: std::fmt::Display>(r: Result<&T, E>) -> Result<&T, String> {
     r.map_err(|e| format!("the NVML library lacks a function the agent needs: {e}"))
+}
+
+/// A query whose answer may legitimately not exist: `Ok(None)` when the GPU or the driver does not
+/// support it; any other error is an error (the GPU cannot be read, so nothing is assumed).
+fn optional<T>(r: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a raw return code means "no such profile here" (skip it) rather than a failed read.
+fn not_offered(code: nvmlReturn_t) -> bool {
+    code == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED || code == nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
 }
 
 /// Turns a raw NVML return code into a `Result`.
@@ -74,8 +89,9 @@ impl NvmlGpus {
         self.nvml.lib()
     }
 
-    /// Everything the agent publishes about the node's GPUs. Per-GPU read errors end up in that
-    /// GPU's `message` rather than failing the whole node.
+    /// Everything the agent publishes about the node's GPUs. A GPU that any per-device query fails
+    /// for is reported with reason `Unreadable` and the error, nothing else: it is never mistaken
+    /// for an idle GPU without MIG (fails closed), and the other GPUs are read as usual.
     pub fn discover(&self) -> Result<GpuNodeStatus, String> {
         let driver = DriverInfo {
             driver_version: self
@@ -97,8 +113,8 @@ impl NvmlGpus {
         for index in 0..count {
             gpus.push(self.discover_gpu(index).unwrap_or_else(|e| GpuStatus {
                 index,
-                reason: Some("DiscoveryFailed".into()),
-                message: Some(e),
+                reason: Some(UNREADABLE.into()),
+                message: Some(format!("NVML cannot read GPU {index}: {e}")),
                 ..Default::default()
             }));
         }
@@ -161,8 +177,12 @@ impl NvmlGpus {
                 .map_err(|e| err(&at("nvmlDeviceGetMemoryInfo_v2"), e))?
                 .total
                 / MIB,
-            numa_node: dev.numa_node_id().ok().map(|n| n as i32),
-            compute_mode: dev.compute_mode().ok().map(|m| compute_mode_name(m).to_string()),
+            numa_node: optional(dev.numa_node_id())
+                .map_err(|e| err(&at("nvmlDeviceGetNumaNodeId"), e))?
+                .map(|n| n as i32),
+            compute_mode: optional(dev.compute_mode())
+                .map_err(|e| err(&at("nvmlDeviceGetComputeMode"), e))?
+                .map(|m| compute_mode_name(m).to_string()),
             mig_mode,
             profiles,
             instances,
@@ -194,8 +214,10 @@ impl NvmlGpus {
             } else {
                 // Older drivers: no names; fall back to the v1 call and the static model tables.
                 let mut v1: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-                if unsafe { info_v1(dev, e, &mut v1) } != nvmlReturn_enum_NVML_SUCCESS {
-                    continue;
+                match unsafe { info_v1(dev, e, &mut v1) } {
+                    c if c == nvmlReturn_enum_NVML_SUCCESS => {}
+                    c if not_offered(c) => continue,
+                    c => check(|| format!("nvmlDeviceGetGpuInstanceProfileInfo(GPU {index}, {e})"), c)?,
                 }
                 info.id = v1.id;
                 info.sliceCount = v1.sliceCount;
@@ -298,19 +320,27 @@ impl NvmlGpus {
         let uuid_of = sym(lib.nvmlDeviceGetUUID.as_ref())?;
         for j in 0..max {
             let mut mig: nvmlDevice_t = ptr::null_mut();
-            if unsafe { by_index(dev, j, &mut mig) } != nvmlReturn_enum_NVML_SUCCESS {
-                continue;
+            match unsafe { by_index(dev, j, &mut mig) } {
+                c if c == nvmlReturn_enum_NVML_SUCCESS => {}
+                // No MIG device at this index: the indices are 0..max, most of them unused.
+                c if c == nvmlReturn_enum_NVML_ERROR_NOT_FOUND => continue,
+                c => check(|| format!("nvmlDeviceGetMigDeviceHandleByIndex(GPU {index}, {j})"), c)?,
             }
             let (mut g, mut c) = (0u32, 0u32);
             let mut buf = [0 as std::ffi::c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-            let ok = unsafe {
-                gi_id(mig, &mut g) == 0
-                    && ci_id(mig, &mut c) == 0
-                    && uuid_of(mig, buf.as_mut_ptr(), buf.len() as u32) == 0
-            };
+            let what = || format!("MIG device {j} of GPU {index}");
+            check(|| format!("nvmlDeviceGetGpuInstanceId({})", what()), unsafe {
+                gi_id(mig, &mut g)
+            })?;
+            check(|| format!("nvmlDeviceGetComputeInstanceId({})", what()), unsafe {
+                ci_id(mig, &mut c)
+            })?;
+            check(|| format!("nvmlDeviceGetUUID({})", what()), unsafe {
+                uuid_of(mig, buf.as_mut_ptr(), buf.len() as u32)
+            })?;
             if let Some(inst) = out
                 .iter_mut()
-                .find(|i| ok && i.gpu_instance_id == g && i.compute_instance_id == Some(c))
+                .find(|i| i.gpu_instance_id == g && i.compute_instance_id == Some(c))
             {
                 inst.uuid = Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
             }
@@ -328,10 +358,10 @@ impl NvmlGpus {
         let mut out = Vec::new();
         for e in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
             let mut p: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-            if unsafe { prof(gi, e, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut p) }
-                != nvmlReturn_enum_NVML_SUCCESS
-            {
-                continue;
+            match unsafe { prof(gi, e, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut p) } {
+                c if c == nvmlReturn_enum_NVML_SUCCESS => {}
+                c if not_offered(c) => continue,
+                c => check(|| format!("nvmlGpuInstanceGetComputeInstanceProfileInfo({e})"), c)?,
             }
             let mut buf: Vec<nvmlComputeInstance_t> = vec![ptr::null_mut(); p.instanceCount.max(1) as usize];
             let mut count = 0u32;
