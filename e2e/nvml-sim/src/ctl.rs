@@ -65,6 +65,25 @@ pub fn detach(paths: &Paths, pid: u32) -> Result<(), String> {
     })?
 }
 
+/// Something that is not a compute process opens the GPU (nvidia-persistenced, nvidia_drm, a
+/// display server): the process list stays empty, but the GPU cannot be reset.
+pub fn hold(paths: &Paths, gpu: u32, by: &str) -> Result<(), String> {
+    update(paths, |st| {
+        let g = st.gpu_mut(gpu).ok_or_else(|| format!("no GPU {gpu}"))?;
+        g.holders.push(by.to_string());
+        Ok(())
+    })?
+}
+
+/// The holder `by` lets go of the GPU (every holder with `by = None`).
+pub fn release(paths: &Paths, gpu: u32, by: Option<&str>) -> Result<(), String> {
+    update(paths, |st| {
+        let g = st.gpu_mut(gpu).ok_or_else(|| format!("no GPU {gpu}"))?;
+        g.holders.retain(|h| by.is_some_and(|b| b != h));
+        Ok(())
+    })?
+}
+
 pub fn reboot(paths: &Paths) -> Result<(), String> {
     update(paths, SimState::reboot)
 }

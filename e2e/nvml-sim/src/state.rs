@@ -44,6 +44,9 @@ pub struct GpuEntry {
     /// Start with MIG mode enabled.
     #[serde(default)]
     pub mig: bool,
+    /// Passed through to a VM that cannot reset it: a MIG mode change waits for a (VM) reboot.
+    #[serde(default)]
+    pub pass_through: bool,
 }
 
 fn one() -> u32 {
@@ -84,6 +87,14 @@ pub struct SimGpu {
     pub mig_pending: bool,
     /// NVML compute mode: 0 Default, 2 Prohibited, 3 ExclusiveProcess.
     pub compute_mode: u32,
+    /// No GPU reset is exposed (pass-through to a VM): MIG mode changes need a reboot.
+    #[serde(default)]
+    pub pass_through: bool,
+    /// Clients that hold the device open without being compute processes (nvidia-persistenced,
+    /// the nvidia_drm module, a display server): invisible to the process list, but they keep
+    /// the GPU from being reset.
+    #[serde(default)]
+    pub holders: Vec<String>,
     pub gis: Vec<SimGi>,
     pub processes: Vec<SimProcess>,
     /// Per memory slice: the tenant whose data it still holds (the whole GPU is all 8 slices).
@@ -156,9 +167,9 @@ impl SimGpu {
         true
     }
 
-    /// A100-class GPUs need a reset for a MIG mode change; Hopper and later apply it at once.
-    pub fn mode_change_needs_reset(&self) -> bool {
-        self.model.starts_with("A100")
+    /// Whether anything keeps the GPU from being reset: compute processes, or other holders.
+    pub fn in_use(&self) -> bool {
+        !self.processes.is_empty() || !self.holders.is_empty()
     }
 
     pub fn gi(&self, id: u32) -> Option<&SimGi> {
@@ -236,6 +247,8 @@ impl SimState {
                     mig_current: entry.mig,
                     mig_pending: entry.mig,
                     compute_mode: 0,
+                    pass_through: entry.pass_through,
+                    holders: Vec::new(),
                     gis: Vec::new(),
                     processes: Vec::new(),
                     dirty: vec![None; mig::MEMORY_SLICES as usize],
@@ -308,11 +321,14 @@ impl SimState {
         }
     }
 
-    /// A GPU reset: applies a pending MIG mode. Refused while processes run.
+    /// A GPU reset (or, for a pass-through GPU, the VM's reboot): applies a pending MIG mode.
+    /// Refused while anything holds the GPU.
     pub fn reset(&mut self, index: u32) -> Result<(), String> {
         let g = self.gpu_mut(index).ok_or_else(|| format!("no GPU {index}"))?;
-        if !g.processes.is_empty() {
-            return Err(format!("GPU {index} has processes; a reset is refused"));
+        if g.in_use() {
+            return Err(format!(
+                "GPU {index} is in use (processes or holders); a reset is refused"
+            ));
         }
         g.gis.clear();
         g.mig_current = g.mig_pending;

@@ -231,18 +231,6 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
     }
 
     if mig.current != want_mig || mig.pending != want_mig {
-        if mig.current != want_mig && mig.pending == want_mig {
-            plan.block(
-                "ResetRequired",
-                format!(
-                    "MIG mode {} is pending until GPU {} is reset: stop its clients and run `nvidia-smi -r -i {}`, or reboot the node",
-                    if want_mig { "enable" } else { "disable" },
-                    g.index,
-                    g.index
-                ),
-            );
-            return plan;
-        }
         if !o.processes.is_empty() {
             plan.block(
                 "Busy",
@@ -250,6 +238,21 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
                     "MIG mode must change but processes run on GPU {}: pids {}",
                     g.index,
                     all_pids()
+                ),
+            );
+            return plan;
+        }
+        // Pending and idle: the call activates it, unless NVML said this machine cannot reset
+        // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
+        // and calling again would only get the same answer.
+        let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason.as_deref() == Some("ResetRequired"));
+        if mig.current != want_mig && mig.pending == want_mig && reset_required {
+            plan.block(
+                "ResetRequired",
+                format!(
+                    "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
+                    if want_mig { "enable" } else { "disable" },
+                    g.index,
                 ),
             );
             return plan;

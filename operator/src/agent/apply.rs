@@ -119,11 +119,14 @@ fn step(
                             bytes_cleared: None,
                         };
                         run.scrubs.push((*gpu, *target, rec));
-                        Err(("ScrubFailed", e))
+                        Err(("ScrubFailed", format!("{a} failed: {e}")))
                     }
                 }
             }
-            _ => gpus.execute(a).map_err(|e| ("Failed", e)),
+            _ => gpus.execute(a).map_err(|e| match e.reason {
+                "Failed" => ("Failed", format!("{a} failed: {e}")),
+                reason => (reason, e.message),
+            }),
         };
         match result {
             Ok(()) => {
@@ -133,8 +136,8 @@ fn step(
                 *executed += 1;
                 run.executed.entry(plan.index).or_default().push(a.to_string());
             }
-            Err((reason, e)) => {
-                run.errors.insert(plan.index, (reason, format!("{a} failed: {e}")));
+            Err((reason, message)) => {
+                run.errors.insert(plan.index, (reason, message));
                 break;
             }
         }

@@ -209,11 +209,21 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         plan_gpu(&o, &g, None, &none()).actions,
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
+    // Pending and idle: calling again activates it (the call resets an idle GPU), unless NVML
+    // answered RESET_REQUIRED last time (the previous status says so): then it waits for a reboot.
     o.mig_mode = Some(MigModeStatus {
         current: false,
         pending: true,
     });
-    let p = plan_gpu(&o, &g, None, &none());
+    assert_eq!(
+        plan_gpu(&o, &g, None, &none()).actions,
+        [Action::SetMigMode { gpu: 0, enable: true }]
+    );
+    let mut prev = o.clone();
+    prev.reason = Some("Busy".into());
+    assert_eq!(plan_gpu(&o, &g, Some(&prev), &none()).actions.len(), 1);
+    prev.reason = Some("ResetRequired".into());
+    let p = plan_gpu(&o, &g, Some(&prev), &none());
     assert_eq!(p.blocked.unwrap().reason, "ResetRequired");
     assert!(p.actions.is_empty());
     o.mig_mode = Some(MigModeStatus {

@@ -2,6 +2,7 @@
 //! library (e2e/nvml-sim), on A100-40GB, H100 and H200. NVML mutations are counted from the
 //! simulator's log; memory hand-overs are checked against its dirty-memory markers.
 
+mod mig_mode;
 mod mps;
 mod safety;
 mod support;
@@ -211,26 +212,6 @@ fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
     assert_eq!(layout(run.status(), 0), ["7g.80gb@0:8"]);
     assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
-}
-
-#[test]
-fn a100_mig_mode_waits_for_a_reset_without_retrying() {
-    let sim = Sim::new("a100", &[A100]);
-    let spec = gpus(&[mig_gpu(
-        0,
-        &[("3g.20gb", 0, 4, Some("alpha")), ("3g.20gb", 4, 4, Some("beta"))],
-    )]);
-    let run = sim.apply(&spec);
-    assert_eq!(run.code(), Some(1));
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("ResetRequired"));
-    assert_eq!(calls(&sim.log_since(0)), [(0, "nvmlDeviceSetMigMode")]);
-    let run = sim.apply(&spec);
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("ResetRequired"));
-    assert_eq!(sim.mutations(), 1, "a pending mode change is not retried");
-    nvidia_ml_sim::ctl::reset(&sim.paths, 0).unwrap();
-    let run = sim.apply(&spec);
-    assert_eq!(run.code(), Some(0), "{}", run.stdout());
-    assert_eq!(sim.mutations(), 1 + 4);
 }
 
 #[test]

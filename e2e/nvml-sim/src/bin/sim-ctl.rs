@@ -38,9 +38,25 @@ enum Cmd {
         #[arg(long)]
         pid: u32,
     },
+    /// Hold a GPU open without a compute process (nvidia-persistenced, nvidia_drm...): it cannot be
+    /// reset, so a MIG mode change stays pending with activation status IN_USE.
+    Hold {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long, default_value = "nvidia-persistenced")]
+        by: String,
+    },
+    /// Let go of a GPU held with `hold` (every holder without --by).
+    Release {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        by: Option<String>,
+    },
     /// Reboot the node: instances and processes are gone, pending MIG modes apply.
     Reboot,
-    /// Reset one GPU: applies its pending MIG mode (refused while processes run).
+    /// Reset one GPU (a pass-through GPU: reboot its VM): applies its pending MIG mode (refused
+    /// while processes run or holders hold it).
     Reset {
         #[arg(long)]
         gpu: u32,
@@ -116,6 +132,8 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
             },
         ),
         Cmd::Detach { pid } => ctl::detach(p, pid),
+        Cmd::Hold { gpu, by } => ctl::hold(p, gpu, &by),
+        Cmd::Release { gpu, by } => ctl::release(p, gpu, by.as_deref()),
         Cmd::Reboot => ctl::reboot(p),
         Cmd::Reset { gpu } => ctl::reset(p, gpu),
         Cmd::Fail {

@@ -421,6 +421,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     })
 }
 
+/// As NVML documents it (FACTS.md §2): the call returns SUCCESS for a valid request and puts the
+/// outcome in `activation`. The new mode becomes pending; the call itself resets an idle GPU to
+/// activate it (current = pending afterwards). A GPU that anything holds (processes, or holders
+/// such as nvidia-persistenced) cannot be reset: `NVML_ERROR_IN_USE`, the caller is to idle it
+/// and call again. A GPU passed through without reset: `NVML_ERROR_RESET_REQUIRED` (a VM reboot,
+/// `sim-ctl reset`). Disabling MIG while GPU instances exist counts as in use.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     dev: nvmlDevice_t,
@@ -428,27 +434,34 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     activation: *mut nvmlReturn_t,
 ) -> nvmlReturn_t {
     call_on("nvmlDeviceSetMigMode", gpu_of(dev), true, |st| {
+        if activation.is_null() {
+            return Err(ERR_INVALID_ARGUMENT);
+        }
         let g = device_mut(st, dev)?;
         let enable = match mode {
             0 => false,
             1 => true,
             _ => return Err(ERR_INVALID_ARGUMENT),
         };
-        if !g.processes.is_empty() || (!enable && !g.gis.is_empty()) {
-            return Err(ERR_IN_USE);
-        }
         g.mig_pending = enable;
-        let status = if g.mode_change_needs_reset() && g.mig_current != enable {
+        let status = if g.mig_current == enable {
+            SUCCESS
+        } else if g.pass_through {
             ERR_RESET_REQUIRED
+        } else if g.in_use() || (!enable && !g.gis.is_empty()) {
+            ERR_IN_USE
         } else {
             g.mig_current = enable;
+            g.gis.clear();
             SUCCESS
         };
         let index = g.index;
-        if !activation.is_null() {
-            unsafe { *activation = status };
-        }
-        st.record("nvmlDeviceSetMigMode", index, format!("mode={mode}"));
+        unsafe { *activation = status };
+        st.record(
+            "nvmlDeviceSetMigMode",
+            index,
+            format!("mode={mode} activation={status}"),
+        );
         Ok(true)
     })
 }

@@ -23,6 +23,56 @@ const MIB: u64 = 1024 * 1024;
 /// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)`).
 const PROFILE_INFO_V2: u32 = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
 
+/// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActionError {
+    /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl From<String> for ActionError {
+    fn from(message: String) -> Self {
+        ActionError {
+            reason: "Failed",
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Reads the outcome of `nvmlDeviceSetMigMode` from its activation status (FACTS.md §2): the call
+/// succeeds, and resets an idle GPU to activate the mode; `IN_USE` means something held the GPU
+/// (idle it and call again: `Busy`, retried on a later apply); `RESET_REQUIRED` means no reset is
+/// exposed here (a pass-through VM: a reboot is needed; not retried).
+fn mig_activation(gpu: u32, enable: bool, status: nvmlReturn_t) -> Result<(), ActionError> {
+    let what = if enable { "enable" } else { "disable" };
+    match status {
+        s if s == nvmlReturn_enum_NVML_SUCCESS => Ok(()),
+        s if s == nvmlReturn_enum_NVML_ERROR_IN_USE => Err(ActionError {
+            reason: "Busy",
+            message: format!(
+                "MIG mode {what} is pending: GPU {gpu} could not be reset to activate it (activation status NVML_ERROR_IN_USE: a process, nvidia-persistenced or the nvidia_drm module holds it); the next apply retries once it is idle"
+            ),
+        }),
+        s if s == nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED => Err(ActionError {
+            reason: "ResetRequired",
+            message: format!(
+                "MIG mode {what} is pending until GPU {gpu} is reset, which this machine does not expose (activation status NVML_ERROR_RESET_REQUIRED, e.g. a GPU passed through to a VM): reboot the VM or node; not retried until then"
+            ),
+        }),
+        s => Err(ActionError::from(format!(
+            "nvmlDeviceSetMigMode(GPU {gpu}): activation failed: {}",
+            nvml_try(s).err().map(|e| e.to_string()).unwrap_or_default()
+        ))),
+    }
+}
+
 /// An initialised NVML library.
 pub struct NvmlGpus {
     nvml: Nvml,
@@ -421,13 +471,17 @@ impl NvmlGpus {
     }
 
     /// Carries out one NVML action. Scrubs are not NVML's business.
-    pub fn execute(&self, action: &Action) -> Result<(), String> {
+    pub fn execute(&self, action: &Action) -> Result<(), ActionError> {
         let lib = self.lib();
         match action {
             Action::SetMigMode { gpu, enable } => {
-                self.device(*gpu)?
+                // nvml-wrapper returns the activation status; the return code only says the
+                // request was valid.
+                let activation = self
+                    .device(*gpu)?
                     .set_mig_mode(*enable)
                     .map_err(|e| err(&format!("nvmlDeviceSetMigMode(GPU {gpu})"), e))?;
+                mig_activation(*gpu, *enable, activation)?;
             }
             Action::DestroyComputeInstance {
                 gpu,
@@ -457,7 +511,7 @@ impl NvmlGpus {
                                 "nvmlComputeInstanceDestroy(GPU {gpu}, GI {gpu_instance_id}, CI {compute_instance_id})"
                             )
                         };
-                        return check(what, unsafe { destroy(ci) });
+                        return Ok(check(what, unsafe { destroy(ci) })?);
                     }
                 }
             }
