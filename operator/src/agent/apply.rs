@@ -72,7 +72,11 @@ pub fn apply(
     let mps = match &opts.mps {
         Some(cfg) if !opts.dry_run => {
             let d = mps::desired(spec, &observed);
-            Some(mps::ensure(cfg, &d, prev.and_then(|p| p.mps.as_ref())))
+            let st = mps::ensure(cfg, &d, prev.and_then(|p| p.mps.as_ref()), &observed);
+            for (index, why) in mps::not_ready(spec, &observed, &d, &st) {
+                run.errors.entry(index).or_insert(("MpsPending", why));
+            }
+            Some(st)
         }
         _ => prev.and_then(|p| p.mps.clone()),
     };

@@ -3,11 +3,17 @@
 //! The daemon serves the GPUs in MPS mode, selected by UUID through `CUDA_VISIBLE_DEVICES` (which
 //! only counts at start, so a different GPU set means a restart). Commands go to its stdin
 //! protocol: `echo CMD | nvidia-cuda-mps-control`. Each call of [`ensure`] is one supervision
-//! step: a health check (`get_server_list` must answer), a restart after a crash, a restart when
-//! the GPU set or defaults change, a clean `quit` when no GPU needs it. What it remembers between
-//! steps (GPU set, defaults, restarts) lives in the published `MpsDaemonStatus`.
+//! step: a health check (`get_server_list` must answer), a restart after a crash, new defaults sent
+//! to the running daemon (they apply to servers started later, so no restart), a restart when the
+//! GPU set changes, a clean `quit` when no GPU needs it. A restart or a quit ends the service of
+//! every client of every GPU the daemon serves, so neither happens while any of them has
+//! processes: the change waits (busyGpuPolicy Wait) and the GPUs it concerns are not ready
+//! ([`not_ready`]). What it remembers between steps (GPU set, defaults, restarts) lives in the
+//! published `MpsDaemonStatus`.
 
+use super::actions::unreadable;
 use crate::api::{GpuNodeSpec, GpuNodeStatus, Mode, MpsDaemonStatus, quantity_to_mib};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -46,6 +52,9 @@ pub struct Desired {
     pub settings: Vec<String>,
     /// Things the spec asked for that one daemon cannot do exactly.
     pub notes: Vec<String>,
+    /// Leave the daemon as it is: an MPS GPU cannot be read, so the set it should serve is not
+    /// known (say why).
+    pub hold: Option<String>,
 }
 
 /// The daemon's desired state from the spec and the GPUs ready for MPS (MIG off, compute mode
@@ -57,6 +66,13 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
         let Some(o) = observed.gpus.iter().find(|o| o.index == g.index) else {
             continue;
         };
+        if unreadable(o) {
+            d.hold = Some(format!(
+                "GPU {} cannot be read, so the MPS daemon is left as it is",
+                g.index
+            ));
+            continue;
+        }
         let ready = !o.mig_mode.is_some_and(|m| m.current) && o.compute_mode.as_deref() == Some("ExclusiveProcess");
         if !ready {
             continue;
@@ -98,8 +114,16 @@ pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", cfg.control.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = writeln!(stdin, "{command}");
+    if let Some(mut stdin) = child.stdin.take()
+        && let Err(e) = writeln!(stdin, "{command}")
+    {
+        // Not sent is not applied: the caller keeps the setting as still to do.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!(
+            "`{command}` could not be written to {}: {e}",
+            cfg.control.display()
+        ));
     }
     let deadline = Instant::now() + cfg.timeout;
     loop {
@@ -152,6 +176,7 @@ fn stop(cfg: &MpsConfig) -> Result<(), String> {
     }
 }
 
+/// Starts a daemon for `d.gpus`; returns its pid where it writes one.
 fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
     for dir in [&cfg.pipe_dir, &cfg.log_dir] {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -179,9 +204,6 @@ fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
             cfg.pipe_dir.display()
         ));
     }
-    for s in &d.settings {
-        send(cfg, s)?;
-    }
     // Best effort: the daemon's pid file, where it writes one.
     let pid = std::fs::read_to_string(cfg.pipe_dir.join("nvidia-cuda-mps-control.pid"))
         .ok()
@@ -189,12 +211,55 @@ fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
     Ok(pid)
 }
 
-/// One supervision step. `prev` is the daemon state last published (None when unknown).
-pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> MpsDaemonStatus {
+/// What a setting command sets: the command without its value (`set_default_device_pinned_mem_limit 0`).
+fn setting_key(command: &str) -> &str {
+    command.rsplit_once(' ').map_or(command, |(k, _)| k)
+}
+
+/// Sends `wanted` to a running daemon on top of what it had (`had`). Returns the settings in effect
+/// afterwards (`wanted` in order when all went through) and the first failure: a setting not sent
+/// is not in effect.
+fn send_settings(cfg: &MpsConfig, had: &[String], wanted: &[String]) -> (Vec<String>, Option<String>) {
+    let mut now: Vec<String> = had.to_vec();
+    for s in wanted {
+        if let Err(e) = send(cfg, s) {
+            return (now, Some(format!("the MPS daemon did not take `{s}`: {e}")));
+        }
+        match now.iter_mut().find(|x| setting_key(x) == setting_key(s)) {
+            Some(x) => *x = s.clone(),
+            None => now.push(s.clone()),
+        }
+    }
+    (wanted.to_vec(), None)
+}
+
+/// GPUs with processes among `uuids`, as `GPU 0 (pids 1, 2)`: the clients a restart would cut off.
+fn clients(observed: &GpuNodeStatus, uuids: &[String]) -> Vec<String> {
+    observed
+        .gpus
+        .iter()
+        .filter(|g| !g.processes.is_empty() && uuids.contains(&g.uuid))
+        .map(|g| {
+            let pids: Vec<String> = g.processes.iter().map(|p| p.pid.to_string()).collect();
+            format!("GPU {} (pids {})", g.index, pids.join(", "))
+        })
+        .collect()
+}
+
+/// One supervision step. `prev` is the daemon state last published (None when unknown);
+/// `observed` gives the processes a restart would disturb.
+pub fn ensure(
+    cfg: &MpsConfig,
+    d: &Desired,
+    prev: Option<&MpsDaemonStatus>,
+    observed: &GpuNodeStatus,
+) -> MpsDaemonStatus {
     let restarts = prev.map(|p| p.restarts).unwrap_or(0);
     let was_running = prev.is_none_or(|p| p.running);
     // Probe only when the daemon may matter: no daemon binary is fine when nobody needs MPS.
     let alive = (!d.gpus.is_empty() || was_running) && healthy(cfg);
+    let served: Vec<String> = prev.map(|p| p.gpus.clone()).unwrap_or_default();
+    let had: Vec<String> = prev.map(|p| p.settings.clone()).unwrap_or_default();
     let mut st = MpsDaemonStatus {
         running: alive,
         pid: prev.and_then(|p| p.pid),
@@ -210,9 +275,34 @@ pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> M
             format!("{m}; {}", d.notes.join("; "))
         }
     };
+    // The daemon as it is, with why it is left so.
+    let keep = |mut st: MpsDaemonStatus, why: String| {
+        st.gpus = served.clone();
+        st.settings = had.clone();
+        st.message = Some(why);
+        st
+    };
+    if let Some(why) = &d.hold {
+        return keep(st, why.clone());
+    }
+    // Whom a restart or a quit would cut off: processes on the GPUs the daemon serves (when that
+    // is not known, on every GPU it is to serve).
+    let mut affected = served.clone();
+    affected.extend(d.gpus.iter().filter(|g| !served.contains(g)).cloned());
+    let busy = clients(observed, &affected);
+    let waiting = |what: &str| {
+        format!(
+            "{what}, which would cut off the clients running on {}: it waits until they end",
+            busy.join(", ")
+        )
+    };
     if d.gpus.is_empty() {
         st.pid = None;
         if alive {
+            if !busy.is_empty() {
+                st.pid = prev.and_then(|p| p.pid);
+                return keep(st, waiting("no GPU needs MPS any more; the daemon is to quit"));
+            }
             st.running = false;
             st.message = Some(match stop(cfg) {
                 Ok(()) => "stopped: no GPU is in MPS mode".into(),
@@ -224,18 +314,38 @@ pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> M
         }
         return st;
     }
-    let same = prev.is_some_and(|p| p.gpus == d.gpus && p.settings == d.settings);
-    if alive && same {
-        st.gpus = d.gpus.clone();
-        st.settings = d.settings.clone();
-        st.message = prev.and_then(|p| p.message.clone());
-        return st;
+    let same_gpus = prev.is_some_and(|p| p.gpus == d.gpus);
+    if alive && same_gpus {
+        if had == d.settings {
+            st.gpus = d.gpus.clone();
+            st.settings = had;
+            st.message = prev.and_then(|p| p.message.clone());
+            return st;
+        }
+        // New defaults reach a running daemon without a restart; only taking one back needs one.
+        let wanted: Vec<&str> = d.settings.iter().map(|s| setting_key(s)).collect();
+        if had.iter().all(|s| wanted.contains(&setting_key(s))) {
+            let (now, err) = send_settings(cfg, &had, &d.settings);
+            st.gpus = d.gpus.clone();
+            st.settings = now;
+            st.message =
+                Some(err.unwrap_or_else(|| note("new defaults sent (servers started from now on use them)".into())));
+            return st;
+        }
     }
     let why = if alive {
+        let what = if prev.is_none() {
+            "an MPS daemon of unknown configuration answers and must restart for this spec"
+        } else if same_gpus {
+            "the MPS daemon must restart to drop a default"
+        } else {
+            "the MPS daemon must restart for the new GPU set"
+        };
+        if !busy.is_empty() {
+            return keep(st, waiting(what));
+        }
         if let Err(e) = stop(cfg) {
-            st.message = Some(format!("cannot restart the MPS daemon for a new GPU set: {e}"));
-            st.gpus = prev.map(|p| p.gpus.clone()).unwrap_or_default();
-            return st;
+            return keep(st, format!("cannot restart the MPS daemon: {e}"));
         }
         "restarted: GPU set or defaults changed".to_string()
     } else if prev.is_some_and(|p| p.running && !p.gpus.is_empty()) {
@@ -246,11 +356,12 @@ pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> M
     };
     match start(cfg, d) {
         Ok(pid) => {
+            let (now, err) = send_settings(cfg, &[], &d.settings);
             st.running = true;
             st.pid = pid;
             st.gpus = d.gpus.clone();
-            st.settings = d.settings.clone();
-            st.message = Some(note(why));
+            st.settings = now;
+            st.message = Some(err.unwrap_or_else(|| note(why)));
         }
         Err(e) => {
             st.running = false;
@@ -259,4 +370,50 @@ pub fn ensure(cfg: &MpsConfig, d: &Desired, prev: Option<&MpsDaemonStatus>) -> M
         }
     }
     st
+}
+
+/// Spec GPUs the daemon does not serve as the spec asks, with why (pure): an MPS GPU the running
+/// daemon does not serve yet or whose defaults were not all taken, and a GPU that left MPS but is
+/// still served. Their hand-over is not done: not applied, reason `MpsPending`.
+pub fn not_ready(
+    spec: &GpuNodeSpec,
+    observed: &GpuNodeStatus,
+    d: &Desired,
+    st: &MpsDaemonStatus,
+) -> BTreeMap<u32, String> {
+    let mut out = BTreeMap::new();
+    let why = || {
+        st.message
+            .clone()
+            .unwrap_or_else(|| "the MPS daemon is not running".into())
+    };
+    for g in &spec.gpus {
+        let Some(o) = observed.gpus.iter().find(|o| o.index == g.index && !unreadable(o)) else {
+            continue;
+        };
+        let served = st.running && st.gpus.contains(&o.uuid);
+        if g.mode == Mode::Mps && d.gpus.contains(&o.uuid) {
+            if !served {
+                out.insert(
+                    g.index,
+                    format!("the MPS daemon does not serve GPU {} yet: {}", g.index, why()),
+                );
+            } else if st.settings != d.settings {
+                out.insert(
+                    g.index,
+                    format!(
+                        "the MPS daemon runs without all its defaults for GPU {}: {}",
+                        g.index,
+                        why()
+                    ),
+                );
+            }
+        } else if g.mode != Mode::Mps && served {
+            out.insert(
+                g.index,
+                format!("the MPS daemon still serves GPU {}: {}", g.index, why()),
+            );
+        }
+    }
+    out
 }
