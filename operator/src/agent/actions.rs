@@ -47,7 +47,8 @@ pub enum Action {
         profile: String,
         placement: Placement,
     },
-    /// Finishes a GPU instance left without a compute instance.
+    /// Gives a GPU instance exactly one compute instance spanning it: finishes one left without
+    /// (an interrupted run), replaces several or a partial one (made by hand).
     CreateComputeInstance {
         gpu: u32,
         gpu_instance_id: u32,
@@ -320,9 +321,18 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         let inst = inst_of(k).expect("diffed from these instances");
         if inst.compute_instance_id.is_none() {
             plan.notes.push(format!(
-                "GPU instance {} ({} at {}) has no compute instance, likely from an interrupted run",
+                "GPU instance {} ({} at {}) has no compute instance spanning it (none, from an interrupted run, or several or a partial one, made by hand): its compute instances are replaced by one",
                 inst.gpu_instance_id, inst.profile, inst.placement
             ));
+            let p = instance_pids(o, inst.gpu_instance_id);
+            if !p.is_empty() {
+                busy.push(format!(
+                    "{} at {} needs its compute instances replaced but runs pids {}",
+                    inst.profile,
+                    inst.placement,
+                    pids(p.into_iter())
+                ));
+            }
             plan.actions.push(Action::CreateComputeInstance {
                 gpu: g.index,
                 gpu_instance_id: inst.gpu_instance_id,
@@ -354,7 +364,9 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
             ScrubMemory::Always => changed || created,
         };
         if needed && !done.scrubbed.contains(&(g.index, target)) {
-            if let Some(inst) = existing.filter(|_| !created) {
+            // Never under a process, even in an instance this run created: whoever got it
+            // before its scrub must be gone first.
+            if let Some(inst) = existing {
                 let p = instance_pids(o, inst.gpu_instance_id);
                 if !p.is_empty() {
                     busy.push(format!(

@@ -565,6 +565,32 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
     }
 }
 
+/// An instance created earlier in this run (round 1) and found with a process in round 2 (the
+/// device plugin, or anyone, got it first): not scrubbed under that process, Busy.
+#[test]
+fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![inst(4, "3g.40gb", 0, 4, None)];
+    let g = mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))]);
+    let done = RunMemory {
+        scrubbed: vec![],
+        touched: vec![(0, ScrubTarget::Instance(Placement { start: 0, size: 4 }))],
+    };
+    let p = plan_gpu(&o, &g, None, &done);
+    assert_eq!(p.actions.len(), 1, "idle: scrubbed");
+    o.processes = vec![ProcessStatus {
+        pid: 66,
+        gpu_instance_id: Some(4),
+        compute_instance_id: Some(0),
+        used_memory_mib: None,
+    }];
+    let p = plan_gpu(&o, &g, None, &done);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let b = p.blocked.unwrap();
+    assert_eq!(b.reason, "Busy");
+    assert!(b.message.contains("pids 66"), "{}", b.message);
+}
+
 #[test]
 fn mps_defaults_come_from_the_spec_per_daemon_device() {
     let mut a = gpu(0, "H100-80GB", false);

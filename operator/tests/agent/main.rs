@@ -527,3 +527,88 @@ fn in_use_from_the_driver_fails_one_gpu_and_the_next_apply_finishes() {
     );
     assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
 }
+
+/// A GPU instance with several compute instances (made by hand, or by another tool): listed and
+/// destroyed when the spec drops it; when the spec keeps it, its compute instances are replaced by
+/// one spanning it (what the device plugin should advertise) once nothing runs in it.
+#[test]
+fn gpu_instances_with_several_compute_instances_are_handled() {
+    let split = |sim: &Sim| {
+        nvidia_ml_sim::state::update(&sim.paths, |st| {
+            let a = st.next_mig_uuid(0, 1);
+            let b = st.next_mig_uuid(0, 1);
+            st.gpus[0].gis.push(nvidia_ml_sim::state::SimGi {
+                id: 1,
+                profile_id: 9,
+                start: 4,
+                size: 4,
+                cis: vec![
+                    nvidia_ml_sim::state::SimCi {
+                        id: 0,
+                        profile_id: 0,
+                        uuid: a,
+                    },
+                    nvidia_ml_sim::state::SimCi {
+                        id: 1,
+                        profile_id: 0,
+                        uuid: b,
+                    },
+                ],
+            });
+        })
+        .unwrap();
+    };
+    let mig_on = r#"{model: "NVIDIA H100 80GB HBM3", count: 1, mig: true}"#;
+
+    // Dropped by the spec: every compute instance goes, then the GPU instance, in one apply.
+    let sim = Sim::new("multici-drop", &[mig_on]);
+    split(&sim);
+    let run = sim.apply(&gpus(&[mig_gpu(0, &[("7g.80gb", 0, 8, Some("alpha"))])]));
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_eq!(layout(run.status(), 0), ["7g.80gb@0:8"]);
+
+    // Kept by the spec: busy while a process runs in it, then one spanning compute instance.
+    let sim = Sim::new("multici-keep", &[mig_on]);
+    split(&sim);
+    let spec = gpus(&[mig_gpu(0, &[("3g.40gb", 4, 4, Some("beta"))])]);
+    nvidia_ml_sim::ctl::attach(
+        &sim.paths,
+        &nvidia_ml_sim::ctl::Attach {
+            gpu: 0,
+            placement_start: Some(4),
+            pid: 4711,
+            tenant: Some("alpha".into()),
+            used_mib: 100,
+        },
+    )
+    .unwrap();
+    let run = sim.apply(&spec);
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!(
+        (g.applied, g.reason.as_deref()),
+        (Some(false), Some("Busy")),
+        "{:?}",
+        g.message
+    );
+    assert!(g.message.as_deref().unwrap().contains("4711"), "{:?}", g.message);
+    assert_eq!(
+        sim.state().gpus[0].gis[0].cis.len(),
+        2,
+        "nothing destroyed under a process"
+    );
+
+    nvidia_ml_sim::ctl::detach(&sim.paths, 4711).unwrap();
+    let run = sim.apply(&spec);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    let gi = sim.state().gpus[0].gis[0].clone();
+    assert_eq!(gi.cis.len(), 1, "{gi:?}");
+    assert_eq!(gi.cis[0].profile_id, 2, "one compute instance of all 3 slices");
+    let inst = &run.status().gpus[0].instances[0];
+    assert_eq!(inst.uuid.as_deref(), Some(gi.cis[0].uuid.as_str()));
+    assert_eq!(inst.tenant.as_deref(), Some("beta"));
+    assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
+    let m = sim.mutations();
+    assert_eq!(sim.apply(&spec).code(), Some(0));
+    assert_eq!(sim.mutations(), m, "repaired once, then left alone");
+}

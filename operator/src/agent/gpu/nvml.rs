@@ -73,6 +73,14 @@ fn mig_activation(gpu: u32, enable: bool, status: nvmlReturn_t) -> Result<(), Ac
     }
 }
 
+/// A compute instance as NVML lists it.
+struct Ci {
+    handle: nvmlComputeInstance_t,
+    id: u32,
+    /// Compute slices of its profile.
+    slices: u32,
+}
+
 /// An initialised NVML library.
 pub struct NvmlGpus {
     nvml: Nvml,
@@ -341,10 +349,17 @@ impl NvmlGpus {
                 check(|| format!("nvmlGpuInstanceGetInfo(GPU {index})"), unsafe {
                     gi_info(gi, &mut info)
                 })?;
+                // The one compute instance spanning the GPU instance, what the agent creates and the
+                // device plugin should advertise; none, several or a partial one read as "no
+                // compute instance" and are replaced by the plan.
                 let cis = self.compute_instances(gi)?;
+                let full = match cis.as_slice() {
+                    [c] if c.slices == p.compute_slices => Some(c.id),
+                    _ => None,
+                };
                 out.push(MigInstanceStatus {
                     gpu_instance_id: info.id,
-                    compute_instance_id: cis.first().map(|c| c.1),
+                    compute_instance_id: full,
                     profile_id: info.profileId,
                     profile: p.name.clone(),
                     placement: Placement {
@@ -399,8 +414,8 @@ impl NvmlGpus {
         Ok(out)
     }
 
-    /// (CI profile ID, CI ID) of every compute instance of a GPU instance.
-    fn compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, u32)>, String> {
+    /// Every compute instance of a GPU instance, whatever its profile, in ID order.
+    fn compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<Vec<Ci>, String> {
         let lib = self.lib();
         let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
         let list = sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref())?;
@@ -421,11 +436,26 @@ impl NvmlGpus {
             for &ci in buf.iter().take(count as usize) {
                 let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
                 check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe { info(ci, &mut i) })?;
-                out.push((p.id, i.id));
+                out.push(Ci {
+                    handle: ci,
+                    id: i.id,
+                    slices: p.sliceCount,
+                });
             }
         }
-        out.sort_by_key(|c| c.1);
+        out.sort_by_key(|c| c.id);
         Ok(out)
+    }
+
+    fn destroy_compute_instance(&self, gpu: u32, gpu_instance_id: u32, ci: &Ci) -> Result<(), String> {
+        let destroy = sym(self.lib().nvmlComputeInstanceDestroy.as_ref())?;
+        let what = || {
+            format!(
+                "nvmlComputeInstanceDestroy(GPU {gpu}, GI {gpu_instance_id}, CI {})",
+                ci.id
+            )
+        };
+        check(what, unsafe { destroy(ci.handle) })
     }
 
     fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, String> {
@@ -444,9 +474,10 @@ impl NvmlGpus {
         Ok(gi)
     }
 
-    /// Creates one compute instance spanning the GPU instance: the CI profile with the most slices
-    /// the driver offers for it.
-    fn create_full_ci(&self, gpu: u32, gi: nvmlGpuInstance_t) -> Result<(), String> {
+    /// Leaves the GPU instance with exactly one compute instance spanning it (the CI profile with
+    /// the most slices the driver offers for it): any others (several, or a partial one) are
+    /// destroyed first; NVML refuses that with IN_USE while processes run in them.
+    fn ensure_full_ci(&self, gpu: u32, gpu_instance_id: u32, gi: nvmlGpuInstance_t) -> Result<(), String> {
         let lib = self.lib();
         let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
         let create = sym(lib.nvmlGpuInstanceCreateComputeInstance.as_ref())?;
@@ -461,8 +492,17 @@ impl NvmlGpus {
             }
         }
         let p = best.ok_or_else(|| {
-            format!("GPU {gpu}: the driver offers no compute instance profile for a new GPU instance")
+            format!("GPU {gpu}: the driver offers no compute instance profile for GPU instance {gpu_instance_id}")
         })?;
+        let cis = self.compute_instances(gi)?;
+        if let [c] = cis.as_slice()
+            && c.slices == p.sliceCount
+        {
+            return Ok(());
+        }
+        for ci in &cis {
+            self.destroy_compute_instance(gpu, gpu_instance_id, ci)?;
+        }
         let mut ci: nvmlComputeInstance_t = ptr::null_mut();
         check(
             || format!("nvmlGpuInstanceCreateComputeInstance(GPU {gpu}, CI profile {})", p.id),
@@ -489,30 +529,12 @@ impl NvmlGpus {
                 compute_instance_id,
             } => {
                 let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
-                let list = sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref())?;
-                let info = sym(lib.nvmlComputeInstanceGetInfo_v2.as_ref())?;
-                let destroy = sym(lib.nvmlComputeInstanceDestroy.as_ref())?;
-                let (profile, _) = self
+                if let Some(ci) = self
                     .compute_instances(gi)?
-                    .into_iter()
-                    .find(|c| c.1 == *compute_instance_id)
-                    .ok_or_else(|| format!("GPU {gpu}: compute instance {compute_instance_id} of GPU instance {gpu_instance_id} is gone"))?;
-                let mut buf: Vec<nvmlComputeInstance_t> = vec![ptr::null_mut(); 8];
-                let mut count = 0u32;
-                check(|| "nvmlGpuInstanceGetComputeInstances".into(), unsafe {
-                    list(gi, profile, buf.as_mut_ptr(), &mut count)
-                })?;
-                for &ci in buf.iter().take(count as usize) {
-                    let mut i: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
-                    check(|| "nvmlComputeInstanceGetInfo_v2".into(), unsafe { info(ci, &mut i) })?;
-                    if i.id == *compute_instance_id {
-                        let what = || {
-                            format!(
-                                "nvmlComputeInstanceDestroy(GPU {gpu}, GI {gpu_instance_id}, CI {compute_instance_id})"
-                            )
-                        };
-                        return Ok(check(what, unsafe { destroy(ci) })?);
-                    }
+                    .iter()
+                    .find(|c| c.id == *compute_instance_id)
+                {
+                    self.destroy_compute_instance(*gpu, *gpu_instance_id, ci)?;
                 }
             }
             Action::DestroyGpuInstance {
@@ -522,6 +544,11 @@ impl NvmlGpus {
                 placement,
             } => {
                 let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
+                // NVML refuses to destroy a GPU instance that still has compute instances: any the
+                // plan did not know of (several per instance, made by hand) go first.
+                for ci in self.compute_instances(gi)? {
+                    self.destroy_compute_instance(*gpu, *gpu_instance_id, &ci)?;
+                }
                 let destroy = sym(lib.nvmlGpuInstanceDestroy.as_ref())?;
                 check(
                     || format!("nvmlGpuInstanceDestroy(GPU {gpu}, {profile} at {placement})"),
@@ -543,11 +570,16 @@ impl NvmlGpus {
                 let mut gi: nvmlGpuInstance_t = ptr::null_mut();
                 let what = || format!("nvmlDeviceCreateGpuInstanceWithPlacement(GPU {gpu}, {profile} at {placement})");
                 check(what, unsafe { create(dev.handle(), *profile_id, &p, &mut gi) })?;
-                self.create_full_ci(*gpu, gi)?;
+                let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+                let gi_info = sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
+                check(|| format!("nvmlGpuInstanceGetInfo(GPU {gpu})"), unsafe {
+                    gi_info(gi, &mut info)
+                })?;
+                self.ensure_full_ci(*gpu, info.id, gi)?;
             }
             Action::CreateComputeInstance { gpu, gpu_instance_id } => {
                 let gi = self.gpu_instance(*gpu, *gpu_instance_id)?;
-                self.create_full_ci(*gpu, gi)?;
+                self.ensure_full_ci(*gpu, *gpu_instance_id, gi)?;
             }
             Action::SetComputeMode { gpu, mode } => {
                 let m = if *mode == COMPUTE_EXCLUSIVE_PROCESS {
