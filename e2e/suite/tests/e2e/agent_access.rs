@@ -1,0 +1,261 @@
+//! deploy/base/agent-node-policy.yaml on the real API server: the agent's ClusterRole lets it
+//! write every GpuNode and every Node's labels; the ValidatingAdmissionPolicy narrows that to its
+//! own node, named by the `authentication.kubernetes.io/node-name` extra of a service account
+//! token bound to a pod. The test acts as the agent by impersonation (user, groups and that
+//! extra), the way Kubernetes' own per-node-update e2e test does.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use gpu_tenancy_e2e::{Cleanup, Names, api, client, ensure_crds, kubeconfig_path, kubectl_async, repo_root, yaml_docs};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+/// The agent's service account (deploy/base/agent-rbac.yaml).
+const AGENT_USER: &str = "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-agent";
+const AGENT_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:gpu-tenancy-system",
+    "system:authenticated",
+];
+/// The user extra a pod-bound service account token carries.
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+const POLICY: &str = "gpu-tenancy-agent-own-node";
+const POLICY_FILE: &str = "deploy/base/agent-node-policy.yaml";
+
+/// A client acting as the agent's service account, from a pod on `node` (None: no node extra).
+async fn agent_client(node: Option<&str>) -> Client {
+    let path = kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(&path).expect("reading the kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("loading the kubeconfig");
+    config.auth_info.impersonate = Some(AGENT_USER.into());
+    config.auth_info.impersonate_groups = Some(AGENT_GROUPS.iter().map(|g| g.to_string()).collect());
+    config.auth_info.impersonate_user_extra =
+        node.map(|n| HashMap::from([(NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()])]));
+    Client::try_from(config).expect("building the impersonating client")
+}
+
+/// Applies the objects of `docs` (server-side) and registers them with `cleanup`.
+async fn apply(docs: &[Value], cleanup: &Cleanup, what: &str) {
+    let file = std::env::temp_dir().join(format!("gt-e2e-agent-access-{}-{what}.yaml", std::process::id()));
+    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    for d in docs {
+        let kind = d["kind"].as_str().unwrap();
+        let resource = match kind {
+            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies.admissionregistration.k8s.io",
+            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+            "ClusterRole" => "clusterroles.rbac.authorization.k8s.io",
+            "ClusterRoleBinding" => "clusterrolebindings.rbac.authorization.k8s.io",
+            other => panic!("unexpected {other}"),
+        };
+        cleanup.add_resource(resource, d["metadata"]["name"].as_str().unwrap());
+    }
+    kubectl_async(vec![
+        "apply".into(),
+        "--server-side".into(),
+        "--field-manager=gpu-tenancy-e2e".into(),
+        "--force-conflicts".into(),
+        "-f".into(),
+        file.display().to_string(),
+    ])
+    .await
+    .ok();
+    std::fs::remove_file(&file).ok();
+}
+
+/// The outcome of a write: Ok, or the API server's message with its code.
+fn outcome<T>(r: Result<T, kube::Error>) -> Result<(), String> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) => Err(format!("{} ({})", s.message, s.code)),
+        Err(e) => panic!("request failed without an API answer: {e}"),
+    }
+}
+
+async fn patch_status(client: &Client, name: &str) -> Result<(), String> {
+    let patch = json!({"status": {"layout": "e2e-agent-access"}});
+    outcome(
+        api(client, "GpuNode")
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
+}
+
+async fn label_node(client: &Client, name: &str) -> Result<(), String> {
+    let patch = json!({"metadata": {"labels": {"gputenancy.io/e2e-agent-access": "x"}}});
+    outcome(
+        Api::<Node>::all(client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
+}
+
+async fn create_gpunode(client: &Client, name: &str) -> Result<(), String> {
+    let obj: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gputenancy.io/v1alpha1",
+        "kind": "GpuNode",
+        "metadata": {"name": name},
+        "spec": {},
+    }))
+    .unwrap();
+    outcome(api(client, "GpuNode").create(&PostParams::default(), &obj).await)
+}
+
+/// Retries `f` until `done` holds for its outcome (RBAC and admission policies reach the API
+/// server's caches a moment after they are written), failing after 60s with the last outcome.
+async fn eventually<F, Fut>(what: &str, mut f: F, done: impl Fn(&Result<(), String>) -> bool) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let start = Instant::now();
+    loop {
+        let r = f().await;
+        if done(&r) {
+            return r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: still {r:?} after 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[track_caller]
+fn assert_refused(r: Result<(), String>, rule: &str, what: &str) {
+    let msg = r.expect_err(what);
+    assert!(
+        msg.contains(POLICY) && msg.contains(rule) && msg.contains("(403)"),
+        "{what}: refused, but not by {POLICY} rule {rule}: {msg}"
+    );
+}
+
+#[tokio::test]
+async fn agent_writes_only_its_own_nodes_gpunode_and_node() {
+    let admin = client().await;
+    ensure_crds(&admin).await;
+    let cleanup = Cleanup::new();
+    let names = Names::new("agent-access");
+    let base = names.next();
+    let (a, b, c) = (format!("{base}-a"), format!("{base}-b"), format!("{base}-c"));
+
+    // The agent's cluster-wide permissions and the policy, from deploy/base.
+    let rbac: Vec<Value> = yaml_docs(&repo_root().join("deploy/base/agent-rbac.yaml"))
+        .into_iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding")
+        .collect();
+    assert_eq!(
+        rbac.len(),
+        2,
+        "deploy/base/agent-rbac.yaml: the agent's ClusterRole and binding"
+    );
+    apply(&rbac, &cleanup, "rbac").await;
+    let policy = yaml_docs(&repo_root().join(POLICY_FILE));
+    assert_eq!(policy.len(), 2, "{POLICY_FILE}: the policy and its binding");
+    for d in &policy {
+        assert_eq!(d["metadata"]["name"], POLICY);
+    }
+    assert_eq!(policy[0]["spec"]["failurePolicy"], "Fail");
+    apply(&policy, &cleanup, "policy").await;
+
+    // Two Nodes, and GpuNode b (the agent of node a creates its own).
+    for n in [&a, &b] {
+        cleanup.add_resource("nodes", n);
+        let mut node = Node::default();
+        node.metadata.name = Some(n.clone());
+        Api::<Node>::all(admin.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("creating Node {n}: {e}"));
+    }
+    for n in [&a, &b, &c] {
+        cleanup.add("GpuNode", n);
+    }
+    create_gpunode(&admin, &b).await.expect("the admin creates GpuNode b");
+
+    let agent_a = agent_client(Some(&a)).await;
+
+    // Wait until the policy is in force: the agent of a patching b's status is refused by it
+    // (not by RBAC, which refuses with a different message until the binding is seen).
+    let r = eventually(
+        "agent of a patches GpuNode b's status",
+        || patch_status(&agent_a, &b),
+        |r| r.as_ref().is_err_and(|m| m.contains(POLICY)),
+    )
+    .await;
+    assert_refused(
+        r,
+        "rule agent-writes-its-own-node",
+        "agent of a patches GpuNode b's status",
+    );
+
+    // Its own GpuNode: created, then its status patched.
+    // (Authorization passed above: the agent's ClusterRole is in force too.)
+    create_gpunode(&agent_a, &a)
+        .await
+        .expect("the agent of a creates GpuNode a");
+    patch_status(&agent_a, &a)
+        .await
+        .expect("the agent of a patches GpuNode a's status");
+    let status = api(&admin, "GpuNode").get(&a).await.unwrap().data["status"].clone();
+    assert_eq!(status["layout"], "e2e-agent-access");
+
+    // Another node's GpuNode: neither created nor updated (spec or status).
+    let r = create_gpunode(&agent_a, &c).await;
+    assert_refused(r, "rule agent-writes-its-own-node", "agent of a creates GpuNode c");
+    let r = patch_status(&agent_a, &b).await;
+    assert_refused(
+        r,
+        "rule agent-writes-its-own-node",
+        "agent of a patches GpuNode b's status",
+    );
+    let r = r_msg(&patch_status(&agent_a, &b).await);
+    assert!(r.contains(&format!("node {a} may not write GpuNode {b}")), "{r}");
+
+    // Node labels: its own, yes; another node's, no.
+    label_node(&agent_a, &a).await.expect("the agent of a labels Node a");
+    let r = label_node(&agent_a, &b).await;
+    assert_refused(r.clone(), "rule agent-writes-its-own-node", "agent of a labels Node b");
+    assert!(r_msg(&r).contains(&format!("node {a} may not write Node {b}")), "{r:?}");
+    let node_b = Api::<Node>::all(admin.clone()).get(&b).await.unwrap();
+    assert!(
+        !node_b
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("gputenancy.io/e2e-agent-access"),
+        "Node b was labelled"
+    );
+
+    // The agent's user without the node extra (a token not bound to a pod): refused, even for a.
+    let unbound = agent_client(None).await;
+    let r = patch_status(&unbound, &a).await;
+    assert_refused(
+        r,
+        "rule agent-request-from-its-pod",
+        "the agent without node-name patches GpuNode a",
+    );
+    let r = label_node(&unbound, &a).await;
+    assert_refused(
+        r,
+        "rule agent-request-from-its-pod",
+        "the agent without node-name labels Node a",
+    );
+
+    // Other users are not matched: the admin writes GpuNode b's status and labels Node b.
+    patch_status(&admin, &b)
+        .await
+        .expect("the admin patches GpuNode b's status");
+    label_node(&admin, &b).await.expect("the admin labels Node b");
+}
+
+fn r_msg(r: &Result<(), String>) -> String {
+    r.clone().err().unwrap_or_default()
+}
