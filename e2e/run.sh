@@ -179,7 +179,7 @@ cmd_test() {
 	build
 	# Compile the suite before starting anything: a compile error needs no cluster.
 	say "building the e2e suite and the gpu-tenancy binary (the controller scenarios run it) ..."
-	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy
+	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
 	# A control plane of its own (not the one of `make e2e-up`, nor of a concurrent run), torn
 	# down on any exit. Directories of earlier runs whose control plane is gone are removed.

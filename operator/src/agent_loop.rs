@@ -6,16 +6,18 @@
 //! survives restarts. The status is written with server-side apply (field manager
 //! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
-//! plugin's pod on this node is deleted so it re-reads the devices.
+//! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
+//! pods that may hold a busy GPU are evicted so the change can proceed.
 
 use crate::agent::apply::{ApplyOptions, apply};
 use crate::agent::gpu::nvml::NvmlGpus;
 use crate::agent::scrub::CudaLib;
-use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
+use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
+use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
 use crate::labels::CONFIG_STATE;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -120,12 +122,86 @@ async fn pass(client: &Client, gpus: &Arc<NvmlGpus>, opts: &Options) -> Result<(
         .map_err(|e| format!("writing GpuNode {} status: {e}", opts.node))?;
         tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
     }
+    if node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
+        let busy: Vec<&GpuStatus> = status
+            .gpus
+            .iter()
+            .filter(|g| g.reason.as_deref() == Some(BUSY) && node.spec.gpus.iter().any(|s| s.index == g.index))
+            .collect();
+        if !busy.is_empty() {
+            evict_gpu_pods(client, opts, &busy).await;
+        }
+    }
     let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
     if mig_changed {
         restart_device_plugin(client, opts).await;
     }
     label_config_state(client, opts, config_state(&status)).await;
     Ok(())
+}
+
+/// The reason the GPU layer gives a GPU it leaves alone because processes run on it.
+const BUSY: &str = "Busy";
+
+/// The device-plugin resource names through which pods reach `gpu` as it is now: its MIG
+/// instances' profiles, or the whole-GPU names.
+fn resource_names(gpu: &GpuStatus) -> Vec<String> {
+    if gpu.instances.is_empty() {
+        vec![RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]
+    } else {
+        gpu.instances.iter().map(|i| mig_resource(&i.profile)).collect()
+    }
+}
+
+/// `busyGpuPolicy: Evict`: evicts, through the Eviction API (so PodDisruptionBudgets hold), the pods
+/// of this node that ask for a resource of a busy GPU. Without the kubelet's pod-resources API the
+/// agent cannot tell which pod holds which device, so every pod on the node asking for that GPU's
+/// resource names goes (a superset, never a miss). A refusal (a PodDisruptionBudget) is retried on
+/// the next pass.
+async fn evict_gpu_pods(client: &Client, opts: &Options, busy: &[&GpuStatus]) {
+    let names: Vec<String> = busy.iter().flat_map(|g| resource_names(g)).collect();
+    let all: Api<Pod> = Api::all(client.clone());
+    let pods = match all
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", opts.node)))
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this node's pods to evict them from busy GPUs");
+            return;
+        }
+    };
+    for pod in pods {
+        let Some(spec) = &pod.spec else { continue };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let asks = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .any(|c| {
+                let r = c.resources.as_ref();
+                let has = |m: Option<
+                    &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+                >| { m.is_some_and(|m| m.keys().any(|k| names.contains(k))) };
+                has(r.and_then(|r| r.limits.as_ref())) || has(r.and_then(|r| r.requests.as_ref()))
+            });
+        if !asks {
+            continue;
+        }
+        let ns = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        match api.evict(&pod.name_any(), &EvictParams::default()).await {
+            Ok(_) => {
+                tracing::info!(pod = %format!("{ns}/{}", pod.name_any()), "evicted from a busy GPU (busyGpuPolicy Evict)")
+            }
+            Err(e) => {
+                tracing::warn!(pod = %format!("{ns}/{}", pod.name_any()), error = %e, "eviction refused; retrying on the next pass")
+            }
+        }
+    }
 }
 
 /// Deletes the device plugin's pod on this node so its DaemonSet starts one that re-reads the devices.

@@ -592,3 +592,147 @@ spec:
     assert_eq!(line("GpuPartitionPlan")["status"], "Failed", "{stdout}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A real agent (`gpu-tenancy agent run` on a simulated GPU) under `busyGpuPolicy: Evict`: a GPU to
+/// change still runs a process, so the agent evicts the pod that asks for its resource, leaves the
+/// GPU alone while the process runs, and applies the change once it ends.
+#[tokio::test]
+async fn e_a_busy_gpu_is_evicted_then_changed() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let root = gpu_tenancy_e2e::repo_root();
+    let dir = std::env::temp_dir().join(format!("gt-busy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sim_config = dir.join("sim.yaml");
+    std::fs::write(&sim_config, "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n").unwrap();
+    let sim_env = |cmd: &mut std::process::Command| {
+        cmd.env("GPU_TENANCY_SIM_CONFIG", &sim_config)
+            .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
+            .env("GPU_TENANCY_NVML_LIB", root.join("target/debug/libnvidia_ml_sim.so"))
+            .env("GPU_TENANCY_CUDA_LIB", root.join("target/debug/libnvidia_ml_sim.so"));
+    };
+    let node: Node =
+        serde_json::from_value(json!({"metadata": {"name": "busy-0", "labels": {"pool": "busy"}}})).unwrap();
+    cleanup.add_resource("nodes", "busy-0");
+    cleanup.add("GpuNode", "busy-0");
+    cleanup.add("GpuPartitionPlan", "busy");
+    let _ = Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await;
+    let mut agent = std::process::Command::new(root.join("target/debug/gpu-tenancy"));
+    agent
+        .args(["agent", "run", "--node-name", "busy-0", "--poll", "1"])
+        .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
+        .env("RUST_LOG", "info");
+    sim_env(&mut agent);
+    let mut agent = KillOnDrop(agent.spawn().expect("the agent starts"));
+    let c = std::sync::Arc::new(start(&client).await);
+    let loop_c = c.clone();
+    let controller = tokio::spawn(async move {
+        loop {
+            let _ = pass(&loop_c).await;
+        }
+    });
+    let plan = |profiles: serde_json::Value| {
+        let mut p = mig_plan("busy", profiles);
+        p["spec"]["rollout"]["busyGpuPolicy"] = json!("Evict");
+        p
+    };
+    let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
+    plans
+        .patch(
+            "busy",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["7g.80gb"]))),
+        )
+        .await
+        .unwrap();
+    let gn: Api<GpuNode> = Api::all(client.clone());
+    let layout_is = |want: &'static str| {
+        let gn = gn.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            loop {
+                if let Ok(n) = gn.get("busy-0").await {
+                    let s = n.status.unwrap_or_default();
+                    if s.layout.as_deref() == Some(want)
+                        && s.observed_generation == n.metadata.generation
+                        && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                    {
+                        return;
+                    }
+                }
+                assert!(Instant::now() < deadline, "busy-0 never applied {want}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    layout_is("0:7g.80gb").await;
+    // A workload on the instance, and its pod (bound to the node; there is no kubelet).
+    let sim_ctl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(root.join("target/debug/sim-ctl"));
+        cmd.args(args);
+        sim_env(&mut cmd);
+        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
+    };
+    sim_ctl(&["attach", "--gpu", "0", "--start", "0", "--pid", "4242"]);
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "busy-workload"}, "spec": {
+        "nodeName": "busy-0",
+        "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}}))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let _ = pods.delete("busy-workload", &DeleteParams::default()).await;
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // The new layout: the agent finds the GPU busy and evicts the pod.
+    plans
+        .patch(
+            "busy",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(plan(json!(["3g.40gb", "3g.40gb"]))),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Evicted: gone, or terminating (no kubelet here confirms the deletion).
+    while pods
+        .get_opt("busy-workload")
+        .await
+        .unwrap()
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        assert!(Instant::now() < deadline, "the pod on the busy GPU was not evicted");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let n = gn.get("busy-0").await.unwrap();
+    let g0 = n.status.unwrap().gpus.into_iter().next().unwrap();
+    assert_eq!(
+        g0.reason.as_deref(),
+        Some("Busy"),
+        "the GPU is left alone while the process runs"
+    );
+    // The process ends: the change goes through.
+    sim_ctl(&["detach", "--pid", "4242"]);
+    layout_is("0:3g.40gb+3g.40gb").await;
+    controller.abort();
+    agent.0.kill().ok();
+    plans.delete("busy", &DeleteParams::default()).await.ok();
+    let _ = pods
+        .delete(
+            "busy-workload",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await;
+    std::fs::remove_dir_all(dir).ok();
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
