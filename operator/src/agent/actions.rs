@@ -340,14 +340,32 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         }
     }
 
+    let created: Vec<Placement> = diff.create.iter().map(|c| c.placement).collect();
+    instance_scrubs(o, g, prev, done, &created, &mut plan.actions, &mut busy);
+    if !busy.is_empty() {
+        plan.block("Busy", format!("GPU {} left as it is: {}", g.index, busy.join("; ")));
+    }
+    plan
+}
+
+/// The scrubs a MIG GPU's instances need before their tenants get them (`created`: placements this
+/// plan creates), and the processes in the way of one (`busy`).
+fn instance_scrubs(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    created: &[Placement],
+    actions: &mut Vec<Action>,
+    busy: &mut Vec<String>,
+) {
     for want in &g.mig_instances {
         let target = ScrubTarget::Instance(want.placement);
         let existing = o
             .instances
             .iter()
             .find(|i| i.placement == want.placement && i.profile == want.profile);
-        let created =
-            diff.create.iter().any(|c| c.placement == want.placement) || done.touched.contains(&(g.index, target));
+        let created = created.contains(&want.placement) || done.touched.contains(&(g.index, target));
         let record = prev.and_then(|p| {
             p.instances
                 .iter()
@@ -377,17 +395,13 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
                     ));
                 }
             }
-            plan.actions.push(Action::Scrub {
+            actions.push(Action::Scrub {
                 gpu: g.index,
                 target,
                 tenant: want.tenant.clone(),
             });
         }
     }
-    if !busy.is_empty() {
-        plan.block("Busy", format!("GPU {} left as it is: {}", g.index, busy.join("; ")));
-    }
-    plan
 }
 
 /// Whether a scrub record proves a finished hand-over: scrubbed, or skipped by policy; not

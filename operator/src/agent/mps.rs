@@ -254,98 +254,127 @@ pub fn ensure(
     prev: Option<&MpsDaemonStatus>,
     observed: &GpuNodeStatus,
 ) -> MpsDaemonStatus {
-    let restarts = prev.map(|p| p.restarts).unwrap_or(0);
     let was_running = prev.is_none_or(|p| p.running);
     // Probe only when the daemon may matter: no daemon binary is fine when nobody needs MPS.
     let alive = (!d.gpus.is_empty() || was_running) && healthy(cfg);
-    let served: Vec<String> = prev.map(|p| p.gpus.clone()).unwrap_or_default();
-    let had: Vec<String> = prev.map(|p| p.settings.clone()).unwrap_or_default();
-    let mut st = MpsDaemonStatus {
+    let st = MpsDaemonStatus {
         running: alive,
         pid: prev.and_then(|p| p.pid),
         gpus: Vec::new(),
-        restarts,
+        restarts: prev.map(|p| p.restarts).unwrap_or(0),
         settings: Vec::new(),
         message: None,
     };
-    let note = |m: String| {
-        if d.notes.is_empty() {
-            m
-        } else {
-            format!("{m}; {}", d.notes.join("; "))
-        }
-    };
-    // The daemon as it is, with why it is left so.
-    let keep = |mut st: MpsDaemonStatus, why: String| {
-        st.gpus = served.clone();
-        st.settings = had.clone();
-        st.message = Some(why);
-        st
-    };
     if let Some(why) = &d.hold {
-        return keep(st, why.clone());
+        return keep(st, prev, why.clone());
     }
     // Whom a restart or a quit would cut off: processes on the GPUs the daemon serves (when that
     // is not known, on every GPU it is to serve).
-    let mut affected = served.clone();
-    affected.extend(d.gpus.iter().filter(|g| !served.contains(g)).cloned());
+    let mut affected: Vec<String> = prev.map(|p| p.gpus.clone()).unwrap_or_default();
+    affected.extend(
+        d.gpus
+            .iter()
+            .filter(|g| !affected.contains(g))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     let busy = clients(observed, &affected);
-    let waiting = |what: &str| {
-        format!(
-            "{what}, which would cut off the clients running on {}: it waits until they end",
-            busy.join(", ")
-        )
-    };
     if d.gpus.is_empty() {
-        st.pid = None;
-        if alive {
-            if !busy.is_empty() {
-                st.pid = prev.and_then(|p| p.pid);
-                return keep(st, waiting("no GPU needs MPS any more; the daemon is to quit"));
-            }
-            st.running = false;
-            st.message = Some(match stop(cfg) {
-                Ok(()) => "stopped: no GPU is in MPS mode".into(),
-                Err(e) => {
-                    st.running = true;
-                    e
-                }
-            });
-        }
-        return st;
+        return quit(cfg, st, prev, &busy);
     }
-    let same_gpus = prev.is_some_and(|p| p.gpus == d.gpus);
-    if alive && same_gpus {
+    if alive && prev.is_some_and(|p| p.gpus == d.gpus) {
+        let had = prev.map(|p| p.settings.clone()).unwrap_or_default();
         if had == d.settings {
-            st.gpus = d.gpus.clone();
-            st.settings = had;
-            st.message = prev.and_then(|p| p.message.clone());
-            return st;
+            return keep(st, prev, prev.and_then(|p| p.message.clone()).unwrap_or_default());
         }
         // New defaults reach a running daemon without a restart; only taking one back needs one.
         let wanted: Vec<&str> = d.settings.iter().map(|s| setting_key(s)).collect();
         if had.iter().all(|s| wanted.contains(&setting_key(s))) {
             let (now, err) = send_settings(cfg, &had, &d.settings);
-            st.gpus = d.gpus.clone();
-            st.settings = now;
-            st.message =
-                Some(err.unwrap_or_else(|| note("new defaults sent (servers started from now on use them)".into())));
-            return st;
+            let sent = note(d, "new defaults sent (servers started from now on use them)".into());
+            return MpsDaemonStatus {
+                gpus: d.gpus.clone(),
+                settings: now,
+                message: Some(err.unwrap_or(sent)),
+                ..st
+            };
         }
     }
-    let why = if alive {
-        let what = if prev.is_none() {
-            "an MPS daemon of unknown configuration answers and must restart for this spec"
-        } else if same_gpus {
-            "the MPS daemon must restart to drop a default"
-        } else {
-            "the MPS daemon must restart for the new GPU set"
+    restart(cfg, d, st, prev, &busy)
+}
+
+/// The daemon as it is, with why it is left so.
+fn keep(st: MpsDaemonStatus, prev: Option<&MpsDaemonStatus>, why: String) -> MpsDaemonStatus {
+    MpsDaemonStatus {
+        gpus: prev.map(|p| p.gpus.clone()).unwrap_or_default(),
+        settings: prev.map(|p| p.settings.clone()).unwrap_or_default(),
+        message: (!why.is_empty()).then_some(why),
+        ..st
+    }
+}
+
+fn note(d: &Desired, m: String) -> String {
+    if d.notes.is_empty() {
+        m
+    } else {
+        format!("{m}; {}", d.notes.join("; "))
+    }
+}
+
+fn waiting(what: &str, busy: &[String]) -> String {
+    format!(
+        "{what}, which would cut off the clients running on {}: it waits until they end",
+        busy.join(", ")
+    )
+}
+
+/// No GPU needs the daemon: a clean quit, once no client is left.
+fn quit(cfg: &MpsConfig, st: MpsDaemonStatus, prev: Option<&MpsDaemonStatus>, busy: &[String]) -> MpsDaemonStatus {
+    if !st.running {
+        return MpsDaemonStatus { pid: None, ..st };
+    }
+    if !busy.is_empty() {
+        return keep(
+            st,
+            prev,
+            waiting("no GPU needs MPS any more; the daemon is to quit", busy),
+        );
+    }
+    match stop(cfg) {
+        Ok(()) => MpsDaemonStatus {
+            running: false,
+            pid: None,
+            message: Some("stopped: no GPU is in MPS mode".into()),
+            ..st
+        },
+        Err(e) => MpsDaemonStatus {
+            pid: None,
+            message: Some(e),
+            ..st
+        },
+    }
+}
+
+/// A (re)start for `d`: after a crash, or, once no client is left, for a new GPU set, a default
+/// to take back, or a daemon of unknown configuration.
+fn restart(
+    cfg: &MpsConfig,
+    d: &Desired,
+    mut st: MpsDaemonStatus,
+    prev: Option<&MpsDaemonStatus>,
+    busy: &[String],
+) -> MpsDaemonStatus {
+    let why = if st.running {
+        let what = match prev {
+            None => "an MPS daemon of unknown configuration answers and must restart for this spec",
+            Some(p) if p.gpus == d.gpus => "the MPS daemon must restart to drop a default",
+            Some(_) => "the MPS daemon must restart for the new GPU set",
         };
         if !busy.is_empty() {
-            return keep(st, waiting(what));
+            return keep(st, prev, waiting(what, busy));
         }
         if let Err(e) = stop(cfg) {
-            return keep(st, format!("cannot restart the MPS daemon: {e}"));
+            return keep(st, prev, format!("cannot restart the MPS daemon: {e}"));
         }
         "restarted: GPU set or defaults changed".to_string()
     } else if prev.is_some_and(|p| p.running && !p.gpus.is_empty()) {
@@ -357,19 +386,24 @@ pub fn ensure(
     match start(cfg, d) {
         Ok(pid) => {
             let (now, err) = send_settings(cfg, &[], &d.settings);
-            st.running = true;
-            st.pid = pid;
-            st.gpus = d.gpus.clone();
-            st.settings = now;
-            st.message = Some(err.unwrap_or_else(|| note(why)));
+            MpsDaemonStatus {
+                running: true,
+                pid,
+                gpus: d.gpus.clone(),
+                settings: now,
+                message: Some(err.unwrap_or_else(|| note(d, why))),
+                ..st
+            }
         }
-        Err(e) => {
-            st.running = false;
-            st.pid = None;
-            st.message = Some(e);
-        }
+        Err(e) => MpsDaemonStatus {
+            running: false,
+            pid: None,
+            gpus: Vec::new(),
+            settings: Vec::new(),
+            message: Some(e),
+            ..st
+        },
     }
-    st
 }
 
 /// Spec GPUs the daemon does not serve as the spec asks, with why (pure): an MPS GPU the running

@@ -1,0 +1,260 @@
+//! What the agent publishes: hands recorded only once handed over, the reasons a GPU is not
+//! ready, drift, and the MPS daemon's defaults.
+
+use super::*;
+use crate::agent::actions::{ScrubTarget, plan_node};
+use crate::agent::mps;
+use crate::agent::status::{RunRecord, build};
+
+fn t0() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap())
+}
+
+#[test]
+fn status_records_hands_only_once_applied() {
+    let o = gpu(0, "H100-80GB", false);
+    let observed = GpuNodeStatus {
+        gpus: vec![o.clone()],
+        ..Default::default()
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![whole(0, Mode::Exclusive, &["b"])],
+        ..Default::default()
+    };
+    let mut prev = observed.clone();
+    prev.gpus[0].applied_mode = Some(Mode::Exclusive);
+    prev.gpus[0].applied_tenants = vec!["a".into()];
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap());
+    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
+    assert_eq!(s.gpus[0].applied, Some(false));
+    assert_eq!(s.gpus[0].reason.as_deref(), Some("ScrubPending"));
+    assert_eq!(s.gpus[0].applied_tenants, ["a"], "not handed over before the scrub");
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+
+    let done = RunMemory {
+        scrubbed: vec![(0, ScrubTarget::Gpu)],
+        touched: vec![],
+    };
+    let plans = plan_node(&observed, &spec, Some(&prev), &done);
+    let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
+    assert_eq!(
+        (s.gpus[0].applied, s.gpus[0].applied_tenants.clone()),
+        (Some(true), vec!["b".to_string()])
+    );
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(true));
+    assert_eq!(s.layout.as_deref(), Some("0:Exclusive"));
+}
+
+/// Until its scrub, an instance keeps its old tenant, its GPU is not applied (`ScrubPending`, or
+/// `ScrubFailed` with the error) and the node is not Ready; instances that keep their hands are
+/// recorded for the new spec at once.
+#[test]
+fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
+    let mut o = gpu(0, "H100-80GB", true);
+    o.instances = vec![inst(1, "3g.40gb", 0, 4, None), inst(2, "3g.40gb", 4, 4, None)];
+    let observed = GpuNodeStatus {
+        gpus: vec![o.clone()],
+        ..Default::default()
+    };
+    let mut prev_gpu = recorded(&o);
+    prev_gpu.instances[0].tenant = Some("a".into());
+    prev_gpu.instances[1].tenant = Some("b".into());
+    let prev = GpuNodeStatus {
+        gpus: vec![prev_gpu],
+        ..Default::default()
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![mig_spec(
+            0,
+            vec![want("3g.40gb", 0, 4, Some("c")), want("3g.40gb", 4, 4, Some("b"))],
+        )],
+        ..Default::default()
+    };
+    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let s = build(
+        &observed,
+        &spec,
+        Some(&prev),
+        &plans,
+        &RunRecord::default(),
+        None,
+        &t0(),
+    );
+    let g = &s.gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubPending")));
+    assert!(
+        g.message.as_deref().unwrap().contains("scrub instance at 0:4"),
+        "{:?}",
+        g.message
+    );
+    let tenants: Vec<Option<&str>> = g.instances.iter().map(|i| i.tenant.as_deref()).collect();
+    assert_eq!(tenants, [Some("a"), Some("b")], "c does not get 0:4 before its scrub");
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(ready.message.contains("GPU 0 (ScrubPending)"), "{}", ready.message);
+
+    // The scrub failed: the error is the reason, the instance still not handed over.
+    let failed = ScrubRecord {
+        result: ScrubResult::Failed,
+        tenant: Some("c".into()),
+        ..Default::default()
+    };
+    let run = RunRecord {
+        errors: [(
+            0,
+            ("ScrubFailed", "scrub instance at 0:4 failed: cuMemsetD8".to_string()),
+        )]
+        .into(),
+        scrubs: vec![(
+            0,
+            ScrubTarget::Instance(Placement { start: 0, size: 4 }),
+            failed.clone(),
+        )],
+        ..Default::default()
+    };
+    let s = build(&observed, &spec, Some(&prev), &plans, &run, None, &t0());
+    let g = &s.gpus[0];
+    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert!(g.message.as_deref().unwrap().contains("cuMemsetD8"), "{:?}", g.message);
+    assert_eq!(g.instances[0].tenant.as_deref(), Some("a"));
+    assert_eq!(g.instances[0].last_scrub, Some(failed));
+    assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+}
+
+/// A GPU NVML cannot read: no action whatever the spec, its last known record published with the
+/// error, not ready, and not counted as drift.
+#[test]
+fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
+    let lost = GpuStatus {
+        index: 0,
+        reason: Some("Unreadable".into()),
+        message: Some("NVML cannot read GPU 0: nvmlDeviceGetMigMode(GPU 0): GPU is lost".into()),
+        ..Default::default()
+    };
+    let observed = GpuNodeStatus {
+        gpus: vec![lost],
+        ..Default::default()
+    };
+    let mut known = recorded(&gpu(0, "H100-80GB", true));
+    known.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    known.applied = Some(true);
+    let prev = GpuNodeStatus {
+        gpus: vec![known.clone()],
+        ..Default::default()
+    };
+    for g in [
+        mig_spec(0, vec![want("7g.80gb", 0, 8, Some("b"))]),
+        whole(0, Mode::Exclusive, &["b"]),
+        whole(0, Mode::Mps, &["b"]),
+    ] {
+        let spec = GpuNodeSpec {
+            gpus: vec![g],
+            ..Default::default()
+        };
+        for p in [None, Some(&prev)] {
+            let plans = plan_node(&observed, &spec, p, &none());
+            assert!(plans[0].actions.is_empty(), "{:?}", plans[0].actions);
+            assert_eq!(plans[0].blocked.as_ref().unwrap().reason, "Unreadable");
+        }
+        let plans = plan_node(&observed, &spec, Some(&prev), &none());
+        let s = build(
+            &observed,
+            &spec,
+            Some(&prev),
+            &plans,
+            &RunRecord::default(),
+            None,
+            &t0(),
+        );
+        let g = &s.gpus[0];
+        assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("Unreadable")));
+        assert!(g.message.as_deref().unwrap().contains("GPU is lost"));
+        assert_eq!(
+            (g.uuid.as_str(), g.instances[0].tenant.as_deref()),
+            ("GPU-0", Some("a"))
+        );
+        assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
+        assert!(crate::agent::status::drift(&observed, &spec, Some(&prev)).is_empty());
+    }
+}
+
+#[test]
+fn mps_defaults_come_from_the_spec_per_daemon_device() {
+    let mut a = gpu(0, "H100-80GB", false);
+    let mut b = gpu(1, "H100-80GB", false);
+    let c = gpu(2, "H100-80GB", false);
+    a.compute_mode = Some("ExclusiveProcess".into());
+    b.compute_mode = Some("ExclusiveProcess".into());
+    let observed = GpuNodeStatus {
+        gpus: vec![a, b, c],
+        ..Default::default()
+    };
+    let set = |pct, mem: &str| MpsSettings {
+        max_clients: 4,
+        active_thread_percentage: Some(pct),
+        pinned_memory_limit: Some(mem.into()),
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![
+            GpuSpec {
+                mps: Some(set(50, "1Gi")),
+                ..whole(1, Mode::Mps, &[])
+            },
+            GpuSpec {
+                mps: Some(set(25, "512Mi")),
+                ..whole(2, Mode::Mps, &[])
+            },
+            GpuSpec {
+                mps: Some(set(30, "2Gi")),
+                ..whole(0, Mode::Mps, &[])
+            },
+        ],
+        ..Default::default()
+    };
+    let d = mps::desired(&spec, &observed);
+    assert_eq!(d.gpus, ["GPU-1", "GPU-0"], "GPU 2 is not in EXCLUSIVE_PROCESS yet");
+    assert_eq!(
+        d.settings,
+        [
+            "set_default_active_thread_percentage 30",
+            "set_default_device_pinned_mem_limit 0 1024M",
+            "set_default_device_pinned_mem_limit 1 2048M"
+        ]
+    );
+    assert_eq!(d.notes.len(), 1);
+}
+
+#[test]
+fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
+    let spec = GpuNodeSpec {
+        gpus: vec![mig_spec(0, vec![want("7g.80gb", 0, 8, Some("a"))])],
+        ..Default::default()
+    };
+    let mut applied = gpu(0, "H100-80GB", true);
+    applied.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    applied.applied = Some(true);
+    let prev = GpuNodeStatus {
+        gpus: vec![applied.clone()],
+        ..Default::default()
+    };
+    let now = GpuNodeStatus {
+        gpus: vec![gpu(0, "H100-80GB", true)],
+        ..Default::default()
+    };
+    let found = crate::agent::status::drift(&now, &spec, Some(&prev));
+    assert_eq!(found[&0], "GPU 0: applied 7g.80gb@0:8, found MIG on, no instances");
+    // Matching hardware, no previous status, or a changed spec: none of these is drift.
+    let same = GpuNodeStatus {
+        gpus: vec![applied],
+        ..Default::default()
+    };
+    assert!(crate::agent::status::drift(&same, &spec, Some(&prev)).is_empty());
+    assert!(crate::agent::status::drift(&now, &spec, None).is_empty());
+    let changed = GpuNodeSpec {
+        gpus: vec![mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))])],
+        ..Default::default()
+    };
+    assert!(crate::agent::status::drift(&now, &changed, Some(&prev)).is_empty());
+}
