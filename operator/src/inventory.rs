@@ -8,7 +8,7 @@
 //!   - {pciDeviceId: "0x233010DE", count: 8}   # or model: "NVIDIA H100 80GB HBM3"
 //! ```
 
-use crate::api::{ConditionSet, GpuNode, GpuSpec, GpuStatus, Mode, Placement};
+use crate::api::{ConditionSet, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, Mode, Placement};
 use crate::mig::{GpuModel, model_by_name, model_by_pci_id};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -125,6 +125,9 @@ pub struct CurrentNode {
     /// The generation the agent last reported on, and how it went.
     pub observed_generation: Option<i64>,
     pub applied: AppliedState,
+    /// Some GPU or MIG instance of the spec serves tenants its agent has not yet reported applied
+    /// (and so scrubbed for): a hand-over in progress.
+    pub handover_pending: bool,
 }
 
 /// Whether the agent has applied the GpuNode's current spec.
@@ -269,6 +272,7 @@ impl NodeInventory {
                 generation: n.metadata.generation,
                 observed_generation: status.and_then(|s| s.observed_generation),
                 applied: applied_state(n),
+                handover_pending: handover_pending(&n.spec, status),
             }),
         }
     }
@@ -320,6 +324,23 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
     gpu
 }
 
+/// Does the spec hand a GPU or instance to tenants the agent has not yet applied (scrubbed for)?
+/// Without a status every binding is pending: an unknown previous owner is a change of hands.
+pub fn handover_pending(spec: &GpuNodeSpec, status: Option<&GpuNodeStatus>) -> bool {
+    spec.gpus.iter().any(|want| {
+        let got = status.and_then(|s| s.gpus.iter().find(|g| g.index == want.index));
+        let whole = !want.tenants.is_empty() && got.is_none_or(|g| g.applied_tenants != want.tenants);
+        let instances = want.mig_instances.iter().filter(|i| i.tenant.is_some()).any(|i| {
+            !got.is_some_and(|g| {
+                g.instances
+                    .iter()
+                    .any(|x| x.placement == i.placement && x.profile == i.profile && x.tenant == i.tenant)
+            })
+        });
+        whole || instances
+    })
+}
+
 /// Applied when the agent reported on this generation with `Ready=True`; failed on `Stalled=True`.
 fn applied_state(node: &GpuNode) -> AppliedState {
     let Some(status) = &node.status else {
@@ -352,6 +373,68 @@ pub fn parse_placement(s: &str) -> Option<Placement> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A binding is pending until the agent reports the GPU (or instance) applied with those tenants.
+    #[test]
+    fn a_handover_is_pending_until_the_agent_applied_it() {
+        use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceSpec, MigInstanceStatus};
+        let spec = GpuNodeSpec {
+            gpus: vec![
+                GpuSpec {
+                    index: 0,
+                    mode: Mode::Exclusive,
+                    mig_instances: vec![],
+                    mps: None,
+                    time_slicing: None,
+                    tenants: vec!["a".into()],
+                    scrub: Default::default(),
+                },
+                GpuSpec {
+                    index: 1,
+                    mode: Mode::Mig,
+                    mig_instances: vec![MigInstanceSpec {
+                        profile: "7g.80gb".into(),
+                        placement: Placement { start: 0, size: 8 },
+                        tenant: Some("b".into()),
+                    }],
+                    mps: None,
+                    time_slicing: None,
+                    tenants: vec![],
+                    scrub: Default::default(),
+                },
+            ],
+            ..GpuNodeSpec::default()
+        };
+        assert!(handover_pending(&spec, None), "no status: every binding is pending");
+        let mut status = GpuNodeStatus {
+            gpus: vec![
+                GpuStatus {
+                    index: 0,
+                    applied_tenants: vec!["a".into()],
+                    ..GpuStatus::default()
+                },
+                GpuStatus {
+                    index: 1,
+                    instances: vec![MigInstanceStatus {
+                        profile: "7g.80gb".into(),
+                        placement: Placement { start: 0, size: 8 },
+                        tenant: Some("old".into()),
+                        ..MigInstanceStatus::default()
+                    }],
+                    ..GpuStatus::default()
+                },
+            ],
+            ..GpuNodeStatus::default()
+        };
+        assert!(
+            handover_pending(&spec, Some(&status)),
+            "the instance still serves its old tenant"
+        );
+        status.gpus[1].instances[0].tenant = Some("b".into());
+        assert!(!handover_pending(&spec, Some(&status)));
+        status.gpus[0].applied_tenants = vec![];
+        assert!(handover_pending(&spec, Some(&status)));
+    }
 
     #[test]
     fn resolves_models_and_numbers_gpus() {

@@ -29,6 +29,11 @@ pub const TENANT: &str = "gputenancy.io/tenant";
 /// read by the admission policy, which then looks at [`TENANT`].
 pub const DEDICATED: &str = "gputenancy.io/dedicated";
 
+/// Taint (`NoSchedule`) of a node while its spec hands a GPU or MIG instance to tenants the agent has
+/// not yet scrubbed for: the device plugin cannot hide one device, so the node takes no new pods until
+/// the hand-over is done. Written by the controller; no tenant may tolerate it (admission).
+pub const SCRUB_PENDING: &str = "gputenancy.io/scrub-pending";
+
 /// A node's sharing setting (`MIG`, `MPS`, `TimeSlicing`, `Exclusive`): the device plugin applies one
 /// sharing setting per node (k8s-device-plugin#1786). Written by the controller; read by pods that
 /// choose an isolation through a node selector, and by people.

@@ -11,7 +11,7 @@
 
 use crate::api::{ConditionSet, GpuNode, condition_status};
 use crate::desired::Desired;
-use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SHARING, TENANT};
+use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::core::ApiResource;
 use kube::{Resource, ResourceExt};
@@ -228,7 +228,7 @@ fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize>
 
 /// The labels and taints this operator owns on a Node.
 const NODE_LABELS: [&str; 4] = [DEVICE_PLUGIN_CONFIG, SHARING, DEDICATED, MANAGED_BY];
-const NODE_TAINTS: [&str; 2] = [SHARING, DEDICATED];
+const NODE_TAINTS: [&str; 3] = [SHARING, DEDICATED, SCRUB_PENDING];
 
 fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, String> {
     labels

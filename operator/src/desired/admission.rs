@@ -22,7 +22,7 @@ use super::Settings;
 use super::quota::owner;
 use crate::api::{GpuTenant, Mode, SharingPolicy};
 use crate::device_plugin::{MIG_RESOURCE_PREFIX, RESOURCE_GPU, RESOURCE_SHARED};
-use crate::labels::{DEDICATED, SHARING, TENANT};
+use crate::labels::{DEDICATED, SCRUB_PENDING, SHARING, TENANT};
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -186,6 +186,10 @@ fn tenant_validations(tenant: &GpuTenant, modes: Option<&[Mode]>) -> Vec<Value> 
         }));
     }
     out.push(validation(
+        tolerates(SCRUB_PENDING, None),
+        format!("{who} may not tolerate {SCRUB_PENDING}: a node carries it while a GPU changes hands and its memory is not yet scrubbed"),
+    ));
+    out.push(validation(
         ANY_TOLERATION.into(),
         format!("{who}: a toleration without a key tolerates every taint, including other tenants' dedicated nodes; name the taints to tolerate"),
     ));
@@ -247,7 +251,7 @@ pub fn render(
                 tolerates(SHARING, None)
             ),
             format!(
-                "the namespace belongs to no GpuTenant, so its pods may not tolerate the taints of GPU nodes ({DEDICATED}, {SHARING}) or every taint"
+                "the namespace belongs to no GpuTenant, so its pods may not tolerate the taints of GPU nodes ({DEDICATED}, {SHARING}, {SCRUB_PENDING}) or every taint"
             ),
         ),
     ];

@@ -6,7 +6,8 @@ use super::Settings;
 use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
 use crate::device_plugin::{NodeConfig, Sharing};
 use crate::inventory::NodeInventory;
-use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, SHARING};
+use crate::inventory::handover_pending;
+use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
@@ -60,7 +61,18 @@ pub fn render(
             labels.insert(SHARING.into(), mode.to_string());
             taints.push(taint(SHARING, mode.as_str()));
         }
-        if let Some(tenant) = dedicated_to(node, plans, by_name.get(node.name_any().as_str()).copied())
+        // A hand-over in progress (this spec, or the current one not yet applied): no new pods
+        // until the agent has scrubbed (DESIGN.md §4 invariant 3).
+        let inv = by_name.get(node.name_any().as_str()).copied();
+        let current = inv.and_then(|i| i.current.as_ref());
+        let new_handover = match current {
+            Some(c) => hands_over(&c.spec, &node.spec),
+            None => handover_pending(&node.spec, None),
+        };
+        if new_handover || current.is_some_and(|c| c.handover_pending) {
+            taints.push(taint(SCRUB_PENDING, "true"));
+        }
+        if let Some(tenant) = dedicated_to(node, plans, inv)
             && known.contains(&tenant)
         {
             labels.insert(DEDICATED.into(), tenant.clone());
@@ -99,6 +111,23 @@ pub fn render(
         ..ConfigMap::default()
     };
     (out, vec![config_map])
+}
+
+/// Does `new` hand some GPU or instance of `old` to a tenant that did not have it? (Freeing a unit
+/// hands it to nobody: the scrub comes when someone gets it.)
+fn hands_over(old: &crate::api::GpuNodeSpec, new: &crate::api::GpuNodeSpec) -> bool {
+    new.gpus.iter().any(|n| {
+        let o = old.gpus.iter().find(|o| o.index == n.index);
+        let gpu = n.tenants.iter().any(|t| o.is_none_or(|o| !o.tenants.contains(t)));
+        let instances = n.mig_instances.iter().filter(|i| i.tenant.is_some()).any(|i| {
+            !o.is_some_and(|o| {
+                o.mig_instances
+                    .iter()
+                    .any(|x| x.placement == i.placement && x.profile == i.profile && x.tenant == i.tenant)
+            })
+        });
+        gpu || instances
+    })
 }
 
 fn taint(key: &str, value: &str) -> Taint {

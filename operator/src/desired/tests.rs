@@ -210,7 +210,15 @@ fn nodes_get_their_device_plugin_config_and_taints() {
                 s("time-slicing-4"),
                 vec![s("gputenancy.io/sharing=TimeSlicing")]
             ),
-            (s("h200-d"), s("exclusive"), vec![s("gputenancy.io/dedicated=gamma")]),
+            // gamma's GPUs change hands (from nobody known): no new pods until its agent has scrubbed.
+            (
+                s("h200-d"),
+                s("exclusive"),
+                vec![
+                    s("gputenancy.io/scrub-pending=true"),
+                    s("gputenancy.io/dedicated=gamma")
+                ]
+            ),
         ]
     );
     // One ConfigMap key per distinct config, each a config the plugin's parser accepts.

@@ -270,6 +270,7 @@ mod tests {
                     generation: Some(1),
                     observed_generation: Some(1),
                     applied: AppliedState::Applied,
+                    handover_pending: false,
                 }),
                 ..NodeInventory::default()
             })

@@ -203,6 +203,39 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
         "a pass over its own writes writes nothing"
     );
     assert_eq!(again.notes, []);
+    // acme's instances changed hands (from nobody known): the node took no new pods until its agent
+    // scrubbed them. The agent reports the hand-over applied: the taint goes.
+    let Write::Patch { patch, .. } = &d.writes[6] else {
+        panic!()
+    };
+    assert_eq!(patch["spec"]["taints"][1]["key"], "gputenancy.io/scrub-pending");
+    agent_applies(&mut s);
+    let n = &mut s.gpu_nodes[0];
+    let spec = n.spec.clone();
+    for g in &mut n.status.as_mut().unwrap().gpus {
+        let want = spec.gpus.iter().find(|x| x.index == g.index).unwrap();
+        g.instances = want
+            .mig_instances
+            .iter()
+            .map(|i| crate::api::MigInstanceStatus {
+                profile: i.profile.clone(),
+                placement: i.placement,
+                tenant: i.tenant.clone(),
+                ..Default::default()
+            })
+            .collect();
+    }
+    let after = pass(&s);
+    let node_patch = after.writes.iter().find_map(|w| match w {
+        Write::Patch {
+            kind: Kind::Node,
+            patch,
+            ..
+        } => Some(patch.clone()),
+        _ => None,
+    });
+    let taints = node_patch.expect("the scrub-pending taint is removed")["spec"]["taints"].clone();
+    assert_eq!(taints.as_array().unwrap().len(), 1, "{taints}");
 }
 
 #[test]
