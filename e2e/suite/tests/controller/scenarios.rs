@@ -736,3 +736,165 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A real agent on a simulated GPU: an instance moves from one tenant to another. The node takes
+/// no new pods (scrub-pending taint) until the agent reports the instance scrubbed for its new
+/// tenant; the status records that scrub.
+#[tokio::test]
+async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    let root = gpu_tenancy_e2e::repo_root();
+    let dir = std::env::temp_dir().join(format!("gt-move-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sim_config = dir.join("sim.yaml");
+    std::fs::write(&sim_config, "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n").unwrap();
+    let sim_env = |cmd: &mut std::process::Command| {
+        cmd.env("GPU_TENANCY_SIM_CONFIG", &sim_config)
+            .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
+            .env("GPU_TENANCY_NVML_LIB", root.join("target/debug/libnvidia_ml_sim.so"))
+            .env("GPU_TENANCY_CUDA_LIB", root.join("target/debug/libnvidia_ml_sim.so"));
+    };
+    for (kind, name) in [
+        ("GpuPartitionPlan", "mv"),
+        ("GpuNode", "mv-0"),
+        ("GpuTenant", "mv-a"),
+        ("GpuTenant", "mv-b"),
+    ] {
+        cleanup.add(kind, name);
+    }
+    cleanup.add_resource("nodes", "mv-0");
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "mv-0", "labels": {"pool": "mv"}}})).unwrap();
+    let _ = Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await;
+    let mut agent = std::process::Command::new(root.join("target/debug/gpu-tenancy"));
+    agent
+        .args(["agent", "run", "--node-name", "mv-0", "--poll", "1"])
+        .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
+        .env("RUST_LOG", "warn");
+    sim_env(&mut agent);
+    let _agent = KillOnDrop(agent.spawn().expect("the agent starts"));
+    let tenant = |name: &str, count: u32| {
+        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": name},
+            "spec": {"tier": "internal", "namespaces": [name], "resources": if count == 0 { json!([]) } else {
+                json!([{"mode": "MIG", "profile": "3g.40gb", "count": count}]) }}})
+    };
+    let tenants: Api<GpuTenant> = Api::all(client.clone());
+    let apply = |name: &'static str, count: u32| {
+        let tenants = tenants.clone();
+        let body = tenant(name, count);
+        async move {
+            tenants
+                .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(body))
+                .await
+                .unwrap();
+        }
+    };
+    apply("mv-a", 2).await;
+    apply("mv-b", 0).await; // exists (the plan names it) but asks for nothing yet
+    // The plan dedicates the node to the two tenants, so their instances are served there first.
+    let mut plan = mig_plan("mv", json!(["3g.40gb", "3g.40gb"]));
+    plan["spec"]["gpus"][0]["tenants"] = json!(["mv-a", "mv-b"]);
+    Api::<GpuPartitionPlan>::all(client.clone())
+        .patch("mv", &PatchParams::apply("e2e").force(), &Patch::Apply(plan))
+        .await
+        .unwrap();
+    let c = std::sync::Arc::new(start(&client).await);
+    let loop_c = c.clone();
+    let controller = tokio::spawn(async move {
+        loop {
+            let _ = pass(&loop_c).await;
+        }
+    });
+    let gn: Api<GpuNode> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let tenants_of = |n: &GpuNode| -> Vec<Option<String>> {
+        n.status
+            .as_ref()
+            .map(|s| s.gpus[0].instances.iter().map(|i| i.tenant.clone()).collect())
+            .unwrap_or_default()
+    };
+    let ready = |n: &GpuNode| {
+        n.status.as_ref().is_some_and(|s| {
+            s.observed_generation == n.metadata.generation
+                && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    };
+    let scrub_taint = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == "gputenancy.io/scrub-pending"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let n = gn.get("mv-0").await.unwrap();
+        if ready(&n)
+            && tenants_of(&n) == [Some("mv-a".to_string()), Some("mv-a".to_string())]
+            && !scrub_taint(&nodes.get("mv-0").await.unwrap())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mv-a never got both instances applied: ready {} tenants {:?} taint {} spec {:?} status {:?}",
+            ready(&n),
+            tenants_of(&n),
+            scrub_taint(&nodes.get("mv-0").await.unwrap()),
+            n.spec,
+            n.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // mv-a's workload leaves data in the instance at 4.
+    let sim_ctl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(root.join("target/debug/sim-ctl"));
+        cmd.args(args);
+        sim_env(&mut cmd);
+        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
+    };
+    sim_ctl(&[
+        "attach", "--gpu", "0", "--start", "4", "--pid", "5151", "--tenant", "mv-a",
+    ]);
+    sim_ctl(&["detach", "--pid", "5151"]);
+    // mv-a gives one up, mv-b takes it: the instance changes hands.
+    apply("mv-a", 1).await;
+    apply("mv-b", 1).await;
+    let mut saw_taint = false;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let moved = loop {
+        let n = gn.get("mv-0").await.unwrap();
+        saw_taint |= scrub_taint(&nodes.get("mv-0").await.unwrap());
+        let st = n.status.clone().unwrap_or_default();
+        let b = st.gpus.first().and_then(|g| {
+            g.instances
+                .iter()
+                .find(|i| i.tenant.as_deref() == Some("mv-b"))
+                .cloned()
+        });
+        if ready(&n) && b.is_some() {
+            break b.unwrap();
+        }
+        assert!(Instant::now() < deadline, "the instance never reached mv-b");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let scrub = moved.last_scrub.expect("the moved instance records its scrub");
+    assert_eq!(scrub.result, gpu_tenancy::api::ScrubResult::Scrubbed, "{scrub:?}");
+    assert_eq!(scrub.tenant.as_deref(), Some("mv-b"), "{scrub:?}");
+    assert!(
+        saw_taint,
+        "the node carried the scrub-pending taint during the hand-over"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrub_taint(&nodes.get("mv-0").await.unwrap()) {
+        assert!(
+            Instant::now() < deadline,
+            "the scrub-pending taint stayed after the hand-over"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    controller.abort();
+    std::fs::remove_dir_all(dir).ok();
+}
