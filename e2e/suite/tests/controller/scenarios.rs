@@ -874,8 +874,8 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
                 .find(|i| i.tenant.as_deref() == Some("mv-b"))
                 .cloned()
         });
-        if ready(&n) && b.is_some() {
-            break b.unwrap();
+        if let Some(b) = b.filter(|_| ready(&n)) {
+            break b;
         }
         assert!(Instant::now() < deadline, "the instance never reached mv-b");
         tokio::time::sleep(Duration::from_millis(100)).await;
