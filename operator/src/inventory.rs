@@ -80,6 +80,10 @@ fn one() -> u32 {
     1
 }
 
+/// The most GPUs one inventory node may have. The largest servers hold 8 to 16 GPUs (a rack-scale
+/// NVL72 tray is 4); 64 leaves room and keeps a typo like `count: 4000000000` from allocating.
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+
 /// One GPU of a node as the planner sees it: what it is and what runs on it now.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeGpu {
@@ -151,6 +155,19 @@ impl InventoryFile {
         for (n, node) in self.nodes.iter().enumerate() {
             if !seen.insert(node.name.as_str()) {
                 errors.push(format!("nodes[{n}].name: node {:?} is listed twice", node.name));
+            }
+            // Checked before any GPU is made: the counts are the input's, not ours.
+            let total = node.gpus.iter().fold(0u64, |sum, e| sum + u64::from(e.count));
+            if total > u64::from(MAX_GPUS_PER_NODE) {
+                let at = node
+                    .gpus
+                    .iter()
+                    .position(|e| e.count > MAX_GPUS_PER_NODE)
+                    .map_or(format!("nodes[{n}].gpus"), |g| format!("nodes[{n}].gpus[{g}].count"));
+                errors.push(format!(
+                    "{at}: the node has {total} GPUs; a node has at most {MAX_GPUS_PER_NODE}"
+                ));
+                continue;
             }
             let mut gpus = Vec::new();
             for (g, entry) in node.gpus.iter().enumerate() {

@@ -6,8 +6,139 @@ use crate::inventory::InventoryFile;
 use crate::migparted::{MigPartedFile, import};
 use crate::schema::SchemaChecker;
 use serde_json::Value;
+use serde_saphyr::budget::BudgetBreach;
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+
+/// The path that names standard input: `kustomize build . | gpu-tenancy validate -f -`.
+pub const STDIN: &str = "-";
+
+/// How much YAML one run reads. serde-saphyr's own defaults (1,024 documents, 250,000 nodes) are
+/// made for config files; a rendered fleet is larger (5,000 tenants in one stream, an inventory of
+/// 50,000 nodes), so ours are set above those and can be raised by environment variables. Every
+/// limit still bounds memory: nothing grows with the input past them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Documents in one file or stream.
+    pub documents: usize,
+    /// YAML nodes (mappings, sequences, scalars) in one file or stream.
+    pub nodes: usize,
+    /// Bytes of one file or of standard input.
+    pub bytes: usize,
+}
+
+pub const MAX_DOCUMENTS_ENV: &str = "GPU_TENANCY_MAX_DOCUMENTS";
+pub const MAX_YAML_NODES_ENV: &str = "GPU_TENANCY_MAX_YAML_NODES";
+pub const MAX_INPUT_BYTES_ENV: &str = "GPU_TENANCY_MAX_INPUT_BYTES";
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            documents: 100_000,
+            nodes: 4_000_000,
+            bytes: 128 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, raised or lowered by `GPU_TENANCY_MAX_DOCUMENTS`, `GPU_TENANCY_MAX_YAML_NODES`
+    /// and `GPU_TENANCY_MAX_INPUT_BYTES`. A value that is not a positive number is a usage error.
+    pub fn from_env() -> Result<Limits, String> {
+        let mut limits = Limits::default();
+        for (var, slot) in [
+            (MAX_DOCUMENTS_ENV, &mut limits.documents),
+            (MAX_YAML_NODES_ENV, &mut limits.nodes),
+            (MAX_INPUT_BYTES_ENV, &mut limits.bytes),
+        ] {
+            if let Some(v) = std::env::var_os(var) {
+                *slot = v
+                    .to_str()
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("{var}={v:?} is not a positive whole number"))?;
+            }
+        }
+        Ok(limits)
+    }
+
+    /// serde-saphyr's options with our budget; the limits not listed keep its defaults (depth 64,
+    /// aliases and anchors), which no real manifest comes near.
+    pub fn yaml_options(&self) -> serde_saphyr::Options {
+        let mut budget = serde_saphyr::Budget::default();
+        budget.max_documents = self.documents;
+        budget.max_nodes = self.nodes;
+        // Every node is one event, every container one more at its end, every document two.
+        budget.max_events = self
+            .nodes
+            .saturating_mul(2)
+            .saturating_add(self.documents.saturating_mul(2))
+            .saturating_add(16);
+        budget.max_total_scalar_bytes = self.bytes;
+        budget.max_reader_input_bytes = Some(self.bytes);
+        let mut options = serde_saphyr::Options::default();
+        options.budget = Some(budget);
+        options
+    }
+
+    /// When a YAML error is one of our limits, what says which limit and how to raise it.
+    pub fn breach(&self, e: &serde_saphyr::Error) -> Option<String> {
+        let mut inner = e;
+        while let serde_saphyr::Error::AliasError { error, .. } | serde_saphyr::Error::WithSnippet { error, .. } = inner
+        {
+            inner = error;
+        }
+        let serde_saphyr::Error::Budget { breach, .. } = inner else {
+            return None;
+        };
+        let raise = |what: &str, limit: usize, var: &str| {
+            format!("more than {limit} {what}, the limit; set {var} to a larger number to read it")
+        };
+        Some(match breach {
+            BudgetBreach::Documents { .. } => raise("YAML documents", self.documents, MAX_DOCUMENTS_ENV),
+            BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. } => raise(
+                "YAML nodes (mappings, lists and values)",
+                self.nodes,
+                MAX_YAML_NODES_ENV,
+            ),
+            BudgetBreach::ScalarBytes { .. } | BudgetBreach::InputBytes { .. } => {
+                raise("bytes", self.bytes, MAX_INPUT_BYTES_ENV)
+            }
+            other => format!(
+                "YAML safety limit exceeded ({other:?}); nesting, anchors and aliases are kept small on purpose"
+            ),
+        })
+    }
+
+    /// Reads one file, or standard input for `-`, refusing more than [`Limits::bytes`] before
+    /// reading it all.
+    pub fn read(&self, path: &Path) -> Result<String, String> {
+        let name = path.display();
+        let too_big = || {
+            format!(
+                "cannot read {name}: larger than {} bytes, the limit; set {MAX_INPUT_BYTES_ENV} to a larger number to read it",
+                self.bytes
+            )
+        };
+        let mut bytes = Vec::new();
+        let cap = u64::try_from(self.bytes).unwrap_or(u64::MAX).saturating_add(1);
+        let read = if path.as_os_str() == STDIN {
+            std::io::stdin().lock().take(cap).read_to_end(&mut bytes)
+        } else {
+            let file = std::fs::File::open(path).map_err(|e| format!("cannot read {name}: {e}"))?;
+            if file.metadata().is_ok_and(|m| m.len() > self.bytes as u64) {
+                return Err(too_big());
+            }
+            file.take(cap).read_to_end(&mut bytes)
+        };
+        read.map_err(|e| format!("cannot read {name}: {e}"))?;
+        if bytes.len() > self.bytes {
+            return Err(too_big());
+        }
+        String::from_utf8(bytes).map_err(|e| format!("cannot read {name}: not UTF-8 text ({e})"))
+    }
+}
 
 /// A problem found while loading, already in the `FILE: Kind/name: field: message` form's parts.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -37,11 +168,16 @@ pub struct Loaded {
     pub origin: BTreeMap<String, String>,
 }
 
-/// Files named by the paths: files as given, folders walked for `*.yaml`/`*.yml`, sorted.
+/// Files named by the paths: files as given (`-` is standard input), folders walked for
+/// `*.yaml`/`*.yml`, sorted.
 /// A missing path is a read error (exit 2), not a problem of the input.
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     for p in paths {
+        if p.as_os_str() == STDIN {
+            out.push(p.clone());
+            continue;
+        }
         let meta = std::fs::metadata(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
         if meta.is_dir() {
             walk(p, &mut out).map_err(|e| format!("cannot read folder {}: {e}", p.display()))?;
@@ -69,19 +205,22 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 /// Reads and classifies every document. Read errors are returned; content problems are collected.
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, String> {
+    let limits = Limits::from_env()?;
     let checker = SchemaChecker::new();
     let mut loaded = Loaded::default();
     for file in collect_files(paths)? {
         let name = file.display().to_string();
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {name}: {e}"))?;
-        let docs: Vec<Value> = match serde_saphyr::from_multiple(&text) {
+        let text = limits.read(&file)?;
+        let docs: Vec<Value> = match serde_saphyr::from_multiple_with_options(&text, limits.yaml_options()) {
             Ok(d) => d,
             Err(e) => {
                 loaded.problems.push(FileProblem {
                     file: name.clone(),
                     object: "-".into(),
                     field: "-".into(),
-                    message: format!("not valid YAML: {}", one_line(&e.to_string())),
+                    message: limits
+                        .breach(&e)
+                        .unwrap_or_else(|| format!("not valid YAML: {}", one_line(&e.to_string()))),
                 });
                 continue;
             }

@@ -45,8 +45,8 @@ pub enum Command {
     /// Prints one line per problem as `FILE: Kind/name: field.path: message`. Exit 0 when all is
     /// valid, 1 when there are problems, 2 when a path cannot be read.
     Validate {
-        /// Files or folders of YAML (multi-document). Folders are read recursively (*.yaml, *.yml).
-        /// An inventory file among them adds its GPU models to the MIG checks; a mig-parted file is
+        /// Files or folders of YAML (multi-document); `-` reads standard input. Folders are read
+        /// recursively (*.yaml, *.yml). An inventory file among them adds its GPU models to the MIG checks; a mig-parted file is
         /// checked through its imported plans.
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
         paths: Vec<std::path::PathBuf>,
@@ -54,7 +54,8 @@ pub enum Command {
     /// Show what the controller would write for a described fleet, with no cluster: each node's
     /// GpuNode spec, each tenant's grants and conditions, and every problem. Exit 1 when there are problems.
     Plan {
-        /// Files or folders of manifests (SharingPolicy, GpuTenant, GpuPartitionPlan).
+        /// Files or folders of manifests (SharingPolicy, GpuTenant, GpuPartitionPlan); `-` reads
+        /// standard input.
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
         paths: Vec<std::path::PathBuf>,
         /// The fleet: nodes, their labels and GPUs (see examples/inventory.yaml).

@@ -1,6 +1,6 @@
 //! `gpu-tenancy plan -f PATH... --inventory FILE`: what the controller would write, offline.
 
-use super::load::{FileProblem, load};
+use super::load::{FileProblem, Limits, load};
 use super::output::{Output, print_table};
 use super::validate::inventories;
 use crate::api::{ConditionSet, GpuNode, Mode};
@@ -54,16 +54,15 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
 /// the one function [`desired`]. Problems come back as lines naming file, object and field.
 pub fn compute(paths: &[PathBuf], inventory: &Path, now: Time) -> Result<(Desired, Vec<String>), String> {
     let mut loaded = load(paths).map_err(|e| e.to_string())?;
-    let inv_text = std::fs::read_to_string(inventory)
-        .map_err(|e| format!("cannot read inventory {}: {e}", inventory.display()))?;
+    let limits = Limits::from_env()?;
+    let inv_text = limits.read(inventory).map_err(|e| format!("inventory: {e}"))?;
     // The inventory named by --inventory counts once, even when it also sits in a -f folder.
     loaded.inventories.clear();
-    let inv = serde_saphyr::from_str::<InventoryFile>(&inv_text).map_err(|e| {
-        format!(
-            "{}: not an inventory file: {}",
-            inventory.display(),
-            e.to_string().lines().next().unwrap_or("")
-        )
+    let inv = serde_saphyr::from_str_with_options::<InventoryFile>(&inv_text, limits.yaml_options()).map_err(|e| {
+        let why = limits
+            .breach(&e)
+            .unwrap_or_else(|| e.to_string().lines().next().unwrap_or("").to_string());
+        format!("{}: not an inventory file: {why}", inventory.display())
     })?;
     loaded.inventories.push((inventory.display().to_string(), inv));
     // Schema and CEL problems of the files; objects that failed them never reach the planner.

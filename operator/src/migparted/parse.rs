@@ -11,6 +11,11 @@ use crate::devices::MAX_DEVICE_INDEX;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The most instances of one profile an entry may ask for: no GPU holds more than 7 GPU instances,
+/// nor more than 8 compute instances in one; a larger count is a typo that would otherwise become
+/// that many list items in the imported plan.
+const MAX_PROFILE_COUNT: u64 = 8;
+
 const ENTRY_FIELDS: [&str; 4] = ["device-filter", "devices", "mig-enabled", "mig-devices"];
 
 pub(super) fn parse(yaml: &str) -> Result<MigPartedFile, MigPartedError> {
@@ -190,8 +195,14 @@ fn mig_devices(map: &Map<String, Value>) -> Result<Option<BTreeMap<String, u32>>
             }
             Value::Number(n) => n
                 .as_u64()
+                .filter(|&n| n <= MAX_PROFILE_COUNT)
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| at(EntryProblem::Count(n.to_string())))?,
+                .ok_or_else(|| {
+                    at(EntryProblem::Count(match n.as_u64() {
+                        Some(_) => format!("{n} (no GPU holds more than {MAX_PROFILE_COUNT} of one profile)"),
+                        None => n.to_string(),
+                    }))
+                })?,
             other => return Err(at(EntryProblem::Count(show(other)))),
         };
         out.insert(profile.clone(), count);
