@@ -600,39 +600,9 @@ spec:
 async fn e_a_busy_gpu_is_evicted_then_changed() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
-    let root = gpu_tenancy_e2e::repo_root();
-    let dir = std::env::temp_dir().join(format!("gt-busy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sim_config = dir.join("sim.yaml");
-    std::fs::write(&sim_config, "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n").unwrap();
-    let sim_env = |cmd: &mut std::process::Command| {
-        cmd.env("GPU_TENANCY_SIM_CONFIG", &sim_config)
-            .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
-            .env("GPU_TENANCY_NVML_LIB", root.join("target/debug/libnvidia_ml_sim.so"))
-            .env("GPU_TENANCY_CUDA_LIB", root.join("target/debug/libnvidia_ml_sim.so"));
-    };
-    let node: Node =
-        serde_json::from_value(json!({"metadata": {"name": "busy-0", "labels": {"pool": "busy"}}})).unwrap();
-    cleanup.add_resource("nodes", "busy-0");
-    cleanup.add("GpuNode", "busy-0");
     cleanup.add("GpuPartitionPlan", "busy");
-    let _ = Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await;
-    let mut agent = std::process::Command::new(root.join("target/debug/gpu-tenancy"));
-    agent
-        .args(["agent", "run", "--node-name", "busy-0", "--poll", "1"])
-        .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
-        .env("RUST_LOG", "info");
-    sim_env(&mut agent);
-    let mut agent = KillOnDrop(agent.spawn().expect("the agent starts"));
-    let c = std::sync::Arc::new(start(&client).await);
-    let loop_c = c.clone();
-    let controller = tokio::spawn(async move {
-        loop {
-            let _ = pass(&loop_c).await;
-        }
-    });
+    let agent = SimAgent::start(&client, &cleanup, "busy-0", "busy").await;
+    let controller = run_passes(std::sync::Arc::new(start(&client).await));
     let plan = |profiles: serde_json::Value| {
         let mut p = mig_plan("busy", profiles);
         p["spec"]["rollout"]["busyGpuPolicy"] = json!("Evict");
@@ -669,13 +639,7 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
     };
     layout_is("0:7g.80gb").await;
     // A workload on the instance, and its pod (bound to the node; there is no kubelet).
-    let sim_ctl = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(root.join("target/debug/sim-ctl"));
-        cmd.args(args);
-        sim_env(&mut cmd);
-        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
-    };
-    sim_ctl(&["attach", "--gpu", "0", "--start", "0", "--pid", "4242"]);
+    agent.sim_ctl(&["attach", "--gpu", "0", "--start", "0", "--pid", "4242"]);
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "busy-workload"}, "spec": {
         "nodeName": "busy-0",
         "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}}))
@@ -711,10 +675,10 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
         "the GPU is left alone while the process runs"
     );
     // The process ends: the change goes through.
-    sim_ctl(&["detach", "--pid", "4242"]);
+    agent.sim_ctl(&["detach", "--pid", "4242"]);
     layout_is("0:3g.40gb+3g.40gb").await;
     controller.abort();
-    agent.0.kill().ok();
+    drop(agent);
     plans.delete("busy", &DeleteParams::default()).await.ok();
     let _ = pods
         .delete(
@@ -725,16 +689,6 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
             },
         )
         .await;
-    std::fs::remove_dir_all(dir).ok();
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A real agent on a simulated GPU: an instance moves from one tenant to another. The node takes
@@ -745,37 +699,10 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     apply_examples().await;
-    let root = gpu_tenancy_e2e::repo_root();
-    let dir = std::env::temp_dir().join(format!("gt-move-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sim_config = dir.join("sim.yaml");
-    std::fs::write(&sim_config, "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n").unwrap();
-    let sim_env = |cmd: &mut std::process::Command| {
-        cmd.env("GPU_TENANCY_SIM_CONFIG", &sim_config)
-            .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
-            .env("GPU_TENANCY_NVML_LIB", root.join("target/debug/libnvidia_ml_sim.so"))
-            .env("GPU_TENANCY_CUDA_LIB", root.join("target/debug/libnvidia_ml_sim.so"));
-    };
-    for (kind, name) in [
-        ("GpuPartitionPlan", "mv"),
-        ("GpuNode", "mv-0"),
-        ("GpuTenant", "mv-a"),
-        ("GpuTenant", "mv-b"),
-    ] {
+    for (kind, name) in [("GpuPartitionPlan", "mv"), ("GpuTenant", "mv-a"), ("GpuTenant", "mv-b")] {
         cleanup.add(kind, name);
     }
-    cleanup.add_resource("nodes", "mv-0");
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "mv-0", "labels": {"pool": "mv"}}})).unwrap();
-    let _ = Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await;
-    let mut agent = std::process::Command::new(root.join("target/debug/gpu-tenancy"));
-    agent
-        .args(["agent", "run", "--node-name", "mv-0", "--poll", "1"])
-        .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
-        .env("RUST_LOG", "warn");
-    sim_env(&mut agent);
-    let _agent = KillOnDrop(agent.spawn().expect("the agent starts"));
+    let agent = SimAgent::start(&client, &cleanup, "mv-0", "mv").await;
     let tenant = |name: &str, count: u32| {
         json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": name},
             "spec": {"tier": "internal", "namespaces": [name], "resources": if count == 0 { json!([]) } else {
@@ -801,13 +728,7 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
         .patch("mv", &PatchParams::apply("e2e").force(), &Patch::Apply(plan))
         .await
         .unwrap();
-    let c = std::sync::Arc::new(start(&client).await);
-    let loop_c = c.clone();
-    let controller = tokio::spawn(async move {
-        loop {
-            let _ = pass(&loop_c).await;
-        }
-    });
+    let controller = run_passes(std::sync::Arc::new(start(&client).await));
     let gn: Api<GpuNode> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let tenants_of = |n: &GpuNode| -> Vec<Option<String>> {
@@ -849,16 +770,10 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // mv-a's workload leaves data in the instance at 4.
-    let sim_ctl = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(root.join("target/debug/sim-ctl"));
-        cmd.args(args);
-        sim_env(&mut cmd);
-        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
-    };
-    sim_ctl(&[
+    agent.sim_ctl(&[
         "attach", "--gpu", "0", "--start", "4", "--pid", "5151", "--tenant", "mv-a",
     ]);
-    sim_ctl(&["detach", "--pid", "5151"]);
+    agent.sim_ctl(&["detach", "--pid", "5151"]);
     // mv-a gives one up, mv-b takes it: the instance changes hands.
     apply("mv-a", 1).await;
     apply("mv-b", 1).await;
@@ -896,5 +811,4 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     controller.abort();
-    std::fs::remove_dir_all(dir).ok();
 }

@@ -240,3 +240,69 @@ pub fn mig_plan(pool: &str, profiles: serde_json::Value) -> serde_json::Value {
         "spec": {"nodeSelector": {"matchLabels": {"pool": pool}}, "gpus": [{"devices": "all", "mode": "MIG", "mig": {"profiles": profiles}}],
                  "rollout": {"maxUnavailable": 1}}})
 }
+
+/// A real `gpu-tenancy agent run` for a new Node `name` (labelled `pool=<pool>`) with one simulated
+/// H100 of its own; `sim_ctl` drives that GPU. The agent and the simulator state go when dropped.
+pub struct SimAgent {
+    dir: std::path::PathBuf,
+    agent: std::process::Child,
+}
+
+impl SimAgent {
+    pub async fn start(client: &Client, cleanup: &Cleanup, name: &str, pool: &str) -> SimAgent {
+        let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("sim.yaml"),
+            "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n",
+        )
+        .unwrap();
+        cleanup.add_resource("nodes", name);
+        cleanup.add("GpuNode", name);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"pool": pool}}})).unwrap();
+        let _ = Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await;
+        let mut agent = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"));
+        agent
+            .args(["agent", "run", "--node-name", name, "--poll", "1"])
+            .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
+            .env("RUST_LOG", "warn");
+        sim_env(&dir, &mut agent);
+        let agent = agent.spawn().expect("the agent starts");
+        SimAgent { dir, agent }
+    }
+
+    /// Runs `sim-ctl ARGS` on this agent's simulated GPU.
+    pub fn sim_ctl(&self, args: &[&str]) {
+        let mut cmd = std::process::Command::new(repo_root().join("target/debug/sim-ctl"));
+        cmd.args(args);
+        sim_env(&self.dir, &mut cmd);
+        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
+    }
+}
+
+impl Drop for SimAgent {
+    fn drop(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+fn sim_env(dir: &std::path::Path, cmd: &mut std::process::Command) {
+    let lib = repo_root().join("target/debug/libnvidia_ml_sim.so");
+    cmd.env("GPU_TENANCY_SIM_CONFIG", dir.join("sim.yaml"))
+        .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
+        .env("GPU_TENANCY_NVML_LIB", &lib)
+        .env("GPU_TENANCY_CUDA_LIB", &lib);
+}
+
+/// Runs controller passes in the background until aborted.
+pub fn run_passes(c: std::sync::Arc<Controller>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let _ = pass(&c).await;
+        }
+    })
+}
