@@ -4,9 +4,9 @@
 
 use super::diff::{Kind, Note, Write};
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Client, Resource};
 
 /// Field manager of everything the controller writes.
 pub const FIELD_MANAGER: &str = "gpu-tenancy-controller";
@@ -127,15 +127,5 @@ impl Writer {
                 tracing::warn!(object = %n.name, reason = %n.reason, error = %e, "could not publish an event");
             }
         }
-    }
-}
-
-/// The object reference of a cluster-scoped object of ours, for events.
-pub fn reference<K: Resource<DynamicType = ()>>(name: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(K::api_version(&()).into()),
-        kind: Some(K::kind(&()).into()),
-        name: Some(name.into()),
-        ..ObjectReference::default()
     }
 }

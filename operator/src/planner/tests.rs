@@ -708,3 +708,43 @@ fn nodes_whose_agent_failed_or_has_not_reported_are_counted_apart() {
     assert_eq!(plan_condition(&s, "Reconciling").reason, "WaitingForAgents");
     assert_eq!(plan_condition(&s, "Ready").reason, "NodesFailed");
 }
+
+/// The inventory file's `current:` is what runs now: a tenant keeps the instance it holds (here at
+/// memory slice 4) instead of taking the first free one.
+#[test]
+fn the_inventory_files_current_bindings_are_kept() {
+    let text = r#"
+nodes:
+- name: n1
+  labels: {pool: mig}
+  gpus:
+  - {pciDeviceId: "0x233010DE", count: 1}
+  current:
+  - {gpu: 0, mode: MIG, instances: [{profile: 3g.40gb, placement: "4:4", tenant: t}]}
+"#;
+    let file: crate::inventory::InventoryFile = serde_saphyr::from_str(text).unwrap();
+    let nodes = file.resolve().unwrap();
+    let plans = [plan_for("p", "mig", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])];
+    let tenants = [TenantBuilder::new("t", "internal").mig("3g.40gb", 1).build()];
+    let out = run(&tenants, &plans, &nodes);
+    let grants = &tenant(&out, "t").grants;
+    assert_eq!(grants.len(), 1);
+    assert_eq!(grants[0].placement.as_deref(), Some("4:4"), "{grants:?}");
+    // Without it, the first free instance is taken.
+    let mut fresh = nodes.clone();
+    fresh[0].gpus[0] = crate::inventory::NodeGpu {
+        instances: vec![],
+        instance_tenants: Default::default(),
+        mode: None,
+        ..fresh[0].gpus[0].clone()
+    };
+    let out = run(&tenants, &plans, &fresh);
+    assert_eq!(tenant(&out, "t").grants[0].placement.as_deref(), Some("0:4"));
+    // A placement that is not one is refused with the field.
+    let bad: crate::inventory::InventoryFile = serde_saphyr::from_str(&text.replace("\"4:4\"", "\"9:4\"")).unwrap();
+    let err = bad.resolve().unwrap_err();
+    assert!(
+        err[0].starts_with("nodes[0].current[0].instances[0].placement:"),
+        "{err:?}"
+    );
+}
