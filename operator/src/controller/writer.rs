@@ -22,8 +22,8 @@ pub struct Writer {
 pub struct Outcome {
     /// Writes that succeeded, as (kind, action).
     pub done: Vec<(Kind, &'static str)>,
-    /// Writes that failed, each with its error.
-    pub failed: Vec<(String, kube::Error)>,
+    /// Writes that failed or were held back, each with why.
+    pub failed: Vec<(String, String)>,
 }
 
 impl Writer {
@@ -87,7 +87,16 @@ impl Writer {
     /// Makes every write, in order.
     pub async fn write_all(&self, writes: &[Write]) -> Outcome {
         let mut outcome = Outcome::default();
+        let mut config_failed = false;
         for w in writes {
+            // A node label naming a device-plugin config that was not written would make the plugin
+            // fall back to its default sharing: keep the nodes as they are until the config is in.
+            if config_failed && w.kind() == Kind::Node {
+                let why = "not sent: the device plugin's ConfigMap could not be written in this pass".to_string();
+                tracing::warn!(write = %w, "{why}; the next pass retries it");
+                outcome.failed.push((w.to_string(), why));
+                continue;
+            }
             match self.write(w).await {
                 Ok(()) => {
                     tracing::info!(write = %w, "wrote");
@@ -95,7 +104,8 @@ impl Writer {
                 }
                 Err(e) => {
                     tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
-                    outcome.failed.push((w.to_string(), e));
+                    config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
+                    outcome.failed.push((w.to_string(), e.to_string()));
                 }
             }
         }
