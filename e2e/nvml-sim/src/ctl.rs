@@ -110,6 +110,39 @@ pub fn fail_on(paths: &Paths, call: &str, gpu: Option<u32>, at: u64, error: &str
             error: code,
             times: times.max(1),
             seen: 0,
+            rate: None,
+        })
+    })
+}
+
+/// Makes each call of `call` (`any`: every NVML and CUDA call; `mutation`: mutating calls),
+/// about `gpu` if given, fail with probability `rate` until the faults are cleared; `seed`
+/// (non-zero) restarts the generator, so a run can be repeated.
+pub fn fail_at_random(
+    paths: &Paths,
+    call: &str,
+    gpu: Option<u32>,
+    rate: f64,
+    error: &str,
+    seed: Option<u64>,
+) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(format!("--rate {rate} is not a probability: give a number from 0 to 1"));
+    }
+    let code = error_code(error)
+        .ok_or_else(|| format!("unknown error {error:?}: use an NVML name like IN_USE or a number"))?;
+    update(paths, |st| {
+        if let Some(seed) = seed.filter(|s| *s != 0) {
+            st.rng = seed;
+        }
+        st.faults.push(Fault {
+            call: call.to_string(),
+            gpu,
+            at: 1,
+            error: code,
+            times: u32::MAX,
+            seen: 0,
+            rate: Some(rate),
         })
     })
 }

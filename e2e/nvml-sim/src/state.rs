@@ -18,6 +18,22 @@ pub const STATE_ENV: &str = "GPU_TENANCY_SIM_STATE";
 
 pub const MIB: u64 = 1024 * 1024;
 
+/// The `call` of a fault that matches every NVML and CUDA call (for random-rate faults).
+pub const ANY_CALL: &str = "any";
+
+/// The next number in [0, 1) of the state's generator (xorshift64*), seeding it on first use.
+fn next_unit(state: &mut u64) -> f64 {
+    if *state == 0 {
+        *state = 0x9E37_79B9_7F4A_7C15;
+    }
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// The config file: the same GPU entries as the offline inventory file.
 #[derive(Deserialize, Debug, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -69,6 +85,9 @@ pub struct SimState {
     pub abort_at_mutation: Option<u64>,
     /// Scrubs completed through the simulated CUDA side.
     pub scrubs: Vec<ScrubEntry>,
+    /// State of the generator random-rate faults draw from (xorshift64*; 0: not seeded yet).
+    #[serde(default)]
+    pub rng: u64,
     /// Set by [`SimState::record`] when the abort point is reached; never saved.
     #[serde(skip)]
     pub abort_now: bool,
@@ -148,6 +167,10 @@ pub struct Fault {
     /// Matching calls seen so far.
     #[serde(default)]
     pub seen: u64,
+    /// Instead of the `at`-th call: each matching call fails with this probability (0 to 1),
+    /// drawn from the state's own generator, so a seeded run repeats.
+    #[serde(default)]
+    pub rate: Option<f64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -280,17 +303,23 @@ impl SimState {
     /// injected error, if due.
     pub fn check_fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
         let mut hit = None;
+        let mut rng = self.rng;
         for f in self
             .faults
             .iter_mut()
-            .filter(|f| f.call == call && f.times > 0 && (f.gpu.is_none() || f.gpu == gpu))
+            .filter(|f| (f.call == call || f.call == ANY_CALL) && f.times > 0 && (f.gpu.is_none() || f.gpu == gpu))
         {
             f.seen += 1;
-            if hit.is_none() && f.seen >= f.at {
+            let due = match f.rate {
+                Some(rate) => next_unit(&mut rng) < rate,
+                None => f.seen >= f.at,
+            };
+            if hit.is_none() && due {
                 f.times -= 1;
                 hit = Some(f.error);
             }
         }
+        self.rng = rng;
         hit
     }
 
@@ -448,4 +477,48 @@ pub fn read(paths: &Paths) -> Result<SimState, String> {
 /// Changes the state (for tests and `sim-ctl`).
 pub fn update<R>(paths: &Paths, f: impl FnOnce(&mut SimState) -> R) -> Result<R, String> {
     with_state(paths, |st| (f(st), true))
+}
+
+#[cfg(test)]
+mod random_fault_tests {
+    use super::*;
+
+    fn state_with(rate: f64, seed: u64) -> SimState {
+        SimState {
+            rng: seed,
+            faults: vec![Fault {
+                call: ANY_CALL.into(),
+                gpu: Some(1),
+                at: 1,
+                error: 999,
+                times: u32::MAX,
+                seen: 0,
+                rate: Some(rate),
+            }],
+            ..SimState::default()
+        }
+    }
+
+    #[test]
+    fn random_faults_hit_at_their_rate_on_their_gpu_and_repeat_with_a_seed() {
+        let count = |st: &mut SimState, gpu| {
+            (0..10_000)
+                .filter(|_| st.check_fault("nvmlDeviceGetUUID", gpu).is_some())
+                .count()
+        };
+        assert_eq!(count(&mut state_with(0.0, 7), Some(1)), 0);
+        assert_eq!(count(&mut state_with(1.0, 7), Some(1)), 10_000);
+        let hits = count(&mut state_with(0.3, 7), Some(1));
+        assert!((2_700..3_300).contains(&hits), "{hits} of 10000 at rate 0.3");
+        assert_eq!(
+            count(&mut state_with(1.0, 7), Some(0)),
+            0,
+            "another GPU's calls are spared"
+        );
+        assert_eq!(
+            hits,
+            count(&mut state_with(0.3, 7), Some(1)),
+            "the same seed, the same faults"
+        );
+    }
 }

@@ -79,6 +79,24 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         times: u32,
     },
+    /// Make calls fail at random, each with probability --rate, until `clear-faults`.
+    FailRandom {
+        /// NVML/CUDA function name, `mutation` (mutating calls) or `any` (every call).
+        #[arg(long, default_value = "any")]
+        call: String,
+        /// Only calls about this GPU (or its instances) count.
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Probability that a matching call fails, 0 to 1.
+        #[arg(long)]
+        rate: f64,
+        /// Error: an NVML name such as UNKNOWN, GPU_IS_LOST, or a number.
+        #[arg(long, default_value = "UNKNOWN")]
+        error: String,
+        /// Seed of the generator (non-zero), to repeat a run.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Abort the process that makes the N-th mutation from now, right after it lands.
     AbortAt {
         #[arg(long)]
@@ -143,6 +161,13 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
             error,
             times,
         } => ctl::fail_on(p, &call, gpu, nth, &error, times),
+        Cmd::FailRandom {
+            call,
+            gpu,
+            rate,
+            error,
+            seed,
+        } => ctl::fail_at_random(p, &call, gpu, rate, &error, seed),
         Cmd::AbortAt { mutation } => ctl::abort_at(p, mutation),
         Cmd::ClearFaults => ctl::clear_faults(p),
         Cmd::Dirty { gpu, start, tenant } => ctl::set_dirty(p, gpu, start, &tenant),
