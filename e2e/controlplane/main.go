@@ -4,7 +4,7 @@
 // serviceaccount controllers of kube-controller-manager (controllers.go), and a kubectl of the
 // same version.
 //
-//	controlplane up --dir DIR [--die-with-parent=false] [-- extra kube-apiserver flags]
+//	controlplane up --dir DIR [--die-with-parent=false] [--keep] [-- extra kube-apiserver flags]
 //	controlplane down --dir DIR
 //	controlplane status --dir DIR
 //	controlplane kubectl ARGS...     (or run through a symlink named kubectl)
@@ -95,10 +95,11 @@ func main() {
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [-- EXTRA_KUBE_APISERVER_FLAGS...]
+  controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [--keep] [-- EXTRA_KUBE_APISERVER_FLAGS...]
       start embedded etcd + kube-apiserver on 127.0.0.1 (free ports) and the garbage collector,
       namespace and serviceaccount controllers, write DIR/kubeconfig,
       print its path once /readyz answers ok, and run until SIGTERM/SIGINT (or the parent dies).
+      --keep: start again on DIR's stopped state (same data, certificates, ports).
   controlplane down --dir DIR
       stop the control plane recorded in DIR/controlplane.pid and wait until it is gone.
   controlplane status --dir DIR
@@ -138,6 +139,7 @@ func up(args []string) error {
 	dieWithParent := fs.Bool("die-with-parent", true, "terminate when the parent process exits (Linux PR_SET_PDEATHSIG)")
 	readyTimeout := fs.Duration("ready-timeout", 180*time.Second, "how long to wait for /readyz")
 	verbosity := fs.Int("v", 0, "kube-apiserver log verbosity")
+	keep := fs.Bool("keep", false, "start again on the state an earlier up left in DIR (etcd data, certificates, ports; keep.go)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -164,7 +166,13 @@ func up(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := prepareDir(absDir); err != nil {
+	var keptPKI *pki
+	var keptPorts []int
+	if *keep {
+		if keptPKI, keptPorts, err = loadKept(absDir); err != nil {
+			return err
+		}
+	} else if err := prepareDir(absDir); err != nil {
 		return err
 	}
 	pidFile := filepath.Join(absDir, pidFileName)
@@ -173,14 +181,17 @@ func up(args []string) error {
 	}
 	defer os.Remove(pidFile)
 
-	certs, err := writePKI(filepath.Join(absDir, "pki"))
-	if err != nil {
-		return fmt.Errorf("generating certificates: %w", err)
-	}
-
-	ports, err := freePorts(3)
-	if err != nil {
-		return err
+	certs, ports := keptPKI, keptPorts
+	if !*keep {
+		if certs, err = writePKI(filepath.Join(absDir, "pki")); err != nil {
+			return fmt.Errorf("generating certificates: %w", err)
+		}
+		if ports, err = freePorts(3); err != nil {
+			return err
+		}
+		if err := savePorts(absDir, ports); err != nil {
+			return err
+		}
 	}
 	etcdClientPort, etcdPeerPort, apiPort := ports[0], ports[1], ports[2]
 
