@@ -242,6 +242,13 @@ func up(args []string) error {
 		"--allow-privileged=true",
 		"--v=" + strconv.Itoa(*verbosity),
 	}
+	// Every request's metadata (who, verb, resource, response code) in DIR/audit.log: the
+	// least-privilege tests compare what a service account was granted with what it used.
+	auditArgs, err := auditLog(absDir)
+	if err != nil {
+		return err
+	}
+	apiArgs = append(apiArgs, auditArgs...)
 	apiArgs = append(apiArgs, extra...)
 
 	cmd := apiserverapp.NewAPIServerCommand() // installs the SIGTERM/SIGINT handler (second signal: exit 1)
@@ -296,6 +303,18 @@ func up(args []string) error {
 		return fmt.Errorf("kube-apiserver: %w", err)
 	}
 	return nil
+}
+
+// auditLog writes an audit policy logging every request at the Metadata level (no bodies) and
+// returns the kube-apiserver flags that write it, as JSON lines, to DIR/audit.log. The log
+// backend is blocking by default: an event is in the file when its response is sent.
+func auditLog(dir string) ([]string, error) {
+	policy := filepath.Join(dir, "audit-policy.yaml")
+	text := "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n"
+	if err := os.WriteFile(policy, []byte(text), 0o644); err != nil {
+		return nil, fmt.Errorf("writing the audit policy: %w", err)
+	}
+	return []string{"--audit-policy-file=" + policy, "--audit-log-path=" + filepath.Join(dir, "audit.log")}, nil
 }
 
 // prepareDir makes DIR usable: a live control plane recorded in it is an error; the leftovers
