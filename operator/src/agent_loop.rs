@@ -8,14 +8,19 @@
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
 //! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
 //! pods that may hold a busy GPU are evicted so the change can proceed.
+//!
+//! The loop is generic over the GPU backend ([`Gpus`]) and over where spec changes come from, so a
+//! simulated fleet (`e2e/fleet`) runs this very loop for each of its nodes: [`run`] is the
+//! production agent (NVML, a watch on its own GpuNode), [`run_node`] the loop itself.
 
 use crate::agent::apply::{ApplyOptions, apply};
+use crate::agent::gpu::Gpus;
 use crate::agent::gpu::nvml::NvmlGpus;
 use crate::agent::scrub::CudaLib;
 use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
 use crate::labels::CONFIG_STATE;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -32,6 +37,7 @@ pub const FIELD_MANAGER: &str = "gpu-tenancy-agent";
 #[derive(Clone, Debug)]
 pub struct Options {
     pub node: String,
+    /// The NVML and CUDA libraries of [`run`]'s backend (other backends ignore them).
     pub nvml_lib: Option<OsString>,
     pub cuda_lib: Option<PathBuf>,
     /// How often the GPUs are read again without a spec change (drift).
@@ -73,7 +79,7 @@ fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
 }
 
 /// One pass: read the GpuNode, apply its spec, publish what changed.
-async fn pass(client: &Client, gpus: &Arc<NvmlGpus>, opts: &Options) -> Result<(), String> {
+pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<(), String> {
     let api: Api<GpuNode> = Api::all(client.clone());
     let node = match api
         .get_opt(&opts.node)
@@ -99,7 +105,6 @@ async fn pass(client: &Client, gpus: &Arc<NvmlGpus>, opts: &Options) -> Result<(
     let prev = node.status.clone();
     let generation = node.metadata.generation;
     let apply_opts = ApplyOptions {
-        cuda: CudaLib(opts.cuda_lib.clone()),
         // In a cluster the device plugin's own MPS daemon serves pods (README, "MPS"); a second
         // daemon would fight it, so the agent supervises none.
         mps: None,
@@ -107,7 +112,7 @@ async fn pass(client: &Client, gpus: &Arc<NvmlGpus>, opts: &Options) -> Result<(
     };
     let g = gpus.clone();
     let prev_for_apply = prev.clone();
-    let applied = tokio::task::spawn_blocking(move || apply(&g, &spec, prev_for_apply.as_ref(), &apply_opts))
+    let applied = tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
         .await
         .map_err(|e| format!("the GPU pass stopped: {e}"))??;
     let mut status = applied.status;
@@ -246,22 +251,40 @@ async fn label_config_state(client: &Client, opts: &Options, state: &str) {
     }
 }
 
-/// Runs until `shutdown`: a pass on every change of this node's GpuNode and every `poll`; failed
-/// passes are retried with backoff.
+/// The production agent: NVML (and CUDA for scrubs) from `opts`, a watch on this node's GpuNode;
+/// runs [`run_node`] until `shutdown`.
 pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
     let nvml_lib = opts.nvml_lib.clone();
+    let cuda = CudaLib(opts.cuda_lib.clone());
     let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
         .await
-        .map_err(|e| e.to_string())??;
-    let gpus = Arc::new(gpus);
+        .map_err(|e| e.to_string())??
+        .with_cuda(cuda);
     let api: Api<GpuNode> = Api::all(client.clone());
-    let mut changes = watcher(
+    let generations = watcher(
         api,
         watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
     )
     .default_backoff()
     .applied_objects()
-    .boxed();
+    .map(|ev| {
+        ev.map(|n| n.metadata.generation)
+            .map_err(|e| format!("watching the GpuNode failed: {e}"))
+    });
+    run_node(client, Arc::new(gpus), opts, generations, shutdown).await
+}
+
+/// Runs until `shutdown`: a pass at once, on every new spec generation `generations` brings (the
+/// GpuNode's `metadata.generation` as it changes) and every `poll`; failed passes are retried
+/// with backoff. Writes go to this node's objects only, as a real agent's do.
+pub async fn run_node<G: Gpus + 'static>(
+    client: Client,
+    gpus: Arc<G>,
+    opts: Options,
+    generations: impl Stream<Item = Result<Option<i64>, String>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let mut changes = std::pin::pin!(generations);
     let mut backoff = crate::controller::retry::Backoff::for_api_errors();
     let mut wait = Duration::ZERO;
     tokio::pin!(shutdown);
@@ -273,10 +296,10 @@ pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Futu
             ev = changes.next() => {
                 match ev {
                     // Our own status writes come back as events; only a new spec is worth a pass.
-                    Some(Ok(n)) if n.metadata.generation == last_generation => continue,
-                    Some(Ok(n)) => last_generation = n.metadata.generation,
-                    Some(Err(e)) => { tracing::warn!(error = %e, "watching the GpuNode failed; retrying"); continue }
-                    None => return Err("the GpuNode watch ended".into()),
+                    Some(Ok(g)) if g == last_generation => continue,
+                    Some(Ok(g)) => last_generation = g,
+                    Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }
+                    None => return Err(format!("the watch of GpuNode {} ended", opts.node)),
                 }
             }
         }
@@ -287,7 +310,7 @@ pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Futu
             }
             Err(e) => {
                 wait = backoff.next();
-                tracing::warn!(error = %e, retry_in = ?wait, "agent pass failed");
+                tracing::warn!(node = %opts.node, error = %e, retry_in = ?wait, "agent pass failed");
             }
         }
     }

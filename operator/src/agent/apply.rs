@@ -6,9 +6,8 @@
 //! instance UUIDs). A MIG mode change takes one round, the layout the next, scrubs the one after.
 
 use super::actions::{Action, GpuPlan, RunMemory, ScrubTarget, plan_node};
-use super::gpu::nvml::NvmlGpus;
+use super::gpu::Gpus;
 use super::mps::{self, MpsConfig};
-use super::scrub::{self, Amount, CudaLib};
 use super::status::{self, RunRecord};
 use crate::api::{GpuNodeSpec, GpuNodeStatus, ScrubRecord};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,7 +17,6 @@ const MAX_ROUNDS: usize = 5;
 
 #[derive(Clone, Debug, Default)]
 pub struct ApplyOptions {
-    pub cuda: CudaLib,
     /// MPS daemon supervision; `None` leaves any daemon alone.
     pub mps: Option<MpsConfig>,
     /// Plan only: report what would be done, change nothing.
@@ -33,8 +31,8 @@ pub struct Applied {
 
 /// Makes the GPUs match `spec`, remembering hands and scrubs through `prev` (the status last
 /// published, or `None` when unknown).
-pub fn apply(
-    gpus: &NvmlGpus,
+pub fn apply<G: Gpus + ?Sized>(
+    gpus: &G,
     spec: &GpuNodeSpec,
     prev: Option<&GpuNodeStatus>,
     opts: &ApplyOptions,
@@ -63,7 +61,7 @@ pub fn apply(
             if run.errors.contains_key(&plan.index) || plan.blocked.is_some() {
                 continue;
             }
-            progress |= step(gpus, &observed, plan, opts, &mut run, &mut done, &mut executed);
+            progress |= step(gpus, &observed, plan, &mut run, &mut done, &mut executed);
         }
         if !progress {
             break (observed, plans);
@@ -88,11 +86,10 @@ pub fn apply(
 
 /// Carries out one GPU's NVML actions, or its scrubs when no NVML action is left. Returns whether
 /// anything was done. Stops the GPU at its first error.
-fn step(
-    gpus: &NvmlGpus,
+fn step<G: Gpus + ?Sized>(
+    gpus: &G,
     observed: &GpuNodeStatus,
     plan: &GpuPlan,
-    opts: &ApplyOptions,
     run: &mut RunRecord,
     done: &mut RunMemory,
     executed: &mut usize,
@@ -108,7 +105,7 @@ fn step(
         any = true;
         let result = match a {
             Action::Scrub { gpu, target, tenant } => {
-                let r = scrub_one(observed, *gpu, *target, tenant.clone(), &opts.cuda);
+                let r = scrub_one(gpus, observed, *gpu, *target, tenant.clone());
                 match r {
                     Ok(rec) => {
                         run.scrubs.push((*gpu, *target, rec));
@@ -164,12 +161,12 @@ fn touched(observed: &GpuNodeStatus, a: &Action) -> Option<ScrubTarget> {
     }
 }
 
-fn scrub_one(
+fn scrub_one<G: Gpus + ?Sized>(
+    gpus: &G,
     observed: &GpuNodeStatus,
     gpu: u32,
     target: ScrubTarget,
     tenant: Option<String>,
-    cuda: &CudaLib,
 ) -> Result<ScrubRecord, String> {
     let g = observed
         .gpus
@@ -185,7 +182,7 @@ fn scrub_one(
             .and_then(|i| i.uuid.clone())
             .ok_or_else(|| format!("the instance at {p} has no MIG device UUID yet"))?,
     };
-    let report = scrub::run(&device, Amount::AllFree, cuda)?;
+    let report = gpus.scrub(&device)?;
     Ok(ScrubRecord {
         time: jiff::Timestamp::now().to_string(),
         result: crate::api::ScrubResult::Scrubbed,

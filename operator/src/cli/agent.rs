@@ -201,7 +201,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                 }
             };
             let gpus = match NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)) {
-                Ok(g) => g,
+                Ok(g) => g.with_cuda(CudaLib(cuda_lib)),
                 Err(e) => return fail(&e),
             };
             let mps = (!no_mps).then(|| MpsConfig {
@@ -210,11 +210,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                 log_dir: mps_log_dir,
                 ..Default::default()
             });
-            let opts = ApplyOptions {
-                cuda: CudaLib(cuda_lib),
-                mps,
-                dry_run,
-            };
+            let opts = ApplyOptions { mps, dry_run };
             let applied = match apply(&gpus, &spec, prev.as_ref(), &opts) {
                 Ok(a) => a,
                 Err(e) => return fail(&e),

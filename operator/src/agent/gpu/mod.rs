@@ -1,4 +1,48 @@
-//! Access to the GPUs. The production backend is NVML; tests load the same backend against the
-//! simulated `libnvidia-ml.so` in `e2e/nvml-sim`, so there is no second implementation to trust.
+//! Access to the GPUs, behind [`Gpus`]: what one apply needs from a node's GPUs (read them, carry
+//! out one NVML action, clear a device's memory).
+//!
+//! The production backend is NVML ([`nvml::NvmlGpus`]); tests load that same backend against the
+//! simulated `libnvidia-ml.so` in `e2e/nvml-sim`, so there is no second implementation to trust
+//! for the agent's own tests. The trait exists so that a fleet of many simulated nodes can run the
+//! agent's exact apply and Kubernetes loop in one process (`e2e/fleet`), each node on an in-memory
+//! backend, where a thousand loaded copies of the NVML library could not.
 
 pub mod nvml;
+
+use super::actions::Action;
+use super::scrub::ScrubReport;
+use crate::api::GpuNodeStatus;
+
+/// A node's GPUs as one apply sees them. Implementations are called from a blocking thread.
+pub trait Gpus: Send + Sync {
+    /// Everything the agent publishes about the GPUs (a GPU that cannot be read is reported with
+    /// reason `Unreadable`, never skipped).
+    fn discover(&self) -> Result<GpuNodeStatus, String>;
+    /// Carries out one NVML action (never a scrub: those go to [`Gpus::scrub`]).
+    fn execute(&self, action: &Action) -> Result<(), ActionError>;
+    /// Zeroes and verifies all free memory of `device` (a GPU or MIG device UUID).
+    fn scrub(&self, device: &str) -> Result<ScrubReport, String>;
+}
+
+/// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActionError {
+    /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl From<String> for ActionError {
+    fn from(message: String) -> Self {
+        ActionError {
+            reason: "Failed",
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}

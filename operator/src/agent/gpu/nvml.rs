@@ -8,9 +8,10 @@
 
 mod execute;
 
-pub use execute::ActionError;
+pub use super::ActionError;
 
-use crate::agent::actions::{COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
+use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
+use crate::agent::scrub::{self, Amount, CudaLib, ScrubReport};
 use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
@@ -36,9 +37,10 @@ struct Ci {
     slices: u32,
 }
 
-/// An initialised NVML library.
+/// An initialised NVML library, and where scrubs get their CUDA library.
 pub struct NvmlGpus {
     nvml: Nvml,
+    cuda: CudaLib,
 }
 
 fn err(what: &str, e: NvmlError) -> String {
@@ -82,7 +84,12 @@ impl NvmlGpus {
         let mut load_error = String::new();
         for name in &names {
             match Nvml::builder().lib_path(name).init() {
-                Ok(nvml) => return Ok(NvmlGpus { nvml }),
+                Ok(nvml) => {
+                    return Ok(NvmlGpus {
+                        nvml,
+                        cuda: CudaLib::default(),
+                    });
+                }
                 Err(NvmlError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
                 Err(NvmlError::LibloadingError(_)) => {}
                 Err(e) => {
@@ -96,6 +103,11 @@ impl NvmlGpus {
             "cannot load the NVML library {}: {load_error}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1",
             tried.join(" or ")
         ))
+    }
+
+    /// Scrubs load CUDA from `cuda` (the system's `libcuda.so.1` by default).
+    pub fn with_cuda(self, cuda: CudaLib) -> NvmlGpus {
+        NvmlGpus { cuda, ..self }
     }
 
     fn lib(&self) -> &NvmlLib {
@@ -422,5 +434,20 @@ pub fn compute_mode_name(m: ComputeMode) -> &'static str {
         ComputeMode::ExclusiveThread => "ExclusiveThread",
         ComputeMode::Prohibited => "Prohibited",
         ComputeMode::ExclusiveProcess => COMPUTE_EXCLUSIVE_PROCESS,
+    }
+}
+
+/// The production backend: NVML for discovery and actions, CUDA (in a child process) for scrubs.
+impl super::Gpus for NvmlGpus {
+    fn discover(&self) -> Result<GpuNodeStatus, String> {
+        NvmlGpus::discover(self)
+    }
+
+    fn execute(&self, action: &Action) -> Result<(), ActionError> {
+        NvmlGpus::execute(self, action)
+    }
+
+    fn scrub(&self, device: &str) -> Result<ScrubReport, String> {
+        scrub::run(device, Amount::AllFree, &self.cuda)
     }
 }

@@ -3,33 +3,11 @@
 
 use super::{Ci, NvmlGpus, check, err, sym};
 use crate::agent::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
+use crate::agent::gpu::ActionError;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings::*;
 use std::ptr;
-
-/// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ActionError {
-    /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl From<String> for ActionError {
-    fn from(message: String) -> Self {
-        ActionError {
-            reason: "Failed",
-            message,
-        }
-    }
-}
-
-impl std::fmt::Display for ActionError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
 
 /// Reads the outcome of `nvmlDeviceSetMigMode` from its activation status (FACTS.md §2): the call
 /// succeeds, and resets an idle GPU to activate the mode; `IN_USE` means something held the GPU
@@ -203,7 +181,11 @@ impl NvmlGpus {
                 dev.set_compute_mode(m)
                     .map_err(|e| err(&format!("nvmlDeviceSetComputeMode(GPU {gpu}, {mode})"), e))?;
             }
-            Action::Scrub { .. } => unreachable!("scrubs run through CUDA, not NVML"),
+            Action::Scrub { gpu, .. } => {
+                return Err(ActionError::from(format!(
+                    "GPU {gpu}: a scrub is not an NVML action (scrubs run through CUDA)"
+                )));
+            }
         }
         Ok(())
     }
