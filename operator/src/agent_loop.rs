@@ -16,6 +16,7 @@
 use crate::agent::apply::{ApplyOptions, apply};
 use crate::agent::gpu::Gpus;
 use crate::agent::gpu::nvml::NvmlGpus;
+use crate::agent::plugin_mps::{self, MpsRoot};
 use crate::agent::scrub::CudaLib;
 use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
@@ -45,6 +46,9 @@ pub struct Options {
     /// Namespace and label selector of NVIDIA's device plugin pods (restarted after a MIG change).
     pub device_plugin_namespace: String,
     pub device_plugin_selector: String,
+    /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
+    /// `None` reports nothing (backends without a device plugin).
+    pub mps_root: Option<PathBuf>,
 }
 
 /// `pending`, `success` or `failed` from the published conditions.
@@ -117,6 +121,12 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         .map_err(|e| format!("the GPU pass stopped: {e}"))??;
     let mut status = applied.status;
     status.observed_generation = generation;
+    if let Some(root) = &opts.mps_root {
+        let root = MpsRoot(root.clone());
+        let found = plugin_mps::observe(&root);
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+        plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
+    }
     if prev.as_ref() != Some(&status) {
         api.patch_status(
             &opts.node,

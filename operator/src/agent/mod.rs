@@ -11,6 +11,7 @@ pub mod apply;
 pub mod gpu;
 pub mod mps;
 pub mod output;
+pub mod plugin_mps;
 pub mod scrub;
 pub mod status;
 

@@ -125,6 +125,10 @@ pub struct RunArgs {
         default_value = "app.kubernetes.io/name=nvidia-device-plugin"
     )]
     device_plugin_selector: String,
+    /// The device plugin's MPS root (its `--mps-root`), mounted read-only: the agent reports
+    /// whether the plugin's MPS daemon has started as the GpuNode condition MpsDaemonReady.
+    #[arg(long, value_name = "DIR", default_value = crate::agent::plugin_mps::DEFAULT_MPS_ROOT)]
+    mps_root: PathBuf,
     /// Log format: `text` or `json`. `RUST_LOG` sets the level.
     #[arg(long, value_enum, default_value_t = super::logging::LogFormat::Text)]
     log_format: super::logging::LogFormat,
@@ -140,6 +144,7 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             poll: std::time::Duration::from_secs(args.poll.max(1)),
             device_plugin_namespace: args.device_plugin_namespace,
             device_plugin_selector: args.device_plugin_selector,
+            mps_root: Some(args.mps_root),
         };
         match crate::agent_loop::run(client, opts, super::cluster::shutdown_signal()).await {
             Ok(()) => 0,
