@@ -11,7 +11,11 @@
 #   e2e/run.sh test [ARGS]  run the suite against a fresh control plane of its own
 #                           (target/e2e/run-PID/, always torn down; logs kept on failure);
 #                           with GPU_TENANCY_E2E_KUBECONFIG set, against that cluster instead
-#                           (ARGS go to the test binary, e.g. a test name filter)
+#                           (ARGS go to the test binary, e.g. a test name filter); then the
+#                           fault scenarios (tests/faults) on a third control plane, their
+#                           random kills for GPU_TENANCY_FAULTS_SECONDS (default 15)
+#   e2e/run.sh faults [ARGS]  only the fault scenarios, on a fresh control plane; random kills
+#                           for GPU_TENANCY_FAULTS_SECONDS (default 300 here: `make e2e-faults`)
 #
 # Environment: GPU_TENANCY_E2E_KUBECONFIG (use this cluster, start nothing),
 # GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl), CARGO (default cargo),
@@ -174,6 +178,9 @@ cmd_test() {
 		say "running the suite against the cluster in GPU_TENANCY_E2E_KUBECONFIG (starting nothing)"
 		run_suite "$kubeconfig" e2e "$@"
 		run_suite "$kubeconfig" controller --test-threads=1 "$@"
+		say "fault scenarios: the API server restart needs the local control plane, so it is not run against GPU_TENANCY_E2E_KUBECONFIG"
+		GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" \
+			run_suite "$kubeconfig" faults --test-threads=1 --skip c_apiserver "$@"
 		return
 	fi
 	build
@@ -204,6 +211,25 @@ cmd_test() {
 	say "starting a fresh control plane for the controller scenarios (state: ${dir#"$ROOT"/}) ..."
 	start "$dir" true
 	run_suite "$dir/kubeconfig" controller --test-threads=1 "$@"
+	finish "$dir" 0
+	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" run_faults "$@"
+}
+
+# run_faults [ARGS]: the fault scenarios (tests/faults) on a fresh control plane of their own,
+# whose state directory they are told (one of them stops and restarts it with its data).
+run_faults() {
+	local dir="$STATE_DIR/run-$$-faults"
+	trap 'finish "'"$dir"'" $?' EXIT
+	say "starting a fresh control plane for the fault scenarios (state: ${dir#"$ROOT"/}; random kills for ${GPU_TENANCY_FAULTS_SECONDS}s) ..."
+	start "$dir" true
+	GPU_TENANCY_E2E_CONTROLPLANE_DIR="$dir" run_suite "$dir/kubeconfig" faults --test-threads=1 --nocapture "$@"
+}
+
+cmd_faults() {
+	build
+	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
+	"$CARGO" test -p gpu-tenancy-e2e --test faults --no-run
+	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-300}" run_faults "$@"
 }
 
 run_suite() { # KUBECONFIG TEST_BINARY [TEST_ARGS...]
@@ -222,8 +248,12 @@ test)
 	shift
 	cmd_test "$@"
 	;;
+faults)
+	shift
+	cmd_faults "$@"
+	;;
 *)
-	echo "usage: e2e/run.sh build|up|down|test [TEST_ARGS...]" >&2
+	echo "usage: e2e/run.sh build|up|down|test|faults [TEST_ARGS...]" >&2
 	exit 2
 	;;
 esac

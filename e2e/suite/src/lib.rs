@@ -9,6 +9,9 @@
 //! a [`Names`] with a prefix of its own and deletes what it created when it ends (also when it
 //! panics), through [`Cleanup`].
 
+pub mod auditor;
+pub mod procs;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

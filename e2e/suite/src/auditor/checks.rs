@@ -1,0 +1,700 @@
+//! The invariants of DESIGN.md §4, checked on one snapshot of the cluster. Every expected value
+//! comes from the objects themselves (GpuNode specs and statuses, tenants, policies, Nodes, Pods),
+//! never from the planner: the auditor is an oracle independent of the code it watches.
+
+use gpu_tenancy::api::{
+    CoLocation, GpuNode, GpuSpec, GpuTenant, Mode, ScrubMemory, ScrubRecord, ScrubResult, SharingPolicy, Tier,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What one snapshot holds.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    pub gpu_nodes: Vec<GpuNode>,
+    pub tenants: Vec<GpuTenant>,
+    pub policies: Vec<SharingPolicy>,
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+}
+
+/// The kinds of violation, one per invariant the auditor checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// More instances, clients, tenants or memory on a GPU than it (or its plan's setting) provides.
+    Overcommit,
+    /// Tenants of different tiers, or a `Forbidden` tenant with another, on a non-MIG GPU; a mode
+    /// the tier does not allow.
+    TierIsolation,
+    /// A GPU or instance reported serving a new tenant without a scrub record for it.
+    HandOverWithoutScrub,
+    /// A hand-over the agent has not applied while the node lacks the scrub-pending taint.
+    ScrubTaintMissing,
+    /// A unit in a GpuNode spec that its tenant's status does not list.
+    GrantLost,
+    /// A unit listed twice, or by a tenant whose GpuNode spec does not give it.
+    GrantDoubled,
+    /// A pod that exists and breaks its tenant's isolation.
+    PodBreaksIsolation,
+}
+
+/// How long a finding must last before it is a violation: writes of one controller pass land one
+/// after another, so a view across objects may be briefly inconsistent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Within one object, or an event the status reports: a violation at once.
+    Instant,
+    /// Across objects: a violation once it lasts the grace period.
+    Settling,
+    /// Grants against specs: held-back rollouts keep old specs on purpose, so it counts only while
+    /// every GpuNode and GpuTenant has observed its generation, for the grace period.
+    Quiescent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub kind: Kind,
+    pub class: Class,
+    /// `Kind/name`.
+    pub object: String,
+    pub message: String,
+}
+
+/// What the auditor remembers of each GPU and instance between snapshots, to see hand-overs.
+#[derive(Default)]
+pub struct History {
+    gpus: BTreeMap<(String, u32), (BTreeSet<String>, Option<ScrubRecord>)>,
+    instances: BTreeMap<(String, u32, u32), (Option<String>, Option<String>, Option<ScrubRecord>)>,
+    seen_nodes: BTreeSet<String>,
+}
+
+fn f(kind: Kind, class: Class, object: String, message: String) -> Finding {
+    Finding {
+        kind,
+        class,
+        object,
+        message,
+    }
+}
+
+/// The tier of a tenant, from its SharingPolicy.
+fn tier_of<'a>(snap: &'a Snapshot, tenant: &str) -> Option<(&'a GpuTenant, String, &'a Tier)> {
+    let t = snap.tenants.iter().find(|t| t.name_any() == tenant)?;
+    let p = snap.policies.iter().find(|p| p.name_any() == t.spec.policy_ref)?;
+    let tier = p.spec.tiers.iter().find(|x| x.name == t.spec.tier)?;
+    Some((t, format!("{}/{}", p.name_any(), tier.name), tier))
+}
+
+fn headroom_of(snap: &Snapshot, tenant: &str) -> u32 {
+    snap.tenants
+        .iter()
+        .find(|t| t.name_any() == tenant)
+        .and_then(|t| snap.policies.iter().find(|p| p.name_any() == t.spec.policy_ref))
+        .and_then(|p| p.spec.memory_headroom_percent)
+        .unwrap_or(0)
+}
+
+/// Bytes of a Kubernetes quantity (`20Gi`, `512Mi`, `1000000`), in MiB.
+fn quantity_mib(q: &str) -> Option<u64> {
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
+    let (num, mult) = units
+        .iter()
+        .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
+        .unwrap_or((q, 1));
+    Some(num.trim().parse::<u64>().ok()? * mult / (1 << 20))
+}
+
+/// Every finding of one snapshot; `history` is updated with what the statuses now report.
+pub fn check(snap: &Snapshot, history: &mut History) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for n in &snap.gpu_nodes {
+        for g in &n.spec.gpus {
+            capacity_of_spec(n, g, &mut out);
+            tiers_of_gpu(snap, n, g.index, g.mode, &g.tenants, "spec", &mut out);
+            for i in g.mig_instances.iter().filter_map(|i| i.tenant.as_ref()) {
+                tiers_of_gpu(snap, n, g.index, Mode::Mig, std::slice::from_ref(i), "spec", &mut out);
+            }
+        }
+        if let Some(st) = &n.status {
+            for g in &st.gpus {
+                if let Some(mode) = g.applied_mode.filter(|m| *m != Mode::Mig) {
+                    tiers_of_gpu(snap, n, g.index, mode, &g.applied_tenants, "status", &mut out);
+                }
+            }
+        }
+        hand_overs(n, history, &mut out);
+        scrub_taint(snap, n, &mut out);
+    }
+    grants(snap, &mut out);
+    pods(snap, &mut out);
+    out
+}
+
+/// Whether every GpuNode and GpuTenant has observed its generation (no rollout step or pass in
+/// flight).
+pub fn quiescent(snap: &Snapshot) -> bool {
+    snap.gpu_nodes.iter().all(|n| {
+        n.spec.gpus.is_empty() || n.status.as_ref().and_then(|s| s.observed_generation) == n.metadata.generation
+    }) && snap
+        .tenants
+        .iter()
+        .all(|t| t.status.as_ref().and_then(|s| s.observed_generation) == t.metadata.generation)
+}
+
+fn capacity_of_spec(n: &GpuNode, g: &GpuSpec, out: &mut Vec<Finding>) {
+    let obj = format!("GpuNode/{}", n.name_any());
+    match g.mode {
+        Mode::Mig => {
+            let profiles = n
+                .status
+                .as_ref()
+                .and_then(|s| s.gpus.iter().find(|x| x.index == g.index))
+                .map(|x| x.profiles.clone())
+                .unwrap_or_default();
+            let mut used = [false; 8];
+            let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+            for i in &g.mig_instances {
+                let (s, z) = (i.placement.start as usize, i.placement.size as usize);
+                *counts.entry(&i.profile).or_default() += 1;
+                if s + z > used.len() {
+                    out.push(f(
+                        Kind::Overcommit,
+                        Class::Instant,
+                        obj.clone(),
+                        format!(
+                            "GPU {}: instance {} at {} runs past the GPU's 8 memory slices",
+                            g.index, i.profile, i.placement
+                        ),
+                    ));
+                    continue;
+                }
+                if used[s..s + z].iter().any(|u| *u) {
+                    out.push(f(
+                        Kind::Overcommit,
+                        Class::Instant,
+                        obj.clone(),
+                        format!(
+                            "GPU {}: instance {} at {} overlaps another instance",
+                            g.index, i.profile, i.placement
+                        ),
+                    ));
+                }
+                used[s..s + z].iter_mut().for_each(|u| *u = true);
+                if let Some(p) = profiles.iter().find(|p| p.name == i.profile)
+                    && !p.placements.is_empty()
+                    && !p.placements.iter().any(|pl| pl.start == i.placement.start)
+                {
+                    out.push(f(
+                        Kind::Overcommit,
+                        Class::Instant,
+                        obj.clone(),
+                        format!(
+                            "GPU {}: instance {} at {} is not a placement the driver offers for it",
+                            g.index, i.profile, i.placement
+                        ),
+                    ));
+                }
+            }
+            for (profile, count) in counts {
+                if let Some(p) = profiles.iter().find(|p| p.name == profile)
+                    && p.max_instances > 0
+                    && count > p.max_instances
+                {
+                    out.push(f(
+                        Kind::Overcommit,
+                        Class::Instant,
+                        obj.clone(),
+                        format!(
+                            "GPU {}: {count} instances of {profile}, the driver offers {}",
+                            g.index, p.max_instances
+                        ),
+                    ));
+                }
+            }
+        }
+        Mode::Exclusive if g.tenants.len() > 1 => out.push(f(
+            Kind::Overcommit,
+            Class::Instant,
+            obj,
+            format!(
+                "GPU {}: Exclusive GPU given to {} tenants {:?}",
+                g.index,
+                g.tenants.len(),
+                g.tenants
+            ),
+        )),
+        _ => {}
+    }
+}
+
+fn tiers_of_gpu(
+    snap: &Snapshot,
+    n: &GpuNode,
+    gpu: u32,
+    mode: Mode,
+    tenants: &[String],
+    side: &str,
+    out: &mut Vec<Finding>,
+) {
+    let obj = format!("GpuNode/{}", n.name_any());
+    let tiers: Vec<(String, String, &Tier)> = tenants
+        .iter()
+        .filter_map(|t| tier_of(snap, t).map(|(_, name, tier)| (t.clone(), name, tier)))
+        .collect();
+    for (t, name, tier) in &tiers {
+        if !tier.modes.contains(&mode) {
+            out.push(f(
+                Kind::TierIsolation,
+                Class::Settling,
+                obj.clone(),
+                format!(
+                    "{side} GPU {gpu}: tenant {t} (tier {name}) is given mode {mode}, which its tier does not allow"
+                ),
+            ));
+        }
+    }
+    if mode == Mode::Mig || tenants.len() < 2 {
+        return;
+    }
+    let distinct: BTreeSet<&String> = tiers.iter().map(|x| &x.1).collect();
+    if distinct.len() > 1 {
+        out.push(f(
+            Kind::TierIsolation,
+            Class::Settling,
+            obj.clone(),
+            format!(
+                "{side} GPU {gpu} ({mode}): tenants of different tiers share it: {:?}",
+                tiers.iter().map(|x| format!("{} ({})", x.0, x.1)).collect::<Vec<_>>()
+            ),
+        ));
+    }
+    for (t, name, tier) in &tiers {
+        if tier.co_location == CoLocation::Forbidden {
+            out.push(f(
+                Kind::TierIsolation,
+                Class::Settling,
+                obj.clone(),
+                format!(
+                    "{side} GPU {gpu} ({mode}): tenant {t} (tier {name}, coLocation Forbidden) shares it with {:?}",
+                    tenants
+                ),
+            ));
+        }
+    }
+}
+
+/// A scrub record that hands the GPU or instance to `tenants` (DESIGN.md §4.3).
+fn scrubbed_for(
+    rec: Option<&ScrubRecord>,
+    before: Option<&ScrubRecord>,
+    tenants: &BTreeSet<String>,
+    policy: Option<ScrubMemory>,
+) -> Result<(), String> {
+    let Some(rec) = rec else {
+        return Err("no scrub record".into());
+    };
+    if before == Some(rec) {
+        return Err(format!(
+            "its scrub record is the old one ({} {:?} for {:?})",
+            rec.time, rec.result, rec.tenant
+        ));
+    }
+    if !rec.tenant.as_ref().is_some_and(|t| tenants.contains(t)) {
+        return Err(format!("its scrub record names {:?}, not a new tenant", rec.tenant));
+    }
+    match rec.result {
+        ScrubResult::Scrubbed => Ok(()),
+        ScrubResult::Skipped if policy == Some(ScrubMemory::Never) => Ok(()),
+        other => Err(format!("its scrub record says {other:?} (scrub policy {policy:?})")),
+    }
+}
+
+fn hand_overs(n: &GpuNode, history: &mut History, out: &mut Vec<Finding>) {
+    let name = n.name_any();
+    let obj = format!("GpuNode/{name}");
+    let baseline = history.seen_nodes.insert(name.clone());
+    let Some(st) = &n.status else {
+        return;
+    };
+    for g in &st.gpus {
+        let policy = n.spec.gpus.iter().find(|s| s.index == g.index).map(|s| s.scrub);
+        let now: BTreeSet<String> = g.applied_tenants.iter().cloned().collect();
+        let key = (name.clone(), g.index);
+        if let Some((before, rec_before)) = history.gpus.get(&key)
+            && !baseline
+            && now.iter().any(|t| !before.contains(t))
+            && let Err(why) = scrubbed_for(g.last_scrub.as_ref(), rec_before.as_ref(), &now, policy)
+        {
+            out.push(f(
+                Kind::HandOverWithoutScrub,
+                Class::Instant,
+                obj.clone(),
+                format!(
+                    "GPU {} reported serving {:?} (before {:?}), but {why}",
+                    g.index, now, before
+                ),
+            ));
+        }
+        history.gpus.insert(key, (now, g.last_scrub.clone()));
+        for i in &g.instances {
+            let key = (name.clone(), g.index, i.placement.start);
+            let before = history.instances.get(&key);
+            let new_hands = match before {
+                None => i.tenant.is_some(),
+                Some((tenant, uuid, _)) => {
+                    i.tenant.is_some() && (*tenant != i.tenant || (uuid.is_some() && *uuid != i.uuid))
+                }
+            };
+            if !baseline && new_hands {
+                let tenants: BTreeSet<String> = i.tenant.iter().cloned().collect();
+                if let Err(why) = scrubbed_for(
+                    i.last_scrub.as_ref(),
+                    before.and_then(|b| b.2.as_ref()),
+                    &tenants,
+                    policy,
+                ) {
+                    out.push(f(
+                        Kind::HandOverWithoutScrub,
+                        Class::Instant,
+                        obj.clone(),
+                        format!(
+                            "GPU {} instance {} at {} reported serving {:?} (before {:?}), but {why}",
+                            g.index,
+                            i.profile,
+                            i.placement,
+                            i.tenant,
+                            before.map(|b| &b.0)
+                        ),
+                    ));
+                }
+            }
+            history
+                .instances
+                .insert(key, (i.tenant.clone(), i.uuid.clone(), i.last_scrub.clone()));
+        }
+    }
+}
+
+fn scrub_taint(snap: &Snapshot, n: &GpuNode, out: &mut Vec<Finding>) {
+    let status = n.status.clone().unwrap_or_default();
+    let mut pending = Vec::new();
+    for g in &n.spec.gpus {
+        let sg = status.gpus.iter().find(|s| s.index == g.index);
+        if g.mode == Mode::Mig {
+            for i in g.mig_instances.iter().filter(|i| i.tenant.is_some()) {
+                let served = sg.is_some_and(|s| {
+                    s.instances
+                        .iter()
+                        .any(|x| x.placement.start == i.placement.start && x.tenant == i.tenant)
+                });
+                if !served {
+                    pending.push(format!("GPU {} instance at {} to {:?}", g.index, i.placement, i.tenant));
+                }
+            }
+        } else {
+            let applied: Vec<String> = sg.map(|s| s.applied_tenants.clone()).unwrap_or_default();
+            let new: Vec<&String> = g.tenants.iter().filter(|t| !applied.contains(t)).collect();
+            if !new.is_empty() {
+                pending.push(format!("GPU {} to {new:?}", g.index));
+            }
+        }
+    }
+    if pending.is_empty() {
+        return;
+    }
+    let tainted = snap
+        .nodes
+        .iter()
+        .find(|x| x.name_any() == n.name_any())
+        .and_then(|x| x.spec.as_ref()?.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == gpu_tenancy::labels::SCRUB_PENDING && t.effect == "NoSchedule")
+        });
+    if !tainted {
+        out.push(f(
+            Kind::ScrubTaintMissing,
+            Class::Settling,
+            format!("Node/{}", n.name_any()),
+            format!(
+                "hand-over not yet applied by the agent ({}) and the node lacks the {} taint",
+                pending.join("; "),
+                gpu_tenancy::labels::SCRUB_PENDING
+            ),
+        ));
+    }
+}
+
+/// One unit of capacity: a MIG instance (by placement start), or a whole GPU's shares of a mode.
+type Unit = (String, u32, Mode, Option<u32>);
+
+fn unit_name(u: &Unit) -> String {
+    match u.3 {
+        Some(s) => format!("{} GPU {} {} instance at slice {s}", u.0, u.1, u.2),
+        None => format!("{} GPU {} {}", u.0, u.1, u.2),
+    }
+}
+
+fn grants(snap: &Snapshot, out: &mut Vec<Finding>) {
+    // What the specs give, per tenant.
+    let mut spec_units: BTreeMap<String, BTreeSet<Unit>> = BTreeMap::new();
+    let mut gpus: BTreeMap<(String, u32), (&GpuNode, &GpuSpec)> = BTreeMap::new();
+    for n in &snap.gpu_nodes {
+        for g in &n.spec.gpus {
+            gpus.insert((n.name_any(), g.index), (n, g));
+            for t in &g.tenants {
+                spec_units
+                    .entry(t.clone())
+                    .or_default()
+                    .insert((n.name_any(), g.index, g.mode, None));
+            }
+            for i in &g.mig_instances {
+                if let Some(t) = &i.tenant {
+                    spec_units.entry(t.clone()).or_default().insert((
+                        n.name_any(),
+                        g.index,
+                        Mode::Mig,
+                        Some(i.placement.start),
+                    ));
+                }
+            }
+        }
+    }
+    // What the statuses list, per unit and tenant.
+    let mut holders: BTreeMap<Unit, Vec<(String, u32)>> = BTreeMap::new();
+    for t in &snap.tenants {
+        let tname = t.name_any();
+        let obj = format!("GpuTenant/{tname}");
+        let Some(st) = &t.status else { continue };
+        let mut listed: BTreeSet<Unit> = BTreeSet::new();
+        for gr in &st.grants {
+            let start = gr.placement.as_deref().and_then(|p| p.split(':').next()?.parse().ok());
+            let unit: Unit = (
+                gr.node.clone(),
+                gr.gpu,
+                gr.mode,
+                if gr.mode == Mode::Mig { start } else { None },
+            );
+            if !listed.insert(unit.clone()) {
+                out.push(f(
+                    Kind::GrantDoubled,
+                    Class::Instant,
+                    obj.clone(),
+                    format!("{} listed twice in its grants", unit_name(&unit)),
+                ));
+            }
+            holders
+                .entry(unit.clone())
+                .or_default()
+                .push((tname.clone(), gr.count.max(1)));
+            if !spec_units.get(&tname).is_some_and(|s| s.contains(&unit)) {
+                out.push(f(
+                    Kind::GrantDoubled,
+                    Class::Quiescent,
+                    obj.clone(),
+                    format!("granted {} which no GpuNode spec gives it", unit_name(&unit)),
+                ));
+            }
+        }
+        for unit in spec_units.get(&tname).into_iter().flatten() {
+            if !listed.contains(unit) {
+                out.push(f(
+                    Kind::GrantLost,
+                    Class::Quiescent,
+                    obj.clone(),
+                    format!(
+                        "GpuNode spec gives it {} but its status does not list it",
+                        unit_name(unit)
+                    ),
+                ));
+            }
+        }
+        for a in &st.allocation {
+            let sum: u32 = st
+                .grants
+                .iter()
+                .filter(|g| g.mode == a.mode && g.profile == a.profile)
+                .map(|g| g.count.max(1))
+                .sum();
+            if sum != a.granted {
+                out.push(f(
+                    Kind::GrantLost,
+                    Class::Instant,
+                    obj.clone(),
+                    format!(
+                        "allocation says {} {}{} granted, its grants add up to {sum}",
+                        a.granted,
+                        a.mode,
+                        a.profile.as_deref().map(|p| format!(" {p}")).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
+    // Each unit within what its GPU offers.
+    for (unit, who) in &holders {
+        let total: u32 = who.iter().map(|w| w.1).sum();
+        let obj = format!("GpuNode/{}", unit.0);
+        if unit.2 == Mode::Mig || unit.2 == Mode::Exclusive {
+            if who.len() > 1 || total > 1 {
+                out.push(f(
+                    Kind::GrantDoubled,
+                    Class::Settling,
+                    obj,
+                    format!("{} granted {total} times: {who:?}", unit_name(unit)),
+                ));
+            }
+            continue;
+        }
+        let Some((n, g)) = gpus.get(&(unit.0.clone(), unit.1)) else {
+            continue;
+        };
+        let setting = match unit.2 {
+            Mode::Mps => g.mps.as_ref().map(|m| m.max_clients).unwrap_or(4),
+            _ => g.time_slicing.as_ref().map(|t| t.replicas).unwrap_or(1),
+        };
+        if total > setting {
+            out.push(f(
+                Kind::Overcommit,
+                Class::Settling,
+                obj.clone(),
+                format!(
+                    "{} has {total} shares granted ({who:?}), its plan setting offers {setting}",
+                    unit_name(unit)
+                ),
+            ));
+        }
+        if unit.2 == Mode::Mps {
+            let memory = n
+                .status
+                .as_ref()
+                .and_then(|s| s.gpus.iter().find(|x| x.index == unit.1))
+                .map(|x| x.memory_mib)
+                .unwrap_or(0);
+            let share = g
+                .mps
+                .as_ref()
+                .and_then(|m| m.pinned_memory_limit.as_deref())
+                .and_then(quantity_mib)
+                .unwrap_or(memory / u64::from(setting.max(1)));
+            let headroom = who.iter().map(|w| headroom_of(snap, &w.0)).max().unwrap_or(0);
+            let usable = memory * u64::from(100 - headroom.min(100)) / 100;
+            if memory > 0 && u64::from(total) * share > usable {
+                out.push(f(Kind::Overcommit, Class::Settling, obj, format!("{}: {total} clients × {share} MiB pinned exceed {usable} MiB ({memory} MiB less {headroom}% headroom)", unit_name(unit))));
+            }
+        }
+    }
+}
+
+/// Namespaces whose GPU pods belong to no tenant by design (the cluster's own, the device plugin's).
+const SYSTEM_NAMESPACES: [&str; 5] = [
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "nvidia-device-plugin",
+    "gpu-tenancy-system",
+];
+
+fn pods(snap: &Snapshot, out: &mut Vec<Finding>) {
+    for p in &snap.pods {
+        let ns = p.namespace().unwrap_or_default();
+        let obj = format!("Pod/{ns}/{}", p.name_any());
+        let Some(spec) = &p.spec else { continue };
+        let mut modes: BTreeSet<&str> = BTreeSet::new();
+        for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+            let r = c.resources.as_ref();
+            for k in r
+                .and_then(|r| r.limits.as_ref())
+                .into_iter()
+                .chain(r.and_then(|r| r.requests.as_ref()))
+                .flat_map(|m| m.keys())
+            {
+                match k.as_str() {
+                    "nvidia.com/gpu" => modes.insert("Exclusive"),
+                    "nvidia.com/gpu.shared" => modes.insert("Shared"),
+                    k if k.starts_with("nvidia.com/mig-") => modes.insert("MIG"),
+                    _ => false,
+                };
+            }
+        }
+        let tolerations = spec.tolerations.clone().unwrap_or_default();
+        let tenant = snap.tenants.iter().find(|t| t.spec.namespaces.contains(&ns));
+        let Some(tenant) = tenant else {
+            if !modes.is_empty() && !SYSTEM_NAMESPACES.contains(&ns.as_str()) {
+                out.push(f(
+                    Kind::PodBreaksIsolation,
+                    Class::Settling,
+                    obj,
+                    format!("asks for GPUs ({modes:?}) in a namespace of no tenant"),
+                ));
+            }
+            continue;
+        };
+        let tname = tenant.name_any();
+        if let Some((_, tier_name, tier)) = tier_of(snap, &tname) {
+            for m in &modes {
+                let ok = match *m {
+                    "Exclusive" => tier.modes.contains(&Mode::Exclusive),
+                    "MIG" => tier.modes.contains(&Mode::Mig),
+                    _ => tier.modes.contains(&Mode::Mps) || tier.modes.contains(&Mode::TimeSlicing),
+                };
+                if !ok {
+                    out.push(f(
+                        Kind::PodBreaksIsolation,
+                        Class::Settling,
+                        obj.clone(),
+                        format!(
+                            "tenant {tname} (tier {tier_name}) pod asks for {m} GPUs, which its tier does not allow"
+                        ),
+                    ));
+                }
+            }
+        }
+        for t in &tolerations {
+            let key = t.key.as_deref().unwrap_or("");
+            let bad = if key.is_empty() && t.operator.as_deref() == Some("Exists") {
+                Some("every taint".to_string())
+            } else if key == gpu_tenancy::labels::SCRUB_PENDING {
+                Some(key.to_string())
+            } else if key == gpu_tenancy::labels::DEDICATED && t.value.as_deref() != Some(tname.as_str()) {
+                Some(format!("{key}={}", t.value.as_deref().unwrap_or("*")))
+            } else {
+                None
+            };
+            if let Some(what) = bad {
+                out.push(f(
+                    Kind::PodBreaksIsolation,
+                    Class::Settling,
+                    obj.clone(),
+                    format!("tenant {tname}'s pod tolerates {what}"),
+                ));
+            }
+        }
+        if let Some(node) = spec
+            .node_name
+            .as_ref()
+            .and_then(|n| snap.nodes.iter().find(|x| x.name_any() == *n))
+            && let Some(owner) = node.labels().get(gpu_tenancy::labels::DEDICATED)
+            && *owner != tname
+        {
+            out.push(f(
+                Kind::PodBreaksIsolation,
+                Class::Settling,
+                obj.clone(),
+                format!(
+                    "tenant {tname}'s pod runs on node {} dedicated to {owner}",
+                    node.name_any()
+                ),
+            ));
+        }
+    }
+}
