@@ -3,7 +3,7 @@
 CARGO ?= cargo
 E2E_PACKAGE := gpu-tenancy-e2e
 
-.PHONY: help build run test unit lint fmt crds validate plan bench
+.PHONY: help build run run-check test unit lint fmt crds validate plan bench
 
 help:
 	@echo "make run       the product on simulated GPUs: control plane, controller, agents, examples/"
@@ -22,7 +22,11 @@ build:
 run:
 	@e2e/demo.sh
 
-test: unit e2e
+# The last step is `make run` itself, exiting once everything is Ready (status 0 only then).
+test: unit e2e run-check
+
+run-check:
+	@GPU_TENANCY_DEMO_EXIT=1 e2e/demo.sh
 
 # Build everything first: some tests drive the built binaries and the simulated NVML library.
 unit:
