@@ -1,0 +1,121 @@
+//! The benchmark's own dealings with the API server: applying the generated objects, editing a
+//! tenant or a plan, and snapshots of every object's `resourceVersion` (the API server's word on
+//! which objects a change touched).
+
+use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+/// Field manager of what the benchmark applies (the objects a platform team would keep in Git).
+pub const MANAGER: &str = "gpu-tenancy-fleet";
+
+/// Server-side applies each generated object (SharingPolicy, GpuPartitionPlan, GpuTenant).
+pub async fn apply_objects(client: &Client, objects: &[Value]) -> Result<(), String> {
+    let pp = PatchParams::apply(MANAGER).force();
+    for o in objects {
+        let kind = o["kind"].as_str().unwrap_or("");
+        let name = o["metadata"]["name"].as_str().unwrap_or("");
+        let r = match kind {
+            "SharingPolicy" => Api::<SharingPolicy>::all(client.clone())
+                .patch(name, &pp, &Patch::Apply(o))
+                .await
+                .map(|_| ()),
+            "GpuPartitionPlan" => Api::<GpuPartitionPlan>::all(client.clone())
+                .patch(name, &pp, &Patch::Apply(o))
+                .await
+                .map(|_| ()),
+            "GpuTenant" => Api::<GpuTenant>::all(client.clone())
+                .patch(name, &pp, &Patch::Apply(o))
+                .await
+                .map(|_| ()),
+            other => return Err(format!("{other}/{name}: the fleet generates no such kind")),
+        };
+        r.map_err(|e| format!("applying {kind}/{name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Creates namespace `name` if missing.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String> {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+        .map_err(|e| format!("namespace {name}: {e}"))?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(format!("creating namespace {name}: {e}")),
+    }
+}
+
+async fn versions_of<K>(api: Api<K>, kind: &str, out: &mut BTreeMap<String, String>) -> Result<(), String>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing {kind}: {e}"))?;
+    for o in list {
+        let key = match o.namespace() {
+            Some(ns) => format!("{kind}/{ns}/{}", o.name_any()),
+            None => format!("{kind}/{}", o.name_any()),
+        };
+        out.insert(key, o.resource_version().unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// `Kind/[namespace/]name` → resourceVersion of every object the controller or the agents write.
+pub async fn versions(client: &Client) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    versions_of(Api::<SharingPolicy>::all(client.clone()), "SharingPolicy", &mut out).await?;
+    versions_of(Api::<GpuTenant>::all(client.clone()), "GpuTenant", &mut out).await?;
+    versions_of(
+        Api::<GpuPartitionPlan>::all(client.clone()),
+        "GpuPartitionPlan",
+        &mut out,
+    )
+    .await?;
+    versions_of(Api::<GpuNode>::all(client.clone()), "GpuNode", &mut out).await?;
+    versions_of(Api::<Node>::all(client.clone()), "Node", &mut out).await?;
+    versions_of(Api::<Namespace>::all(client.clone()), "Namespace", &mut out).await?;
+    versions_of(Api::<ResourceQuota>::all(client.clone()), "ResourceQuota", &mut out).await?;
+    versions_of(Api::<ConfigMap>::all(client.clone()), "ConfigMap", &mut out).await?;
+    versions_of(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+        "ValidatingAdmissionPolicy",
+        &mut out,
+    )
+    .await?;
+    versions_of(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+        "ValidatingAdmissionPolicyBinding",
+        &mut out,
+    )
+    .await?;
+    Ok(out)
+}
+
+/// Objects created, changed or deleted between two snapshots.
+pub fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out: Vec<String> = after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(
+        before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .map(|k| format!("{k} (deleted)")),
+    );
+    out
+}

@@ -1,0 +1,181 @@
+//! What the benchmark reads about the controller process: its memory and CPU from `/proc`, and
+//! its own counters from `/metrics` (OpenMetrics text).
+
+use std::collections::BTreeMap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The controller under measurement.
+pub struct Controller {
+    pub pid: u32,
+    /// `HOST:PORT` of its `--metrics-addr`.
+    pub metrics_addr: String,
+    clock_ticks: f64,
+}
+
+/// The controller's counters at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// `objects_written_total` by `kind/action`.
+    pub written: BTreeMap<String, f64>,
+    pub passes: f64,
+    pub pass_seconds_sum: f64,
+    pub pass_seconds_count: f64,
+    /// Pass-duration histogram: (upper bound in seconds, cumulative count).
+    pub pass_buckets: Vec<(f64, f64)>,
+}
+
+impl Metrics {
+    pub fn written_total(&self) -> f64 {
+        self.written.values().sum()
+    }
+
+    /// Writes since `before`, by kind and action (those that changed).
+    pub fn written_since(&self, before: &Metrics) -> BTreeMap<String, u64> {
+        self.written
+            .iter()
+            .filter_map(|(k, v)| {
+                let d = v - before.written.get(k).copied().unwrap_or(0.0);
+                (d > 0.0).then(|| (k.clone(), d as u64))
+            })
+            .collect()
+    }
+
+    /// Passes since `before`: how many, their mean, and the upper bound of the slowest one's
+    /// histogram bucket (seconds).
+    pub fn passes_since(&self, before: &Metrics) -> (u64, f64, f64) {
+        let n = self.pass_seconds_count - before.pass_seconds_count;
+        let mean = if n > 0.0 {
+            (self.pass_seconds_sum - before.pass_seconds_sum) / n
+        } else {
+            0.0
+        };
+        // Cumulative buckets: the slowest pass lies in the first bucket that holds them all.
+        let slowest = self
+            .pass_buckets
+            .iter()
+            .find(|(le, c)| {
+                let b = before
+                    .pass_buckets
+                    .iter()
+                    .find(|(l, _)| l == le)
+                    .map_or(0.0, |(_, c)| *c);
+                c - b >= n
+            })
+            .map_or(0.0, |(le, _)| *le);
+        (n as u64, mean, slowest)
+    }
+}
+
+impl Controller {
+    pub fn new(pid: u32, metrics_addr: &str) -> Controller {
+        let clock_ticks = std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0);
+        Controller {
+            pid,
+            metrics_addr: metrics_addr.to_string(),
+            clock_ticks,
+        }
+    }
+
+    /// Resident memory (VmRSS) in MiB.
+    pub fn rss_mib(&self) -> Result<f64, String> {
+        let path = format!("/proc/{}/status", self.pid);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("the controller (pid {}) is gone: {path}: {e}", self.pid))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .ok_or_else(|| format!("{path} has no VmRSS line"))
+    }
+
+    /// CPU seconds used so far (user + system).
+    pub fn cpu_seconds(&self) -> Result<f64, String> {
+        let path = format!("/proc/{}/stat", self.pid);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("the controller (pid {}) is gone: {path}: {e}", self.pid))?;
+        // Fields after the command name (which may hold spaces) start at field 3, `state`;
+        // utime and stime are fields 14 and 15.
+        let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+        match (ticks(11), ticks(12)) {
+            (Some(u), Some(s)) => Ok((u + s) / self.clock_ticks),
+            _ => Err(format!("{path}: cannot read utime and stime")),
+        }
+    }
+
+    /// Scrapes `/metrics`.
+    pub async fn metrics(&self) -> Result<Metrics, String> {
+        let body = http_get(&self.metrics_addr, "/metrics").await?;
+        Ok(parse_metrics(&body))
+    }
+}
+
+async fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot reach the controller's metrics at {addr}: {e}"))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.map_err(|e| format!("{addr}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => Ok(body.to_string()),
+        _ => Err(format!(
+            "{addr}{path}: unexpected answer: {}",
+            text.lines().next().unwrap_or("")
+        )),
+    }
+}
+
+/// The values of a label set such as `{kind="GpuNode",action="apply"}`.
+fn labels(s: &str) -> BTreeMap<&str, &str> {
+    s.trim_start_matches('{')
+        .trim_end_matches('}')
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
+        .collect()
+}
+
+pub fn parse_metrics(text: &str) -> Metrics {
+    let p = gpu_tenancy::controller::metrics::PREFIX;
+    let mut m = Metrics::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let (name, labelset) = match series.find('{') {
+            Some(i) => (&series[..i], &series[i..]),
+            None => (series, ""),
+        };
+        let Some(name) = name.strip_prefix(p).and_then(|n| n.strip_prefix('_')) else {
+            continue;
+        };
+        let l = labels(labelset);
+        match name {
+            "objects_written_total" => {
+                let key = format!("{}/{}", l.get("kind").unwrap_or(&"?"), l.get("action").unwrap_or(&"?"));
+                m.written.insert(key, value);
+            }
+            "passes_total" => m.passes += value,
+            "pass_duration_seconds_sum" => m.pass_seconds_sum = value,
+            "pass_duration_seconds_count" => m.pass_seconds_count = value,
+            "pass_duration_seconds_bucket" => {
+                if let Some(le) = l.get("le").and_then(|v| v.parse::<f64>().ok()) {
+                    m.pass_buckets.push((le, value));
+                }
+            }
+            _ => {}
+        }
+    }
+    m
+}
