@@ -206,7 +206,25 @@ fn no_wildcards_and_each_role_bound_to_its_service_account() {
             );
         }
     }
-    assert_eq!(roles, 5, "two ClusterRoles and three Roles");
+    assert_eq!(
+        roles, 6,
+        "three ClusterRoles (controller, agent, tenant viewer) and three Roles"
+    );
+}
+
+/// A tenant's users read GpuTenants (their grants and conditions) and nothing else; the role is
+/// for a platform team to bind, so deploy/base binds it to no one.
+#[test]
+fn tenant_viewer_reads_gputenants_only_and_is_bound_to_no_one() {
+    let objects = base_objects();
+    let role = object(&objects, "ClusterRole", None, "gpu-tenancy-tenant-viewer");
+    assert_grants(role, expect(&[("gputenancy.io", &["gputenants"], READ)]));
+    assert!(
+        objects
+            .iter()
+            .all(|o| o["roleRef"]["name"] != "gpu-tenancy-tenant-viewer"),
+        "deploy/base binds gpu-tenancy-tenant-viewer"
+    );
 }
 
 /// crds/Kustomization (how deploy/base installs the CRDs without a copy) lists every CRD file.

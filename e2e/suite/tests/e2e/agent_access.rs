@@ -88,7 +88,7 @@ async fn patch_status(client: &Client, name: &str) -> Result<(), String> {
 }
 
 async fn label_node(client: &Client, name: &str) -> Result<(), String> {
-    let patch = json!({"metadata": {"labels": {"gputenancy.io/e2e-agent-access": "x"}}});
+    let patch = json!({"metadata": {"labels": {"gputenancy.io/config.state": "x"}}});
     outcome(
         Api::<Node>::all(client.clone())
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -230,7 +230,7 @@ async fn agent_writes_only_its_own_nodes_gpunode_and_node() {
             .metadata
             .labels
             .unwrap_or_default()
-            .contains_key("gputenancy.io/e2e-agent-access"),
+            .contains_key("gputenancy.io/config.state"),
         "Node b was labelled"
     );
 

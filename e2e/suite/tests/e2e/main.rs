@@ -11,5 +11,6 @@ mod fixtures;
 mod gitops;
 mod leader;
 mod printer_columns;
+mod privilege;
 mod status;
 mod validation;
