@@ -114,6 +114,15 @@ pub fn build(
         if let Some(g) = spec.gpus.iter().find(|g| g.index == o.index) {
             let plan = plans.iter().find(|p| p.index == o.index);
             settle(o, g, plan, run, &stamp);
+            // What the last change did stays readable until the next one, so an apply with
+            // nothing to do publishes nothing new (DESIGN.md §4.5: no write without a change).
+            if o.applied == Some(true)
+                && !run.executed.contains_key(&o.index)
+                && !run.notes.contains_key(&o.index)
+                && let Some(p) = prev_g.filter(|p| p.uuid == o.uuid && p.applied == Some(true))
+            {
+                o.message = p.message.clone();
+            }
         }
     }
     // GPUs in the spec that NVML does not report still get a line saying so.
@@ -190,11 +199,24 @@ pub fn build(
             now,
         );
     }
-    let waiting = not_applied.len() > stalled.len();
+    // Which GPUs wait and on what (the busy pids, a reset): the one line `kubectl get` shows.
+    let waiting_on: Vec<String> = not_applied
+        .iter()
+        .filter(|g| !stalled.iter().any(|s| s.index == g.index))
+        .map(|g| {
+            format!(
+                "GPU {} ({}): {}",
+                g.index,
+                g.reason.as_deref().unwrap_or("NotApplied"),
+                g.message.as_deref().unwrap_or("not applied yet")
+            )
+        })
+        .collect();
+    let waiting = !waiting_on.is_empty();
     let msg = if waiting {
-        "waiting for busy GPUs, a reset or a retry"
+        format!("waiting for busy GPUs, a reset or a retry: {}", waiting_on.join("; "))
     } else {
-        ""
+        String::new()
     };
     let drifted: Vec<String> = run.drift.values().cloned().collect();
     let repaired = run

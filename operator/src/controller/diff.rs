@@ -93,6 +93,16 @@ impl Write {
         }
     }
 
+    /// The object's name (without its namespace).
+    pub fn name(&self) -> &str {
+        match self {
+            Write::Apply { name, .. }
+            | Write::Status { name, .. }
+            | Write::Patch { name, .. }
+            | Write::Delete { name, .. } => name,
+        }
+    }
+
     /// `apply`, `status`, `patch` or `delete`: the metric label.
     pub fn action(&self) -> &'static str {
         match self {
@@ -390,12 +400,22 @@ fn notes(d: &Desired, live: &Snapshot) -> Vec<Note> {
     out
 }
 
-/// Every write one pass makes, in order: GpuNode specs, statuses, namespaces, the device plugin's
-/// config, node labels and taints, quotas, admission policies then their bindings; deletes last,
-/// bindings before their policies.
+/// Every write one pass makes, in order: the device plugin's config, node labels and taints,
+/// GpuNode specs, statuses, namespaces, quotas, admission policies then their bindings; deletes
+/// last, bindings before their policies. A node's taints go before its GpuNode spec: a spec that
+/// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
+/// node lacks the scrub-pending taint (DESIGN.md §4.3); a label names only a config written.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     let mut writes = Vec::new();
     let mut deletes = Vec::new();
+    owned(
+        Kind::ConfigMap,
+        &d.config_maps,
+        &live.config_maps,
+        &mut writes,
+        &mut deletes,
+    );
+    node_patches(&d.node_labels, &live.nodes, &mut writes);
 
     let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
     for n in &d.nodes {
@@ -441,14 +461,6 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
         &mut writes,
     );
     namespace_writes(d, live, &mut writes);
-    owned(
-        Kind::ConfigMap,
-        &d.config_maps,
-        &live.config_maps,
-        &mut writes,
-        &mut deletes,
-    );
-    node_patches(&d.node_labels, &live.nodes, &mut writes);
     owned(
         Kind::ResourceQuota,
         &d.resource_quotas,

@@ -88,11 +88,31 @@ impl Writer {
     pub async fn write_all(&self, writes: &[Write]) -> Outcome {
         let mut outcome = Outcome::default();
         let mut config_failed = false;
+        // Nodes whose labels and taints were not written in this pass.
+        let mut nodes_behind = std::collections::BTreeSet::new();
         for w in writes {
             // A node label naming a device-plugin config that was not written would make the plugin
             // fall back to its default sharing: keep the nodes as they are until the config is in.
             if config_failed && w.kind() == Kind::Node {
                 let why = "not sent: the device plugin's ConfigMap could not be written in this pass".to_string();
+                tracing::warn!(write = %w, "{why}; the next pass retries it");
+                outcome.failed.push((w.to_string(), why));
+                nodes_behind.insert(w.name().to_string());
+                continue;
+            }
+            // A GpuNode spec may hand a GPU over: it waits for its node's scrub-pending taint.
+            if matches!(
+                w,
+                Write::Apply {
+                    kind: Kind::GpuNode,
+                    ..
+                }
+            ) && nodes_behind.contains(w.name())
+            {
+                let why = format!(
+                    "not sent: Node {}'s labels and taints could not be written in this pass",
+                    w.name()
+                );
                 tracing::warn!(write = %w, "{why}; the next pass retries it");
                 outcome.failed.push((w.to_string(), why));
                 continue;
@@ -105,6 +125,9 @@ impl Writer {
                 Err(e) => {
                     tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
                     config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
+                    if w.kind() == Kind::Node {
+                        nodes_behind.insert(w.name().to_string());
+                    }
                     outcome.failed.push((w.to_string(), e.to_string()));
                 }
             }

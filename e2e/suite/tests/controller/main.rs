@@ -4,8 +4,11 @@
 //!
 //! Agents are simulated by the tests: they create the Node objects (there is no kubelet) and
 //! write GpuNode status the way the agent does (the GPUs it found, then "applied" for each new
-//! generation). The controller's passes are driven directly (`Controller::pass`) so each scenario
-//! states exactly which writes a pass makes.
+//! generation); `agents.rs` (and scenarios e and f) run real agents on simulated GPUs instead.
+//! The controller's passes are driven directly (`Controller::pass`) so each scenario states
+//! exactly which writes a pass makes.
 
+mod agents;
+mod observe;
 mod scenarios;
 mod support;

@@ -241,20 +241,27 @@ pub fn mig_plan(pool: &str, profiles: serde_json::Value) -> serde_json::Value {
                  "rollout": {"maxUnavailable": 1}}})
 }
 
-/// A real `gpu-tenancy agent run` for a new Node `name` (labelled `pool=<pool>`) with one simulated
-/// H100 of its own; `sim_ctl` drives that GPU. The agent and the simulator state go when dropped.
+/// A real `gpu-tenancy agent run` for a new Node `name` (labelled `pool=<pool>`) with simulated
+/// H100s of its own; `sim_ctl` drives them. The agent and the simulator state go when dropped.
 pub struct SimAgent {
     dir: std::path::PathBuf,
+    name: String,
     agent: std::process::Child,
 }
 
 impl SimAgent {
+    /// An agent on one simulated H100.
     pub async fn start(client: &Client, cleanup: &Cleanup, name: &str, pool: &str) -> SimAgent {
+        SimAgent::start_with(client, cleanup, name, pool, 1).await
+    }
+
+    /// An agent on `gpus` simulated H100s (indices 0..gpus).
+    pub async fn start_with(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, gpus: u32) -> SimAgent {
         let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("sim.yaml"),
-            "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n",
+            format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {gpus}}}\n"),
         )
         .unwrap();
         cleanup.add_resource("nodes", name);
@@ -263,22 +270,76 @@ impl SimAgent {
         let _ = Api::<Node>::all(client.clone())
             .create(&PostParams::default(), &node)
             .await;
+        let agent = SimAgent::spawn(&dir, name);
+        SimAgent {
+            dir,
+            name: name.to_string(),
+            agent,
+        }
+    }
+
+    fn spawn(dir: &std::path::Path, name: &str) -> std::process::Child {
         let mut agent = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"));
         agent
             .args(["agent", "run", "--node-name", name, "--poll", "1"])
             .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
             .env("RUST_LOG", "warn");
-        sim_env(&dir, &mut agent);
-        let agent = agent.spawn().expect("the agent starts");
-        SimAgent { dir, agent }
+        sim_env(dir, &mut agent);
+        agent.spawn().expect("the agent starts")
     }
 
-    /// Runs `sim-ctl ARGS` on this agent's simulated GPU.
+    /// Waits up to `timeout` for the agent to exit on its own (an injected abort); its exit status.
+    pub async fn exited(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.agent.try_wait().unwrap() {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts the agent again on the same simulated GPUs and state (killing it first if it runs),
+    /// as its DaemonSet would after a crash.
+    pub fn restart(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+        self.agent = SimAgent::spawn(&self.dir, &self.name);
+    }
+
+    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs.
     pub fn sim_ctl(&self, args: &[&str]) {
+        self.sim_ctl_output(args);
+    }
+
+    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs; its standard output.
+    pub fn sim_ctl_output(&self, args: &[&str]) -> String {
         let mut cmd = std::process::Command::new(repo_root().join("target/debug/sim-ctl"));
         cmd.args(args);
         sim_env(&self.dir, &mut cmd);
-        assert!(cmd.status().unwrap().success(), "sim-ctl {args:?}");
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "sim-ctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The simulator's whole state (`sim-ctl state`): GPUs, instances, `mutations`, `scrubs`...
+    pub fn sim_state(&self) -> serde_json::Value {
+        serde_json::from_str(&self.sim_ctl_output(&["state"])).unwrap()
+    }
+
+    /// The simulator's NVML mutation log after mutation number `since` (`sim-ctl log`).
+    pub fn sim_log(&self, since: u64) -> Vec<serde_json::Value> {
+        self.sim_ctl_output(&["log", "--since", &since.to_string()])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 }
 
@@ -296,6 +357,16 @@ fn sim_env(dir: &std::path::Path, cmd: &mut std::process::Command) {
         .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
         .env("GPU_TENANCY_NVML_LIB", &lib)
         .env("GPU_TENANCY_CUDA_LIB", &lib);
+}
+
+/// An in-process controller whose stores have synced (its passes are driven by the test).
+pub async fn start_controller(client: &Client) -> Controller {
+    let c = Controller::start(client.clone(), Settings::default(), Some("e2e".into()));
+    tokio::time::timeout(Duration::from_secs(30), c.stores.wait_until_ready())
+        .await
+        .expect("stores synced within 30 s")
+        .unwrap();
+    c
 }
 
 /// Runs controller passes in the background until aborted.

@@ -171,13 +171,13 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     assert_eq!(
         writes(&d),
         [
+            "apply ConfigMap nvidia-device-plugin/gpu-tenancy-device-plugin-configs",
+            "patch Node n1",
             "apply GpuNode n1",
             "status SharingPolicy default",
             "status GpuTenant acme",
             "status GpuPartitionPlan mig",
             "apply Namespace acme",
-            "apply ConfigMap nvidia-device-plugin/gpu-tenancy-device-plugin-configs",
-            "patch Node n1",
             "apply ResourceQuota acme/gpu-tenancy",
             "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
             "apply ValidatingAdmissionPolicy gputenancy.io-tenant-acme",
@@ -186,7 +186,7 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
         ]
     );
     // The node patch keeps the other writer's taint and is conditional on the node's version.
-    let Write::Patch { patch, .. } = &d.writes[6] else {
+    let Write::Patch { patch, .. } = &d.writes[1] else {
         panic!()
     };
     assert_eq!(patch["metadata"]["resourceVersion"], "7");
@@ -205,7 +205,7 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     assert_eq!(again.notes, []);
     // acme's instances changed hands (from nobody known): the node took no new pods until its agent
     // scrubbed them. The agent reports the hand-over applied: the taint goes.
-    let Write::Patch { patch, .. } = &d.writes[6] else {
+    let Write::Patch { patch, .. } = &d.writes[1] else {
         panic!()
     };
     assert_eq!(patch["spec"]["taints"][1]["key"], "gputenancy.io/scrub-pending");
