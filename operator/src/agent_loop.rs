@@ -116,9 +116,18 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     };
     let g = gpus.clone();
     let prev_for_apply = prev.clone();
-    let applied = tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
+    let applied = match tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
         .await
-        .map_err(|e| format!("the GPU pass stopped: {e}"))??;
+        .map_err(|e| format!("the GPU pass stopped: {e}"))?
+    {
+        Ok(applied) => applied,
+        Err(e) => {
+            // NVML failed for the whole node (a system query, the device count): without this
+            // the GpuNode would keep its last Ready=True while nothing is applied or watched.
+            report_nvml_failure(&api, opts, prev.as_ref(), &e).await;
+            return Err(e);
+        }
+    };
     let mut status = applied.status;
     status.observed_generation = generation;
     if let Some(root) = &opts.mps_root {
@@ -153,6 +162,41 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     }
     label_config_state(client, opts, config_state(&status)).await;
     Ok(())
+}
+
+/// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its
+/// last status (the GPUs as last seen, the generation last applied). Best effort: the pass is
+/// retried with backoff either way.
+async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&GpuNodeStatus>, error: &str) {
+    let mut status = prev.cloned().unwrap_or_default();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let message = format!(
+        "NVML failed for the whole node, nothing was applied: {error}; the agent retries with backoff (check the driver with nvidia-smi)"
+    );
+    let generation = status.observed_generation;
+    crate::api::set_condition(
+        &mut status.conditions,
+        ConditionSet::READY,
+        false,
+        "NvmlFailed",
+        message,
+        generation,
+        &now,
+    );
+    if prev == Some(&status) {
+        return;
+    }
+    let patch = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status});
+    if let Err(e) = api
+        .patch_status(
+            &opts.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        tracing::warn!(node = %opts.node, error = %e, "cannot report the NVML failure in the GpuNode status");
+    }
 }
 
 /// The reason the GPU layer gives a GPU it leaves alone because processes run on it.
