@@ -13,6 +13,7 @@ help:
 	@echo "make unit      only the tests that need no control plane"
 	@echo "make e2e-up    start a local control plane (kube-apiserver + etcd) and print its KUBECONFIG"
 	@echo "make bench     criterion benchmarks (solver, planner)"
+	@echo "make bench-fleet  the controller against 1,000 simulated nodes (release, ~10 min; BENCH_FLEET_NODES=200 BENCH_FLEET_START_NODES=50 BENCH_FLEET_IDLE=30 BENCH_FLEET_PLAN_NODES=0 for a quick run)"
 	@echo "make lint      rustfmt check and clippy with warnings denied"
 	@echo "make crds      regenerate crds/ from the Rust types"
 
@@ -51,5 +52,9 @@ plan:
 
 bench:
 	$(CARGO) bench -p gpu-tenancy
+
+# Not part of `make test`: a control plane, the controller and a fleet of simulated agents, measured.
+bench-fleet:
+	@e2e/bench-fleet.sh
 
 include e2e/e2e.mk
