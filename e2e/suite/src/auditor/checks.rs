@@ -61,11 +61,14 @@ pub struct Finding {
     pub message: String,
 }
 
+/// An instance as last reported: its tenant, MIG device UUID and scrub record.
+type InstanceSeen = (Option<String>, Option<String>, Option<ScrubRecord>);
+
 /// What the auditor remembers of each GPU and instance between snapshots, to see hand-overs.
 #[derive(Default)]
 pub struct History {
     gpus: BTreeMap<(String, u32), (BTreeSet<String>, Option<ScrubRecord>)>,
-    instances: BTreeMap<(String, u32, u32), (Option<String>, Option<String>, Option<ScrubRecord>)>,
+    instances: BTreeMap<(String, u32, u32), InstanceSeen>,
     seen_nodes: BTreeSet<String>,
 }
 

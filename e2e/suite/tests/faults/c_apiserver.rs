@@ -91,7 +91,9 @@ async fn c_the_api_server_and_etcd_restart_with_their_data_and_everything_recove
     let stopped = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await; // agents poll and controllers retry meanwhile
     let log = std::fs::File::create(dir.join("controlplane-restart.log")).unwrap();
-    std::process::Command::new("setsid")
+    // Its own session, not this test's thread's child for PR_SET_PDEATHSIG: e2e/run.sh stops it
+    // with `controlplane down` at the end, as the first one. Reaped by a thread when it ends.
+    let mut restarted = std::process::Command::new("setsid")
         .arg(gpu_tenancy_e2e::repo_root().join("e2e/bin/controlplane"))
         .args([
             "up",
@@ -105,6 +107,7 @@ async fn c_the_api_server_and_etcd_restart_with_their_data_and_everything_recove
         .stdin(std::process::Stdio::null())
         .spawn()
         .expect("the control plane starts again");
+    std::thread::spawn(move || restarted.wait());
     let restarting = Instant::now();
     while !dir.join("ready").exists() {
         assert!(
