@@ -97,7 +97,9 @@ fn assert_grants(role: &Value, want: BTreeSet<(String, String, String)>) {
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
-const OWN: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// What the controller reads with: watches (list, then watch), never a get of one object.
+const WATCH: &[&str] = &["list", "watch"];
+const OWN: &[&str] = &["list", "watch", "create", "patch", "delete"];
 
 /// What operator/src/controller writes: server-side apply (a patch; one that creates the object
 /// is also authorized as `create`), status through `/status`, merge patches of Node and Namespace
@@ -114,9 +116,9 @@ fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
             (
                 "gputenancy.io",
                 &["sharingpolicies", "gputenants", "gpupartitionplans", "gpunodes"],
-                READ,
+                WATCH,
             ),
-            ("gputenancy.io", &["gpunodes"], &["create", "patch"]),
+            ("gputenancy.io", &["gpunodes"], &["patch"]),
             (
                 "gputenancy.io",
                 &[
@@ -126,8 +128,8 @@ fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
                 ],
                 &["patch"],
             ),
-            ("", &["nodes"], &["get", "list", "watch", "patch"]),
-            ("", &["namespaces"], &["get", "list", "watch", "create", "patch"]),
+            ("", &["nodes"], &["list", "watch", "patch"]),
+            ("", &["namespaces"], &["list", "watch", "create", "patch"]),
             ("", &["resourcequotas"], OWN),
             (
                 "admissionregistration.k8s.io",

@@ -10,5 +10,6 @@
 
 mod agents;
 mod observe;
+mod privilege;
 mod scenarios;
 mod support;
