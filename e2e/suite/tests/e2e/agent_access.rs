@@ -59,7 +59,9 @@ async fn apply(docs: &[Value], cleanup: &Cleanup, what: &str) {
     kubectl_async(vec![
         "apply".into(),
         "--server-side".into(),
-        "--field-manager=gpu-tenancy-e2e".into(),
+        // kubectl's own manager, as a person installing deploy/base: the deploy test's server-side
+        // dry run of the same objects then shares the fields instead of conflicting on them.
+        "--field-manager=kubectl".into(),
         "--force-conflicts".into(),
         "-f".into(),
         file.display().to_string(),
