@@ -311,8 +311,21 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         ],
         "{at_death:#?}"
     );
-    // Dead for a few of its poll periods, as a crash-looping pod is; then back on the same GPU.
+    // Dead for a few of its poll periods, as a crash-looping pod is; then back on the same GPU,
+    // where its first scrub fails (one CUDA allocation fails): the hand-over it publishes then is
+    // unfinished, and must show as such.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.sim_ctl(&[
+        "fail",
+        "--call",
+        "cuMemAlloc_v2",
+        "--gpu",
+        "0",
+        "--error",
+        "UNKNOWN",
+        "--times",
+        "1",
+    ]);
     agent.restart();
     let b = Some("kill-b".to_string());
     wait_nodes(
@@ -353,7 +366,7 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
                         .is_some_and(|s| s.result == ScrubResult::Scrubbed && s.tenant.as_deref() == Some("kill-b"))
             })
     };
-    let (mut tainted_moments, mut handing_over) = (0, 0);
+    let (mut tainted_moments, mut handing_over, mut reported_unfinished) = (0, 0, 0);
     let seen = moments(&gn_versions, &node_versions, changed_at);
     for m in &seen {
         let (Some(gn), Some(n)) = (m.gpu_nodes.get("kill-0"), m.nodes.get("kill-0")) else {
@@ -368,6 +381,29 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
             .map(|i| i.placement.start)
             .collect();
         let unscrubbed: Vec<u32> = for_b.iter().copied().filter(|s| !scrubbed_for_b(gn, *s)).collect();
+        eprintln!(
+            "revision {}: generation {:?} observed {:?} Ready {:?} GPU 0 {:?} instances {:?} tainted {}",
+            m.revision,
+            gn.metadata.generation,
+            gn.status.as_ref().and_then(|s| s.observed_generation),
+            condition(gn, "Ready").map(|c| &c.status),
+            gn.status
+                .iter()
+                .flat_map(|s| &s.gpus)
+                .map(|g| (&g.reason, &g.message))
+                .next(),
+            gn.status
+                .iter()
+                .flat_map(|s| &s.gpus)
+                .flat_map(|g| &g.instances)
+                .map(|i| (
+                    i.placement.to_string(),
+                    &i.tenant,
+                    i.last_scrub.as_ref().map(|s| (&s.result, &s.tenant))
+                ))
+                .collect::<Vec<_>>(),
+            scrub_tainted(n)
+        );
         for i in gn.status.iter().flat_map(|s| &s.gpus).flat_map(|g| &g.instances) {
             assert!(
                 i.tenant.as_deref() != Some("kill-b") || scrubbed_for_b(gn, i.placement.start),
@@ -390,10 +426,12 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         );
         tainted_moments += usize::from(scrub_tainted(n));
         handing_over += usize::from(!unscrubbed.is_empty());
+        let reported = gn.status.as_ref().and_then(|s| s.observed_generation) == gn.metadata.generation;
+        reported_unfinished += usize::from(!unscrubbed.is_empty() && reported);
     }
     assert!(
-        handing_over > 0,
-        "no revision showed the hand-over in progress: nothing was checked"
+        reported_unfinished > 0,
+        "no revision showed the agent's report of the unfinished hand-over (after the failed scrub): the checks above saw only the spec"
     );
 
     // The simulator's own record: kill-b's two instances were scrubbed (zeroed through CUDA),
@@ -440,7 +478,7 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         agent.sim_log(before)
     );
     eprintln!(
-        "MEASURE agent killed after NVML call 3 of 6 mid hand-over: converged Ready and untainted {converged:?} after the change, {} revisions checked ({handing_over} with the hand-over in progress, {tainted_moments} with the taint), {} scrubs recorded by the simulator",
+        "MEASURE agent killed after NVML call 3 of 6 mid hand-over: converged Ready and untainted {converged:?} after the change, {} revisions checked ({handing_over} with the hand-over in progress, {reported_unfinished} of them reported by the agent, {tainted_moments} with the taint), {} scrubs recorded by the simulator",
         seen.len(),
         new_scrubs.len()
     );
