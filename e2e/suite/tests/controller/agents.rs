@@ -11,6 +11,7 @@ use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, ScrubResult};
 use gpu_tenancy::labels::SCRUB_PENDING;
 use gpu_tenancy_e2e::{Cleanup, kubectl_async};
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -530,9 +531,18 @@ async fn busy_gpu_under_wait_changes_when_its_process_ends() {
             && g0.is_some_and(|g| g.reason.as_deref() == Some("Busy") && g.applied == Some(false))
     })
     .await;
-    // Three more polls while the process runs: still nothing on GPU 0.
+    // Three more polls while the process runs: still nothing on GPU 0, and the waiting agent
+    // rewrites no status (no hot loop while it waits).
+    let waiting_since = Api::<GpuNode>::all(client.clone()).get("wait-0").await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let n = Api::<GpuNode>::all(client.clone()).get("wait-0").await.unwrap();
+    assert_eq!(
+        n.resource_version(),
+        waiting_since.resource_version(),
+        "GpuNode wait-0 was written while nothing changed: {:#?} then {:#?}",
+        waiting_since.status,
+        n.status
+    );
     let g0 = n
         .status
         .as_ref()
