@@ -80,6 +80,10 @@ async fn rollout_on_real_agents_touches_only_what_changed() {
     )
     .await;
     let rollout = t1.elapsed();
+    for n in &names {
+        let now = Api::<GpuNode>::all(client.clone()).get(n).await.unwrap();
+        gpu_nodes.until_seen(n, resource_version(&now)).await;
+    }
 
     // At every revision since the change, at most one node of the pool had a spec not yet applied.
     let (gn_versions, node_versions) = (gpu_nodes.stop(), nodes.stop());
@@ -350,7 +354,8 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let converged = t0.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await; // the watches catch up
+    let untainted = nodes_api.get("kill-0").await.unwrap();
+    nodes.until_seen("kill-0", resource_version(&untainted)).await;
     let (gn_versions, node_versions) = (gpu_nodes.stop(), nodes.stop());
 
     // Replayed revision by revision: nothing of kill-b's shows before its scrub, and the node is

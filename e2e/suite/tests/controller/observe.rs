@@ -39,8 +39,7 @@ where
             while let Some(ev) = events.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                        let rv = o.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0);
-                        into.lock().unwrap().push((rv, o));
+                        into.lock().unwrap().push((resource_version(&o), o));
                     }
                     Ok(watcher::Event::InitDone) => {
                         if let Some(s) = synced.take() {
@@ -56,6 +55,25 @@ where
             .expect("the watch listed within 30 s")
             .unwrap();
         Versions { seen, task }
+    }
+
+    /// Waits (at most 10 s) until the watch has delivered `name` at resourceVersion `rv` or later,
+    /// so that what a read saw is in the record too.
+    pub async fn until_seen(&self, name: &str, rv: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(v, o)| *v >= rv && o.name_any() == name)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the watch did not deliver {name} at resourceVersion {rv} within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Stops watching; every version seen, oldest first.
@@ -99,6 +117,11 @@ pub fn moments<'a>(gpu_nodes: &'a [(u64, GpuNode)], nodes: &'a [(u64, Node)], fr
             nodes: at(nodes, revision),
         })
         .collect()
+}
+
+/// An object's resourceVersion as the number it is on this control plane (an etcd revision).
+pub fn resource_version<K: Resource>(o: &K) -> u64 {
+    o.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// The agent reports this generation of the spec applied and the node Ready.
@@ -185,7 +208,7 @@ pub async fn apply_plan(client: &Client, plan: Value) -> u64 {
         .patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(plan))
         .await
         .unwrap_or_else(|e| panic!("applying GpuPartitionPlan {name}: {e}"));
-    p.resource_version().unwrap().parse().unwrap()
+    resource_version(&p)
 }
 
 /// Polls the GpuNodes until `done` holds for all of `names` (at most `secs`); panics with their
