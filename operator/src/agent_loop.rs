@@ -130,6 +130,10 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     };
     let mut status = applied.status;
     status.observed_generation = generation;
+    // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
+    for c in &mut status.conditions {
+        c.observed_generation = generation;
+    }
     if let Some(root) = &opts.mps_root {
         let root = MpsRoot(root.clone());
         let found = plugin_mps::observe(&root);
