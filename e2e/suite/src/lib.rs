@@ -9,6 +9,7 @@
 //! a [`Names`] with a prefix of its own and deletes what it created when it ends (also when it
 //! panics), through [`Cleanup`].
 
+pub mod access;
 pub mod auditor;
 pub mod procs;
 
@@ -157,6 +158,50 @@ pub async fn kubectl_async(args: Vec<String>) -> KubectlOutput {
     tokio::task::spawn_blocking(move || kubectl(args))
         .await
         .expect("kubectl task")
+}
+
+/// `kubectl apply --server-side --force-conflicts -f FILE` (a path from the repository root), as
+/// a person applies a manifest of the repository (kubectl's field manager); fails the test if
+/// kubectl does.
+pub async fn apply_file(file: &str) {
+    kubectl_async(vec![
+        "apply".into(),
+        "--server-side".into(),
+        "--force-conflicts".into(),
+        "-f".into(),
+        file.into(),
+    ])
+    .await
+    .ok();
+}
+
+/// Applies `docs` server-side with kubectl, under kubectl's own field manager, as a person
+/// installing deploy/base does: the deploy test's server-side dry run of the same objects then
+/// shares their fields instead of conflicting on them. `what` names the temporary file.
+pub async fn apply_docs_as_kubectl(docs: &[Value], what: &str) {
+    // Unique per call: tests of one binary run at the same time and may pass the same `what`.
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let file = std::env::temp_dir().join(format!(
+        "gt-e2e-{what}-{}-{}.yaml",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let text: Vec<String> = docs
+        .iter()
+        .map(|d| serde_json::to_string(d).expect("a JSON value serialises"))
+        .collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    let out = kubectl_async(vec![
+        "apply".into(),
+        "--server-side".into(),
+        "--field-manager=kubectl".into(),
+        "--force-conflicts".into(),
+        "-f".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    std::fs::remove_file(&file).ok();
+    out.ok();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -415,6 +460,25 @@ pub async fn create_namespace(client: &Client, cleanup: &Cleanup, name: &str, la
         Err(kube::Error::Api(e)) if e.code == 409 => {} // the serviceaccount controller was first
         Err(e) => panic!("creating serviceaccount {name}/default: {e}"),
     }
+}
+
+/// Creates the namespaces of the operator (`gpu-tenancy-system`, its Lease's) and of the device
+/// plugin (the controller writes its ConfigMap there) unless they exist. They are kept for the
+/// scenarios that follow: deleting them would leave them Terminating for the next one.
+pub async fn ensure_operator_namespaces(client: &Client) {
+    let keep = Cleanup::new();
+    for ns in [
+        gpu_tenancy::desired::Settings::default().device_plugin_namespace,
+        procs::CONTROLLER_NAMESPACE.to_string(),
+    ] {
+        if !kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
+            .await
+            .success
+        {
+            create_namespace(client, &keep, &ns, &[]).await;
+        }
+    }
+    std::mem::forget(keep);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -1,14 +1,23 @@
 //! Real processes of the product for scenarios: `gpu-tenancy agent run` on simulated GPUs of its
 //! own, and `gpu-tenancy controller` replicas; both can be killed (SIGKILL, as a node or pod
-//! crash) and started again.
+//! crash) and started again. The controller scenarios (tests/controller) and the fault scenarios
+//! (tests/faults) both run them from here, so every scenario starts them with the same arguments
+//! and environment.
 
 use crate::{Cleanup, kubeconfig_path, repo_root};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
+
+/// The namespace of the controller's Lease (its `POD_NAMESPACE`).
+pub const CONTROLLER_NAMESPACE: &str = "gpu-tenancy-system";
+/// The Lease the controller replicas elect their leader on.
+pub const CONTROLLER_LEASE: &str = "gpu-tenancy-controller";
 
 fn binary(name: &str) -> PathBuf {
     let bin = repo_root().join("target/debug").join(name);
@@ -20,9 +29,9 @@ fn binary(name: &str) -> PathBuf {
     bin
 }
 
-/// A real `gpu-tenancy agent run` for Node `name` (labelled `pool=<pool>`) with simulated GPUs of
-/// its own (a `gpus:` YAML list, as in nvml-sim's config); its simulator state outlives a kill, as
-/// a node's GPUs outlive its agent. The agent and the state go when dropped.
+/// A real `gpu-tenancy agent run` for Node `name` (labelled `pool=<pool>`) with simulated H100s
+/// of its own; `sim_ctl` drives them. Its simulator state outlives a kill, as a node's GPUs
+/// outlive its agent. The agent and the state go when dropped.
 pub struct SimAgent {
     pub name: String,
     dir: PathBuf,
@@ -30,27 +39,24 @@ pub struct SimAgent {
 }
 
 impl SimAgent {
-    /// One simulated H100.
+    /// An agent on one simulated H100.
     pub async fn start(client: &Client, cleanup: &Cleanup, name: &str, pool: &str) -> SimAgent {
-        Self::start_with(
-            client,
-            cleanup,
-            name,
-            pool,
-            "- {pciDeviceId: \"0x233010DE\", count: 1}\n",
-        )
-        .await
+        Self::start_with(client, cleanup, name, pool, 1).await
     }
 
-    /// `gpus` is the YAML list of nvml-sim's config.
-    pub async fn start_with(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, gpus: &str) -> SimAgent {
+    /// An agent on `h100s` simulated H100s (indices 0..h100s).
+    pub async fn start_with(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, h100s: u32) -> SimAgent {
         let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("sim.yaml"), format!("gpus:\n{gpus}")).unwrap();
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let config = format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {h100s}}}\n");
+        std::fs::write(dir.join("sim.yaml"), config)
+            .unwrap_or_else(|e| panic!("writing {}/sim.yaml: {e}", dir.display()));
         cleanup.add_resource("nodes", name);
         cleanup.add("GpuNode", name);
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"pool": pool}}})).unwrap();
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"pool": pool}}}))
+            .expect("a Node with a name and labels");
+        // The Node may be left from an earlier run on this cluster: a 409 keeps it.
         let _ = Api::<Node>::all(client.clone())
             .create(&PostParams::default(), &node)
             .await;
@@ -63,7 +69,8 @@ impl SimAgent {
         agent
     }
 
-    /// Starts the agent process again (after [`SimAgent::kill`]); a running one is killed first.
+    /// Starts the agent again on the same simulated GPUs and state (killing it first if it
+    /// runs), as its DaemonSet would after a crash.
     pub fn restart(&mut self) {
         self.kill();
         let mut cmd = Command::new(binary("gpu-tenancy"));
@@ -86,7 +93,23 @@ impl SimAgent {
         self.agent.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs; returns its output.
+    /// Waits up to `timeout` for the agent to exit on its own (an injected abort); its exit
+    /// status, or None if it still runs (or was never started again after a kill).
+    pub async fn exited(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let child = self.agent.as_mut()?;
+            if let Some(status) = child.try_wait().expect("waiting on the agent process") {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs; its standard output.
     pub fn sim_ctl(&self, args: &[&str]) -> String {
         let mut cmd = Command::new(binary("sim-ctl"));
         cmd.args(args);
@@ -100,17 +123,32 @@ impl SimAgent {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// NVML mutations made on this node's GPUs so far (the simulator's own count).
-    pub fn mutations(&self) -> u64 {
-        let state: serde_json::Value = serde_json::from_str(&self.sim_ctl(&["state"])).expect("sim-ctl state is JSON");
-        state["mutations"].as_u64().unwrap_or(0)
+    /// The simulator's whole state (`sim-ctl state`): GPUs, instances, `mutations`, `scrubs`...
+    pub fn sim_state(&self) -> Value {
+        serde_json::from_str(&self.sim_ctl(&["state"])).expect("sim-ctl state prints JSON")
     }
 
-    /// The mutations after number `since`, as the simulator logged them (`call gpu detail`).
-    pub fn log_since(&self, since: u64) -> Vec<String> {
+    /// NVML mutations made on this node's GPUs so far (the simulator's own count).
+    pub fn mutations(&self) -> u64 {
+        let state = self.sim_state();
+        state["mutations"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}: sim-ctl state has no mutations count: {state}", self.name))
+    }
+
+    /// The simulator's NVML mutation log after mutation number `since` (`sim-ctl log`), one
+    /// JSON object per mutation (`call`, `gpu`, `detail`...).
+    pub fn sim_log(&self, since: u64) -> Vec<Value> {
         self.sim_ctl(&["log", "--since", &since.to_string()])
             .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("sim-ctl log printed {l:?}: {e}")))
+            .collect()
+    }
+
+    /// [`SimAgent::sim_log`] for people: `call gpu N detail` per mutation.
+    pub fn log_since(&self, since: u64) -> Vec<String> {
+        self.sim_log(since)
+            .iter()
             .map(|e| {
                 format!(
                     "{} gpu {} {}",
@@ -130,6 +168,7 @@ impl Drop for SimAgent {
     }
 }
 
+/// The simulated NVML (and CUDA, for scrubs) library, on the GPUs and state in `dir`.
 fn sim_env(dir: &Path, cmd: &mut Command) {
     let lib = repo_root().join("target/debug/libnvidia_ml_sim.so");
     cmd.env("GPU_TENANCY_SIM_CONFIG", dir.join("sim.yaml"))
@@ -138,19 +177,27 @@ fn sim_env(dir: &Path, cmd: &mut Command) {
         .env("GPU_TENANCY_CUDA_LIB", &lib);
 }
 
-/// A `gpu-tenancy controller` replica, leader-elected on the Lease `gpu-tenancy-controller` in
-/// `gpu-tenancy-system`; killed when dropped.
+/// A `gpu-tenancy controller` replica, leader-elected on the Lease [`CONTROLLER_LEASE`] in
+/// [`CONTROLLER_NAMESPACE`]; killed when dropped.
 pub struct ControllerProcess {
     pub identity: String,
     lease_seconds: u32,
+    kubeconfig: PathBuf,
     child: Option<Child>,
 }
 
 impl ControllerProcess {
+    /// A replica with the cluster's admin kubeconfig.
     pub fn start(identity: &str, lease_seconds: u32) -> ControllerProcess {
+        Self::start_with_kubeconfig(identity, lease_seconds, kubeconfig_path())
+    }
+
+    /// A replica reading `kubeconfig` (one that impersonates its service account, say).
+    pub fn start_with_kubeconfig(identity: &str, lease_seconds: u32, kubeconfig: PathBuf) -> ControllerProcess {
         let mut c = ControllerProcess {
             identity: identity.to_string(),
             lease_seconds,
+            kubeconfig,
             child: None,
         };
         c.restart();
@@ -170,8 +217,8 @@ impl ControllerProcess {
                 "--identity",
                 &self.identity,
             ])
-            .env("KUBECONFIG", kubeconfig_path())
-            .env("POD_NAMESPACE", "gpu-tenancy-system")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("POD_NAMESPACE", CONTROLLER_NAMESPACE)
             .env("RUST_LOG", "warn")
             .spawn()
             .expect("the controller starts");
@@ -186,12 +233,12 @@ impl ControllerProcess {
         }
     }
 
-    /// SIGTERM, as Kubernetes stops a pod: the process releases its lease and exits.
-    pub fn terminate(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
-            let _ = c.wait();
-        }
+    /// SIGTERM, as Kubernetes stops a pod: the process releases its lease and exits. Its exit
+    /// status (None if it was not running).
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        Some(c.wait().expect("waiting on the controller process"))
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -201,6 +248,17 @@ impl ControllerProcess {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
+
+    /// The process's resident memory (VmRSS), 0 when it does not run.
+    pub fn rss_kib(&self) -> u64 {
+        let Some(pid) = self.pid() else { return 0 };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for ControllerProcess {
@@ -209,12 +267,29 @@ impl Drop for ControllerProcess {
     }
 }
 
-/// The identity holding the controller's Lease, if any.
-pub async fn lease_holder(client: &Client) -> Option<String> {
-    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "gpu-tenancy-system")
-        .get_opt("gpu-tenancy-controller")
+/// The controller's Lease, if it exists (and the API server answers).
+pub async fn controller_lease(client: &Client) -> Option<Lease> {
+    Api::<Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE)
+        .get_opt(CONTROLLER_LEASE)
         .await
         .ok()
         .flatten()
-        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// The identity holding the controller's Lease, if any.
+pub async fn lease_holder(client: &Client) -> Option<String> {
+    controller_lease(client).await?.spec?.holder_identity
+}
+
+/// Waits until `identity` holds the controller's Lease; fails the test after `within`.
+pub async fn wait_for_leader(client: &Client, identity: &str, within: Duration) {
+    let t0 = std::time::Instant::now();
+    while lease_holder(client).await.as_deref() != Some(identity) {
+        assert!(
+            t0.elapsed() < within,
+            "{identity} did not hold the Lease {CONTROLLER_NAMESPACE}/{CONTROLLER_LEASE} within {within:?} (holder: {:?})",
+            lease_holder(client).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

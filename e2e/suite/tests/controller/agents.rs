@@ -9,7 +9,8 @@ use crate::observe::*;
 use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, ScrubResult};
 use gpu_tenancy::labels::SCRUB_PENDING;
-use gpu_tenancy_e2e::{Cleanup, kubectl_async};
+use gpu_tenancy_e2e::procs::SimAgent;
+use gpu_tenancy_e2e::{Cleanup, apply_file};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -60,10 +61,7 @@ async fn rollout_on_real_agents_touches_only_what_changed() {
         "MEASURE first layout on 3 nodes x 2 GPUs (real agents): {:?}",
         t0.elapsed()
     );
-    let before: Vec<u64> = agents
-        .iter()
-        .map(|a| a.sim_state()["mutations"].as_u64().unwrap())
-        .collect();
+    let before: Vec<u64> = agents.iter().map(|a| a.mutations()).collect();
     let first_state: Vec<Value> = agents.iter().map(|a| a.sim_state()).collect();
 
     // GPU 0 trades one 3g.40gb for two 2g.20gb; GPU 1 stays 7g.80gb.
@@ -177,10 +175,7 @@ async fn rollout_on_real_agents_touches_only_what_changed() {
         }
         out
     };
-    let idle_from: Vec<u64> = agents
-        .iter()
-        .map(|a| a.sim_state()["mutations"].as_u64().unwrap())
-        .collect();
+    let idle_from: Vec<u64> = agents.iter().map(|a| a.mutations()).collect();
     let rvs = rv(gn_api.clone()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     for (i, a) in agents.iter().enumerate() {
@@ -208,15 +203,7 @@ async fn rollout_on_real_agents_touches_only_what_changed() {
 async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
-    kubectl_async(vec![
-        "apply".into(),
-        "--server-side".into(),
-        "--force-conflicts".into(),
-        "-f".into(),
-        "examples/policy.yaml".into(),
-    ])
-    .await
-    .ok();
+    apply_file("examples/policy.yaml").await;
     for (kind, name) in [
         ("GpuPartitionPlan", "kill"),
         ("GpuTenant", "kill-a"),
@@ -261,14 +248,7 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
     .await;
     // The first hand-over (to kill-a) is over: the node is untainted before the next one.
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scrub_tainted(&nodes_api.get("kill-0").await.unwrap()) {
-        assert!(
-            Instant::now() < deadline,
-            "the scrub-pending taint stayed after kill-a's hand-over"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_untainted(&client, "kill-0", "kill-a's hand-over").await;
     // kill-a's workloads leave data in both instances.
     for (start, pid) in [("0", "6161"), ("4", "6162")] {
         agent.sim_ctl(&[
@@ -345,14 +325,7 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         },
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scrub_tainted(&nodes_api.get("kill-0").await.unwrap()) {
-        assert!(
-            Instant::now() < deadline,
-            "the scrub-pending taint stayed after the hand-over"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_untainted(&client, "kill-0", "the hand-over").await;
     let converged = t0.elapsed();
     let untainted = nodes_api.get("kill-0").await.unwrap();
     nodes.until_seen("kill-0", resource_version(&untainted)).await;
@@ -525,7 +498,7 @@ async fn busy_gpu_under_wait_changes_when_its_process_ends() {
     let whole = layout(&["7g.80gb"], &["7g.80gb"]);
     wait_nodes(&client, &node, 60, "7g.80gb on both GPUs", |n| applied(n) && whole(n)).await;
     agent.sim_ctl(&["attach", "--gpu", "0", "--start", "0", "--pid", "4343"]);
-    let before = agent.sim_state()["mutations"].as_u64().unwrap();
+    let before = agent.mutations();
 
     apply_plan(&client, plan(json!(["3g.40gb", "3g.40gb"]))).await;
     let half = layout(&["7g.80gb"], &["3g.40gb", "3g.40gb"]);
@@ -588,7 +561,7 @@ async fn busy_gpu_under_wait_changes_when_its_process_ends() {
 
     // The process ends: GPU 0 changes in the same way, and the node is Ready.
     let t0 = Instant::now();
-    let during = agent.sim_state()["mutations"].as_u64().unwrap();
+    let during = agent.mutations();
     agent.sim_ctl(&["detach", "--pid", "4343"]);
     let split = layout(&["3g.40gb", "3g.40gb"], &["3g.40gb", "3g.40gb"]);
     wait_nodes(&client, &node, 60, "GPU 0 changed after its process ended", |n| {

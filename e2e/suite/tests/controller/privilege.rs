@@ -8,28 +8,23 @@
 
 use crate::support::*;
 use gpu_tenancy::api::{GpuPartitionPlan, GpuTenant};
+use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, impersonating};
+use gpu_tenancy_e2e::procs::{CONTROLLER_LEASE, CONTROLLER_NAMESPACE, ControllerProcess};
 use gpu_tenancy_e2e::{Cleanup, kubeconfig_path, kubectl_async, repo_root};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
-const NAMESPACE: &str = "gpu-tenancy-system";
 const CONTROLLER_SA: &str = "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-controller";
 /// An account of the same namespace bound to nothing: what every service account may do anyway
 /// (discovery, self reviews), subtracted from the controller's grants.
 const NOBODY_SA: &str = "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-privilege-nobody";
-const SA_GROUPS: [&str; 3] = [
-    "system:serviceaccounts",
-    "system:serviceaccounts:gpu-tenancy-system",
-    "system:authenticated",
-];
 /// The namespaces whose Roles the controller has; "default" shows its cluster-wide grants alone.
 const REVIEWED: [&str; 3] = ["default", "gpu-tenancy-system", "nvidia-device-plugin"];
 
@@ -60,17 +55,6 @@ struct Permission {
     namespace: String,
 }
 
-/// A client config (and kubeconfig file) acting as `user` in the service account groups.
-async fn impersonating(user: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig_path()).expect("reading the kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("loading the kubeconfig");
-    config.auth_info.impersonate = Some(user.into());
-    config.auth_info.impersonate_groups = Some(SA_GROUPS.iter().map(|g| g.to_string()).collect());
-    Client::try_from(config).expect("building the impersonating client")
-}
-
 /// The admin kubeconfig with `as`/`as-groups` set: the controller binary reads it like any
 /// kubeconfig and every request it sends is the service account's.
 fn controller_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
@@ -78,7 +62,7 @@ fn controller_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
     let mut kc: Value = serde_saphyr::from_str(&text).expect("the kubeconfig is YAML");
     for user in kc["users"].as_array_mut().expect("kubeconfig users") {
         user["user"]["as"] = json!(CONTROLLER_SA);
-        user["user"]["as-groups"] = json!(SA_GROUPS);
+        user["user"]["as-groups"] = json!(OPERATOR_SA_GROUPS);
     }
     let path = dir.join("controller.kubeconfig");
     std::fs::write(&path, serde_json::to_string(&kc).unwrap()).unwrap();
@@ -91,7 +75,7 @@ fn controller_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
 async fn granted(user: &str) -> BTreeSet<Permission> {
     let mut by_ns = Vec::new();
     for who in [user, NOBODY_SA] {
-        let api: Api<SelfSubjectRulesReview> = Api::all(impersonating(who).await);
+        let api: Api<SelfSubjectRulesReview> = Api::all(impersonating(who, &OPERATOR_SA_GROUPS, None).await);
         let mut sets = Vec::new();
         for ns in REVIEWED {
             let review = SelfSubjectRulesReview {
@@ -180,16 +164,6 @@ fn permission_of(event: &Value) -> Option<Permission> {
 
 fn code(event: &Value) -> i64 {
     event["responseStatus"]["code"].as_i64().unwrap_or(0)
-}
-
-/// A process killed when the test ends, also when it fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Polls `done` every 250 ms until it holds; fails with `what` after `secs`.
@@ -286,8 +260,8 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     .unwrap();
     let _ = config_maps.delete(&stale, &DeleteParams::default()).await;
     config_maps.create(&PostParams::default(), &stale_cm).await.unwrap();
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), NAMESPACE);
-    let _ = leases.delete("gpu-tenancy-controller", &DeleteParams::default()).await;
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE);
+    let _ = leases.delete(CONTROLLER_LEASE, &DeleteParams::default()).await;
     let names = gpu_tenancy_e2e::Names::new("privilege");
     let new_tenant = names.next();
     cleanup.add("GpuTenant", &new_tenant);
@@ -303,23 +277,7 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     // The controller binary as its service account; the simulated agents apply every spec.
     let dir = std::env::temp_dir().join(format!("gt-privilege-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut controller = KillOnDrop(
-        std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"))
-            .args([
-                "controller",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--lease-duration",
-                "5",
-                "--identity",
-                "privilege",
-            ])
-            .env("KUBECONFIG", controller_kubeconfig(&dir))
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("the controller starts (e2e/run.sh builds target/debug/gpu-tenancy)"),
-    );
+    let mut controller = ControllerProcess::start_with_kubeconfig("privilege", 5, controller_kubeconfig(&dir));
     let agents_client = client.clone();
     let agents = tokio::spawn(async move {
         loop {
@@ -339,18 +297,7 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
 
     // A tenant change: team-beta asks for other things, acme gives up a namespace (its quota
     // there is the controller's to delete: the tenant still owns it).
-    tenants
-        .patch(
-            "team-beta",
-            &PatchParams::apply("e2e-privilege").force(),
-            &Patch::Apply(
-                json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
-                "tier": "internal", "namespaces": ["beta"], "weight": 2,
-                "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]}}),
-            ),
-        )
-        .await
-        .unwrap();
+    change_team_beta(&client, "e2e-privilege").await;
     let mut acme = tenants.get("acme").await.unwrap();
     acme.spec.namespaces.retain(|n| n != "acme-dev");
     acme.metadata.managed_fields = None;
@@ -406,10 +353,7 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     .await;
 
     // SIGTERM, as Kubernetes stops the pod: the controller gives its Lease up and exits.
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &controller.0.id().to_string()])
-        .status();
-    let exit = controller.0.wait().unwrap();
+    let exit = controller.terminate().expect("the controller was running");
     agents.abort();
     assert!(exit.success(), "the controller exited with {exit}");
 

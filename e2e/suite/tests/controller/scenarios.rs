@@ -1,9 +1,10 @@
 //! The controller's scenarios, in one sequence on one cluster (each step starts from the last).
 
+use crate::observe::{applied, scrub_tainted};
 use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
-use gpu_tenancy::controller::Controller;
 use gpu_tenancy::desired::Settings;
+use gpu_tenancy_e2e::procs::{ControllerProcess, SimAgent, lease_holder, wait_for_leader};
 use gpu_tenancy_e2e::{Cleanup, kubectl_async};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota};
@@ -16,22 +17,13 @@ fn count(writes: &[String], prefix: &str) -> usize {
     writes.iter().filter(|w| w.starts_with(prefix)).count()
 }
 
-async fn start(client: &Client) -> Controller {
-    let c = Controller::start(client.clone(), Settings::default(), Some("e2e".into()));
-    tokio::time::timeout(Duration::from_secs(30), c.stores.wait_until_ready())
-        .await
-        .expect("stores synced within 30 s")
-        .unwrap();
-    c
-}
-
 #[tokio::test]
 async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     apply_examples().await;
     let nodes = create_fleet(&client).await;
-    let c = start(&client).await;
+    let c = start_controller(&client).await;
 
     // (a) The initial apply of examples/: everything is written once, then nothing.
     let t0 = Instant::now();
@@ -117,18 +109,7 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
     eprintln!("MEASURE idle pass: 0 writes");
 
     // (c) One tenant's request changes: only its objects are written.
-    Api::<GpuTenant>::all(client.clone())
-        .patch(
-            "team-beta",
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(
-                json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
-                "tier": "internal", "namespaces": ["beta"], "weight": 2,
-                "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]}}),
-            ),
-        )
-        .await
-        .unwrap();
+    change_team_beta(&client, "e2e").await;
     let change = converge(&client, &c).await;
     eprintln!("MEASURE one tenant change: {} writes: {change:#?}", change.len());
     assert!(
@@ -213,7 +194,7 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
 
     // (e) A restarted controller (new stores, same cluster) rewrites nothing.
     drop(c);
-    let c = start(&client).await;
+    let c = start_controller(&client).await;
     let after_restart = pass(&c).await;
     assert_eq!(
         after_restart,
@@ -262,7 +243,7 @@ async fn b_a_plan_change_rolls_out_within_max_unavailable() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     apply_examples().await;
-    let c = start(&client).await;
+    let c = start_controller(&client).await;
     // Four more H100 nodes under their own plan, maxUnavailable 1.
     let gn_api: Api<GpuNode> = Api::all(client.clone());
     let names = h100_pool(&client, &cleanup, "roll", 4).await;
@@ -356,15 +337,7 @@ async fn c_a_follower_takes_over_mid_rollout() {
         }
     });
     // replica-a starts first and leads; replica-b joins once a holds the lease.
-    let a = ControllerProcess::start("replica-a");
-    let lease = |client: Client| async move {
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client, "gpu-tenancy-system")
-            .get_opt("gpu-tenancy-controller")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    };
+    let mut a = ControllerProcess::start("replica-a", 5);
     let converged = |client: Client| async move {
         let nodes = Api::<GpuNode>::all(client).list(&Default::default()).await.unwrap();
         nodes.iter().filter(|n| n.name_any().starts_with("fo-")).all(|n| {
@@ -372,14 +345,14 @@ async fn c_a_follower_takes_over_mid_rollout() {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !(converged(client.clone()).await && lease(client.clone()).await.as_deref() == Some("replica-a")) {
+    while !(converged(client.clone()).await && lease_holder(&client).await.as_deref() == Some("replica-a")) {
         assert!(
             Instant::now() < deadline,
             "replica-a did not lead and converge within 120 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let b = ControllerProcess::start("replica-b");
+    let b = ControllerProcess::start("replica-b", 5);
     // Let replica-b list everything and wait on the lease before the leader goes.
     tokio::time::sleep(Duration::from_secs(3)).await;
     eprintln!(
@@ -408,13 +381,7 @@ async fn c_a_follower_takes_over_mid_rollout() {
     }
     let t0 = Instant::now();
     a.terminate();
-    while lease(client.clone()).await.as_deref() != Some("replica-b") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "replica-b did not take over within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_leader(&client, "replica-b", Duration::from_secs(30)).await;
     eprintln!(
         "MEASURE failover (SIGTERM to the follower holding the lease): {:?}",
         t0.elapsed()
@@ -445,7 +412,7 @@ async fn c_a_follower_takes_over_mid_rollout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Nothing lost or doubled: what the cluster holds is exactly the desired state of what it holds.
-    let c = start(&client).await;
+    let c = start_controller(&client).await;
     settle(&c).await;
     let snapshot = c.stores.snapshot();
     let d =
@@ -462,63 +429,6 @@ async fn c_a_follower_takes_over_mid_rollout() {
     plans.delete("fo", &DeleteParams::default()).await.unwrap();
 }
 
-/// A `gpu-tenancy controller` process, killed when dropped.
-struct ControllerProcess {
-    child: std::process::Child,
-}
-
-impl ControllerProcess {
-    fn start(identity: &str) -> ControllerProcess {
-        let bin = gpu_tenancy_e2e::repo_root().join("target/debug/gpu-tenancy");
-        assert!(
-            bin.is_file(),
-            "{} is missing: run `cargo build -p gpu-tenancy` (e2e/run.sh does)",
-            bin.display()
-        );
-        let child = std::process::Command::new(bin)
-            .args([
-                "controller",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--lease-duration",
-                "5",
-                "--identity",
-                identity,
-            ])
-            .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
-            .env("POD_NAMESPACE", "gpu-tenancy-system")
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("the controller starts");
-        ControllerProcess { child }
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// SIGTERM, as Kubernetes stops a pod: the process releases its lease and exits.
-    fn terminate(mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for ControllerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Flux's own apply machinery and kstatus, with the controller running: a new tenant ends
 /// Current, an invalid plan ends Failed instead of hanging InProgress.
 #[tokio::test]
@@ -526,7 +436,7 @@ async fn d_flux_sees_the_controller_s_statuses() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     apply_examples().await;
-    let c = std::sync::Arc::new(start(&client).await);
+    let c = std::sync::Arc::new(start_controller(&client).await);
     let loop_c = c.clone();
     let controller = tokio::spawn(async move {
         loop {
@@ -602,7 +512,7 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
     let client = setup(&cleanup).await;
     cleanup.add("GpuPartitionPlan", "busy");
     let agent = SimAgent::start(&client, &cleanup, "busy-0", "busy").await;
-    let controller = run_passes(std::sync::Arc::new(start(&client).await));
+    let controller = run_passes(std::sync::Arc::new(start_controller(&client).await));
     let plan = |profiles: serde_json::Value| {
         let mut p = mig_plan("busy", profiles);
         p["spec"]["rollout"]["busyGpuPolicy"] = json!("Evict");
@@ -728,7 +638,7 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
         .patch("mv", &PatchParams::apply("e2e").force(), &Patch::Apply(plan))
         .await
         .unwrap();
-    let controller = run_passes(std::sync::Arc::new(start(&client).await));
+    let controller = run_passes(std::sync::Arc::new(start_controller(&client).await));
     let gn: Api<GpuNode> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let tenants_of = |n: &GpuNode| -> Vec<Option<String>> {
@@ -737,33 +647,21 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
             .map(|s| s.gpus[0].instances.iter().map(|i| i.tenant.clone()).collect())
             .unwrap_or_default()
     };
-    let ready = |n: &GpuNode| {
-        n.status.as_ref().is_some_and(|s| {
-            s.observed_generation == n.metadata.generation
-                && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    };
-    let scrub_taint = |n: &Node| {
-        n.spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(|t| t.key == "gputenancy.io/scrub-pending"))
-    };
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let n = gn.get("mv-0").await.unwrap();
-        if ready(&n)
+        if applied(&n)
             && tenants_of(&n) == [Some("mv-a".to_string()), Some("mv-a".to_string())]
-            && !scrub_taint(&nodes.get("mv-0").await.unwrap())
+            && !scrub_tainted(&nodes.get("mv-0").await.unwrap())
         {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "mv-a never got both instances applied: ready {} tenants {:?} taint {} spec {:?} status {:?}",
-            ready(&n),
+            applied(&n),
             tenants_of(&n),
-            scrub_taint(&nodes.get("mv-0").await.unwrap()),
+            scrub_tainted(&nodes.get("mv-0").await.unwrap()),
             n.spec,
             n.status
         );
@@ -781,7 +679,7 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let moved = loop {
         let n = gn.get("mv-0").await.unwrap();
-        saw_taint |= scrub_taint(&nodes.get("mv-0").await.unwrap());
+        saw_taint |= scrub_tainted(&nodes.get("mv-0").await.unwrap());
         let st = n.status.clone().unwrap_or_default();
         let b = st.gpus.first().and_then(|g| {
             g.instances
@@ -789,7 +687,7 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
                 .find(|i| i.tenant.as_deref() == Some("mv-b"))
                 .cloned()
         });
-        if let Some(b) = b.filter(|_| ready(&n)) {
+        if let Some(b) = b.filter(|_| applied(&n)) {
             break b;
         }
         assert!(Instant::now() < deadline, "the instance never reached mv-b");
@@ -802,13 +700,6 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
         saw_taint,
         "the node carried the scrub-pending taint during the hand-over"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scrub_taint(&nodes.get("mv-0").await.unwrap()) {
-        assert!(
-            Instant::now() < deadline,
-            "the scrub-pending taint stayed after the hand-over"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_untainted(&client, "mv-0", "the hand-over").await;
     controller.abort();
 }

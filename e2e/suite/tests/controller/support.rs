@@ -1,38 +1,27 @@
 //! A simulated fleet for the controller: Nodes and agent-written GpuNode statuses, and a loop that
 //! runs passes until the controller has nothing left to write.
 
-use gpu_tenancy::api::{ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, MigInstanceStatus, set_condition};
+use crate::observe::scrub_tainted;
+use gpu_tenancy::api::{ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, GpuTenant, MigInstanceStatus, set_condition};
 use gpu_tenancy::controller::Controller;
 use gpu_tenancy::desired::Settings;
 use gpu_tenancy::inventory::InventoryFile;
-use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, kubectl_async, repo_root};
+use gpu_tenancy_e2e::{Cleanup, apply_file, client, ensure_crds, ensure_operator_namespaces, repo_root};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const AGENT: &str = "gpu-tenancy-agent";
 
-/// A client, the CRDs, and the device plugin's namespace (the controller writes its ConfigMap there).
+/// A client, the CRDs, and the operator's and device plugin's namespaces (the controller writes
+/// its Lease and the device plugin's ConfigMap there).
 pub async fn setup(cleanup: &Cleanup) -> Client {
     let client = client().await;
     ensure_crds(&client).await;
-    // Kept for the scenarios that follow: deleting it would leave it Terminating for the next one.
-    let keep = Cleanup::new();
-    for ns in [
-        Settings::default().device_plugin_namespace,
-        "gpu-tenancy-system".to_string(),
-    ] {
-        if !kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
-            .await
-            .success
-        {
-            create_namespace(&client, &keep, &ns, &[]).await;
-        }
-    }
-    std::mem::forget(keep);
+    ensure_operator_namespaces(&client).await;
     let _ = cleanup;
     client
 }
@@ -40,16 +29,20 @@ pub async fn setup(cleanup: &Cleanup) -> Client {
 /// Applies the example manifests (policy, tenants, plans) with kubectl.
 pub async fn apply_examples() {
     for f in ["examples/policy.yaml", "examples/tenants.yaml", "examples/plans.yaml"] {
-        kubectl_async(vec![
-            "apply".into(),
-            "--server-side".into(),
-            "--force-conflicts".into(),
-            "-f".into(),
-            f.into(),
-        ])
-        .await
-        .ok();
+        apply_file(f).await;
     }
+}
+
+/// The tenant change of scenario a and the privilege test: team-beta (of examples/tenants.yaml)
+/// asks for two 2g.20gb instances instead of four, applied server-side by field `manager`.
+pub async fn change_team_beta(client: &Client, manager: &str) {
+    let body = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
+        "tier": "internal", "namespaces": ["beta"], "weight": 2,
+        "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]}});
+    Api::<GpuTenant>::all(client.clone())
+        .patch("team-beta", &PatchParams::apply(manager).force(), &Patch::Apply(body))
+        .await
+        .unwrap_or_else(|e| panic!("applying GpuTenant team-beta as {manager}: {e}"));
 }
 
 /// Creates the Nodes of examples/inventory.yaml, and for each a GpuNode whose status reports its
@@ -241,122 +234,25 @@ pub fn mig_plan(pool: &str, profiles: serde_json::Value) -> serde_json::Value {
                  "rollout": {"maxUnavailable": 1}}})
 }
 
-/// A real `gpu-tenancy agent run` for a new Node `name` (labelled `pool=<pool>`) with simulated
-/// H100s of its own; `sim_ctl` drives them. The agent and the simulator state go when dropped.
-pub struct SimAgent {
-    dir: std::path::PathBuf,
-    name: String,
-    agent: std::process::Child,
-}
-
-impl SimAgent {
-    /// An agent on one simulated H100.
-    pub async fn start(client: &Client, cleanup: &Cleanup, name: &str, pool: &str) -> SimAgent {
-        SimAgent::start_with(client, cleanup, name, pool, 1).await
-    }
-
-    /// An agent on `gpus` simulated H100s (indices 0..gpus).
-    pub async fn start_with(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, gpus: u32) -> SimAgent {
-        let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("sim.yaml"),
-            format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {gpus}}}\n"),
-        )
-        .unwrap();
-        cleanup.add_resource("nodes", name);
-        cleanup.add("GpuNode", name);
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"pool": pool}}})).unwrap();
-        let _ = Api::<Node>::all(client.clone())
-            .create(&PostParams::default(), &node)
-            .await;
-        let agent = SimAgent::spawn(&dir, name);
-        SimAgent {
-            dir,
-            name: name.to_string(),
-            agent,
+/// Waits until Node `name` has no scrub-pending taint; fails after 30 s saying it stayed after
+/// `after` (the hand-over whose scrub should have lifted it).
+pub async fn wait_untainted(client: &Client, name: &str, after: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let node = nodes
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("reading Node {name}: {e}"));
+        if !scrub_tainted(&node) {
+            return;
         }
-    }
-
-    fn spawn(dir: &std::path::Path, name: &str) -> std::process::Child {
-        let mut agent = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"));
-        agent
-            .args(["agent", "run", "--node-name", name, "--poll", "1"])
-            .env("KUBECONFIG", gpu_tenancy_e2e::kubeconfig_path())
-            .env("RUST_LOG", "warn");
-        sim_env(dir, &mut agent);
-        agent.spawn().expect("the agent starts")
-    }
-
-    /// Waits up to `timeout` for the agent to exit on its own (an injected abort); its exit status.
-    pub async fn exited(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.agent.try_wait().unwrap() {
-                return Some(status);
-            }
-            if tokio::time::Instant::now() > deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Starts the agent again on the same simulated GPUs and state (killing it first if it runs),
-    /// as its DaemonSet would after a crash.
-    pub fn restart(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
-        self.agent = SimAgent::spawn(&self.dir, &self.name);
-    }
-
-    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs.
-    pub fn sim_ctl(&self, args: &[&str]) {
-        self.sim_ctl_output(args);
-    }
-
-    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs; its standard output.
-    pub fn sim_ctl_output(&self, args: &[&str]) -> String {
-        let mut cmd = std::process::Command::new(repo_root().join("target/debug/sim-ctl"));
-        cmd.args(args);
-        sim_env(&self.dir, &mut cmd);
-        let out = cmd.output().unwrap();
         assert!(
-            out.status.success(),
-            "sim-ctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            Instant::now() < deadline,
+            "the scrub-pending taint stayed on {name} after {after}"
         );
-        String::from_utf8(out.stdout).unwrap()
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-
-    /// The simulator's whole state (`sim-ctl state`): GPUs, instances, `mutations`, `scrubs`...
-    pub fn sim_state(&self) -> serde_json::Value {
-        serde_json::from_str(&self.sim_ctl_output(&["state"])).unwrap()
-    }
-
-    /// The simulator's NVML mutation log after mutation number `since` (`sim-ctl log`).
-    pub fn sim_log(&self, since: u64) -> Vec<serde_json::Value> {
-        self.sim_ctl_output(&["log", "--since", &since.to_string()])
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for SimAgent {
-    fn drop(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
-        std::fs::remove_dir_all(&self.dir).ok();
-    }
-}
-
-fn sim_env(dir: &std::path::Path, cmd: &mut std::process::Command) {
-    let lib = repo_root().join("target/debug/libnvidia_ml_sim.so");
-    cmd.env("GPU_TENANCY_SIM_CONFIG", dir.join("sim.yaml"))
-        .env("GPU_TENANCY_SIM_STATE", dir.join("sim.state.json"))
-        .env("GPU_TENANCY_NVML_LIB", &lib)
-        .env("GPU_TENANCY_CUDA_LIB", &lib);
 }
 
 /// An in-process controller whose stores have synced (its passes are driven by the test).

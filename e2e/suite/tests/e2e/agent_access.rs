@@ -5,22 +5,16 @@
 //! extra), the way Kubernetes' own per-node-update e2e test does.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
-use gpu_tenancy_e2e::{Cleanup, Names, api, client, ensure_crds, kubeconfig_path, kubectl_async, repo_root, yaml_docs};
+use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, eventually, impersonating, outcome};
+use gpu_tenancy_e2e::{Cleanup, Names, api, apply_docs_as_kubectl, client, ensure_crds, repo_root, yaml_docs};
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 
 /// The agent's service account (deploy/base/agent-rbac.yaml).
 const AGENT_USER: &str = "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-agent";
-const AGENT_GROUPS: [&str; 3] = [
-    "system:serviceaccounts",
-    "system:serviceaccounts:gpu-tenancy-system",
-    "system:authenticated",
-];
 /// The user extra a pod-bound service account token carries.
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const POLICY: &str = "gpu-tenancy-agent-own-node";
@@ -28,23 +22,12 @@ const POLICY_FILE: &str = "deploy/base/agent-node-policy.yaml";
 
 /// A client acting as the agent's service account, from a pod on `node` (None: no node extra).
 async fn agent_client(node: Option<&str>) -> Client {
-    let path = kubeconfig_path();
-    let kubeconfig = Kubeconfig::read_from(&path).expect("reading the kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("loading the kubeconfig");
-    config.auth_info.impersonate = Some(AGENT_USER.into());
-    config.auth_info.impersonate_groups = Some(AGENT_GROUPS.iter().map(|g| g.to_string()).collect());
-    config.auth_info.impersonate_user_extra =
-        node.map(|n| HashMap::from([(NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()])]));
-    Client::try_from(config).expect("building the impersonating client")
+    let extra = node.map(|n| HashMap::from([(NODE_NAME_EXTRA.to_owned(), vec![n.to_owned()])]));
+    impersonating(AGENT_USER, &OPERATOR_SA_GROUPS, extra).await
 }
 
 /// Applies the objects of `docs` (server-side) and registers them with `cleanup`.
 async fn apply(docs: &[Value], cleanup: &Cleanup, what: &str) {
-    let file = std::env::temp_dir().join(format!("gt-e2e-agent-access-{}-{what}.yaml", std::process::id()));
-    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
-    std::fs::write(&file, text.join("\n---\n")).unwrap();
     for d in docs {
         let kind = d["kind"].as_str().unwrap();
         let resource = match kind {
@@ -56,28 +39,7 @@ async fn apply(docs: &[Value], cleanup: &Cleanup, what: &str) {
         };
         cleanup.add_resource(resource, d["metadata"]["name"].as_str().unwrap());
     }
-    kubectl_async(vec![
-        "apply".into(),
-        "--server-side".into(),
-        // kubectl's own manager, as a person installing deploy/base: the deploy test's server-side
-        // dry run of the same objects then shares the fields instead of conflicting on them.
-        "--field-manager=kubectl".into(),
-        "--force-conflicts".into(),
-        "-f".into(),
-        file.display().to_string(),
-    ])
-    .await
-    .ok();
-    std::fs::remove_file(&file).ok();
-}
-
-/// The outcome of a write: Ok, or the API server's message with its code.
-fn outcome<T>(r: Result<T, kube::Error>) -> Result<(), String> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) => Err(format!("{} ({})", s.message, s.code)),
-        Err(e) => panic!("request failed without an API answer: {e}"),
-    }
+    apply_docs_as_kubectl(docs, &format!("agent-access-{what}")).await;
 }
 
 async fn patch_status(client: &Client, name: &str) -> Result<(), String> {
@@ -107,27 +69,6 @@ async fn create_gpunode(client: &Client, name: &str) -> Result<(), String> {
     }))
     .unwrap();
     outcome(api(client, "GpuNode").create(&PostParams::default(), &obj).await)
-}
-
-/// Retries `f` until `done` holds for its outcome (RBAC and admission policies reach the API
-/// server's caches a moment after they are written), failing after 60s with the last outcome.
-async fn eventually<F, Fut>(what: &str, mut f: F, done: impl Fn(&Result<(), String>) -> bool) -> Result<(), String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let start = Instant::now();
-    loop {
-        let r = f().await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{what}: still {r:?} after 60s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[track_caller]

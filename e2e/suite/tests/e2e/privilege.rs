@@ -4,51 +4,25 @@
 //! server's audit log in tests/controller/privilege.rs (it needs a cluster of its own).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use gpu_tenancy::desired::{POLICY_PREFIX, Settings, desired};
 use gpu_tenancy::planner::PlanInput;
+use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, eventually, impersonating, outcome};
 use gpu_tenancy_e2e::{
-    Cleanup, Names, api, client, create_namespace, ensure_crds, kubeconfig_path, kubectl_async, repo_root, yaml_docs,
+    Cleanup, Names, api, apply_docs_as_kubectl, client, create_namespace, ensure_crds, kubectl_async, repo_root,
+    yaml_docs,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 
 const AGENT_USER: &str = "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-agent";
-const SA_GROUPS: [&str; 3] = [
-    "system:serviceaccounts",
-    "system:serviceaccounts:gpu-tenancy-system",
-    "system:authenticated",
-];
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const AGENT_POLICY: &str = "gpu-tenancy-agent-own-node";
 const VIEWER_ROLE: &str = "gpu-tenancy-tenant-viewer";
-
-/// A client acting as `user` in `groups`, with user extras `extra`.
-async fn impersonating(user: &str, groups: &[&str], extra: Option<HashMap<String, Vec<String>>>) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig_path()).expect("reading the kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("loading the kubeconfig");
-    config.auth_info.impersonate = Some(user.into());
-    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
-    config.auth_info.impersonate_user_extra = extra;
-    Client::try_from(config).expect("building the impersonating client")
-}
-
-/// The outcome of a request: Ok, or the API server's message with its code.
-fn outcome<T>(r: Result<T, kube::Error>) -> Result<(), String> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) => Err(format!("{} ({})", s.message, s.code)),
-        Err(e) => panic!("request failed without an API answer: {e}"),
-    }
-}
 
 /// Refused by RBAC: 403 and the authorizer's "cannot VERB resource" (not a 404 or an admission
 /// refusal, which would mean the request was authorised).
@@ -77,43 +51,7 @@ async fn apply_admin(docs: &[Value], cleanup: &Cleanup, what: &str) {
         };
         cleanup.add_resource(resource, d["metadata"]["name"].as_str().unwrap());
     }
-    let file = std::env::temp_dir().join(format!("gt-e2e-privilege-{}-{what}.yaml", std::process::id()));
-    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
-    std::fs::write(&file, text.join("\n---\n")).unwrap();
-    kubectl_async(vec![
-        "apply".into(),
-        "--server-side".into(),
-        // kubectl's own manager, as a person installing deploy/base: the deploy test's server-side
-        // dry run of the same objects then shares the fields instead of conflicting on them.
-        "--field-manager=kubectl".into(),
-        "--force-conflicts".into(),
-        "-f".into(),
-        file.display().to_string(),
-    ])
-    .await
-    .ok();
-    std::fs::remove_file(&file).ok();
-}
-
-/// Retries `f` until `done` holds (RBAC and admission policies reach the API server's caches a
-/// moment after they are written); fails after 60 s with the last outcome.
-async fn eventually<F, Fut>(what: &str, mut f: F, done: impl Fn(&Result<(), String>) -> bool) -> Result<(), String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let start = Instant::now();
-    loop {
-        let r = f().await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{what}: still {r:?} after 60s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    apply_docs_as_kubectl(docs, &format!("privilege-{what}")).await;
 }
 
 fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
@@ -228,7 +166,7 @@ async fn agent_cannot_write_specs_other_kinds_or_its_nodes_taints() {
 
     let agent = impersonating(
         AGENT_USER,
-        &SA_GROUPS,
+        &OPERATOR_SA_GROUPS,
         Some(HashMap::from([(NODE_NAME_EXTRA.to_owned(), vec![node.clone()])])),
     )
     .await;
@@ -250,7 +188,7 @@ async fn agent_cannot_write_specs_other_kinds_or_its_nodes_taints() {
     .unwrap();
     // The policy reaches admission a moment after its binding: wait until it refuses the agent's
     // user without a node (a probe that changes nothing when it is let through).
-    let unbound = Api::<Node>::all(impersonating(AGENT_USER, &SA_GROUPS, None).await);
+    let unbound = Api::<Node>::all(impersonating(AGENT_USER, &OPERATOR_SA_GROUPS, None).await);
     eventually(
         "the policy refuses the agent without its node",
         || {

@@ -5,7 +5,7 @@ use crate::common::*;
 use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::Cleanup;
 use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
-use gpu_tenancy_e2e::procs::{ControllerProcess, lease_holder};
+use gpu_tenancy_e2e::procs::{ControllerProcess, wait_for_leader};
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
@@ -22,14 +22,7 @@ async fn b_the_leader_killed_mid_rollout_is_replaced_and_nothing_is_lost() {
     set_tenant(&client, &cleanup, "lk-b", &[("3g.40gb", 1), ("2g.20gb", 2)]).await;
     let _agents = mig_pool(&client, &cleanup, "lk", 3, json!(["3g.40gb", "3g.40gb"])).await;
     let mut a = ControllerProcess::start("replica-a", LEASE_SECONDS);
-    let t0 = Instant::now();
-    while lease_holder(&client).await.as_deref() != Some("replica-a") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "replica-a did not take the lease within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_leader(&client, "replica-a", Duration::from_secs(30)).await;
     let _b = ControllerProcess::start("replica-b", LEASE_SECONDS);
     let took = wait_converged(&client, "lk", 2, Duration::from_secs(120)).await;
     eprintln!("MEASURE leader scenario: 3 real agents converged on 3g+3g in {took:?}");
@@ -51,13 +44,7 @@ async fn b_the_leader_killed_mid_rollout_is_replaced_and_nothing_is_lost() {
     }
     let killed = Instant::now();
     a.kill();
-    while lease_holder(&client).await.as_deref() != Some("replica-b") {
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "replica-b did not take over within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_leader(&client, "replica-b", Duration::from_secs(60)).await;
     let takeover = killed.elapsed();
     eprintln!("MEASURE takeover after SIGKILL of the leader (lease {LEASE_SECONDS} s): {takeover:?}");
     let finished = wait_converged(&client, "lk", 3, Duration::from_secs(120)).await;

@@ -7,7 +7,7 @@ use crate::common::*;
 use gpu_tenancy::api::{GpuNode, GpuTenant};
 use gpu_tenancy_e2e::Cleanup;
 use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
-use gpu_tenancy_e2e::procs::{ControllerProcess, lease_holder};
+use gpu_tenancy_e2e::procs::{ControllerProcess, controller_lease, lease_holder};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -179,13 +179,8 @@ async fn c_the_api_server_and_etcd_restart_with_their_data_and_everything_recove
 
 /// When the controller's Lease was last renewed.
 async fn lease_renewed(client: &Client) -> Option<String> {
-    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "gpu-tenancy-system")
-        .get_opt("gpu-tenancy-controller")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.renew_time)
-        .map(|t| format!("{:?}", t.0))
+    let renewed = controller_lease(client).await?.spec?.renew_time?;
+    Some(format!("{:?}", renewed.0))
 }
 
 /// Per node of pool `rs`, its instances (placement start, profile) as its agent reports them.

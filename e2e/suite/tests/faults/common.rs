@@ -4,7 +4,7 @@
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
 use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
 use gpu_tenancy_e2e::procs::SimAgent;
-use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, kubectl_async};
+use gpu_tenancy_e2e::{Cleanup, apply_file, client, ensure_crds, ensure_operator_namespaces};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -15,25 +15,8 @@ use std::time::{Duration, Instant};
 pub async fn setup() -> Client {
     let client = client().await;
     ensure_crds(&client).await;
-    let keep = Cleanup::new();
-    for ns in ["nvidia-device-plugin", "gpu-tenancy-system"] {
-        if !kubectl_async(vec!["get".into(), "namespace".into(), ns.into()])
-            .await
-            .success
-        {
-            create_namespace(&client, &keep, ns, &[]).await;
-        }
-    }
-    std::mem::forget(keep);
-    kubectl_async(vec![
-        "apply".into(),
-        "--server-side".into(),
-        "--force-conflicts".into(),
-        "-f".into(),
-        "examples/policy.yaml".into(),
-    ])
-    .await
-    .ok();
+    ensure_operator_namespaces(&client).await;
+    apply_file("examples/policy.yaml").await;
     client
 }
 
