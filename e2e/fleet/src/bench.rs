@@ -43,6 +43,11 @@ pub struct Phase {
     pub controller_passes: u64,
     pub pass_mean_seconds: f64,
     pub pass_slowest_bucket_seconds: f64,
+    /// The planner alone (`plan_ms` of the controller's `pass done` log lines): median and most.
+    pub plan_ms_median: u64,
+    pub plan_ms_max: u64,
+    /// The most writes one pass made.
+    pub pass_max_writes: u64,
     pub nvml_mutations: u64,
     pub injected_nvml_failures: u64,
     pub scrubs: u64,
@@ -98,6 +103,7 @@ struct Mark {
     metrics: Metrics,
     agent: BTreeMap<String, u64>,
     cpu: f64,
+    passes_logged: usize,
     mutations: u64,
     failures: u64,
     scrubs: u64,
@@ -109,6 +115,7 @@ async fn mark(fleet: &Fleet, ctl: &Controller) -> Result<Mark, String> {
         metrics: ctl.metrics().await?,
         agent: fleet.agent_counts.writes(),
         cpu: ctl.cpu_seconds()?,
+        passes_logged: ctl.passes().len(),
         mutations: fleet.tally.mutations.load(Ordering::Relaxed),
         failures: fleet.tally.injected_failures.load(Ordering::Relaxed),
         scrubs: fleet.tally.scrubs.load(Ordering::Relaxed),
@@ -185,6 +192,9 @@ async fn measure(
     let by_kind = metrics.written_since(&m.metrics);
     let agent = delta(&fleet.agent_counts.writes(), &m.agent);
     let (passes, mean, slowest) = metrics.passes_since(&m.metrics);
+    let logged = ctl.passes();
+    let mut plan_ms: Vec<u64> = logged.iter().skip(m.passes_logged).map(|p| p.plan_ms).collect();
+    plan_ms.sort_unstable();
     Ok(Phase {
         name: name.to_string(),
         nodes: fleet.size(),
@@ -200,6 +210,9 @@ async fn measure(
         controller_passes: passes,
         pass_mean_seconds: mean,
         pass_slowest_bucket_seconds: slowest,
+        plan_ms_median: plan_ms.get(plan_ms.len() / 2).copied().unwrap_or(0),
+        plan_ms_max: plan_ms.last().copied().unwrap_or(0),
+        pass_max_writes: logged.iter().skip(m.passes_logged).map(|p| p.writes).max().unwrap_or(0),
         nvml_mutations: fleet.tally.mutations.load(Ordering::Relaxed) - m.mutations,
         injected_nvml_failures: fleet.tally.injected_failures.load(Ordering::Relaxed) - m.failures,
         scrubs: fleet.tally.scrubs.load(Ordering::Relaxed) - m.scrubs,
@@ -439,6 +452,10 @@ pub fn table(r: &Report) -> String {
             ),
         );
         line(
+            &format!("{}: planner ms median, most; most writes a pass", p.name),
+            format!("{}, {}; {}", p.plan_ms_median, p.plan_ms_max, p.pass_max_writes),
+        );
+        line(
             &format!("{}: NVML mutations, injected failures, scrubs", p.name),
             format!("{}, {}, {}", p.nvml_mutations, p.injected_nvml_failures, p.scrubs),
         );
@@ -498,6 +515,14 @@ pub fn table(r: &Report) -> String {
             ro.nvml_mutations as f64 / ro.nodes.max(1) as f64,
             ro.busy_processes_started
         ),
+    );
+    line(
+        "plan change: planner ms median, most",
+        format!("{}, {}", ro.phase.plan_ms_median, ro.phase.plan_ms_max),
+    );
+    line(
+        "tenant change: planner ms median, most",
+        format!("{}, {}", t.plan_ms_median, t.plan_ms_max),
     );
     line(
         "plan change: controller passes, mean, slowest <=",

@@ -95,6 +95,9 @@ struct BenchArgs {
     /// Its --metrics-addr, as HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: String,
+    /// Its log (--log-format json), for the planner's time per pass.
+    #[arg(long, value_name = "FILE")]
+    controller_log: Option<PathBuf>,
     /// Nodes of the first measurement; the fleet then grows to --nodes.
     #[arg(long, env = "BENCH_FLEET_START_NODES", default_value_t = 100)]
     start_nodes: usize,
@@ -220,7 +223,7 @@ async fn bench_main(args: BenchArgs) -> i32 {
         }
         let fleet = start_fleet(&args.fleet).await?;
         let harness = fleet::counting_client(Default::default()).await?;
-        let ctl = probe::Controller::new(args.controller_pid, &args.metrics_addr);
+        let ctl = probe::Controller::new(args.controller_pid, &args.metrics_addr, args.controller_log.clone());
         ctl.metrics().await?;
         let opts = bench::BenchOptions {
             start_nodes: args.start_nodes,

@@ -9,7 +9,17 @@ pub struct Controller {
     pub pid: u32,
     /// `HOST:PORT` of its `--metrics-addr`.
     pub metrics_addr: String,
+    /// Its `--log-format json` log, whose `pass done` lines give each pass's planner time.
+    pub log: Option<std::path::PathBuf>,
     clock_ticks: f64,
+}
+
+/// One `pass done` line of the controller's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassLine {
+    pub writes: u64,
+    /// Time of `desired()` alone (the planner), without the writes.
+    pub plan_ms: u64,
 }
 
 /// The controller's counters at one moment.
@@ -67,7 +77,7 @@ impl Metrics {
 }
 
 impl Controller {
-    pub fn new(pid: u32, metrics_addr: &str) -> Controller {
+    pub fn new(pid: u32, metrics_addr: &str, log: Option<std::path::PathBuf>) -> Controller {
         let clock_ticks = std::process::Command::new("getconf")
             .arg("CLK_TCK")
             .output()
@@ -77,6 +87,7 @@ impl Controller {
         Controller {
             pid,
             metrics_addr: metrics_addr.to_string(),
+            log,
             clock_ticks,
         }
     }
@@ -107,6 +118,14 @@ impl Controller {
             (Some(u), Some(s)) => Ok((u + s) / self.clock_ticks),
             _ => Err(format!("{path}: cannot read utime and stime")),
         }
+    }
+
+    /// Every pass the log reports so far (none without a log).
+    pub fn passes(&self) -> Vec<PassLine> {
+        let Some(path) = &self.log else { return Vec::new() };
+        std::fs::read_to_string(path)
+            .map(|t| parse_pass_lines(&t))
+            .unwrap_or_default()
     }
 
     /// Scrapes `/metrics`.
@@ -178,4 +197,18 @@ pub fn parse_metrics(text: &str) -> Metrics {
         }
     }
     m
+}
+
+/// The `pass done` lines of a JSON log.
+pub fn parse_pass_lines(log: &str) -> Vec<PassLine> {
+    log.lines()
+        .filter(|l| l.contains("\"pass done\""))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            Some(PassLine {
+                writes: v.get("writes")?.as_u64()?,
+                plan_ms: v.get("plan_ms")?.as_u64()?,
+            })
+        })
+        .collect()
 }

@@ -249,3 +249,16 @@ fn controller_metrics_are_read() {
     let (n, mean, slowest) = m.passes_since(&Default::default());
     assert_eq!((n, mean, slowest), (3, 0.5, 1.28));
 }
+
+#[test]
+fn the_planner_time_is_read_from_the_controllers_log() {
+    let log = "{\"level\":\"INFO\",\"message\":\"wrote\",\"write\":\"apply GpuNode a\"}\n\
+        {\"level\":\"INFO\",\"message\":\"pass done\",\"writes\":587,\"plan_ms\":66}\n\
+        not json\n\
+        {\"level\":\"INFO\",\"message\":\"pass done\",\"writes\":0,\"plan_ms\":150}\n";
+    let p = crate::probe::parse_pass_lines(log);
+    assert_eq!(
+        p.iter().map(|p| (p.writes, p.plan_ms)).collect::<Vec<_>>(),
+        vec![(587, 66), (0, 150)]
+    );
+}
