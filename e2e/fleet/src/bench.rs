@@ -89,6 +89,8 @@ pub struct Report {
     pub idle: Idle,
     pub tenant_change: Phase,
     pub tenant_change_objects: Vec<String>,
+    /// Tenants whose grants the change moved (lost and gained), the edited one included.
+    pub tenant_change_moved_grants: BTreeMap<String, serde_json::Value>,
     pub rollout: Rollout,
     pub failures: Vec<String>,
 }
@@ -286,11 +288,13 @@ pub async fn run(
     let tenant = generate::tenant_name(1);
     say(&format!("changing one tenant ({tenant}: one more MPS share) ..."));
     let before = cluster::versions(harness).await?;
+    let grants_before = cluster::grants(harness).await?;
     let m = mark(fleet, ctl).await?;
     bump_tenant(harness, &tenant).await?;
     report.tenant_change = converge("tenant change", fleet, ctl, &m, opts).await?;
     let after = cluster::versions(harness).await?;
     report.tenant_change_objects = cluster::changed(&before, &after);
+    report.tenant_change_moved_grants = cluster::moved_grants(&grants_before, &cluster::grants(harness).await?);
 
     report.rollout = rollout(fleet, harness, ctl, opts).await?;
     report.failures = failures(&report);
@@ -493,6 +497,9 @@ pub fn table(r: &Report) -> String {
     );
     for o in &r.tenant_change_objects {
         line("", o.clone());
+    }
+    for (t, m) in &r.tenant_change_moved_grants {
+        line(&format!("tenant change: grants moved of {t}"), m.to_string());
     }
     let ro = &r.rollout;
     line(

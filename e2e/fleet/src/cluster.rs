@@ -119,3 +119,37 @@ pub fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, Strin
     );
     out
 }
+
+/// Each tenant's `status.grants`, to tell whose grants a change moved.
+pub async fn grants(client: &Client) -> Result<BTreeMap<String, Value>, String> {
+    let list = Api::<GpuTenant>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing GpuTenant: {e}"))?;
+    Ok(list
+        .into_iter()
+        .map(|t| {
+            let g = t
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(&s.grants).ok())
+                .unwrap_or(Value::Null);
+            (t.name_any(), g)
+        })
+        .collect())
+}
+
+/// Tenants whose grants differ, with the grants each lost and gained.
+pub fn moved_grants(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    let list = |v: Option<&Value>| v.and_then(|v| v.as_array().cloned()).unwrap_or_default();
+    after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, v)| {
+            let (b, a) = (list(before.get(k)), list(Some(v)));
+            let lost: Vec<&Value> = b.iter().filter(|g| !a.contains(g)).collect();
+            let gained: Vec<&Value> = a.iter().filter(|g| !b.contains(g)).collect();
+            (k.clone(), serde_json::json!({"lost": lost, "gained": gained}))
+        })
+        .collect()
+}
