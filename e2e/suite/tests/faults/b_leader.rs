@@ -8,7 +8,6 @@ use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
 use gpu_tenancy_e2e::procs::{ControllerProcess, wait_for_leader};
 use kube::ResourceExt;
 use kube::api::Api;
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 pub const LEASE_SECONDS: u32 = 5;
@@ -20,15 +19,15 @@ async fn b_the_leader_killed_mid_rollout_is_replaced_and_nothing_is_lost() {
     let auditor = Auditor::start(&client, AuditConfig::default()).await;
     set_tenant(&client, &cleanup, "lk-a", &[("3g.40gb", 2), ("2g.20gb", 2)]).await;
     set_tenant(&client, &cleanup, "lk-b", &[("3g.40gb", 1), ("2g.20gb", 2)]).await;
-    let _agents = mig_pool(&client, &cleanup, "lk", 3, json!(["3g.40gb", "3g.40gb"])).await;
+    let _agents = mig_pool(&client, &cleanup, "lk", 3, two_3g()).await;
     let mut a = ControllerProcess::start("replica-a", LEASE_SECONDS);
     wait_for_leader(&client, "replica-a", Duration::from_secs(30)).await;
     let _b = ControllerProcess::start("replica-b", LEASE_SECONDS);
-    let took = wait_converged(&client, "lk", 2, Duration::from_secs(120)).await;
+    let took = wait_converged(&client, "lk", &two_3g(), Duration::from_secs(120)).await;
     eprintln!("MEASURE leader scenario: 3 real agents converged on 3g+3g in {took:?}");
 
     // A new layout on the three nodes, one at a time; kill the leader once the first has started.
-    set_plan(&client, "lk", json!(["3g.40gb", "2g.20gb", "2g.20gb"])).await;
+    set_plan(&client, "lk", one_3g_two_2g()).await;
     let gn: Api<GpuNode> = Api::all(client.clone());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -47,7 +46,7 @@ async fn b_the_leader_killed_mid_rollout_is_replaced_and_nothing_is_lost() {
     wait_for_leader(&client, "replica-b", Duration::from_secs(60)).await;
     let takeover = killed.elapsed();
     eprintln!("MEASURE takeover after SIGKILL of the leader (lease {LEASE_SECONDS} s): {takeover:?}");
-    let finished = wait_converged(&client, "lk", 3, Duration::from_secs(120)).await;
+    let finished = wait_converged(&client, "lk", &one_3g_two_2g(), Duration::from_secs(120)).await;
     eprintln!("MEASURE rollout finished {finished:?} after the takeover");
     assert_consistent_now(&client, &auditor).await;
 }

@@ -10,7 +10,6 @@ use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
 use gpu_tenancy_e2e::procs::{ControllerProcess, controller_lease, lease_holder};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -74,9 +73,9 @@ async fn c_the_api_server_and_etcd_restart_with_their_data_and_everything_recove
     let auditor = Auditor::start(&client, AuditConfig::default()).await;
     set_tenant(&client, &cleanup, "rs-a", &[("3g.40gb", 2), ("2g.20gb", 1)]).await;
     set_tenant(&client, &cleanup, "rs-b", &[("3g.40gb", 1), ("2g.20gb", 1)]).await;
-    let agents = mig_pool(&client, &cleanup, "rs", 2, json!(["3g.40gb", "3g.40gb"])).await;
+    let agents = mig_pool(&client, &cleanup, "rs", 2, two_3g()).await;
     let _controller = ControllerProcess::start("replica-r", 5);
-    wait_converged(&client, "rs", 2, Duration::from_secs(120)).await;
+    wait_converged(&client, "rs", &two_3g(), Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // a poll or two of every agent
     let before = statuses(&client, "rs").await;
     let mutations: Vec<u64> = agents.iter().map(|a| a.mutations()).collect();
@@ -156,8 +155,8 @@ async fn c_the_api_server_and_etcd_restart_with_their_data_and_everything_recove
     // after: each instance gone costs its compute and GPU instance destroys, each new one its
     // GPU and compute instance creates; nothing else may touch the GPUs.
     let layouts_before: BTreeMap<String, Vec<(u32, String)>> = instances(&client).await;
-    set_plan(&client, "rs", json!(["3g.40gb", "2g.20gb", "2g.20gb"])).await;
-    let converged_in = wait_converged(&client, "rs", 3, Duration::from_secs(120)).await;
+    set_plan(&client, "rs", one_3g_two_2g()).await;
+    let converged_in = wait_converged(&client, "rs", &one_3g_two_2g(), Duration::from_secs(120)).await;
     eprintln!("MEASURE a layout change on 2 nodes after the restart converged in {converged_in:?}");
     let layouts_after = instances(&client).await;
     for (a, m) in agents.iter().zip(&mutations) {

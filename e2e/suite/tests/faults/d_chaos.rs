@@ -49,18 +49,13 @@ async fn d_random_kills_during_rollouts_and_churn_converge_without_violations() 
     for t in tenants {
         set_tenant(&client, &cleanup, t, &[("3g.40gb", 1), ("2g.20gb", 1)]).await;
     }
-    let layouts = [
-        json!(["3g.40gb", "3g.40gb"]),
-        json!(["3g.40gb", "2g.20gb", "2g.20gb"]),
-        json!(["2g.20gb", "2g.20gb", "2g.20gb"]),
-    ];
-    let sizes = [2, 3, 3];
+    let layouts = [two_3g(), one_3g_two_2g(), json!(["2g.20gb", "2g.20gb", "2g.20gb"])];
     let mut agents = mig_pool(&client, &cleanup, "ch", 3, layouts[0].clone()).await;
     let mut controllers = [
         ControllerProcess::start("chaos-a", 3),
         ControllerProcess::start("chaos-b", 3),
     ];
-    wait_converged(&client, "ch", 2, Duration::from_secs(120)).await;
+    wait_converged(&client, "ch", &layouts[0], Duration::from_secs(120)).await;
 
     let (mut agent_kills, mut controller_kills, mut plan_changes, mut tenant_changes) = (0, 0, 0, 0);
     let mut layout = 0;
@@ -115,7 +110,7 @@ async fn d_random_kills_during_rollouts_and_churn_converge_without_violations() 
     eprintln!(
         "MEASURE chaos {seconds} s (seed {seed}): {agent_kills} agent kills, {controller_kills} controller kills, {plan_changes} plan changes, {tenant_changes} tenant changes"
     );
-    let took = wait_converged(&client, "ch", sizes[layout], Duration::from_secs(180)).await;
+    let took = wait_converged(&client, "ch", &layouts[layout], Duration::from_secs(180)).await;
     eprintln!("MEASURE chaos: converged {took:?} after the last kill");
     assert_consistent_now(&client, &auditor).await;
 }

@@ -8,7 +8,6 @@ use gpu_tenancy_e2e::auditor::{AuditConfig, Auditor};
 use gpu_tenancy_e2e::procs::ControllerProcess;
 use kube::Client;
 use kube::api::Api;
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 async fn ready(client: &Client, node: &str) -> Option<(String, String, String)> {
@@ -23,9 +22,9 @@ async fn e_an_agent_whose_nvml_fails_at_random_reports_not_ready_and_nothing_els
     let client = setup().await;
     let auditor = Auditor::start(&client, AuditConfig::default()).await;
     set_tenant(&client, &cleanup, "nf-a", &[("3g.40gb", 2)]).await;
-    let agents = mig_pool(&client, &cleanup, "nf", 2, json!(["3g.40gb", "3g.40gb"])).await;
+    let agents = mig_pool(&client, &cleanup, "nf", 2, two_3g()).await;
     let _controller = ControllerProcess::start("replica-n", 5);
-    wait_converged(&client, "nf", 2, Duration::from_secs(120)).await;
+    wait_converged(&client, "nf", &two_3g(), Duration::from_secs(120)).await;
     let healthy_mutations = agents[0].mutations();
 
     agents[1].sim_ctl(&["fail-random", "--rate", "0.3", "--error", "UNKNOWN", "--seed", "11"]);
@@ -75,7 +74,7 @@ async fn e_an_agent_whose_nvml_fails_at_random_reports_not_ready_and_nothing_els
     // The faults stop: the node comes back Ready on its own.
     agents[1].sim_ctl(&["clear-faults"]);
     let t1 = Instant::now();
-    wait_converged(&client, "nf", 2, Duration::from_secs(60)).await;
+    wait_converged(&client, "nf", &two_3g(), Duration::from_secs(60)).await;
     eprintln!(
         "MEASURE nf-1 Ready again {:?} after its NVML stopped failing",
         t1.elapsed()
