@@ -3,6 +3,7 @@
 //! failed and the loop retries with backoff.
 
 use super::diff::{Kind, Note, Write};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
@@ -10,6 +11,11 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Field manager of everything the controller writes.
 pub const FIELD_MANAGER: &str = "gpu-tenancy-controller";
+
+/// Writes of one stage in flight at once: enough to hide the round trip, few enough that a
+/// fleet's first pass does not crowd out the agents (the API server's default limit for
+/// mutating requests in flight is 200).
+pub const WRITES_IN_FLIGHT: usize = 8;
 
 /// Makes writes and publishes events.
 pub struct Writer {
@@ -44,6 +50,11 @@ impl Writer {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
             None => Api::all_with(self.client.clone(), &ar),
         }
+    }
+
+    /// [`Writer::write`] with the write it was.
+    async fn write_keyed<'w>(&self, w: &'w Write) -> (&'w Write, Result<(), kube::Error>) {
+        (w, self.write(w).await)
     }
 
     async fn write(&self, w: &Write) -> Result<(), kube::Error> {
@@ -84,51 +95,78 @@ impl Writer {
         Ok(())
     }
 
-    /// Makes every write, in order.
+    /// Makes every write, stage by stage: consecutive writes of one kind and action (a stage of the
+    /// diff's order: the device plugin's config, node patches, GpuNode specs, statuses, namespaces,
+    /// quotas, ...) go out together, at most [`WRITES_IN_FLIGHT`] at once, and a stage starts once
+    /// the one before it has finished, so what must come first still does (a config before the
+    /// labels naming it, a node's taints before its GpuNode spec, bindings deleted before their
+    /// policies). One at a time, a pass of a thousand nodes' first specs took a minute (make
+    /// bench-fleet: 2,700 writes at about 45 a second).
     pub async fn write_all(&self, writes: &[Write]) -> Outcome {
         let mut outcome = Outcome::default();
         let mut config_failed = false;
         // Nodes whose labels and taints were not written in this pass.
         let mut nodes_behind = std::collections::BTreeSet::new();
-        for w in writes {
-            // A node label naming a device-plugin config that was not written would make the plugin
-            // fall back to its default sharing: keep the nodes as they are until the config is in.
-            if config_failed && w.kind() == Kind::Node {
-                let why = "not sent: the device plugin's ConfigMap could not be written in this pass".to_string();
-                tracing::warn!(write = %w, "{why}; the next pass retries it");
-                outcome.failed.push((w.to_string(), why));
-                nodes_behind.insert(w.name().to_string());
-                continue;
-            }
-            // A GpuNode spec may hand a GPU over: it waits for its node's scrub-pending taint.
-            if matches!(
-                w,
-                Write::Apply {
-                    kind: Kind::GpuNode,
-                    ..
+        for stage in writes.chunk_by(|a, b| a.kind() == b.kind() && a.action() == b.action()) {
+            let mut send = Vec::with_capacity(stage.len());
+            for w in stage {
+                // A node label naming a device-plugin config that was not written would make the
+                // plugin fall back to its default sharing: keep the nodes as they are until the
+                // config is in.
+                if config_failed && w.kind() == Kind::Node {
+                    let why = "not sent: the device plugin's ConfigMap could not be written in this pass".to_string();
+                    tracing::warn!(write = %w, "{why}; the next pass retries it");
+                    outcome.failed.push((w.to_string(), why));
+                    nodes_behind.insert(w.name().to_string());
+                    continue;
                 }
-            ) && nodes_behind.contains(w.name())
-            {
-                let why = format!(
-                    "not sent: Node {}'s labels and taints could not be written in this pass",
-                    w.name()
-                );
-                tracing::warn!(write = %w, "{why}; the next pass retries it");
-                outcome.failed.push((w.to_string(), why));
-                continue;
-            }
-            match self.write(w).await {
-                Ok(()) => {
-                    tracing::info!(write = %w, "wrote");
-                    outcome.done.push((w.kind(), w.action()));
-                }
-                Err(e) => {
-                    tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
-                    config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
-                    if w.kind() == Kind::Node {
-                        nodes_behind.insert(w.name().to_string());
+                // A GpuNode spec may hand a GPU over: it waits for its node's scrub-pending taint.
+                if matches!(
+                    w,
+                    Write::Apply {
+                        kind: Kind::GpuNode,
+                        ..
                     }
-                    outcome.failed.push((w.to_string(), e.to_string()));
+                ) && nodes_behind.contains(w.name())
+                {
+                    let why = format!(
+                        "not sent: Node {}'s labels and taints could not be written in this pass",
+                        w.name()
+                    );
+                    tracing::warn!(write = %w, "{why}; the next pass retries it");
+                    outcome.failed.push((w.to_string(), why));
+                    continue;
+                }
+                send.push(w);
+            }
+            // A sliding window without closures over the writes: a closure's future would not be
+            // `Send` for every lifetime, and the controller's loop runs on spawned tasks.
+            let mut pending = send.into_iter();
+            let mut in_flight = futures::stream::FuturesOrdered::new();
+            for w in pending.by_ref().take(WRITES_IN_FLIGHT) {
+                in_flight.push_back(self.write_keyed(w));
+            }
+            let mut results = Vec::with_capacity(stage.len());
+            while let Some(r) = in_flight.next().await {
+                results.push(r);
+                if let Some(w) = pending.next() {
+                    in_flight.push_back(self.write_keyed(w));
+                }
+            }
+            for (w, result) in results {
+                match result {
+                    Ok(()) => {
+                        tracing::info!(write = %w, "wrote");
+                        outcome.done.push((w.kind(), w.action()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
+                        config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
+                        if w.kind() == Kind::Node {
+                            nodes_behind.insert(w.name().to_string());
+                        }
+                        outcome.failed.push((w.to_string(), e.to_string()));
+                    }
                 }
             }
         }
