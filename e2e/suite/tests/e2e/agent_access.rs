@@ -8,9 +8,9 @@ use std::collections::HashMap;
 
 use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, eventually, impersonating, outcome};
 use gpu_tenancy_e2e::{Cleanup, Names, api, apply_docs_as_kubectl, client, ensure_crds, repo_root, yaml_docs};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 /// The agent's service account (deploy/base/agent-rbac.yaml).
@@ -191,6 +191,73 @@ async fn agent_writes_only_its_own_nodes_gpunode_and_node() {
         "rule agent-request-from-its-pod",
         "the agent without node-name labels Node a",
     );
+
+    // The device plugin's pods: the agent restarts (deletes) the one on its own node, never one
+    // on another node. RBAC grants delete in the plugin's namespace (a Role of agent-rbac.yaml).
+    let ns = "nvidia-device-plugin";
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(ns.to_string());
+    let _ = Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await;
+    let role: Vec<Value> = yaml_docs(&repo_root().join("deploy/base/agent-rbac.yaml"))
+        .into_iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding")
+        .collect();
+    assert_eq!(
+        role.len(),
+        2,
+        "deploy/base/agent-rbac.yaml: the device plugin Role and binding"
+    );
+    apply_docs_as_kubectl(&role, "agent-access-role").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let (on_a, on_b) = (format!("{base}-on-a"), format!("{base}-on-b"));
+    for (pod, node) in [(&on_a, &a), (&on_b, &b)] {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": pod}, "spec": {"nodeName": node,
+            "containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}]}}))
+        .unwrap();
+        pods.create(&PostParams::default(), &p)
+            .await
+            .unwrap_or_else(|e| panic!("creating pod {pod}: {e}"));
+    }
+    let dry_delete = |client: Client, pod: String| async move {
+        let dp = DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        outcome(Api::<Pod>::namespaced(client, ns).delete(&pod, &dp).await.map(|_| ()))
+    };
+    let r = eventually(
+        "agent of a deletes the plugin's pod on b",
+        || dry_delete(agent_a.clone(), on_b.clone()),
+        |r| r.as_ref().is_err_and(|m| m.contains(POLICY)),
+    )
+    .await;
+    assert_refused(
+        r.clone(),
+        "rule agent-deletes-pods-of-its-node",
+        "agent of a deletes a pod on b",
+    );
+    assert!(
+        r_msg(&r).contains(&format!("node {a} may not delete pod {ns}/{on_b}")),
+        "{r:?}"
+    );
+    eventually(
+        "agent of a deletes the plugin's pod on a",
+        || dry_delete(agent_a.clone(), on_a.clone()),
+        |r| r.is_ok(),
+    )
+    .await
+    .expect("the agent of a deletes the device plugin's pod on its node");
+    let r = dry_delete(unbound.clone(), on_a.clone()).await;
+    assert_refused(
+        r,
+        "rule agent-request-from-its-pod",
+        "the agent without node-name deletes a pod",
+    );
+    for pod in [&on_a, &on_b] {
+        pods.delete(pod, &DeleteParams::default().grace_period(0)).await.ok();
+    }
 
     // Other users are not matched: the admin writes GpuNode b's status and labels Node b.
     patch_status(&admin, &b)
