@@ -7,24 +7,12 @@ mod support;
 
 use gpu_tenancy::api::{CoLocation, GpuSpec, Mode, TenantLimits};
 use gpu_tenancy::inventory::NodeInventory;
-use gpu_tenancy::planner::{PlanInput, PlanOutput, plan};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use gpu_tenancy::planner::PlanOutput;
 use kube::ResourceExt;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-fn run(f: &support::Fleet) -> PlanOutput {
-    let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    plan(
-        &PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        },
-        &now,
-    )
-}
+use support::run;
 
 /// Grants on one GPU: (tenant, mode, units).
 type GpuGrants = Vec<(String, Mode, u32)>;

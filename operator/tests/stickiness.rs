@@ -7,24 +7,12 @@ mod support;
 
 use gpu_tenancy::api::{GpuNode, GpuTenant, Mode, Placement, ResourceRequest, SharingPolicy};
 use gpu_tenancy::inventory::{InventoryFile, NodeInventory};
-use gpu_tenancy::planner::{PlanInput, PlanOutput, plan};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use gpu_tenancy::planner::PlanOutput;
 use kube::ResourceExt;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
-fn run(f: &support::Fleet) -> PlanOutput {
-    let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    plan(
-        &PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        },
-        &now,
-    )
-}
+use support::run;
 
 /// A unit: (node, GPU, MIG placement; none for a GPU used whole).
 type Unit = (String, u32, Option<Placement>);

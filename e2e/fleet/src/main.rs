@@ -178,6 +178,18 @@ fn write_generated(nodes: usize, tenants: usize, seed: u64, out: &Path) -> Resul
         .map_err(|e| format!("cannot write {}: {e}", inventory.display()))
 }
 
+/// `gpu-tenancy plan -o json` on the files [`write_generated`] wrote into `dir`.
+fn plan_command(gpu_tenancy: &Path, dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(gpu_tenancy);
+    cmd.arg("plan")
+        .arg("-f")
+        .arg(dir.join("objects.yaml"))
+        .arg("--inventory")
+        .arg(dir.join("inventory.yaml"))
+        .args(["-o", "json"]);
+    cmd
+}
+
 async fn start_fleet(args: &FleetArgs) -> Result<fleet::Fleet, String> {
     if !(0.0..=1.0).contains(&args.fail_rate) {
         return Err(format!("--fail-rate {}: give a share between 0 and 1", args.fail_rate));
@@ -287,13 +299,7 @@ fn time_plan(args: &FleetArgs, nodes: usize) -> Result<(usize, usize, f64), Stri
     let dir = args.work_dir.join(format!("plan-{nodes}"));
     write_generated(nodes, tenants, args.seed, &dir)?;
     let start = Instant::now();
-    let out = std::process::Command::new(&args.gpu_tenancy)
-        .arg("plan")
-        .arg("-f")
-        .arg(dir.join("objects.yaml"))
-        .arg("--inventory")
-        .arg(dir.join("inventory.yaml"))
-        .args(["-o", "json"])
+    let out = plan_command(&args.gpu_tenancy, &dir)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .output()

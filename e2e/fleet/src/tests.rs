@@ -177,23 +177,8 @@ fn the_backend_refuses_what_nvml_refuses() {
 fn the_generated_fleet_plans_without_problems() {
     let dir = scratch("generated");
     let nodes = 100;
-    std::fs::write(
-        dir.join("objects.yaml"),
-        generate::objects(generate::tenant_count(nodes), 1)
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join("\n---\n"),
-    )
-    .expect("write");
-    std::fs::write(dir.join("inventory.yaml"), generate::inventory(nodes).to_string()).expect("write");
-    let out = std::process::Command::new(target_debug().join("gpu-tenancy"))
-        .arg("plan")
-        .arg("-f")
-        .arg(dir.join("objects.yaml"))
-        .arg("--inventory")
-        .arg(dir.join("inventory.yaml"))
-        .args(["-o", "json"])
+    crate::write_generated(nodes, generate::tenant_count(nodes), 1, &dir).expect("write");
+    let out = crate::plan_command(&target_debug().join("gpu-tenancy"), &dir)
         .output()
         .expect("gpu-tenancy plan runs");
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan prints JSON");

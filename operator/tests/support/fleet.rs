@@ -10,6 +10,20 @@ use gpu_tenancy::mig::{ExistingInstance, model_by_name};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
+/// The planner on a fleet, at a fixed time (plans are compared across runs).
+pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap());
+    gpu_tenancy::planner::plan(
+        &gpu_tenancy::planner::PlanInput {
+            policies: &f.policies,
+            tenants: &f.tenants,
+            plans: &f.plans,
+            nodes: &f.nodes,
+        },
+        &now,
+    )
+}
+
 #[derive(Clone)]
 pub struct Fleet {
     pub policies: Vec<SharingPolicy>,
