@@ -259,7 +259,13 @@ fn a_gpu_nvml_cannot_read_is_unreadable_left_alone_and_the_others_carry_on() {
             &format!("unreadable-{n}-{target}"),
             &[r#"{model: "NVIDIA H100 80GB HBM3", count: 2}"#],
         );
-        assert_eq!(sim.apply(&gpus(&[a(0), a(1)])).code(), Some(0));
+        let setup = sim.apply(&gpus(&[a(0), a(1)]));
+        assert_eq!(
+            setup.code(),
+            Some(0),
+            "{call} {target}: the setup apply: {}",
+            setup.stdout()
+        );
         sim.use_by(0, Some(0), "alpha");
         let want = |i| if target == "MIG" { b(i) } else { whole(i, target) };
         let spec = gpus(&[want(0), want(1)]);
