@@ -199,9 +199,13 @@ impl SimGpu {
         self.gis.iter().find(|g| g.id == id)
     }
 
-    /// Memory of a GPU instance: its share of the memory slices.
+    /// Memory of a GPU instance: what the driver reports for its profile on this model (the
+    /// published `nvidia-smi mig -lgip` figure where there is one), else its share of the slices.
     pub fn gi_memory_mib(&self, gi: &SimGi) -> u64 {
-        self.memory_mib * gi.size as u64 / mig::MEMORY_SLICES as u64
+        match Shape::from_profile_id(gi.profile_id) {
+            Some(shape) => self.model().shape_memory_mib(shape).min(self.memory_mib),
+            None => self.memory_mib * gi.size as u64 / mig::MEMORY_SLICES as u64,
+        }
     }
 
     pub fn slices_of(&self, gi: Option<u32>) -> std::ops::Range<usize> {
@@ -221,6 +225,41 @@ impl SimGpu {
 
     pub fn shape_of(profile_id: u32) -> Option<Shape> {
         Shape::from_profile_id(profile_id)
+    }
+
+    /// Whether the driver maps this GPU's placements onto its memory halves the other way round.
+    ///
+    /// Real GPUs differ here by chip (which half holds the GPC the chip lacks): the same
+    /// placements got IDs 9, 10, 3, 2 on one A100 and 13, 14, 5, 1 on the next one of the same
+    /// node (`nvidia-smi mig -lgi` in NVIDIA/DCGM#138). The simulator makes every odd GPU index
+    /// such a GPU, deterministically, so tests meet both kinds.
+    pub fn swaps_halves(&self) -> bool {
+        self.index % 2 == 1
+    }
+
+    /// The ID the driver gives a GPU instance at `start:size`: it follows from the placement, not
+    /// from creation order.
+    ///
+    /// On A100 the IDs are the hardware's memory-partition numbers: 0 the whole GPU, 1-2 the
+    /// halves, 3-6 the quarters, 7-14 the eighths, so 1g instances get IDs from 7 up
+    /// (NVIDIA/DCGM#138; `nvidia-smi mig -cgi 19,...` making IDs 9, 7, 8, 11, 12, 13, 14 in
+    /// rapidsai/dask-cuda#583, ID 10 left out on that chip). Placements count from the GPU's first
+    /// half, or from its second one on a GPU that [`SimGpu::swaps_halves`]. No such output of an
+    /// H100, H200 or B200 was found: they get the same numbering, since their placements are the
+    /// A100's (FACTS.md §1).
+    pub fn gpu_instance_id(&self, start: u32, size: u32) -> u32 {
+        let half = mig::MEMORY_SLICES / 2;
+        let slice = if self.swaps_halves() {
+            (start + half) % mig::MEMORY_SLICES
+        } else {
+            start
+        };
+        match size {
+            8 => 0,
+            4 => 1 + slice / 4,
+            2 => 3 + slice / 2,
+            _ => 7 + slice,
+        }
     }
 }
 

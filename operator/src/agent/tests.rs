@@ -44,7 +44,22 @@ fn gpu(index: u32, key: &str, mig: bool) -> GpuStatus {
     }
 }
 
-fn inst(gi: u32, profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstanceStatus {
+/// The ID a driver gives a GPU instance at `start:size`. Real drivers number GPU instances by
+/// placement, not in creation order, and not the same way on every GPU (NVIDIA/DCGM#138: 9, 10, 3,
+/// 2 on one A100, 13, 14, 5, 1 for the same layout on the next); these tests use the second kind,
+/// whose IDs fall as placements rise, so no test passes by assuming IDs 1, 2, 3 in slice order.
+fn driver_gi_id(start: u32, size: u32) -> u32 {
+    let slice = (start + 4) % 8;
+    match size {
+        8 => 0,
+        4 => 1 + slice / 4,
+        2 => 3 + slice / 2,
+        _ => 7 + slice,
+    }
+}
+
+fn inst(profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstanceStatus {
+    let gi = driver_gi_id(start, size);
     let id = model_by_name("H100-80GB")
         .unwrap()
         .profile(profile)
@@ -112,7 +127,7 @@ fn recorded(o: &GpuStatus) -> GpuStatus {
 #[test]
 fn a_matching_gpu_gets_no_action() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(1, "3g.40gb", 0, 4, Some("a")), inst(2, "3g.40gb", 4, 4, Some("b"))];
+    o.instances = vec![inst("3g.40gb", 0, 4, Some("a")), inst("3g.40gb", 4, 4, Some("b"))];
     let g = mig_spec(
         0,
         vec![want("3g.40gb", 0, 4, Some("a")), want("3g.40gb", 4, 4, Some("b"))],
@@ -144,7 +159,7 @@ fn a_matching_gpu_gets_no_action() {
 #[test]
 fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(1, "3g.40gb", 0, 4, Some("a")), inst(2, "3g.40gb", 4, 4, Some("b"))];
+    o.instances = vec![inst("3g.40gb", 0, 4, Some("a")), inst("3g.40gb", 4, 4, Some("b"))];
     let prev = recorded(&o);
     let g = mig_spec(
         0,
@@ -156,10 +171,14 @@ fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
     );
     let p = plan_gpu(&o, &g, Some(&prev), &none());
     let text: Vec<String> = p.actions.iter().map(|a| a.to_string()).collect();
+    let destroy_ci = format!(
+        "destroy compute instance 0 of GPU instance {}",
+        o.instances[0].gpu_instance_id
+    );
     assert_eq!(
         text,
         [
-            "destroy compute instance 0 of GPU instance 1",
+            destroy_ci.as_str(),
             "destroy 3g.40gb at 0:4",
             "create 2g.20gb at 0:2",
             "create 2g.20gb at 2:2",
@@ -176,10 +195,10 @@ fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
 #[test]
 fn processes_in_the_way_block_the_whole_gpu() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(1, "3g.40gb", 0, 4, None), inst(2, "3g.40gb", 4, 4, None)];
+    o.instances = vec![inst("3g.40gb", 0, 4, None), inst("3g.40gb", 4, 4, None)];
     o.processes = vec![ProcessStatus {
         pid: 77,
-        gpu_instance_id: Some(1),
+        gpu_instance_id: Some(o.instances[0].gpu_instance_id),
         compute_instance_id: Some(0),
         used_memory_mib: None,
     }];
@@ -240,19 +259,19 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
 #[test]
 fn leaving_mig_destroys_everything_then_disables_it() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(1, "7g.80gb", 0, 8, None)];
+    o.instances = vec![inst("7g.80gb", 0, 8, None)];
     let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
     assert_eq!(
         p.actions,
         [
             Action::DestroyComputeInstance {
                 gpu: 0,
-                gpu_instance_id: 1,
+                gpu_instance_id: o.instances[0].gpu_instance_id,
                 compute_instance_id: 0
             },
             Action::DestroyGpuInstance {
                 gpu: 0,
-                gpu_instance_id: 1,
+                gpu_instance_id: o.instances[0].gpu_instance_id,
                 profile: "7g.80gb".into(),
                 placement: Placement { start: 0, size: 8 }
             },
@@ -264,7 +283,7 @@ fn leaving_mig_destroys_everything_then_disables_it() {
 #[test]
 fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
     let mut o = gpu(0, "H100-80GB", true);
-    let mut half = inst(3, "4g.40gb", 0, 4, None);
+    let mut half = inst("4g.40gb", 0, 4, None);
     half.compute_instance_id = None;
     o.instances = vec![half];
     let p = plan_gpu(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
@@ -272,7 +291,7 @@ fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
         p.nvml_actions().cloned().collect::<Vec<_>>(),
         [Action::CreateComputeInstance {
             gpu: 0,
-            gpu_instance_id: 3
+            gpu_instance_id: o.instances[0].gpu_instance_id
         }]
     );
     assert!(p.notes[0].contains("no compute instance"));
@@ -396,7 +415,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
 #[test]
 fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(4, "3g.40gb", 0, 4, None)];
+    o.instances = vec![inst("3g.40gb", 0, 4, None)];
     let g = mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))]);
     let done = RunMemory {
         scrubbed: vec![],
@@ -406,7 +425,7 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
     assert_eq!(p.actions.len(), 1, "idle: scrubbed");
     o.processes = vec![ProcessStatus {
         pid: 66,
-        gpu_instance_id: Some(4),
+        gpu_instance_id: Some(o.instances[0].gpu_instance_id),
         compute_instance_id: Some(0),
         used_memory_mib: None,
     }];

@@ -1,5 +1,6 @@
 //! MIG layouts that are not what the agent left: a reboot (instances gone), changes behind the
-//! agent's back, a GPU instance without its compute instance, or with several.
+//! agent's back, a GPU instance without its compute instance, or with several; GPU instance IDs
+//! as the driver gives them.
 
 use crate::support::{Sim, calls, layout};
 use crate::{H100, H200, gpus, mig_gpu};
@@ -55,7 +56,8 @@ fn drift_is_repaired_and_reported() {
         let g = &mut st.gpus[0];
         g.gis.retain(|gi| gi.start != 4);
         g.gis.push(nvidia_ml_sim::state::SimGi {
-            id: 9,
+            // The ID a driver gives it (by placement, not creation order).
+            id: g.gpu_instance_id(6, 1),
             profile_id: 19,
             start: 6,
             size: 1,
@@ -117,10 +119,11 @@ fn a_gpu_instance_left_without_compute_instance_is_finished() {
 fn gpu_instances_with_several_compute_instances_are_handled() {
     let split = |sim: &Sim| {
         nvidia_ml_sim::state::update(&sim.paths, |st| {
-            let a = st.next_mig_uuid(0, 1);
-            let b = st.next_mig_uuid(0, 1);
+            let id = st.gpus[0].gpu_instance_id(4, 4);
+            let a = st.next_mig_uuid(0, id);
+            let b = st.next_mig_uuid(0, id);
             st.gpus[0].gis.push(nvidia_ml_sim::state::SimGi {
-                id: 1,
+                id,
                 profile_id: 9,
                 start: 4,
                 size: 4,
@@ -193,4 +196,70 @@ fn gpu_instances_with_several_compute_instances_are_handled() {
     let m = sim.mutations();
     assert_eq!(sim.apply(&spec).code(), Some(0));
     assert_eq!(sim.mutations(), m, "repaired once, then left alone");
+}
+
+/// GPU instance IDs are the driver's, by placement and not in creation order, and not the same on
+/// two GPUs of a node: the layout of NVIDIA/DCGM#138 gets IDs 3, 9, 10, 2 on one A100 80GB and 5,
+/// 13, 14, 1 on the next (in placement order). The agent reports them as they are, matches MIG
+/// devices and processes by them, and a second apply changes nothing on either GPU.
+#[test]
+fn gpu_instance_ids_are_the_drivers_whatever_their_order() {
+    let sim = Sim::new("gi-ids", &[r#"{pciDeviceId: "0x20B210DE", count: 2}"#]);
+    let dcgm = [
+        ("2g.20gb", 0, 2, Some("alpha")),
+        ("1g.10gb", 2, 1, Some("beta")),
+        ("1g.10gb", 3, 1, None),
+        ("3g.40gb", 4, 4, Some("gamma")),
+    ];
+    let spec = gpus(&[mig_gpu(0, &dcgm), mig_gpu(1, &dcgm)]);
+    let run = sim.apply(&spec);
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    let st = sim.state();
+    for (gpu, want) in [(0usize, [3, 9, 10, 2]), (1, [5, 13, 14, 1])] {
+        let got: Vec<u32> = run.status().gpus[gpu]
+            .instances
+            .iter()
+            .map(|i| i.gpu_instance_id)
+            .collect();
+        assert_eq!(got, want, "GPU {gpu}");
+        for i in &run.status().gpus[gpu].instances {
+            let gi = st.gpus[gpu].gi(i.gpu_instance_id).unwrap();
+            assert_eq!(
+                (gi.start, i.uuid.as_deref()),
+                (i.placement.start, Some(gi.cis[0].uuid.as_str())),
+                "GPU {gpu}: the MIG device of GPU instance {}",
+                i.gpu_instance_id
+            );
+        }
+    }
+    let before = sim.mutations();
+    assert_eq!(sim.apply(&spec).code(), Some(0));
+    assert_eq!(sim.mutations(), before, "{:?}", calls(&sim.log_since(before)));
+
+    // A workload in GPU 1's 3g at 4:4 (GPU instance 1 there) keeps that instance from going.
+    nvidia_ml_sim::ctl::attach(
+        &sim.paths,
+        &nvidia_ml_sim::ctl::Attach {
+            gpu: 1,
+            placement_start: Some(4),
+            pid: 5150,
+            tenant: Some("gamma".into()),
+            used_mib: 100,
+        },
+    )
+    .unwrap();
+    let p = sim.discover().gpus[1].processes.clone();
+    assert_eq!(
+        p.iter().map(|p| (p.pid, p.gpu_instance_id)).collect::<Vec<_>>(),
+        [(5150, Some(1))]
+    );
+    let run = sim.apply(&gpus(&[mig_gpu(0, &dcgm), mig_gpu(1, &[("7g.80gb", 0, 8, None)])]));
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[1];
+    assert_eq!(g.reason.as_deref(), Some("Busy"), "{:?}", g.message);
+    assert!(
+        g.message.as_deref().unwrap().contains("3g.40gb at 4:4 runs pids 5150"),
+        "{:?}",
+        g.message
+    );
 }

@@ -1,89 +1,12 @@
-//! MIG: GPU-instance profiles and placements, GPU and compute instances, MIG device handles,
-//! under the rules of `gpu_tenancy::mig` (overlaps refused, instance limits, compute budget).
+//! MIG: GPU-instance placements, GPU and compute instances, under the rules of `gpu_tenancy::mig`
+//! (overlaps refused, instance limits, compute budget), with the return codes nvml.h documents.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use super::profiles::{ci_profile, ci_slices, gi_shape};
 use super::*;
-use crate::state::{SimCi, SimGi};
+use crate::state::SimCi;
 use gpu_tenancy::mig::Shape;
-
-/// GPU-instance profiles by NVML enum: the shapes of FACTS.md §1 (enums 0,1,2,3,4,7,9).
-fn shape_by_enum(e: u32) -> Option<Shape> {
-    Shape::ALL.into_iter().find(|s| s.info().nvml_profile_enum == e)
-}
-
-fn profile_name(g: &SimGpu, shape: Shape) -> String {
-    format!("MIG {}", g.model().profile_for(shape).name)
-}
-
-unsafe fn fill_profile_info(
-    g: &SimGpu,
-    profile: c_uint,
-    info: &mut nvmlGpuInstanceProfileInfo_v2_t,
-) -> Result<(), u32> {
-    let shape = shape_by_enum(profile).ok_or(ERR_NOT_SUPPORTED)?;
-    let si = shape.info();
-    info.id = si.profile_id;
-    info.isP2pSupported = 0;
-    info.sliceCount = si.compute_slices;
-    info.instanceCount = si.max_instances;
-    info.multiprocessorCount = si.compute_slices * 16;
-    info.copyEngineCount = si.compute_slices;
-    // What NVIDIA's driver reports for the profile on this model (checked against published
-    // `nvidia-smi mig -lgip` output in operator/tests/nvidia_smi_outputs.rs).
-    info.memorySizeMB = g.model().shape_memory_mib(shape).min(g.memory_mib);
-    let name = profile_name(g, shape);
-    unsafe { write_str(info.name.as_mut_ptr(), info.name.len() as c_uint, &name) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
-    dev: nvmlDevice_t,
-    profile: c_uint,
-    info: *mut nvmlGpuInstanceProfileInfo_t,
-) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetGpuInstanceProfileInfo", gpu_of(dev), |st| {
-        let g = device(st, dev)?;
-        let mut v2: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
-        unsafe { fill_profile_info(g, profile, &mut v2)? };
-        let v1 = nvmlGpuInstanceProfileInfo_t {
-            id: v2.id,
-            isP2pSupported: v2.isP2pSupported,
-            sliceCount: v2.sliceCount,
-            instanceCount: v2.instanceCount,
-            multiprocessorCount: v2.multiprocessorCount,
-            copyEngineCount: v2.copyEngineCount,
-            decoderCount: 0,
-            encoderCount: 0,
-            jpegCount: 0,
-            ofaCount: 0,
-            memorySizeMB: v2.memorySizeMB,
-        };
-        unsafe { out(info, v1) }
-    })
-}
-
-/// `nvmlGpuInstanceProfileInfo_v2`: the struct size with version 2 in the top byte.
-pub const PROFILE_INFO_V2: u32 = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
-    dev: nvmlDevice_t,
-    profile: c_uint,
-    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
-) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetGpuInstanceProfileInfoV", gpu_of(dev), |st| {
-        let g = device(st, dev)?;
-        if info.is_null() {
-            return Err(ERR_INVALID_ARGUMENT);
-        }
-        let info = unsafe { &mut *info };
-        if info.version != PROFILE_INFO_V2 {
-            return Err(ERR_ARGUMENT_VERSION_MISMATCH);
-        }
-        unsafe { fill_profile_info(g, profile, info) }
-    })
-}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
@@ -125,13 +48,47 @@ fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
 
-/// Creates a GPU instance if the MIG rules allow it; returns its ID.
-fn create_gi(g: &mut SimGpu, profile_id: u32, start: Option<u32>) -> Result<u32, u32> {
+/// How many placements of all profiles use the memory slices of `start:size`.
+fn demand(start: u32, size: u32) -> usize {
+    Shape::ALL
+        .iter()
+        .map(|s| s.info())
+        .flat_map(|si| si.starts.iter().map(move |&st| (st, si.memory_slices)))
+        .filter(|&p| overlaps(p, (start, size)))
+        .count()
+}
+
+/// The placement the driver picks when the caller names none: NVIDIA documents no rule. The
+/// simulator takes the free placement the fewest placements of other profiles would need (the
+/// least constraining), the lowest of equals: for seven 1g instances that is 6, 4, 5, 0, 1, 2, 3,
+/// which is the order of IDs 9, 7, 8, 11, 12, 13, 14 in rapidsai/dask-cuda#583.
+fn pick_start(g: &SimGpu, shape: Shape) -> Option<u32> {
+    let si = shape.info();
+    si.starts
+        .iter()
+        .copied()
+        .filter(|&s| free(g, s, si.memory_slices))
+        .min_by_key(|&s| (demand(s, si.memory_slices), s))
+}
+
+fn free(g: &SimGpu, start: u32, size: u32) -> bool {
+    g.gis.iter().all(|gi| !overlaps((start, size), (gi.start, gi.size)))
+}
+
+/// Creates a GPU instance if the MIG rules allow it; returns its ID. nvml.h: NOT_SUPPORTED "if
+/// device doesn't have MIG mode enabled", INVALID_ARGUMENT for a profile ID or placement that is
+/// invalid, INSUFFICIENT_RESOURCES "if the requested GPU instance could not be created".
+fn create_gi(g: &mut SimGpu, profile_id: u32, placement: Option<(u32, u32)>) -> Result<u32, u32> {
     if !g.mig_current {
-        return Err(ERR_INVALID_STATE);
+        return Err(ERR_NOT_SUPPORTED);
     }
     let shape = Shape::from_profile_id(profile_id).ok_or(ERR_INVALID_ARGUMENT)?;
     let si = shape.info();
+    if let Some((start, size)) = placement
+        && (size != si.memory_slices || !si.starts.contains(&start))
+    {
+        return Err(ERR_INVALID_ARGUMENT);
+    }
     let used_compute: u32 = g
         .gis
         .iter()
@@ -142,18 +99,20 @@ fn create_gi(g: &mut SimGpu, profile_id: u32, start: Option<u32>) -> Result<u32,
     if used_compute + si.compute_slices > mig::COMPUTE_SLICES || same >= si.max_instances {
         return Err(ERR_INSUFFICIENT_RESOURCES);
     }
-    let free = |s: u32| {
-        g.gis
-            .iter()
-            .all(|gi| !overlaps((s, si.memory_slices), (gi.start, gi.size)))
+    let start = match placement {
+        Some((s, _)) if !free(g, s, si.memory_slices) => return Err(ERR_INSUFFICIENT_RESOURCES),
+        Some((s, _)) => s,
+        None => pick_start(g, shape).ok_or(ERR_INSUFFICIENT_RESOURCES)?,
     };
-    let start = match start {
-        Some(s) if !si.starts.contains(&s) => return Err(ERR_INVALID_ARGUMENT),
-        Some(s) if !free(s) => return Err(ERR_INSUFFICIENT_RESOURCES),
-        Some(s) => s,
-        None => *si.starts.iter().find(|&&s| free(s)).ok_or(ERR_INSUFFICIENT_RESOURCES)?,
-    };
-    let id = (1..).find(|id| g.gi(*id).is_none()).expect("a free id");
+    let id = g.gpu_instance_id(start, si.memory_slices);
+    if let Some(other) = g.gi(id) {
+        // Only a state edited by hand gets here: instances that do not overlap never share an ID.
+        eprintln!(
+            "nvml-sim: GPU {}: GPU instance ID {id} for {start}:{} is taken by the one at {}:{}",
+            g.index, si.memory_slices, other.start, other.size
+        );
+        return Err(ERR_UNKNOWN);
+    }
     g.gis.push(SimGi {
         id,
         profile_id,
@@ -178,10 +137,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
         }
         let p = unsafe { *placement };
         let g = device_mut(st, dev)?;
-        if Shape::from_profile_id(profile_id).is_some_and(|s| s.info().memory_slices != p.size) {
-            return Err(ERR_INVALID_ARGUMENT);
-        }
-        let id = create_gi(g, profile_id, Some(p.start))?;
+        let id = create_gi(g, profile_id, Some((p.start, p.size)))?;
         let index = g.index;
         unsafe { *gi = pack(K_GI, index, id, 0) as nvmlGpuInstance_t };
         st.record(
@@ -206,16 +162,19 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
         let g = device_mut(st, dev)?;
         let id = create_gi(g, profile_id, None)?;
         let index = g.index;
+        let placement = g.gi(id).map(|x| format!("{}:{}", x.start, x.size)).unwrap_or_default();
         unsafe { *gi = pack(K_GI, index, id, 0) as nvmlGpuInstance_t };
         st.record(
             "nvmlDeviceCreateGpuInstance",
             index,
-            format!("gi={id} profile={profile_id}"),
+            format!("gi={id} profile={profile_id} placement={placement}"),
         );
         Ok(true)
     })
 }
 
+/// nvml.h: NOT_SUPPORTED "if device doesn't have MIG mode enabled", INVALID_ARGUMENT for an
+/// invalid profile ID, buffer or count. The buffer must hold the profile's instance count.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     dev: nvmlDevice_t,
@@ -226,19 +185,18 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     read_on("nvmlDeviceGetGpuInstances", gpu_of(dev), |st| {
         let g = device(st, dev)?;
         if !g.mig_current {
-            return Err(ERR_INVALID_STATE);
+            return Err(ERR_NOT_SUPPORTED);
         }
         Shape::from_profile_id(profile_id).ok_or(ERR_INVALID_ARGUMENT)?;
+        if count.is_null() || gis.is_null() {
+            return Err(ERR_INVALID_ARGUMENT);
+        }
         let ids: Vec<u32> = g
             .gis
             .iter()
             .filter(|gi| gi.profile_id == profile_id)
             .map(|gi| gi.id)
             .collect();
-        if count.is_null() || gis.is_null() {
-            return Err(ERR_INVALID_ARGUMENT);
-        }
-        // The caller passes a buffer of at least the profile's instance count (like nvidia-smi).
         for (i, id) in ids.iter().enumerate() {
             unsafe { *gis.add(i) = pack(K_GI, g.index, *id, 0) as nvmlGpuInstance_t };
         }
@@ -255,6 +213,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
 ) -> nvmlReturn_t {
     read_on("nvmlDeviceGetGpuInstanceById", gpu_of(dev), |st| {
         let g = device(st, dev)?;
+        if !g.mig_current {
+            return Err(ERR_NOT_SUPPORTED);
+        }
         g.gi(id).ok_or(ERR_NOT_FOUND)?;
         unsafe { out(gi, pack(K_GI, g.index, id, 0) as nvmlGpuInstance_t) }
     })
@@ -300,48 +261,8 @@ pub extern "C" fn nvmlGpuInstanceDestroy(gi: nvmlGpuInstance_t) -> nvmlReturn_t 
     })
 }
 
-/// Compute-instance profiles by enum: their compute slices (1, 2, 3, 4, 7 slices).
-fn ci_slices(profile: u32) -> Option<u32> {
-    [1, 2, 3, 4, 7].get(profile as usize).copied()
-}
-
-fn ci_supported(gi_slices: u32, profile: u32) -> Option<u32> {
-    let s = ci_slices(profile)?;
-    (s <= gi_slices && !(s == 3 && gi_slices == 4)).then_some(s)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
-    gi: nvmlGpuInstance_t,
-    profile: c_uint,
-    eng_profile: c_uint,
-    info: *mut nvmlComputeInstanceProfileInfo_t,
-) -> nvmlReturn_t {
-    read_on("nvmlGpuInstanceGetComputeInstanceProfileInfo", gpu_of(gi), |st| {
-        let (_, sgi) = gi_of(st, gi)?;
-        if eng_profile != 0 {
-            return Err(ERR_NOT_SUPPORTED);
-        }
-        let gi_slices = Shape::from_profile_id(sgi.profile_id)
-            .ok_or(ERR_UNKNOWN)?
-            .info()
-            .compute_slices;
-        let s = ci_supported(gi_slices, profile).ok_or(ERR_NOT_SUPPORTED)?;
-        let v = nvmlComputeInstanceProfileInfo_t {
-            id: profile,
-            sliceCount: s,
-            instanceCount: gi_slices / s,
-            multiprocessorCount: s * 16,
-            sharedCopyEngineCount: 1,
-            sharedDecoderCount: 0,
-            sharedEncoderCount: 0,
-            sharedJpegCount: 0,
-            sharedOfaCount: 0,
-        };
-        unsafe { out(info, v) }
-    })
-}
-
+/// nvml.h: INVALID_ARGUMENT for an invalid profile ID, NOT_SUPPORTED "if profileId isn't
+/// supported" (by this GPU instance), INSUFFICIENT_RESOURCES when its compute slices are taken.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     gi: nvmlGpuInstance_t,
@@ -351,11 +272,8 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     call_on("nvmlGpuInstanceCreateComputeInstance", gpu_of(gi), true, |st| {
         let (_, gpu, gid, _) = unpack(gi);
         let (_, sgi) = gi_of(st, gi)?;
-        let gi_slices = Shape::from_profile_id(sgi.profile_id)
-            .ok_or(ERR_UNKNOWN)?
-            .info()
-            .compute_slices;
-        let s = ci_supported(gi_slices, profile_id).ok_or(ERR_INVALID_ARGUMENT)?;
+        let gi_slices = gi_shape(sgi)?.info().compute_slices;
+        let s = ci_profile(gi_slices, profile_id)?;
         let used: u32 = sgi.cis.iter().filter_map(|c| ci_slices(c.profile_id)).sum();
         if used + s > gi_slices {
             return Err(ERR_INSUFFICIENT_RESOURCES);
@@ -377,6 +295,8 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     })
 }
 
+/// nvml.h: INVALID_ARGUMENT for an invalid profile ID, buffer or count, NOT_SUPPORTED "if
+/// profileId isn't supported" (a 3c in a 4g instance, say): never an empty list for those.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     gi: nvmlGpuInstance_t,
@@ -386,6 +306,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
 ) -> nvmlReturn_t {
     read_on("nvmlGpuInstanceGetComputeInstances", gpu_of(gi), |st| {
         let (g, sgi) = gi_of(st, gi)?;
+        ci_profile(gi_shape(sgi)?.info().compute_slices, profile_id)?;
         if count.is_null() || cis.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
         }
@@ -400,6 +321,20 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
         }
         unsafe { *count = ids.len() as c_uint };
         Ok(())
+    })
+}
+
+/// What go-nvlib's `MigDevice.GetProfile` calls to get from a MIG device to its profile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+    gi: nvmlGpuInstance_t,
+    id: c_uint,
+    ci: *mut nvmlComputeInstance_t,
+) -> nvmlReturn_t {
+    read_on("nvmlGpuInstanceGetComputeInstanceById", gpu_of(gi), |st| {
+        let (g, sgi) = gi_of(st, gi)?;
+        sgi.cis.iter().find(|c| c.id == id).ok_or(ERR_NOT_FOUND)?;
+        unsafe { out(ci, pack(K_CI, g.index, sgi.id, id) as nvmlComputeInstance_t) }
     })
 }
 
@@ -455,74 +390,4 @@ pub extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -> nvmlR
         st.record("nvmlComputeInstanceDestroy", gpu, format!("gi={gid} ci={cid}"));
         Ok(true)
     })
-}
-
-/// MIG devices are the compute instances, in GPU-instance then compute-instance order.
-fn mig_devices(g: &SimGpu) -> Vec<(u32, u32)> {
-    g.gis
-        .iter()
-        .flat_map(|gi| gi.cis.iter().map(move |c| (gi.id, c.id)))
-        .collect()
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(dev: nvmlDevice_t, count: *mut c_uint) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetMaxMigDeviceCount", gpu_of(dev), |st| {
-        device(st, dev)?;
-        unsafe { out(count, mig::COMPUTE_SLICES) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
-    dev: nvmlDevice_t,
-    index: c_uint,
-    mig_dev: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetMigDeviceHandleByIndex", gpu_of(dev), |st| {
-        let g = device(st, dev)?;
-        if !g.mig_current {
-            return Err(ERR_INVALID_STATE);
-        }
-        let (gi, ci) = *mig_devices(g).get(index as usize).ok_or(ERR_NOT_FOUND)?;
-        unsafe { out(mig_dev, pack(K_MIG, g.index, gi, ci) as nvmlDevice_t) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(dev: nvmlDevice_t, is_mig: *mut c_uint) -> nvmlReturn_t {
-    read_on("nvmlDeviceIsMigDeviceHandle", gpu_of(dev), |_| unsafe {
-        out(is_mig, (unpack(dev).0 == K_MIG) as c_uint)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetGpuInstanceId", gpu_of(dev), |_| match unpack(dev) {
-        (K_MIG, _, gi, _) => unsafe { out(id, gi) },
-        _ => Err(ERR_NOT_SUPPORTED),
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
-    read_on("nvmlDeviceGetComputeInstanceId", gpu_of(dev), |_| match unpack(dev) {
-        (K_MIG, _, _, ci) => unsafe { out(id, ci) },
-        _ => Err(ERR_NOT_SUPPORTED),
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-    mig_dev: nvmlDevice_t,
-    dev: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    read_on(
-        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-        gpu_of(mig_dev),
-        |_| match unpack(mig_dev) {
-            (K_MIG, gpu, _, _) => unsafe { out(dev, pack(K_DEVICE, gpu, 0, 0) as nvmlDevice_t) },
-            _ => Err(ERR_INVALID_ARGUMENT),
-        },
-    )
 }

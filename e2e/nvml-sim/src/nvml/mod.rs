@@ -1,9 +1,13 @@
-//! The NVML C functions the agent calls, under their real names and signatures, over
-//! [`crate::state`] and the MIG rules of `gpu_tenancy::mig`.
+//! The NVML C functions the agent and NVIDIA's own Go client (go-nvml, go-nvlib) call, under their
+//! real names and signatures, over [`crate::state`] and the MIG rules of `gpu_tenancy::mig`, with
+//! the return codes nvml.h documents for each (e2e/nvml-check holds NVIDIA's client to them).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-mod instances;
+pub mod instances;
+pub mod lookup;
+pub mod mig_devices;
+pub mod profiles;
 
 use crate::state::{Paths, SimGi, SimGpu, SimState, with_state};
 use gpu_tenancy::mig;
@@ -297,16 +301,21 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nv
         let g = device(st, dev)?;
         // SAFETY: all-zero is a valid nvmlPciInfo_t.
         let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
-        let bus = 0x18 + g.index;
+        let (domain, bus, dev_no, _function) = lookup::pci_address(g);
+        info.domain = domain;
         info.bus = bus;
+        info.device = dev_no;
         info.pciDeviceId = ((g.device_id as u32) << 16) | mig::NVIDIA_VENDOR_ID as u32;
         info.pciSubSystemId = 0x16C1_10DE;
-        let id = format!("00000000:{bus:02X}:00.0");
+        // nvml.h: NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0" and NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT
+        // "%04X:%02X:%02X.0".
+        let id = format!("{domain:08X}:{bus:02X}:{dev_no:02X}.0");
+        let legacy = format!("{domain:04X}:{bus:02X}:{dev_no:02X}.0");
         for (i, b) in id.bytes().enumerate() {
             info.busId[i] = b as c_char;
-            if i < 15 {
-                info.busIdLegacy[i] = b as c_char;
-            }
+        }
+        for (i, b) in legacy.bytes().enumerate() {
+            info.busIdLegacy[i] = b as c_char;
         }
         unsafe { out(pci, info) }
     })

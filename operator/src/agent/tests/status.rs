@@ -53,7 +53,7 @@ fn status_records_hands_only_once_applied() {
 #[test]
 fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
     let mut o = gpu(0, "H100-80GB", true);
-    o.instances = vec![inst(1, "3g.40gb", 0, 4, None), inst(2, "3g.40gb", 4, 4, None)];
+    o.instances = vec![inst("3g.40gb", 0, 4, None), inst("3g.40gb", 4, 4, None)];
     let observed = GpuNodeStatus {
         gpus: vec![o.clone()],
         ..Default::default()
@@ -138,7 +138,7 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
         ..Default::default()
     };
     let mut known = recorded(&gpu(0, "H100-80GB", true));
-    known.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    known.instances = vec![inst("7g.80gb", 0, 8, Some("a"))];
     known.applied = Some(true);
     let prev = GpuNodeStatus {
         gpus: vec![known.clone()],
@@ -233,7 +233,7 @@ fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
         ..Default::default()
     };
     let mut applied = gpu(0, "H100-80GB", true);
-    applied.instances = vec![inst(1, "7g.80gb", 0, 8, Some("a"))];
+    applied.instances = vec![inst("7g.80gb", 0, 8, Some("a"))];
     applied.applied = Some(true);
     let prev = GpuNodeStatus {
         gpus: vec![applied.clone()],
