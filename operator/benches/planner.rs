@@ -11,6 +11,7 @@ use std::hint::black_box;
 fn bench(c: &mut Criterion) {
     let f = support::fleet(5000, 8, 2000, 42);
     let now = Time(jiff::Timestamp::from_second(0).unwrap());
+    let exempt = Default::default();
     let input = PlanInput {
         policies: &f.policies,
         tenants: &f.tenants,
@@ -20,7 +21,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
     group.bench_function("fleet_5000x8_2000_tenants", |b| {
-        b.iter(|| black_box(plan(black_box(&input), &now)))
+        b.iter(|| black_box(plan(black_box(&input), &exempt, &now)))
     });
     group.finish();
 }

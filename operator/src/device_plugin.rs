@@ -24,6 +24,17 @@ pub fn mig_resource(profile: &str) -> String {
     format!("{MIG_RESOURCE_PREFIX}{profile}")
 }
 
+/// The resource name a grant of `mode` (and MIG `profile`) is used through: `nvidia.com/gpu` for
+/// whole GPUs, `nvidia.com/gpu.shared` for MPS and time-slicing shares (the plugin ignores a
+/// `rename`, so both modes share it), `nvidia.com/mig-<profile>` for MIG instances.
+pub fn resource_name(mode: Mode, profile: Option<&str>) -> String {
+    match mode {
+        Mode::Mig => mig_resource(profile.unwrap_or_default()),
+        Mode::Exclusive => RESOURCE_GPU.into(),
+        Mode::Mps | Mode::TimeSlicing => RESOURCE_SHARED.into(),
+    }
+}
+
 /// How the plugin shares a node's whole GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Sharing {

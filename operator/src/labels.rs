@@ -11,22 +11,25 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 
 /// Key of the device-plugin ConfigMap a node uses. Written by the controller (a GpuNode's
-/// `devicePluginConfig`); read by the NVIDIA device plugin's config-manager, which falls back to the
-/// default config for unknown names (FACTS.md §3).
+/// `devicePluginConfig`, the one source of both); read by the NVIDIA device plugin's
+/// config-manager. A name missing from the ConfigMap makes config-manager exit ("specified config
+/// ... does not exist", `cmd/config-manager` `updateConfigName`), so the controller writes a label
+/// only once the ConfigMap holds its key; with no label it falls back to the `default` key, which
+/// the controller writes as a config the plugin refuses (`device_plugin::UNPLANNED`).
 pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
 
 /// PCI device IDs of a node's GPUs, for models whose product label is not known here. Read by plans
 /// imported from a mig-parted `device-filter` naming such a model.
 pub const PCI_DEVICE_ID: &str = "gputenancy.io/pci-device-id";
 
-/// Tenant name, on namespaces (the tenant they belong to) and on nodes and taints of GPUs dedicated to
-/// one tenant. Written by the controller; read by the ValidatingAdmissionPolicy that keeps a tenant's
-/// pods off another tenant's dedicated capacity (DESIGN.md §4 invariant 2), and by tenants' pods
-/// (node affinity, tolerations).
+/// Tenant name, on namespaces (the tenant they belong to). Written by the controller; read by
+/// people and selectors. No admission rule is bound to it: anyone who may label a namespace could
+/// set it, so the policies are bound to namespace names (`desired::admission`).
 pub const TENANT: &str = "gputenancy.io/tenant";
 
-/// `true` on a node whose GPUs are dedicated to tenants (`gpus[].tenants`). Written by the controller;
-/// read by the admission policy, which then looks at [`TENANT`].
+/// The tenant a node's GPUs are all dedicated to (`gpus[].tenants`), as a label and a `NoSchedule`
+/// taint. Written by the controller; read by the admission policy (only that tenant may tolerate
+/// it) and by that tenant's pods (node selectors, tolerations).
 pub const DEDICATED: &str = "gputenancy.io/dedicated";
 
 /// Taint (`NoSchedule`) of a node while its spec hands a GPU or MIG instance to tenants the agent has
@@ -38,6 +41,14 @@ pub const SCRUB_PENDING: &str = "gputenancy.io/scrub-pending";
 /// sharing setting per node (k8s-device-plugin#1786). Written by the controller; read by pods that
 /// choose an isolation through a node selector, and by people.
 pub const SHARING: &str = "gputenancy.io/sharing";
+
+/// The Pod Security Standard the API server enforces in a namespace (Kubernetes' Pod Security
+/// admission). Written by the controller on tenant namespaces: the tier's `podSecurity`.
+pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+/// The level Pod Security admission warns about (the same as enforced).
+pub const POD_SECURITY_WARN: &str = "pod-security.kubernetes.io/warn";
+/// The level Pod Security admission records in the audit log (the same as enforced).
+pub const POD_SECURITY_AUDIT: &str = "pod-security.kubernetes.io/audit";
 
 /// Marks objects the controller writes (device-plugin ConfigMap, quotas, node labels) so that it
 /// updates and prunes only its own; value [`MANAGED_BY_VALUE`]. Read by the controller's writer.
@@ -64,6 +75,9 @@ mod tests {
             PCI_DEVICE_ID,
             TENANT,
             DEDICATED,
+            POD_SECURITY_ENFORCE,
+            POD_SECURITY_WARN,
+            POD_SECURITY_AUDIT,
             SHARING,
             MANAGED_BY,
             CONFIG_STATE,

@@ -203,6 +203,9 @@ pub const MIG_PROFILE_PATTERN: &str = r"^[1-7]g\.[0-9]+gb([+-][a-z]+(\.[a-z]+)?)
 /// Names of tenants, tiers, policies and namespaces: RFC 1123 labels.
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
+/// Names of cluster objects such as PriorityClasses: RFC 1123 subdomains (dot-separated labels).
+pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,49 @@ pub struct Tier {
     /// When the agent clears GPU memory before a GPU or MIG instance serves this tier's tenant.
     #[serde(default)]
     pub scrub_memory: ScrubMemory,
+    /// The Pod Security Standard the API server enforces in this tier's namespaces (the
+    /// `pod-security.kubernetes.io/enforce` label the controller sets): `Baseline` (default)
+    /// or `Restricted`. Both refuse privileged containers and hostPath volumes, the ways to
+    /// reach a node's GPUs without the device plugin.
+    #[serde(default)]
+    pub pod_security: PodSecurity,
+    /// PriorityClasses this tier's pods may name (`spec.priorityClassName`); pods naming any
+    /// other are refused, so a tenant cannot preempt other tenants' GPU pods with a class above
+    /// theirs. Empty (the default): only pods without a class, which get the cluster's default.
+    /// The system classes (`system-` names) can never be listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "set",
+        "items" = {"type": "string", "maxLength": 253, "pattern": super::DNS_SUBDOMAIN_PATTERN},
+        "x-kubernetes-validations" = [
+            {"rule": "self.all(c, !c.startsWith('system-'))",
+             "message": "system PriorityClasses (system-node-critical, system-cluster-critical) preempt any pod; a tenant tier may not use them",
+             "reason": "FieldValueForbidden"}
+        ]
+    ))]
+    pub priority_class_names: Vec<String>,
+}
+
+/// A Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PodSecurity {
+    /// Refuses known privilege escalations: privileged containers, host namespaces, hostPath
+    /// volumes, added capabilities beyond the defaults.
+    #[default]
+    Baseline,
+    /// Baseline, and pods must run as non-root with all capabilities dropped.
+    Restricted,
+}
+
+impl PodSecurity {
+    /// The level as the `pod-security.kubernetes.io/*` labels spell it.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            PodSecurity::Baseline => "baseline",
+            PodSecurity::Restricted => "restricted",
+        }
+    }
 }
 
 /// May a tier's tenants share a non-MIG GPU (MPS, time-slicing) with other tenants?

@@ -15,10 +15,15 @@ pub fn problems(loaded: &Loaded, inventory: &[NodeInventory]) -> Vec<FileProblem
     // References are only judged when the files hold what they refer to; a lone tenant file is fine.
     if !loaded.policies.is_empty() {
         found.extend(
-            check_tenants(&loaded.policies, &loaded.tenants)
-                .invalid
-                .into_values()
-                .flatten(),
+            // Offline, the namespaces the controller exempts by default (its flags may add more).
+            check_tenants(
+                &loaded.policies,
+                &loaded.tenants,
+                &crate::desired::Settings::default().exempt(),
+            )
+            .invalid
+            .into_values()
+            .flatten(),
         );
     }
     let tenant_names: BTreeSet<String> = loaded.tenants.iter().map(|t| t.name_any()).collect();

@@ -469,20 +469,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
         &mut deletes,
     );
     let mut binding_deletes = Vec::new();
-    owned(
-        Kind::ValidatingAdmissionPolicy,
-        &d.admission_policies,
-        &live.admission_policies,
-        &mut writes,
-        &mut deletes,
-    );
-    owned(
-        Kind::ValidatingAdmissionPolicyBinding,
-        &d.admission_bindings,
-        &live.admission_bindings,
-        &mut writes,
-        &mut binding_deletes,
-    );
+    admission::writes(d, live, &mut writes, &mut binding_deletes, &mut deletes);
     writes.extend(binding_deletes);
     writes.extend(deletes);
     Diff {
@@ -491,5 +478,6 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     }
 }
 
+mod admission;
 #[cfg(test)]
 mod tests;

@@ -6,9 +6,11 @@
 //!
 //! - per tenant namespace: the label `gputenancy.io/tenant`, and a ResourceQuota on the device
 //!   plugin's resource names ([`quota`]);
-//! - per tenant: a ValidatingAdmissionPolicy and its binding that refuse a pod asking for a mode
-//!   its tier forbids, more GPUs than `limits.maxGpusPerPod`, or tolerating another tenant's
-//!   dedicated nodes; one more for namespaces of no tenant ([`admission`]);
+//! - per tenant: a ValidatingAdmissionPolicy and its binding (by namespace name) that refuse a
+//!   pod asking for a GPU resource it was not granted, more GPUs than `limits.maxGpusPerPod`,
+//!   reaching GPUs outside the device plugin, tolerating capacity that is not its own or naming a
+//!   priority class its tier does not list; one more for every namespace no tenant owns, and
+//!   policies on claims and on ConfigMap and Secret keys for all of them ([`admission`]);
 //! - per planned node: its device-plugin config label, dedicated and sharing labels and taints,
 //!   and the device plugin's ConfigMap with one key per distinct node config ([`nodes`]).
 //!
@@ -29,19 +31,37 @@ use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, Val
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
+use std::collections::BTreeSet;
 
-pub use admission::{POLICY_PREFIX, UNTENANTED_POLICY};
+pub use admission::{
+    CLAIMS_POLICY, CONFIG_KEYS_POLICY, Coverage, NamespaceRules, POLICY_PREFIX, UNTENANTED_POLICY, coverage,
+    tenant_binding, untenanted_binding,
+};
 pub use quota::QUOTA_NAME;
 
-/// Where the objects that are not per tenant go.
+/// Where the objects that are not per tenant go, and what the admission policies leave alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// Namespace of NVIDIA's device plugin, where its config ConfigMap lives.
+    /// Namespace of NVIDIA's device plugin, where its config ConfigMap lives (exempt: the plugin
+    /// and its MPS daemon are privileged).
     pub device_plugin_namespace: String,
-    /// Name of the device plugin's config ConfigMap (the plugin's `config.name` Helm value).
+    /// Name of the device plugin's config ConfigMap (the plugin's `config.name`).
     pub device_plugin_config_map: String,
-    /// Namespaces whose pods the admission policies never judge (the cluster's own).
-    pub system_namespaces: Vec<String>,
+    /// This operator's namespace (exempt: its agents are privileged).
+    pub operator_namespace: String,
+    /// More namespaces whose pods the admission policies never judge: the cluster's own and the
+    /// platform's node-level components (a privileged CSI driver, node-exporter's host mounts).
+    pub exempt_namespaces: Vec<String>,
+    /// DeviceClasses whose ResourceClaims are admitted in tenant and no-tenant namespaces. Until
+    /// the DRA mode governs claims, every other class is refused there: a class's name does not
+    /// say which devices its selectors reach, so none is trusted unless named.
+    pub claim_device_classes: Vec<String>,
+    /// RuntimeClasses that run NVIDIA's container runtime: a pod that asks for no GPU may not use
+    /// them (the runtime would honour an image's `NVIDIA_VISIBLE_DEVICES=all`).
+    pub nvidia_runtime_classes: Vec<String>,
+    /// Extended resources under a GPU prefix (`nvidia.com/`) that are not GPUs (a NIC's, say):
+    /// not refused by the allow-list of granted GPU resources.
+    pub allowed_resources: Vec<String>,
 }
 
 impl Default for Settings {
@@ -49,13 +69,28 @@ impl Default for Settings {
         Settings {
             device_plugin_namespace: "nvidia-device-plugin".into(),
             device_plugin_config_map: "gpu-tenancy-device-plugin-configs".into(),
-            system_namespaces: vec!["kube-system".into(), "kube-public".into(), "kube-node-lease".into()],
+            operator_namespace: "gpu-tenancy-system".into(),
+            exempt_namespaces: vec!["kube-system".into(), "kube-public".into(), "kube-node-lease".into()],
+            claim_device_classes: vec![],
+            nvidia_runtime_classes: vec!["nvidia".into(), "nvidia-cdi".into(), "nvidia-legacy".into()],
+            allowed_resources: vec![],
         }
     }
 }
 
+impl Settings {
+    /// Every namespace the admission policies never judge.
+    pub fn exempt(&self) -> BTreeSet<String> {
+        self.exempt_namespaces
+            .iter()
+            .chain([&self.device_plugin_namespace, &self.operator_namespace])
+            .cloned()
+            .collect()
+    }
+}
+
 /// Everything the controller writes, and the problems found. Lists are sorted by name.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Desired {
     /// GpuNode specs to write now (after the rollout step).
@@ -76,6 +111,10 @@ pub struct Desired {
     pub config_maps: Vec<ConfigMap>,
     pub admission_policies: Vec<ValidatingAdmissionPolicy>,
     pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// Which rule set governs each namespace: what the admission bindings say, as data, so the
+    /// controller can order a change of rule sets without a namespace under none.
+    #[serde(skip)]
+    pub namespace_rules: NamespaceRules,
     /// Per GPU or MIG instance whose tenant changes: old and new tenant, why, scrub and eviction.
     pub changes: Vec<BindingChange>,
     pub problems: Vec<Problem>,
@@ -84,9 +123,12 @@ pub struct Desired {
 /// Computes everything the controller writes. Pure and deterministic; `now` stamps condition
 /// transitions (pass a fixed time for reproducible output).
 pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
-    let out = plan(input, now);
-    let (namespaces, resource_quotas) = quota::render(&out);
-    let (admission_policies, admission_bindings) = admission::render(input.policies, &out.tenants, settings);
+    let exempt = settings.exempt();
+    let out = plan(input, &exempt, now);
+    let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
+    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules);
+    let (admission_policies, admission_bindings) =
+        admission::render(input.policies, &out.tenants, &namespace_rules, settings);
     let (node_labels, config_maps) = nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings);
     let tenants = nodes::isolation_conditions(out.tenants, &node_labels, now);
     Desired {
@@ -100,6 +142,7 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
         config_maps,
         admission_policies,
         admission_bindings,
+        namespace_rules,
         changes: out.changes,
         problems: out.problems,
     }

@@ -1,4 +1,5 @@
-//! Tenant namespaces: their label and a ResourceQuota on the device plugin's resource names.
+//! Tenant namespaces: their labels (the tenant's name, and the Pod Security level of its tier) and
+//! a ResourceQuota on the device plugin's resource names.
 //!
 //! A tenant's grant is its total across all its namespaces. Kubernetes quota is per namespace and
 //! admission cannot see another namespace's usage, so the grant is split: each namespace gets
@@ -10,29 +11,38 @@
 //! Every GPU resource name in the fleet is listed, at 0 where the tenant has no grant, so a
 //! namespace never uses capacity it was not given. A tenant with problems gets nothing: its
 //! namespaces keep a quota of zeros (fail closed). A namespace two tenants claim belongs to
-//! neither: it gets zeros and no tenant label.
+//! neither: it gets zeros and no tenant label. An exempt namespace is left alone.
+//!
+//! The `gputenancy.io/tenant` label is for people and selectors; no rule is bound to it (the
+//! admission bindings name namespaces). Pod Security admission is the API server's own: the
+//! tier's level (`baseline` unless `restricted`) is enforced, warned and audited, so privileged
+//! containers and host paths are refused there twice. Quotas have no owner reference: garbage
+//! collection of a deleted tenant would lift them before its namespaces are under the no-tenant
+//! rules; the controller deletes them in order.
 
+use super::admission::NamespaceRules;
 use super::managed_labels;
-use crate::api::{GpuNode, GpuTenant, Mode};
-use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
-use crate::labels::TENANT;
+use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
+use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, resource_name};
+use crate::labels::{POD_SECURITY_AUDIT, POD_SECURITY_ENFORCE, POD_SECURITY_WARN, TENANT};
 use crate::planner::PlanOutput;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Name of the ResourceQuota in each tenant namespace.
 pub const QUOTA_NAME: &str = "gpu-tenancy";
 
-/// Device-plugin resource names a grant of `mode` (and `profile`) is counted under.
-pub fn resource_name(mode: Mode, profile: Option<&str>) -> String {
-    match mode {
-        Mode::Mig => mig_resource(profile.unwrap_or_default()),
-        Mode::Exclusive => RESOURCE_GPU.into(),
-        Mode::Mps | Mode::TimeSlicing => RESOURCE_SHARED.into(),
-    }
+/// The Pod Security level of a tenant's namespaces: its tier's, `Baseline` when the tier is unknown.
+fn pod_security(tenant: &GpuTenant, policies: &[SharingPolicy]) -> PodSecurity {
+    policies
+        .iter()
+        .find(|p| p.name_any() == tenant.spec.policy_ref)
+        .and_then(|p| p.spec.tier(&tenant.spec.tier))
+        .map(|t| t.pod_security)
+        .unwrap_or_default()
 }
 
 /// Every GPU resource name the fleet or the tenants mention.
@@ -53,12 +63,6 @@ fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> 
         );
     }
     names
-}
-
-/// The owner reference that lets garbage collection remove a tenant's objects with it; only when
-/// the tenant came from a cluster (offline objects have no uid).
-pub(super) fn owner(tenant: &GpuTenant) -> Option<Vec<OwnerReference>> {
-    tenant.controller_owner_ref(&()).map(|o| vec![o])
 }
 
 /// Per tenant, granted units per resource name (only a valid tenant's grants count).
@@ -82,11 +86,15 @@ pub fn split(total: u64, n: usize, position: usize) -> u64 {
     total / n + u64::from((position as u64) < total % n)
 }
 
-pub fn render(out: &PlanOutput) -> (Vec<Namespace>, Vec<ResourceQuota>) {
+pub fn render(
+    out: &PlanOutput,
+    policies: &[SharingPolicy],
+    rules: &NamespaceRules,
+) -> (Vec<Namespace>, Vec<ResourceQuota>) {
     let names = resource_names(&out.nodes, &out.tenants);
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
     for t in &out.tenants {
-        for ns in &t.spec.namespaces {
+        for ns in t.spec.namespaces.iter().filter(|ns| !rules.exempt.contains(*ns)) {
             claims.entry(ns.as_str()).or_default().push(t);
         }
     }
@@ -101,10 +109,18 @@ pub fn render(out: &PlanOutput) -> (Vec<Namespace>, Vec<ResourceQuota>) {
         if let Some(t) = sole {
             labels.insert(TENANT.into(), t.name_any());
         }
+        let level = sole
+            .map(|t| pod_security(t, policies))
+            .unwrap_or_default()
+            .label_value();
+        let mut ns_labels = labels.clone();
+        for key in [POD_SECURITY_ENFORCE, POD_SECURITY_WARN, POD_SECURITY_AUDIT] {
+            ns_labels.insert(key.into(), level.into());
+        }
         namespaces.push(Namespace {
             metadata: ObjectMeta {
                 name: Some(ns.to_string()),
-                labels: Some(labels.clone()),
+                labels: Some(ns_labels),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()
@@ -153,7 +169,6 @@ pub fn render(out: &PlanOutput) -> (Vec<Namespace>, Vec<ResourceQuota>) {
                 namespace: Some(ns.to_string()),
                 labels: Some(labels),
                 annotations: Some(annotations),
-                owner_references: sole.and_then(owner),
                 ..ObjectMeta::default()
             },
             spec: Some(ResourceQuotaSpec {

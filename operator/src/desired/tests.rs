@@ -108,15 +108,21 @@ fn an_invalid_tenant_and_a_contested_namespace_get_zeros() {
         .unwrap();
     let v = p.spec.as_ref().unwrap().validations.as_ref().unwrap();
     assert!(
-        v[0].message
-            .as_ref()
-            .unwrap()
-            .contains("is not valid, so its pods get no GPUs")
+        v.iter().any(|v| v
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("is not valid, so its pods get no GPUs")),
+        "{v:?}"
     );
+    // The contested namespace is under the no-tenant rules, not under either tenant's.
+    assert_eq!(d.namespace_rules.owner("shared"), None);
+    assert!(d.namespace_rules.untenanted_excluded().contains("bad"));
+    assert!(!d.namespace_rules.untenanted_excluded().contains("shared"));
 }
 
 #[test]
-fn admission_follows_the_tier() {
+fn admission_follows_the_grants() {
     let (plans, nodes) = fleet();
     let mut acme = TenantBuilder::new("acme", "external").mig("3g.40gb", 1).build();
     acme.spec.limits = Some(TenantLimits {
@@ -140,29 +146,48 @@ fn admission_follows_the_tier() {
             .collect()
     };
     let acme = messages("gputenancy.io-tenant-acme");
-    // The test policy's external tier allows MIG, Exclusive and MPS: shared GPUs are allowed (MPS),
-    // the time-slicing taint is not.
+    // acme holds one MIG instance: that name is its allow-list, and it holds no shares, so it may
+    // tolerate no sharing taint at all.
     assert!(
         acme.iter()
-            .any(|m| m.contains("may not tolerate the taint gputenancy.io/sharing=TimeSlicing"))
+            .any(|m| m.contains("it was granted nvidia.com/mig-3g.40gb (a GPU resource not granted is refused")),
+        "{acme:?}"
     );
-    assert!(!acme.iter().any(|m| m.contains("may not use MIG")));
+    assert!(acme.iter().any(|m| m.contains("a mode it holds shares of (none)")));
     assert!(acme.iter().any(|m| m.contains("at most 2 GPUs per pod")));
     assert!(
         acme.iter()
             .any(|m| m.contains("only its own dedicated nodes (gputenancy.io/dedicated=acme)"))
     );
     let lab = messages("gputenancy.io-tenant-lab");
-    assert!(!lab.iter().any(|m| m.contains("may not use")), "{lab:?}");
-    // Bindings select the tenant's namespaces by label; one more policy covers namespaces of no tenant.
+    assert!(
+        lab.iter().any(|m| m.contains("it was granted nvidia.com/gpu.shared")),
+        "{lab:?}"
+    );
+    assert!(
+        lab.iter()
+            .any(|m| m.contains("a mode it holds shares of (TimeSlicing)"))
+    );
+    // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
+    // namespace that is not exempt, and two policies judge claims and ConfigMap keys everywhere.
     let names: Vec<String> = d.admission_bindings.iter().map(|b| b.name_any()).collect();
     assert_eq!(
         names,
         [
+            "gputenancy.io-device-claims",
+            "gputenancy.io-device-env-keys",
             "gputenancy.io-no-tenant",
             "gputenancy.io-tenant-acme",
             "gputenancy.io-tenant-lab"
         ]
+    );
+    let acme_binding = d
+        .admission_bindings
+        .iter()
+        .find(|b| b.name_any() == "gputenancy.io-tenant-acme");
+    assert_eq!(
+        crate::desired::coverage(acme_binding.unwrap()),
+        crate::desired::Coverage::Only(["acme".to_string()].into())
     );
 }
 

@@ -49,10 +49,11 @@ pub struct PlanOutput {
     pub changes: Vec<BindingChange>,
 }
 
-/// Plans a fleet. `now` stamps condition transition times; pass a fixed time for reproducible output.
-pub fn plan(input: &PlanInput, now: &Time) -> PlanOutput {
+/// Plans a fleet. `exempt` are the namespaces no admission policy judges (no tenant may list
+/// them). `now` stamps condition transition times; pass a fixed time for reproducible output.
+pub fn plan(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time) -> PlanOutput {
     let mut problems = check_policies(input.policies);
-    let tenant_check = check_tenants(input.policies, input.tenants);
+    let tenant_check = check_tenants(input.policies, input.tenants, exempt);
     problems.extend(tenant_check.invalid.values().flatten().cloned());
 
     let tenant_names: BTreeSet<String> = input.tenants.iter().map(|t| t.name_any()).collect();

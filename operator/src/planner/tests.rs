@@ -17,6 +17,8 @@ pub(crate) fn policy() -> SharingPolicy {
         modes: modes.to_vec(),
         co_location: co,
         scrub_memory: scrub,
+        pod_security: Default::default(),
+        priority_class_names: vec![],
     };
     SharingPolicy::new(
         "default",
@@ -162,6 +164,7 @@ fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory
             plans,
             nodes,
         },
+        &Default::default(),
         &now(),
     )
 }
@@ -515,6 +518,7 @@ fn plan_at(plans: &[GpuPartitionPlan], nodes: &[NodeInventory], secs: i64) -> Pl
             plans,
             nodes,
         },
+        &Default::default(),
         &Time(jiff::Timestamp::from_second(secs).unwrap()),
     )
 }

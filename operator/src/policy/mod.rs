@@ -41,8 +41,13 @@ pub struct TenantCheck {
 const KIND: &str = "GpuTenant";
 
 /// Checks tenants against policies: the policy and tier exist, the tier allows every requested
-/// mode, requests are not duplicated, limits parse, and no namespace belongs to two tenants.
-pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> TenantCheck {
+/// mode, requests are not duplicated, limits parse, no namespace belongs to two tenants or is
+/// `exempt` from the admission policies, and no tenant asks for both MPS and time-slicing shares.
+pub fn check_tenants(
+    policies: &[SharingPolicy],
+    tenants: &[GpuTenant],
+    exempt: &std::collections::BTreeSet<String>,
+) -> TenantCheck {
     let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
     let mut check = TenantCheck::default();
 
@@ -61,6 +66,14 @@ pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> Tenan
         let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
 
         for (j, ns) in t.spec.namespaces.iter().enumerate() {
+            if exempt.contains(ns) {
+                problems.push(problem(
+                    format!("spec.namespaces[{j}]"),
+                    format!(
+                        "namespace {ns:?} is exempt from gpu-tenancy's admission policies (a namespace of the cluster, of NVIDIA's device plugin or of this operator, or one named by the controller's --exempt-namespace), so no tenant's rules could be enforced there; use a namespace of the tenant's own"
+                    ),
+                ));
+            }
             let others: Vec<&String> = owners[ns.as_str()].iter().filter(|o| **o != name).collect();
             if !others.is_empty() {
                 let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
@@ -148,6 +161,31 @@ pub fn check_tenants(policies: &[SharingPolicy], tenants: &[GpuTenant]) -> Tenan
                     .replace(" )", ")"),
                 ));
             }
+        }
+
+        // NVIDIA's device plugin advertises MPS and time-slicing shares under one name,
+        // nvidia.com/gpu.shared: it ignores `rename` (api/config/v1 DisableResourceNamingInConfig,
+        // "Setting the 'rename' field ... is not yet supported"). A quota on that name cannot keep
+        // a count per mode, so a tenant with both could use its time-slicing count on MPS GPUs
+        // granted to others.
+        let shared: Vec<usize> = t
+            .spec
+            .resources
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.mode.is_shared())
+            .map(|(i, _)| i)
+            .collect();
+        if let [first, second, ..] = shared[..]
+            && t.spec.resources[first].mode != t.spec.resources[second].mode
+        {
+            problems.push(problem(
+                format!("spec.resources[{second}].mode"),
+                format!(
+                    "a tenant may hold MPS or TimeSlicing shares, not both (spec.resources[{first}] asks for {}): NVIDIA's device plugin advertises both as nvidia.com/gpu.shared, so a quota could not keep each count; split the team into two GpuTenants",
+                    t.spec.resources[first].mode
+                ),
+            ));
         }
 
         let memory_limit_mib = match t.spec.limits.as_ref().and_then(|l| l.memory.as_deref()) {

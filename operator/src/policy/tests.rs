@@ -11,12 +11,16 @@ fn policy(name: &str) -> SharingPolicy {
                     modes: vec![Mode::Mig, Mode::Exclusive],
                     co_location: CoLocation::Forbidden,
                     scrub_memory: ScrubMemory::Always,
+                    pod_security: Default::default(),
+                    priority_class_names: vec![],
                 },
                 Tier {
                     name: "internal".into(),
                     modes: vec![Mode::Mig, Mode::Mps, Mode::Exclusive],
                     co_location: CoLocation::SameTier,
                     scrub_memory: ScrubMemory::OnTenantChange,
+                    pod_security: Default::default(),
+                    priority_class_names: vec![],
                 },
             ],
             memory_headroom_percent: Some(10),
@@ -51,11 +55,16 @@ fn with(mut t: GpuTenant, mode: Mode, profile: Option<&str>, count: u32) -> GpuT
     t
 }
 
+fn none() -> std::collections::BTreeSet<String> {
+    std::collections::BTreeSet::new()
+}
+
 #[test]
 fn valid_tenant_carries_its_tier() {
     let c = check_tenants(
         &[policy("default")],
         &[with(tenant("acme", "external"), Mode::Mig, Some("3g.40gb"), 2)],
+        &none(),
     );
     assert!(c.invalid.is_empty(), "{:?}", c.invalid);
     assert_eq!(c.valid[0].co_location, CoLocation::Forbidden);
@@ -67,6 +76,7 @@ fn tier_must_allow_every_mode() {
     let c = check_tenants(
         &[policy("default")],
         &[with(tenant("acme", "external"), Mode::Mps, None, 2)],
+        &none(),
     );
     let p = &c.invalid["acme"][0];
     assert_eq!(
@@ -79,7 +89,7 @@ fn tier_must_allow_every_mode() {
 fn unknown_policy_and_tier_are_named() {
     let mut t = tenant("a", "external");
     t.spec.policy_ref = "nope".into();
-    let c = check_tenants(&[policy("default")], &[t, tenant("b", "gold")]);
+    let c = check_tenants(&[policy("default")], &[t, tenant("b", "gold")], &none());
     assert_eq!(
         c.invalid["a"][0].message,
         "SharingPolicy \"nope\" not found; create it or use one of: default"
@@ -92,7 +102,7 @@ fn unknown_policy_and_tier_are_named() {
 fn shared_namespace_invalidates_both() {
     let mut b = tenant("b", "internal");
     b.spec.namespaces = vec!["a-ns".into()];
-    let c = check_tenants(&[policy("default")], &[tenant("a", "internal"), b]);
+    let c = check_tenants(&[policy("default")], &[tenant("a", "internal"), b], &none());
     assert!(c.valid.is_empty());
     assert!(c.invalid["a"][0].message.contains("also claimed by GpuTenant/b"));
 }
@@ -104,7 +114,7 @@ fn duplicate_requests_and_bad_limits() {
         max_gpus_per_pod: None,
         memory: Some("lots".into()),
     });
-    let c = check_tenants(&[policy("default")], &[t]);
+    let c = check_tenants(&[policy("default")], &[t], &none());
     let fields: Vec<&str> = c.invalid["a"].iter().map(|p| p.field.as_str()).collect();
     assert_eq!(fields, ["spec.resources[1]", "spec.limits.memory"]);
     assert_eq!(
@@ -119,4 +129,42 @@ fn duplicate_tier_names() {
     p.spec.tiers[1].name = "external".into();
     let problems = check_policies(&[p]);
     assert_eq!(problems[0].field, "spec.tiers[1].name");
+}
+
+/// A namespace the admission policies never judge cannot be a tenant's, and a tenant cannot hold
+/// both MPS and time-slicing shares (the device plugin counts them under one name).
+#[test]
+fn exempt_namespaces_and_two_shared_modes_are_refused() {
+    let mut t = with(
+        with(tenant("a", "internal"), Mode::Mig, Some("1g.10gb"), 1),
+        Mode::Mps,
+        None,
+        2,
+    );
+    t.spec.namespaces.push("kube-system".into());
+    let exempt = std::collections::BTreeSet::from(["kube-system".to_string()]);
+    let c = check_tenants(&[policy("default")], &[t], &exempt);
+    assert_eq!(c.invalid["a"][0].field, "spec.namespaces[1]");
+    assert!(
+        c.invalid["a"][0].message.contains("\"kube-system\" is exempt"),
+        "{}",
+        c.invalid["a"][0]
+    );
+
+    let mut p = policy("default");
+    p.spec.tiers[1].modes.push(Mode::TimeSlicing);
+    let t = with(
+        with(tenant("b", "internal"), Mode::TimeSlicing, None, 2),
+        Mode::Mps,
+        None,
+        2,
+    );
+    let c = check_tenants(&[p], &[t], &none());
+    assert_eq!(c.invalid["b"].len(), 1, "{:?}", c.invalid["b"]);
+    assert_eq!(c.invalid["b"][0].field, "spec.resources[1].mode");
+    assert!(
+        c.invalid["b"][0]
+            .message
+            .starts_with("a tenant may hold MPS or TimeSlicing shares, not both")
+    );
 }

@@ -20,6 +20,7 @@ pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
             plans: &f.plans,
             nodes: &f.nodes,
         },
+        &Default::default(),
         &now,
     )
 }

@@ -15,8 +15,8 @@ fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory
         plans,
         nodes,
     };
-    let out = plan(&input, &now());
-    assert_eq!(out, plan(&input, &now()), "not deterministic");
+    let out = plan(&input, &Default::default(), &now());
+    assert_eq!(out, plan(&input, &Default::default(), &now()), "not deterministic");
     out
 }
 
@@ -279,7 +279,7 @@ fn required_topology_moves_a_lower_priority_tenant_out_of_the_way() {
             plans: &plans,
             nodes,
         };
-        plan(&input, &now())
+        plan(&input, &Default::default(), &now())
     };
     let mut tenants = vec![
         TenantBuilder::new("a", "internal")

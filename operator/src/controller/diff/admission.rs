@@ -1,0 +1,290 @@
+//! The admission policies and bindings of a pass, written so that no namespace that is not
+//! exempt is ever under no rule set while it moves between two (a tenant's and the no-tenant
+//! one, or two tenants'): a namespace leaves a rule set only once the store shows it under the
+//! one it goes to. While both hold it the stricter answer wins (the no-tenant rules give it no
+//! GPUs), for the one pass the move takes.
+//!
+//! - A tenant's binding keeps a namespace it no longer should have until the live no-tenant
+//!   binding, or another tenant's live binding that is to keep it, covers it. A deleted tenant's
+//!   binding and policy stay while they hold any namespace, and are then deleted, the binding
+//!   first.
+//! - The no-tenant binding leaves out a tenant's namespace only once that tenant's live binding
+//!   (with its policy) covers it.
+//!
+//! "Live" is the controller's store: a write of this pass counts once its watch event is in, so
+//! the order within a pass does not matter. An older selector (the label selectors of earlier
+//! versions) reads as covering nothing, so an upgrade holds namespaces rather than drop them.
+
+use super::{Kind, Write, owned};
+use crate::controller::stores::Snapshot;
+use crate::desired::{
+    Coverage, Desired, POLICY_PREFIX, UNTENANTED_POLICY, coverage, tenant_binding, untenanted_binding,
+};
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the store shows each binding covering, for bindings whose policy is live too (a binding
+/// without its policy enforces nothing).
+fn live_coverage(live: &Snapshot) -> BTreeMap<String, Coverage> {
+    let policies: BTreeSet<String> = live.admission_policies.iter().map(|p| p.name_any()).collect();
+    live.admission_bindings
+        .iter()
+        .filter(|b| policies.contains(&b.spec.policy_name))
+        .map(|b| (b.name_any(), coverage(b)))
+        .collect()
+}
+
+/// The tenant a binding or policy name of ours is for.
+fn tenant_of(name: &str) -> Option<&str> {
+    name.strip_prefix(POLICY_PREFIX)
+}
+
+/// The policy and binding writes of a pass: applies into `writes`, binding deletes into
+/// `binding_deletes` and policy deletes into `deletes` (made after them).
+pub(super) fn writes(
+    d: &Desired,
+    live: &Snapshot,
+    writes: &mut Vec<Write>,
+    binding_deletes: &mut Vec<Write>,
+    deletes: &mut Vec<Write>,
+) {
+    let covered = live_coverage(live);
+    let desired_ns = &d.namespace_rules.tenants;
+    let live_tenant_ns = |t: &str| -> BTreeSet<String> {
+        match covered.get(&format!("{POLICY_PREFIX}{t}")) {
+            Some(Coverage::Only(s)) => s.clone(),
+            _ => BTreeSet::new(),
+        }
+    };
+    let none_live = covered.get(UNTENANTED_POLICY);
+    // Is `ns` safe under a rule set other than tenant `except`'s, one that is to keep it?
+    let safe_elsewhere = |ns: &str, except: &str| {
+        none_live.is_some_and(|c| c.covers(ns))
+            || desired_ns
+                .iter()
+                .any(|(t, want)| t != except && want.contains(ns) && live_tenant_ns(t).contains(ns))
+    };
+
+    let tenants: BTreeSet<&str> = desired_ns
+        .keys()
+        .map(String::as_str)
+        .chain(covered.keys().filter_map(|b| tenant_of(b)))
+        .collect();
+    let mut bindings: Vec<ValidatingAdmissionPolicyBinding> = Vec::new();
+    // Tenants whose (live) policy must stay although not desired: their binding holds namespaces.
+    let mut held_policies: BTreeSet<String> = BTreeSet::new();
+    let mut leave_out: BTreeSet<String> = d.namespace_rules.exempt.clone();
+    let empty = BTreeSet::new();
+    for t in tenants {
+        let want = desired_ns.get(t).unwrap_or(&empty);
+        let had = live_tenant_ns(t);
+        let held: BTreeSet<String> = had
+            .difference(want)
+            .filter(|ns| !safe_elsewhere(ns, t))
+            .cloned()
+            .collect();
+        let write: BTreeSet<String> = want.union(&held).cloned().collect();
+        leave_out.extend(want.intersection(&had).cloned());
+        if let Some(b) = tenant_binding(t, &write) {
+            if !held.is_empty() {
+                held_policies.insert(b.name_any());
+            }
+            bindings.push(b);
+        }
+    }
+    bindings.push(untenanted_binding(&leave_out));
+    // The other bindings of the desired state (the claims and ConfigMap-key policies).
+    bindings.extend(
+        d.admission_bindings
+            .iter()
+            .filter(|b| b.name_any() != UNTENANTED_POLICY && tenant_of(&b.name_any()).is_none())
+            .cloned(),
+    );
+    bindings.sort_by_key(|b| b.name_any());
+
+    // Policies: as desired, but a held binding's policy is kept as the store has it (never
+    // rewritten: it is only compared with itself).
+    let desired_names: BTreeSet<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
+    let kept = live
+        .admission_policies
+        .iter()
+        .filter(|p| held_policies.contains(&p.name_any()) && !desired_names.contains(&p.name_any()));
+    let policies: Vec<ValidatingAdmissionPolicy> = d.admission_policies.iter().chain(kept).cloned().collect();
+    // Policies go before bindings (a binding names its policy); their deletes after the bindings'.
+    owned(
+        Kind::ValidatingAdmissionPolicy,
+        &policies,
+        &live.admission_policies,
+        writes,
+        deletes,
+    );
+    owned(
+        Kind::ValidatingAdmissionPolicyBinding,
+        &bindings,
+        &live.admission_bindings,
+        writes,
+        binding_deletes,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{NamespaceRules, untenanted_binding};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const NAMESPACES: [&str; 5] = ["n0", "n1", "n2", "n3", "n4"];
+    const TENANTS: [&str; 3] = ["t0", "t1", "t2"];
+
+    fn policy(name: &str) -> ValidatingAdmissionPolicy {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"validations": [{"expression": "true"}]}}))
+            .unwrap()
+    }
+
+    /// The admission part of a desired state whose tenants own `owners[i]` (an index into
+    /// [`TENANTS`], or none) of each namespace.
+    fn desired(owners: &[Option<usize>]) -> Desired {
+        let mut rules = NamespaceRules {
+            exempt: BTreeSet::from(["kube-system".to_string()]),
+            tenants: TENANTS.iter().map(|t| (t.to_string(), BTreeSet::new())).collect(),
+        };
+        for (ns, owner) in NAMESPACES.iter().zip(owners) {
+            if let Some(t) = owner {
+                rules.tenants.get_mut(TENANTS[*t]).unwrap().insert(ns.to_string());
+            }
+        }
+        let mut d = Desired {
+            namespace_rules: rules.clone(),
+            ..Desired::default()
+        };
+        for (t, ns) in &rules.tenants {
+            if let Some(b) = tenant_binding(t, ns) {
+                d.admission_policies.push(policy(&b.name_any()));
+                d.admission_bindings.push(b);
+            }
+        }
+        d.admission_policies.push(policy(UNTENANTED_POLICY));
+        d.admission_bindings
+            .push(untenanted_binding(&rules.untenanted_excluded()));
+        d
+    }
+
+    /// Makes the writes whose bit is set in `ok` (the others fail), as the API server would.
+    fn apply(live: &mut Snapshot, writes: &[Write], ok: u64) {
+        for (i, w) in writes.iter().enumerate() {
+            if ok & (1 << (i % 64)) == 0 {
+                continue;
+            }
+            match w {
+                Write::Apply { kind, object, name, .. } => match kind {
+                    Kind::ValidatingAdmissionPolicy => {
+                        live.admission_policies.retain(|p| &p.name_any() != name);
+                        live.admission_policies
+                            .push(serde_json::from_value(object.clone()).unwrap());
+                    }
+                    Kind::ValidatingAdmissionPolicyBinding => {
+                        live.admission_bindings.retain(|p| &p.name_any() != name);
+                        live.admission_bindings
+                            .push(serde_json::from_value(object.clone()).unwrap());
+                    }
+                    _ => unreachable!(),
+                },
+                Write::Delete { kind, name, .. } => match kind {
+                    Kind::ValidatingAdmissionPolicy => live.admission_policies.retain(|p| &p.name_any() != name),
+                    Kind::ValidatingAdmissionPolicyBinding => live.admission_bindings.retain(|p| &p.name_any() != name),
+                    _ => unreachable!(),
+                },
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    fn pass(d: &Desired, live: &Snapshot) -> Vec<Write> {
+        let (mut w, mut bd, mut pd) = (vec![], vec![], vec![]);
+        writes(d, live, &mut w, &mut bd, &mut pd);
+        w.extend(bd);
+        w.extend(pd);
+        w
+    }
+
+    /// The namespaces under no rule set the live objects enforce.
+    fn uncovered(live: &Snapshot) -> Vec<&'static str> {
+        let c = live_coverage(live);
+        NAMESPACES
+            .iter()
+            .copied()
+            .filter(|ns| !c.values().any(|cov| cov.covers(ns)))
+            .collect()
+    }
+
+    fn settle(d: &Desired, live: &mut Snapshot) {
+        for _ in 0..4 {
+            let w = pass(d, live);
+            if w.is_empty() {
+                return;
+            }
+            apply(live, &w, u64::MAX);
+        }
+        panic!("did not settle: {:?}", pass(d, live));
+    }
+
+    fn owners() -> impl Strategy<Value = Vec<Option<usize>>> {
+        proptest::collection::vec(proptest::option::of(0..TENANTS.len()), NAMESPACES.len())
+    }
+
+    proptest! {
+        /// From any settled state to any other, with any writes of any pass failing (and made
+        /// again by a later pass), no namespace is ever under no rule set, and the cluster ends
+        /// as the new desired state with nothing more to write.
+        #[test]
+        fn no_namespace_is_ever_under_no_rule_set(
+            before in owners(),
+            after in owners(),
+            failures in proptest::collection::vec(any::<u64>(), 1..6),
+        ) {
+            let mut live = Snapshot::default();
+            settle(&desired(&before), &mut live);
+            prop_assert_eq!(uncovered(&live), Vec::<&str>::new());
+            let d = desired(&after);
+            for ok in failures {
+                let w = pass(&d, &live);
+                apply(&mut live, &w, ok);
+                prop_assert_eq!(uncovered(&live), Vec::<&str>::new(), "after {:?} of {:?}", ok, w);
+            }
+            settle(&d, &mut live);
+            prop_assert_eq!(uncovered(&live), Vec::<&str>::new());
+            let mut got: Vec<String> = live.admission_bindings.iter().map(|b| serde_json::to_string(b).unwrap()).collect();
+            let mut want: Vec<String> = d.admission_bindings.iter().map(|b| serde_json::to_string(b).unwrap()).collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    /// A deleted tenant's namespace stays under its rules until the no-tenant binding covers it:
+    /// the first pass widens the no-tenant binding and keeps the tenant's, the second deletes
+    /// the tenant's binding, then its policy.
+    #[test]
+    fn a_removed_tenant_keeps_its_rules_until_the_no_tenant_rules_hold() {
+        let mut live = Snapshot::default();
+        settle(&desired(&[Some(0), None, None, None, None]), &mut live);
+        let d = desired(&[None; 5]);
+        let first: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            first,
+            ["apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"]
+        );
+        let w = pass(&d, &live);
+        apply(&mut live, &w, u64::MAX);
+        let second: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            second,
+            [
+                "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
+                "delete ValidatingAdmissionPolicy gputenancy.io-tenant-t0"
+            ]
+        );
+    }
+}

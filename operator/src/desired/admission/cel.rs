@@ -1,0 +1,350 @@
+//! CEL expressions of the admission policies, built in one place. Each `fn` returns an expression
+//! over a Pod (`object`) that is true when the pod does what its name says; a validation refuses
+//! the pod when it is (`validation`). They run in the API server's CEL environment (Kubernetes
+//! 1.37: the `lists` extension with `lists.range`, `slice` and `flatten`, two-variable
+//! comprehensions, `quantity`), and the e2e suite checks every policy type-checks there.
+
+use serde_json::{Value, json};
+
+/// Prefixes of the extended resources through which a pod reaches a GPU: NVIDIA's device plugin
+/// (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*`, and any other name it or
+/// NVIDIA's DRA driver may advertise) and this operator's own. Everything under them is an
+/// allow-list per tenant: a name nobody granted is refused, not merely unlimited.
+pub const GPU_RESOURCE_PREFIXES: [&str; 2] = ["nvidia.com/", "gputenancy.io/"];
+
+/// Environment variables through which NVIDIA's container toolkit selects devices for a
+/// container, whatever the pod asked the scheduler for (nvidia-container-toolkit
+/// `internal/config/image/envvars.go`; `NVIDIA_VISIBLE_DEVICES=all` in a pod that asks for no GPU
+/// gets every GPU of its node under the toolkit's default
+/// `accept-nvidia-visible-devices-envvar-when-unprivileged = true`; the MIG variables are read
+/// by its legacy hook; the last four add devices in its jit-cdi mode).
+pub const DEVICE_ENV: [&str; 8] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_GDS",
+    "NVIDIA_MOFED",
+    "NVIDIA_GDRCOPY",
+    "NVIDIA_NVSWITCH",
+];
+
+/// Host paths through which a container reaches GPUs or the node's GPU plumbing without the
+/// device plugin: device nodes (and `/dev/null`, which the toolkit's volume-mount device lists
+/// use as the source of a mount that selects devices), NVIDIA's runtime directories (driver
+/// root, MPS pipes, persistenced) and the kubelet's plugin sockets (a process that can reach
+/// them can register a device plugin or a DRA driver). A hostPath at, below or above one of
+/// them is refused; `/run/nvidia` and `/var/run/nvidia` are prefixes (`/run/nvidia-persistenced`).
+const DEVICE_PATHS: [&str; 2] = ["/dev", "/var/lib/kubelet"];
+const DEVICE_PATH_PREFIXES: [&str; 2] = ["/run/nvidia", "/var/run/nvidia"];
+
+/// Pod annotations that name CDI devices for the runtime to inject: NVIDIA's NRI plugin reads
+/// `nvidia.cdi.k8s.io/` from pods (any pod could name any GPU), and `cdi.k8s.io/` is the CDI
+/// annotation prefix runtimes accept from a device plugin's answer.
+pub const CDI_ANNOTATION_PREFIXES: [&str; 2] = ["cdi.k8s.io/", "nvidia.cdi.k8s.io/"];
+
+/// Capabilities that make a container "privileged" to NVIDIA's toolkit (it honours
+/// `NVIDIA_VISIBLE_DEVICES` for containers with `CAP_SYS_ADMIN` even when unprivileged ones are
+/// refused), in the spellings Kubernetes and runtimes accept.
+const PRIVILEGED_CAPABILITIES: [&str; 3] = ["SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"];
+
+/// A CEL list literal of strings.
+pub fn list(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let quoted: Vec<String> = items.into_iter().map(|s| quote(s.as_ref())).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// A CEL string literal. Names here are Kubernetes names and our constants: no quotes or
+/// backslashes, which are refused rather than escaped.
+pub fn quote(s: &str) -> String {
+    assert!(
+        !s.contains(['\'', '\\', '\n']),
+        "CEL literal {s:?}: names never hold quotes, backslashes or newlines"
+    );
+    format!("'{s}'")
+}
+
+/// CEL: is resource name `k` a GPU resource (under a GPU prefix, not explicitly allowed)?
+pub fn is_gpu_resource(k: &str, allowed: &[String]) -> String {
+    let prefixes: Vec<String> = GPU_RESOURCE_PREFIXES
+        .iter()
+        .map(|p| format!("{k}.startsWith({})", quote(p)))
+        .collect();
+    let mut out = format!("({})", prefixes.join(" || "));
+    if !allowed.is_empty() {
+        out = format!("({out} && !({k} in {}))", list(allowed));
+    }
+    out
+}
+
+/// The variables every pod policy uses: the pod's containers, its GPU resource names, and the
+/// GPUs it holds at once the way Kubernetes counts a pod's effective request
+/// (`k8s.io/component-helpers/resource` `AggregateContainerRequests`): the regular containers
+/// and the sidecars (init containers with `restartPolicy: Always`) run together, and each init
+/// container runs beside the sidecars started before it; the pod holds the larger of the two.
+pub fn variables(allowed: &[String]) -> Value {
+    let gpu = is_gpu_resource("k", allowed);
+    let units = format!(
+        "(has(c.resources) && has(c.resources.limits) ? c.resources.limits.filter(k, {gpu}).map(k, quantity(string(c.resources.limits[k])).asInteger()).sum() : 0)"
+    );
+    let names = format!(
+        "(has(c.resources) ? (has(c.resources.limits) ? c.resources.limits.filter(k, {gpu}) : []) + (has(c.resources.requests) ? c.resources.requests.filter(k, {gpu}) : []) : [])"
+    );
+    let sidecar = "(has(c.restartPolicy) && c.restartPolicy == 'Always')";
+    json!([
+        {"name": "inits", "expression": "has(object.spec.initContainers) ? object.spec.initContainers : []"},
+        {"name": "containers", "expression": "object.spec.containers + variables.inits"},
+        {"name": "ephemerals", "expression": "has(object.spec.ephemeralContainers) ? object.spec.ephemeralContainers : []"},
+        // Every GPU resource name any container asks for (limits or requests).
+        {"name": "asked", "expression": format!("variables.containers.map(c, {names}).flatten()")},
+        {"name": "regularGpus", "expression": format!("object.spec.containers.map(c, {units})")},
+        {"name": "initGpus", "expression": format!("variables.inits.map(c, {units})")},
+        {"name": "sidecarGpus", "expression": format!("variables.inits.map(c, {sidecar} ? {units} : 0)")},
+        // While init container i runs: itself and the sidecars before it (a sidecar counts once).
+        {"name": "initUse", "expression": "variables.initGpus.map(i, g, g + variables.sidecarGpus.slice(0, i).sum())"},
+        {"name": "gpus", "expression":
+            "[variables.regularGpus.sum() + variables.sidecarGpus.sum(), (variables.initUse + [0]).max()].max()"},
+    ])
+}
+
+/// CEL: when a rule on a pod field is judged. Most pod fields cannot change after creation, so a
+/// rule is judged when the pod is created, or when the field it reads is changed: an update that
+/// leaves the field alone (a label, a finalizer removed) is never refused for what the pod was
+/// admitted with under earlier rules (a pod stuck with its finalizer would be worse).
+pub mod when {
+    /// Immutable fields (resources, volumes, nodeName, priorityClassName, runtimeClassName).
+    pub const CREATED: &str = "request.operation == 'CREATE'";
+    /// Tolerations: an update may add some.
+    pub const TOLERATIONS_SET: &str = "(request.operation == 'CREATE' || (has(object.spec.tolerations) ? object.spec.tolerations : []) != (has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : []))";
+    /// Annotations: an update may add some, and a restarted container sees them.
+    pub const ANNOTATIONS_SET: &str = "(request.operation == 'CREATE' || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}))";
+}
+
+/// CEL: does a container satisfy `pred` over `c`? Regular and init containers are judged when
+/// the pod is created; ephemeral ones (`kubectl debug`) when they are added through the
+/// `ephemeralcontainers` subresource.
+fn any_container(pred: &str) -> String {
+    format!(
+        "(({}) && variables.containers.exists(c, {pred})) || (request.subResource == 'ephemeralcontainers' && variables.ephemerals.exists(c, {pred}))",
+        when::CREATED
+    )
+}
+
+/// CEL: a container sets a device-selecting variable, directly or through an `envFrom` prefix
+/// that a ConfigMap or Secret key could complete (keys themselves are checked by
+/// [`config_key_validation`]).
+pub fn sets_device_env() -> String {
+    let vars = list(DEVICE_ENV);
+    any_container(&format!(
+        "(has(c.env) && c.env.exists(e, e.name in {vars})) || (has(c.envFrom) && c.envFrom.exists(f, has(f.prefix) && f.prefix != '' && {vars}.exists(v, v.startsWith(f.prefix))))"
+    ))
+}
+
+/// CEL: a container is privileged, or holds a capability that makes it privileged to NVIDIA's
+/// toolkit (a privileged container gets every device of the node).
+pub fn privileged() -> String {
+    any_container(&format!(
+        "has(c.securityContext) && ((has(c.securityContext.privileged) && c.securityContext.privileged) || (has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add) && c.securityContext.capabilities.add.exists(x, x.upperAscii() in {})))",
+        list(PRIVILEGED_CAPABILITIES)
+    ))
+}
+
+/// CEL: a container mounts something where NVIDIA's toolkit reads volume-mount device lists
+/// (`/var/run/nvidia-container-devices/<device>`).
+pub fn mounts_device_list() -> String {
+    any_container("has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath.contains('nvidia-container-devices'))")
+}
+
+/// The regular expressions of host paths at or below a device path ([`DEVICE_PATHS`],
+/// [`DEVICE_PATH_PREFIXES`]), above one (an ancestor directory holds it; trailing slashes
+/// allowed), and aliases (`//`, `/./`, a final `/.`) that name a path another way. The API
+/// server already refuses `..` in a hostPath.
+fn device_path_regexes() -> [String; 3] {
+    let below = format!(
+        "^(({})(/.*)?|({}).*)$",
+        DEVICE_PATHS.join("|"),
+        DEVICE_PATH_PREFIXES.join("|")
+    );
+    let mut ancestors = std::collections::BTreeSet::new();
+    for p in DEVICE_PATHS.iter().chain(DEVICE_PATH_PREFIXES.iter()) {
+        let parts: Vec<&str> = p.trim_start_matches('/').split('/').collect();
+        for n in 1..parts.len() {
+            ancestors.insert(format!("/{}", parts[..n].join("/")));
+        }
+    }
+    let above = format!("^(/*|({})/*)$", ancestors.into_iter().collect::<Vec<_>>().join("|"));
+    [below, above, "(//|/\\./|/\\.$)".to_string()]
+}
+
+/// A CEL raw string literal (a regular expression's backslashes stay as written).
+fn raw(s: &str) -> String {
+    assert!(
+        !s.contains(['\'', '\n']),
+        "CEL raw literal {s:?}: no quotes or newlines"
+    );
+    format!("r'{s}'")
+}
+
+/// CEL: a hostPath volume reaches a device path.
+pub fn host_device_path() -> String {
+    let tests: Vec<String> = device_path_regexes()
+        .iter()
+        .map(|r| format!("v.hostPath.path.matches({})", raw(r)))
+        .collect();
+    format!(
+        "{} && has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath) && ({}))",
+        when::CREATED,
+        tests.join(" || ")
+    )
+}
+
+/// CEL: any hostPath volume (tenant namespaces take none: Pod Security `baseline` refuses them
+/// too; this holds if the namespace's labels are changed).
+pub const ANY_HOST_PATH: &str =
+    "request.operation == 'CREATE' && has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))";
+
+/// CEL: the pod carries an annotation naming CDI devices.
+pub fn cdi_annotation() -> String {
+    let tests: Vec<String> = CDI_ANNOTATION_PREFIXES
+        .iter()
+        .map(|p| format!("k.startsWith({})", quote(p)))
+        .collect();
+    format!(
+        "{} && has(object.metadata.annotations) && object.metadata.annotations.exists(k, {})",
+        when::ANNOTATIONS_SET,
+        tests.join(" || ")
+    )
+}
+
+/// CEL: the pod runs under one of NVIDIA's runtime classes without asking for a GPU (NVIDIA's
+/// runtime honours an image's own `NVIDIA_VISIBLE_DEVICES=all`, as CUDA images set it).
+pub fn nvidia_runtime_without_gpu(classes: &[String]) -> Option<String> {
+    (!classes.is_empty()).then(|| {
+        format!(
+            "{} && has(object.spec.runtimeClassName) && object.spec.runtimeClassName in {} && size(variables.asked) == 0",
+            when::CREATED,
+            list(classes)
+        )
+    })
+}
+
+/// CEL: does the pod tolerate taint `key` with `value` (or any value when `None`)?
+pub fn tolerates(key: &str, value: Option<&str>) -> String {
+    let value_match = match value {
+        Some(v) => format!("(has(t.value) && t.value == {})", quote(v)),
+        None => "true".into(),
+    };
+    format!(
+        "{} && has(object.spec.tolerations) && object.spec.tolerations.exists(t, has(t.key) && t.key == {} && ((has(t.operator) && t.operator == 'Exists') || {value_match}))",
+        when::TOLERATIONS_SET,
+        quote(key)
+    )
+}
+
+/// CEL: the pod tolerates taint `key` with a value outside `values` (or with `Exists`, any value).
+pub fn tolerates_other_than(key: &str, values: &[&str]) -> String {
+    format!(
+        "{} && has(object.spec.tolerations) && object.spec.tolerations.exists(t, has(t.key) && t.key == {} && ((has(t.operator) && t.operator == 'Exists') || !has(t.value) || !(t.value in {})))",
+        when::TOLERATIONS_SET,
+        quote(key),
+        list(values)
+    )
+}
+
+/// CEL: a toleration without a key and with `Exists`: it tolerates every taint.
+pub fn any_toleration() -> String {
+    format!(
+        "{} && has(object.spec.tolerations) && object.spec.tolerations.exists(t, (!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists')",
+        when::TOLERATIONS_SET
+    )
+}
+
+/// CEL: a new pod names its node, bypassing the scheduler and so every taint. Mirror pods, which
+/// a kubelet creates for its static pods, come from the node itself.
+pub const NAMES_NODE: &str = "request.operation == 'CREATE' && has(object.spec.nodeName) && object.spec.nodeName != '' && !('system:nodes' in request.userInfo.groups)";
+
+/// A validation refusing what `forbidden_when` is true for, with a fixed message.
+pub fn validation(forbidden_when: &str, message: String) -> Value {
+    json!({"expression": format!("!({forbidden_when})"), "message": message, "reason": "Forbidden"})
+}
+
+/// A validation refusing what `forbidden_when` is true for, with a message built in CEL.
+pub fn validation_with(forbidden_when: &str, message_expression: String) -> Value {
+    json!({"expression": format!("!({forbidden_when})"), "messageExpression": message_expression, "reason": "Forbidden"})
+}
+
+/// For a policy on ConfigMaps and Secrets: refuse keys named like a device-selecting variable
+/// (`envFrom` without a prefix turns every key into a variable of that name).
+pub fn config_key_validation(message_prefix: &str) -> Value {
+    let vars = list(DEVICE_ENV);
+    let keys = format!(
+        "(has(object.data) && object.data.exists(k, k in {vars})) || (has(object.binaryData) && object.binaryData.exists(k, k in {vars})) || (request.resource.resource == 'secrets' && has(object.stringData) && object.stringData.exists(k, k in {vars}))"
+    );
+    validation_with(
+        &keys,
+        format!(
+            "{} + ': a key named like one of NVIDIA\\'s device-selecting variables ({}) would let a pod that loads this object with envFrom pick GPUs outside its grant; rename the key'",
+            message_prefix,
+            DEVICE_ENV.join(", ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host-path patterns, as RE2 would apply them (plain regular expressions: the `regex`
+    /// crate and RE2 read them alike), against paths written out by hand.
+    #[test]
+    fn device_paths_cover_below_above_and_aliases() {
+        let res: Vec<regex::Regex> = device_path_regexes()
+            .iter()
+            .map(|r| regex::Regex::new(r).unwrap())
+            .collect();
+        let refused = |p: &str| res.iter().any(|r| r.is_match(p));
+        for p in [
+            "/",
+            "//",
+            "/dev",
+            "/dev/",
+            "/dev/nvidia0",
+            "/dev/null",
+            "/run",
+            "/run/",
+            "/run/nvidia",
+            "/run/nvidia/mps",
+            "/run/nvidia-persistenced/socket",
+            "/var",
+            "/var/run",
+            "/var/run/nvidia",
+            "/var/run/nvidia-container-devices",
+            "/var/lib",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/device-plugins/kubelet.sock",
+            "/var/lib/kubelet/plugins_registry",
+            "/opt//dev",
+            "/./dev",
+            "/data/.",
+        ] {
+            assert!(refused(p), "{p} must be refused");
+        }
+        for p in [
+            "/data",
+            "/data/models",
+            "/var/log",
+            "/var/lib/containerd",
+            "/opt/dev",
+            "/devices",
+            "/runner",
+        ] {
+            assert!(!refused(p), "{p} must be admitted");
+        }
+    }
+
+    #[test]
+    fn literals_refuse_quotes() {
+        assert_eq!(list(["a", "b"]), "['a', 'b']");
+        assert!(std::panic::catch_unwind(|| quote("a'b")).is_err());
+    }
+}

@@ -1,0 +1,321 @@
+//! ValidatingAdmissionPolicies that keep every namespace's pods to what it was granted (DESIGN.md
+//! §4 invariant 2), enforced by the API server itself.
+//!
+//! **Every namespace is under exactly one rule set.** Each tenant's policy is bound to the
+//! namespaces that tenant alone lists, by the immutable `kubernetes.io/metadata.name` label (a
+//! label anyone may write, such as `gputenancy.io/tenant`, would let a namespace choose its rules);
+//! one more policy is bound to every other namespace ([`UNTENANTED_POLICY`]), but the exempt ones
+//! (the cluster's own, the device plugin's, this operator's and those named by the controller's
+//! flags). [`NamespaceRules`] says which is which, and the controller orders a change between two
+//! rule sets so that no namespace is ever under none (`controller::diff::admission`). The
+//! policies and bindings have no owner: garbage collection of a deleted GpuTenant must not take
+//! its rules away before its namespaces are under the no-tenant rules, and without a controller
+//! they stay (fail closed).
+//!
+//! What each rule set refuses is in [`rules`]; two policies bound to every namespace that is not
+//! exempt refuse ConfigMap and Secret keys named like NVIDIA's device-selecting variables
+//! ([`CONFIG_KEYS_POLICY`]) and ResourceClaims for device classes not named in the settings
+//! ([`CLAIMS_POLICY`]).
+
+mod cel;
+mod rules;
+
+use super::Settings;
+use crate::api::{GpuTenant, SharingPolicy};
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Prefix of each tenant's policy and binding name (`gputenancy.io-tenant-<name>`).
+pub const POLICY_PREFIX: &str = "gputenancy.io-tenant-";
+/// The policy for every namespace that is neither exempt nor a tenant's.
+pub const UNTENANTED_POLICY: &str = "gputenancy.io-no-tenant";
+/// The policy on ConfigMap and Secret keys in every namespace that is not exempt.
+pub const CONFIG_KEYS_POLICY: &str = "gputenancy.io-device-env-keys";
+/// The policy on ResourceClaims and their templates in every namespace that is not exempt.
+pub const CLAIMS_POLICY: &str = "gputenancy.io-device-claims";
+
+/// The label the API server sets on every namespace to its name; no one can change it.
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Which rule set governs each namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceRules {
+    /// Namespaces no policy judges.
+    pub exempt: BTreeSet<String>,
+    /// Per tenant, the namespaces its policy governs: those it alone lists, not exempt. Every
+    /// other namespace that is not exempt is under the no-tenant policy.
+    pub tenants: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl NamespaceRules {
+    pub fn of(tenants: &[GpuTenant], exempt: BTreeSet<String>) -> NamespaceRules {
+        let mut claims: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for t in tenants {
+            for ns in &t.spec.namespaces {
+                claims.entry(ns.as_str()).or_default().push(t.name_any());
+            }
+        }
+        let mut out = NamespaceRules {
+            tenants: tenants.iter().map(|t| (t.name_any(), BTreeSet::new())).collect(),
+            exempt,
+        };
+        for (ns, owners) in claims {
+            if let [only] = owners.as_slice()
+                && !out.exempt.contains(ns)
+            {
+                out.tenants.entry(only.clone()).or_default().insert(ns.to_string());
+            }
+        }
+        out
+    }
+
+    /// The tenant whose rules govern `ns`, if one does.
+    pub fn owner(&self, ns: &str) -> Option<&str> {
+        self.tenants
+            .iter()
+            .find(|(_, namespaces)| namespaces.contains(ns))
+            .map(|(t, _)| t.as_str())
+    }
+
+    /// The namespaces the no-tenant policy leaves alone: exempt or a tenant's.
+    pub fn untenanted_excluded(&self) -> BTreeSet<String> {
+        self.exempt
+            .iter()
+            .chain(self.tenants.values().flatten())
+            .cloned()
+            .collect()
+    }
+}
+
+/// The namespaces a binding of ours applies its policy to, read back from its selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// These namespaces (a tenant's binding).
+    Only(BTreeSet<String>),
+    /// Every namespace but these (the no-tenant binding).
+    AllBut(BTreeSet<String>),
+    /// A selector this version does not write (an older version's label selector): treated as
+    /// covering nothing, so nothing is taken away on its strength.
+    Unknown,
+}
+
+impl Coverage {
+    pub fn covers(&self, ns: &str) -> bool {
+        match self {
+            Coverage::Only(s) => s.contains(ns),
+            Coverage::AllBut(s) => !s.contains(ns),
+            Coverage::Unknown => false,
+        }
+    }
+}
+
+/// What `binding` covers: a namespace selector of exactly one expression on the name label.
+pub fn coverage(binding: &ValidatingAdmissionPolicyBinding) -> Coverage {
+    let Some(selector) = binding
+        .spec
+        .match_resources
+        .as_ref()
+        .and_then(|m| m.namespace_selector.as_ref())
+    else {
+        return Coverage::Unknown;
+    };
+    if selector.match_labels.as_ref().is_some_and(|l| !l.is_empty()) {
+        return Coverage::Unknown;
+    }
+    match selector.match_expressions.as_deref() {
+        Some([e]) if e.key == NAME_LABEL => {
+            let values: BTreeSet<String> = e.values.iter().flatten().cloned().collect();
+            match e.operator.as_str() {
+                "In" => Coverage::Only(values),
+                "NotIn" => Coverage::AllBut(values),
+                _ => Coverage::Unknown,
+            }
+        }
+        _ => Coverage::Unknown,
+    }
+}
+
+fn labels() -> Value {
+    serde_json::to_value(super::managed_labels()).expect("labels serialise")
+}
+
+/// A policy on `resources` (of the core group unless named `group/resource`) that refuses what
+/// its validations refuse, failing closed (an expression that errors refuses).
+fn policy(name: &str, rules: Value, variables: Value, validations: Vec<Value>) -> ValidatingAdmissionPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels()},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": rules},
+            "variables": variables,
+            "validations": validations,
+        }
+    }))
+    .expect("a ValidatingAdmissionPolicy built from its own fields deserialises")
+}
+
+/// Pods, created or updated, and the ephemeral containers `kubectl debug` adds to them.
+fn pod_rules() -> Value {
+    json!([{
+        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["pods", "pods/ephemeralcontainers"],
+    }])
+}
+
+fn binding(name: &str, operator: &str, namespaces: &BTreeSet<String>) -> ValidatingAdmissionPolicyBinding {
+    serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels()},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchExpressions": [
+                {"key": NAME_LABEL, "operator": operator, "values": namespaces},
+            ]}},
+        }
+    }))
+    .expect("a ValidatingAdmissionPolicyBinding built from its own fields deserialises")
+}
+
+/// The binding of `tenant`'s policy to its namespaces; `None` when it has none (a selector `In`
+/// needs values).
+pub fn tenant_binding(tenant: &str, namespaces: &BTreeSet<String>) -> Option<ValidatingAdmissionPolicyBinding> {
+    (!namespaces.is_empty()).then(|| binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces))
+}
+
+/// The binding of the no-tenant policy to every namespace but `excluded` (never empty: the
+/// exempt namespaces are always in it).
+pub fn untenanted_binding(excluded: &BTreeSet<String>) -> ValidatingAdmissionPolicyBinding {
+    binding(UNTENANTED_POLICY, "NotIn", excluded)
+}
+
+/// Every policy and binding, sorted by name.
+pub fn render(
+    policies: &[SharingPolicy],
+    tenants: &[GpuTenant],
+    namespaces: &NamespaceRules,
+    settings: &Settings,
+) -> (Vec<ValidatingAdmissionPolicy>, Vec<ValidatingAdmissionPolicyBinding>) {
+    let mut out_policies = Vec::new();
+    let mut out_bindings = Vec::new();
+    let variables = cel::variables(&settings.allowed_resources);
+    for t in tenants {
+        let name = t.name_any();
+        let Some(binding) = namespaces.tenants.get(&name).and_then(|ns| tenant_binding(&name, ns)) else {
+            continue;
+        };
+        let validations = rules::tenant(&rules::TenantRules::of(t, policies), settings);
+        out_policies.push(policy(
+            binding.name_any().as_str(),
+            pod_rules(),
+            variables.clone(),
+            validations,
+        ));
+        out_bindings.push(binding);
+    }
+    out_policies.push(policy(
+        UNTENANTED_POLICY,
+        pod_rules(),
+        variables,
+        rules::untenanted(settings),
+    ));
+    out_bindings.push(untenanted_binding(&namespaces.untenanted_excluded()));
+
+    // The two policies for every guarded namespace, whoever owns it: they judge objects other
+    // than pods, so they need not follow a namespace from one rule set to another.
+    let exempt = &namespaces.exempt;
+    let who = "'namespace ' + namespaceObject.metadata.name + (has(namespaceObject.metadata.labels) && 'gputenancy.io/tenant' in namespaceObject.metadata.labels ? ' (GpuTenant ' + namespaceObject.metadata.labels['gputenancy.io/tenant'] + ')' : ' (no GpuTenant)')";
+    out_policies.push(policy(
+        CONFIG_KEYS_POLICY,
+        json!([{
+            "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["configmaps", "secrets"],
+        }]),
+        json!([]),
+        vec![cel::config_key_validation(who)],
+    ));
+    out_bindings.push(binding(CONFIG_KEYS_POLICY, "NotIn", exempt));
+    out_policies.push(policy(
+        CLAIMS_POLICY,
+        json!([{
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+        }]),
+        rules::claim_variables(),
+        vec![rules::claims(who, &settings.claim_device_classes)],
+    ));
+    out_bindings.push(binding(CLAIMS_POLICY, "NotIn", exempt));
+
+    out_policies.sort_by_key(|p| p.name_any());
+    out_bindings.sort_by_key(|b| b.name_any());
+    (out_policies, out_bindings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> NamespaceRules {
+        NamespaceRules {
+            exempt: BTreeSet::from(["kube-system".to_string()]),
+            tenants: BTreeMap::from([
+                ("a".to_string(), BTreeSet::from(["a-1".to_string(), "a-2".to_string()])),
+                ("b".to_string(), BTreeSet::new()),
+            ]),
+        }
+    }
+
+    /// A binding reads back as what it was written for, and anything else covers nothing.
+    #[test]
+    fn bindings_read_back_as_their_coverage() {
+        let r = rules();
+        let a = tenant_binding("a", &r.tenants["a"]).unwrap();
+        assert_eq!(coverage(&a), Coverage::Only(r.tenants["a"].clone()));
+        assert!(tenant_binding("b", &r.tenants["b"]).is_none());
+        let none = untenanted_binding(&r.untenanted_excluded());
+        let excluded = BTreeSet::from(["a-1", "a-2", "kube-system"].map(String::from));
+        assert_eq!(coverage(&none), Coverage::AllBut(excluded));
+        assert!(coverage(&none).covers("elsewhere") && !coverage(&none).covers("a-1"));
+        let old: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": "gputenancy.io-tenant-a"},
+            "spec": {"policyName": "gputenancy.io-tenant-a",
+                     "matchResources": {"namespaceSelector": {"matchLabels": {"gputenancy.io/tenant": "a"}}}}
+        }))
+        .unwrap();
+        assert_eq!(coverage(&old), Coverage::Unknown);
+        assert!(!Coverage::Unknown.covers("a-1"));
+        assert_eq!(r.owner("a-2"), Some("a"));
+        assert_eq!(r.owner("kube-system"), None);
+    }
+
+    /// A namespace two tenants list, or an exempt one, is no tenant's.
+    #[test]
+    fn contested_and_exempt_namespaces_belong_to_no_tenant() {
+        let t = |name: &str, ns: &[&str]| {
+            GpuTenant::new(
+                name,
+                crate::api::GpuTenantSpec {
+                    tier: "internal".into(),
+                    policy_ref: "default".into(),
+                    namespaces: ns.iter().map(|s| s.to_string()).collect(),
+                    priority: 0,
+                    weight: 1,
+                    resources: vec![],
+                    limits: None,
+                },
+            )
+        };
+        let r = NamespaceRules::of(
+            &[t("a", &["shared", "a-own", "kube-system"]), t("b", &["shared"])],
+            BTreeSet::from(["kube-system".to_string()]),
+        );
+        assert_eq!(r.tenants["a"], BTreeSet::from(["a-own".to_string()]));
+        assert!(r.tenants["b"].is_empty());
+        assert_eq!(r.owner("shared"), None);
+    }
+}

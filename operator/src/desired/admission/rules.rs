@@ -1,0 +1,280 @@
+//! What each rule set refuses. Every refusal names who (the tenant and its tier, or the
+//! namespace of no tenant) and the rule broken.
+//!
+//! Both rule sets refuse the ways to a GPU that bypass the device plugin, so neither quota nor
+//! the rules below would see them ([`device_access`]): NVIDIA's device-selecting environment
+//! variables, privileged containers, host paths of devices and of the kubelet's plugin sockets,
+//! the toolkit's volume-mount device lists, CDI annotations, and NVIDIA's runtime class for a
+//! pod that asks for no GPU.
+//!
+//! A tenant's pods are refused ([`tenant`]) when they:
+//! - ask for a GPU resource name the tenant was not granted (an allow-list: a name missing from
+//!   the quota would be unlimited) or, if the tenant is not valid, for any;
+//! - hold more GPUs at once than `limits.maxGpusPerPod`, counted as Kubernetes counts a pod's
+//!   effective request (init and sidecar containers included);
+//! - tolerate the sharing taint of a mode the tenant holds no shares of (MPS and time-sliced
+//!   nodes both advertise `nvidia.com/gpu.shared`: the taint is what keeps them apart), the
+//!   scrub-pending taint, another tenant's dedicated taint, or every taint;
+//! - select another tenant's dedicated nodes, name a node (`spec.nodeName` bypasses the
+//!   scheduler and its taints), name a PriorityClass the tier does not list (preemption would
+//!   hand another tenant's devices over unscrubbed), or mount any host path.
+//!
+//! Pods of a namespace of no tenant are refused every GPU resource name, the operator's taints,
+//! and naming a node.
+
+use super::cel::{self, list, quote, validation, validation_with, when};
+use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, condition_status};
+use crate::desired::Settings;
+use crate::device_plugin::resource_name;
+use crate::labels::{DEDICATED, SCRUB_PENDING, SHARING};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// What one tenant's pods may do: from its status (its grants) and its tier.
+pub struct TenantRules {
+    pub name: String,
+    pub tier: String,
+    /// `None` when the tenant or its tier is not valid: its pods get no GPUs.
+    pub granted: Option<Granted>,
+    pub max_gpus_per_pod: Option<u32>,
+}
+
+pub struct Granted {
+    /// Resource names of the grants with at least one unit.
+    pub resources: BTreeSet<String>,
+    /// The shared modes (MPS, TimeSlicing) it holds shares of.
+    pub shared_modes: Vec<Mode>,
+    /// The PriorityClasses its tier lists.
+    pub priority_classes: Vec<String>,
+}
+
+impl TenantRules {
+    pub fn of(t: &GpuTenant, policies: &[SharingPolicy]) -> TenantRules {
+        let status = t.status.as_ref();
+        let valid = status.is_some_and(|s| condition_status(&s.conditions, ConditionSet::VALID) == Some(true));
+        let tier = policies
+            .iter()
+            .find(|p| p.name_any() == t.spec.policy_ref)
+            .and_then(|p| p.spec.tier(&t.spec.tier));
+        let granted = match (valid, tier) {
+            (true, Some(tier)) => {
+                let held: Vec<_> = status
+                    .map(|s| s.allocation.iter().filter(|a| a.granted > 0).collect())
+                    .unwrap_or_default();
+                let mut shared_modes: Vec<Mode> = held.iter().map(|a| a.mode).filter(|m| m.is_shared()).collect();
+                shared_modes.sort();
+                shared_modes.dedup();
+                Some(Granted {
+                    resources: held
+                        .iter()
+                        .map(|a| resource_name(a.mode, a.profile.as_deref()))
+                        .collect(),
+                    shared_modes,
+                    priority_classes: tier.priority_class_names.clone(),
+                })
+            }
+            _ => None,
+        };
+        TenantRules {
+            name: t.name_any(),
+            tier: t.spec.tier.clone(),
+            granted,
+            max_gpus_per_pod: t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod),
+        }
+    }
+}
+
+/// The rules both rule sets apply: no GPU reached outside the device plugin's resource names.
+/// `who` starts each message.
+fn device_access(who: &str, settings: &Settings) -> Vec<Value> {
+    let mut out = vec![
+        validation(
+            &cel::sets_device_env(),
+            format!(
+                "{who}: a container may not set NVIDIA's device-selecting variables ({}), directly or through an envFrom prefix that starts one: NVIDIA's container toolkit would give it GPUs no quota counts; ask for a GPU resource instead",
+                cel::DEVICE_ENV.join(", ")
+            ),
+        ),
+        validation(
+            &cel::privileged(),
+            format!(
+                "{who}: a container may not be privileged or add SYS_ADMIN (or ALL): it would reach every GPU of its node outside the device plugin"
+            ),
+        ),
+        validation(
+            &cel::host_device_path(),
+            format!(
+                "{who}: a hostPath volume may not reach /dev, NVIDIA's runtime directories (/run/nvidia*, /var/run/nvidia*) or the kubelet's plugin sockets (/var/lib/kubelet), nor a directory above them, nor name a path with // or /./"
+            ),
+        ),
+        validation(
+            &cel::mounts_device_list(),
+            format!(
+                "{who}: a container may not mount anything at a path with nvidia-container-devices in it: NVIDIA's toolkit reads device lists from mounts there"
+            ),
+        ),
+        validation(
+            &cel::cdi_annotation(),
+            format!(
+                "{who}: a pod may not carry CDI device annotations ({}*): the runtime would inject the devices they name",
+                cel::CDI_ANNOTATION_PREFIXES.join("*, ")
+            ),
+        ),
+    ];
+    if let Some(runtime) = cel::nvidia_runtime_without_gpu(&settings.nvidia_runtime_classes) {
+        out.push(validation(
+            &runtime,
+            format!(
+                "{who}: a pod that asks for no GPU may not run under NVIDIA's runtime class ({}): the runtime honours an image's own NVIDIA_VISIBLE_DEVICES (CUDA images set it to all)",
+                settings.nvidia_runtime_classes.join(", ")
+            ),
+        ));
+    }
+    out
+}
+
+/// The validations of a tenant's policy.
+pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
+    let name = &t.name;
+    let who = format!("GpuTenant {name} (tier {})", t.tier);
+    let mut out = device_access(&who, settings);
+    match &t.granted {
+        None => out.push(validation(
+            &format!("{} && size(variables.asked) > 0", when::CREATED),
+            format!("{who} is not valid, so its pods get no GPUs; see its Valid condition"),
+        )),
+        Some(g) => {
+            let allowed = list(&g.resources);
+            let granted = if g.resources.is_empty() {
+                "none".to_string()
+            } else {
+                g.resources.iter().cloned().collect::<Vec<_>>().join(", ")
+            };
+            out.push(validation_with(
+                &format!("{} && variables.asked.exists(k, !(k in {allowed}))", when::CREATED),
+                format!(
+                    "{} + ' may not use ' + variables.asked.filter(k, !(k in {allowed})).join(', ') + ': it was granted {granted} (a GPU resource not granted is refused, not unlimited)'",
+                    quote(&who)
+                ),
+            ));
+            let shared: Vec<&str> = g.shared_modes.iter().map(|m| m.as_str()).collect();
+            out.push(validation(
+                &cel::tolerates_other_than(SHARING, &shared),
+                format!(
+                    "{who} may tolerate the taint {SHARING} only with operator Equal and the value of a mode it holds shares of ({}): MPS and time-sliced GPUs are both nvidia.com/gpu.shared, and the taint is what keeps a tenant to its own",
+                    if shared.is_empty() { "none".to_string() } else { shared.join(", ") }
+                ),
+            ));
+            out.push(validation(
+                &format!(
+                    "{} && has(object.spec.priorityClassName) && object.spec.priorityClassName != '' && !(object.spec.priorityClassName in {})",
+                    when::CREATED,
+                    list(&g.priority_classes)
+                ),
+                format!(
+                    "{who} may name only the PriorityClasses its tier lists ({}): a higher class could preempt other tenants' GPU pods; ask the platform team to add the class to tier {}'s priorityClassNames",
+                    if g.priority_classes.is_empty() { "none: leave priorityClassName unset".to_string() } else { g.priority_classes.join(", ") },
+                    t.tier
+                ),
+            ));
+        }
+    }
+    if let Some(max) = t.max_gpus_per_pod {
+        out.push(json!({
+            "expression": format!("!({}) || variables.gpus <= {max}", when::CREATED),
+            "messageExpression": format!(
+                "{} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'",
+                quote(&who)
+            ),
+            "reason": "Forbidden",
+        }));
+    }
+    out.push(validation(
+        &cel::tolerates(SCRUB_PENDING, None),
+        format!("{who} may not tolerate {SCRUB_PENDING}: a node carries it while a GPU changes hands and its memory is not yet scrubbed"),
+    ));
+    out.push(validation(
+        &cel::any_toleration(),
+        format!("{who}: a toleration without a key tolerates every taint, including other tenants' dedicated nodes; name the taints to tolerate"),
+    ));
+    out.push(validation(
+        &cel::tolerates_other_than(DEDICATED, &[name.as_str()]),
+        format!("{who} may tolerate only its own dedicated nodes ({DEDICATED}={name}), not another tenant's"),
+    ));
+    out.push(validation(
+        &format!(
+            "{} && has(object.spec.nodeSelector) && {} in object.spec.nodeSelector && object.spec.nodeSelector[{}] != {}",
+            when::CREATED,
+            quote(DEDICATED),
+            quote(DEDICATED),
+            quote(name)
+        ),
+        format!("{who} may select only its own dedicated nodes ({DEDICATED}={name}), not another tenant's"),
+    ));
+    out.push(validation(
+        cel::NAMES_NODE,
+        format!("{who}: a pod may not name its node (spec.nodeName bypasses the scheduler and the taints that keep dedicated nodes); use a node selector"),
+    ));
+    out.push(validation(
+        cel::ANY_HOST_PATH,
+        format!("{who}: a pod may not mount a host path (the namespace's Pod Security level refuses it too)"),
+    ));
+    out
+}
+
+/// The validations of the policy for namespaces of no tenant.
+pub fn untenanted(settings: &Settings) -> Vec<Value> {
+    let who = "the namespace belongs to no GpuTenant";
+    let mut out = device_access(who, settings);
+    out.push(validation(
+        &format!("{} && size(variables.asked) > 0", when::CREATED),
+        format!("{who}, so its pods get no GPUs; add it to a tenant's spec.namespaces"),
+    ));
+    out.push(validation(
+        &format!(
+            "{} || {} || {} || {}",
+            cel::tolerates(DEDICATED, None),
+            cel::tolerates(SHARING, None),
+            cel::tolerates(SCRUB_PENDING, None),
+            cel::any_toleration()
+        ),
+        format!(
+            "{who}, so its pods may not tolerate the taints of GPU nodes ({DEDICATED}, {SHARING}, {SCRUB_PENDING}) or every taint"
+        ),
+    ));
+    out.push(validation(
+        cel::NAMES_NODE,
+        format!(
+            "{who}, so its pods may not name their node (spec.nodeName bypasses the scheduler and the taints that keep them off GPU nodes); use a node selector, or exempt the namespace with the controller's --exempt-namespace"
+        ),
+    ));
+    out
+}
+
+/// The device classes a claim (or a claim template) asks for, from its requests (`exactly` or
+/// each alternative of `firstAvailable`). `dyn`: one policy reads both kinds.
+pub fn claim_variables() -> Value {
+    json!([
+        {"name": "requests", "expression":
+            "request.resource.resource == 'resourceclaims' ? (has(dyn(object).spec.devices) && has(dyn(object).spec.devices.requests) ? dyn(object).spec.devices.requests : []) : (has(dyn(object).spec.spec.devices) && has(dyn(object).spec.spec.devices.requests) ? dyn(object).spec.spec.devices.requests : [])"},
+        {"name": "classes", "expression":
+            "variables.requests.map(r, has(r.exactly) ? [r.exactly.deviceClassName] : (has(r.firstAvailable) ? r.firstAvailable.map(s, s.deviceClassName) : [])).flatten()"},
+    ])
+}
+
+/// The claims rule: only the device classes the settings name. `who` is a CEL expression.
+pub fn claims(who: &str, classes: &[String]) -> Value {
+    let allowed = list(classes);
+    validation_with(
+        &format!("variables.classes.exists(c, !(c in {allowed}))"),
+        format!(
+            "{who} + ': ResourceClaims for device class ' + variables.classes.filter(c, !(c in {allowed})).join(', ') + ' are refused: until gpu-tenancy\\'s DRA mode governs claims, a claim could take any tenant\\'s GPU; only classes named by the controller\\'s --claim-device-class ({}) are admitted'",
+            if classes.is_empty() {
+                "none".to_string()
+            } else {
+                classes.join(", ")
+            }
+        ),
+    )
+}
