@@ -16,6 +16,8 @@
 #                           random kills for GPU_TENANCY_FAULTS_SECONDS (default 15)
 #   e2e/run.sh faults [ARGS]  only the fault scenarios, on a fresh control plane; random kills
 #                           for GPU_TENANCY_FAULTS_SECONDS (default 300 here: `make e2e-faults`)
+#   e2e/run.sh nvml-check   only NVIDIA's NVML client (go-nvml, go-nvlib) against the simulated
+#                           libnvidia-ml.so (e2e/nvml-check); `test` runs it first
 #
 # Environment: GPU_TENANCY_E2E_KUBECONFIG (use this cluster, start nothing),
 # GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl), CARGO (default cargo),
@@ -187,6 +189,7 @@ cmd_test() {
 	# Compile the suite before starting anything: a compile error needs no cluster.
 	say "building the e2e suite and the gpu-tenancy binary (the controller scenarios run it) ..."
 	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
+	nvml_check
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
 	# A control plane of its own (not the one of `make e2e-up`, nor of a concurrent run), torn
 	# down on any exit. Directories of earlier runs whose control plane is gone are removed.
@@ -232,6 +235,19 @@ cmd_faults() {
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-300}" run_faults "$@"
 }
 
+# nvml_check: e2e/nvml-check's Go tests, NVIDIA's go-nvml and go-nvlib driving the built simulated
+# NVML library, its answers held to NVIDIA's published outputs. Needs `cargo build -p nvml-sim`.
+nvml_check() {
+	command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO') on PATH: e2e/nvml-check uses NVIDIA's Go NVML bindings"
+	local target="${CARGO_TARGET_DIR:-target}"
+	[[ "$target" == /* ]] || target="$ROOT/$target"
+	say "checking the simulated NVML library with NVIDIA's go-nvml and go-nvlib (e2e/nvml-check) ..."
+	# go-nvml's header marks some functions deprecated; its cgo build would print each.
+	(cd "$ROOT/e2e/nvml-check" && NVML_SIM_LIB="$target/debug/libnvidia_ml_sim.so" \
+		CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" "$GO" test -count=1 ./...) ||
+		die "the simulated NVML library disagrees with NVIDIA's client or published outputs (e2e/nvml-check, above)"
+}
+
 run_suite() { # KUBECONFIG TEST_BINARY [TEST_ARGS...]
 	local kubeconfig="$1" binary="$2"
 	shift 2
@@ -252,8 +268,12 @@ faults)
 	shift
 	cmd_faults "$@"
 	;;
+nvml-check)
+	"$CARGO" build -p nvml-sim
+	nvml_check
+	;;
 *)
-	echo "usage: e2e/run.sh build|up|down|test|faults [TEST_ARGS...]" >&2
+	echo "usage: e2e/run.sh build|up|down|test|faults|nvml-check [TEST_ARGS...]" >&2
 	exit 2
 	;;
 esac
