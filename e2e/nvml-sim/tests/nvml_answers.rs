@@ -41,7 +41,19 @@ const CONFIG: &str = r#"gpus:
 fn paths() -> &'static Paths {
     static PATHS: OnceLock<Paths> = OnceLock::new();
     PATHS.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("nvml-sim-answers-{}", std::process::id()));
+        // Under cargo's temporary directory for tests; those of test processes that ended go.
+        let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvml-answers");
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let alive = e
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+            if !alive {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let dir = root.join(std::process::id().to_string());
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("sim.yaml");
