@@ -7,7 +7,9 @@
 //! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
 //! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
-//! pods that may hold a busy GPU are evicted so the change can proceed.
+//! pods that may hold a busy GPU are listed in the status (`evictionRequests`) for the controller
+//! to evict: an agent cannot be kept to its own node's pods if it may evict (an Eviction names no
+//! node), so it may not; the controller checks each pod's node before it evicts.
 //!
 //! The loop is generic over the GPU backend ([`Gpus`]) and over where spec changes come from, so a
 //! simulated fleet (`e2e/fleet`) runs this very loop for each of its nodes: [`run`] is the
@@ -18,12 +20,12 @@ use crate::agent::gpu::Gpus;
 use crate::agent::gpu::nvml::NvmlGpus;
 use crate::agent::plugin_mps::{self, MpsRoot};
 use crate::agent::scrub::CudaLib;
-use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
+use crate::api::{BusyGpuPolicy, ConditionSet, EvictionRequest, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
 use crate::labels::CONFIG_STATE;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -140,6 +142,22 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
         plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
     }
+    if node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
+        let busy: Vec<&GpuStatus> = status
+            .gpus
+            .iter()
+            .filter(|g| g.reason.as_deref() == Some(BUSY) && node.spec.gpus.iter().any(|s| s.index == g.index))
+            .collect();
+        status.eviction_requests = if busy.is_empty() {
+            vec![]
+        } else {
+            // A failed list keeps the requests last published (nothing asked is better than
+            // nothing known): they are made again on the next pass.
+            eviction_requests(client, opts, &busy)
+                .await
+                .unwrap_or_else(|| prev.as_ref().map(|p| p.eviction_requests.clone()).unwrap_or_default())
+        };
+    }
     if prev.as_ref() != Some(&status) {
         api.patch_status(
             &opts.node,
@@ -149,16 +167,6 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         .await
         .map_err(|e| format!("writing GpuNode {} status: {e}", opts.node))?;
         tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
-    }
-    if node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
-        let busy: Vec<&GpuStatus> = status
-            .gpus
-            .iter()
-            .filter(|g| g.reason.as_deref() == Some(BUSY) && node.spec.gpus.iter().any(|s| s.index == g.index))
-            .collect();
-        if !busy.is_empty() {
-            evict_gpu_pods(client, opts, &busy).await;
-        }
     }
     let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
     if mig_changed {
@@ -216,13 +224,12 @@ fn resource_names(gpu: &GpuStatus) -> Vec<String> {
     }
 }
 
-/// `busyGpuPolicy: Evict`: evicts, through the Eviction API (so PodDisruptionBudgets hold), the pods
-/// of this node that ask for a resource of a busy GPU. Without the kubelet's pod-resources API the
-/// agent cannot tell which pod holds which device, so every pod on the node asking for that GPU's
-/// resource names goes (a superset, never a miss). A refusal (a PodDisruptionBudget) is retried on
-/// the next pass.
-async fn evict_gpu_pods(client: &Client, opts: &Options, busy: &[&GpuStatus]) {
-    let names: Vec<String> = busy.iter().flat_map(|g| resource_names(g)).collect();
+/// `busyGpuPolicy: Evict`: the pods of this node that ask for a resource of a busy GPU, for the
+/// controller to evict through the Eviction API (so PodDisruptionBudgets hold). Without the
+/// kubelet's pod-resources API the agent cannot tell which pod holds which device, so every pod
+/// on the node asking for that GPU's resource names is listed (a superset, never a miss).
+/// `None` when the pods cannot be listed.
+async fn eviction_requests(client: &Client, opts: &Options, busy: &[&GpuStatus]) -> Option<Vec<EvictionRequest>> {
     let all: Api<Pod> = Api::all(client.clone());
     let pods = match all
         .list(&ListParams::default().fields(&format!("spec.nodeName={}", opts.node)))
@@ -230,41 +237,42 @@ async fn evict_gpu_pods(client: &Client, opts: &Options, busy: &[&GpuStatus]) {
     {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot list this node's pods to evict them from busy GPUs");
-            return;
+            tracing::warn!(error = %e, "cannot list this node's pods to ask for their eviction from busy GPUs");
+            return None;
         }
     };
+    let mut out = Vec::new();
     for pod in pods {
         let Some(spec) = &pod.spec else { continue };
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let asks = spec
+        let asked: Vec<&String> = spec
             .containers
             .iter()
             .chain(spec.init_containers.iter().flatten())
-            .any(|c| {
-                let r = c.resources.as_ref();
-                let has = |m: Option<
-                    &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-                >| { m.is_some_and(|m| m.keys().any(|k| names.contains(k))) };
-                has(r.and_then(|r| r.limits.as_ref())) || has(r.and_then(|r| r.requests.as_ref()))
-            });
-        if !asks {
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
+            .map(|(k, _)| k)
+            .collect();
+        let gpus: Vec<u32> = busy
+            .iter()
+            .filter(|g| resource_names(g).iter().any(|n| asked.contains(&n)))
+            .map(|g| g.index)
+            .collect();
+        if gpus.is_empty() {
             continue;
         }
-        let ns = pod.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        match api.evict(&pod.name_any(), &EvictParams::default()).await {
-            Ok(_) => {
-                tracing::info!(pod = %format!("{ns}/{}", pod.name_any()), "evicted from a busy GPU (busyGpuPolicy Evict)")
-            }
-            Err(e) => {
-                tracing::warn!(pod = %format!("{ns}/{}", pod.name_any()), error = %e, "eviction refused; retrying on the next pass")
-            }
-        }
+        out.push(EvictionRequest {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+            gpus,
+        });
     }
+    out.sort();
+    Some(out)
 }
 
 /// Deletes the device plugin's pod on this node so its DaemonSet starts one that re-reads the devices.

@@ -74,10 +74,20 @@ pub struct InventoryGpus {
     /// Memory per GPU, required for GPUs this tool has no model of (they cannot use MIG).
     #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u64>,
+    /// CUDA compute capability (`8.9`), for GPUs this tool has no model of: MPS beyond 16 clients
+    /// needs 7.5 or later, and a GPU of unknown capability gets at most 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// `major.minor` as (major, minor).
+pub fn parse_compute_capability(s: &str) -> Option<(u32, u32)> {
+    let (major, minor) = s.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The most GPUs one inventory node may have. The largest servers hold 8 to 16 GPUs (a rack-scale
@@ -93,6 +103,8 @@ pub struct NodeGpu {
     pub name: String,
     pub memory_mib: u64,
     pub numa_node: i32,
+    /// CUDA compute capability (major, minor): the model's, or as reported; `None` when unknown.
+    pub compute_capability: Option<(u32, u32)>,
     pub uuid: Option<String>,
     /// MIG instances present now (profile, placement); used to keep what can stay.
     pub instances: Vec<crate::mig::ExistingInstance>,
@@ -206,6 +218,18 @@ impl InventoryFile {
                     .map(str::to_string)
                     .or_else(|| entry.model.clone())
                     .unwrap_or_else(|| entry.pci_device_id.clone().unwrap_or_default());
+                let compute_capability = match entry.compute_capability.as_deref() {
+                    None => model.map(|m| m.compute_capability),
+                    Some(cc) => match parse_compute_capability(cc) {
+                        Some(cc) => Some(cc),
+                        None => {
+                            errors.push(format!(
+                                "{at}.computeCapability: {cc:?} is not a compute capability; write major.minor, e.g. 8.9"
+                            ));
+                            continue;
+                        }
+                    },
+                };
                 for _ in 0..entry.count {
                     gpus.push(NodeGpu {
                         index: gpus.len() as u32,
@@ -213,6 +237,7 @@ impl InventoryFile {
                         name: name.clone(),
                         memory_mib: entry.memory_mib.or(model.map(|m| m.memory_mib)).unwrap_or(0),
                         numa_node: entry.numa_node.unwrap_or(0),
+                        compute_capability,
                         ..NodeGpu::default()
                     });
                 }
@@ -303,6 +328,11 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
         name: g.name.clone(),
         memory_mib: g.memory_mib,
         numa_node: g.numa_node.unwrap_or(0),
+        compute_capability: g
+            .compute_capability
+            .as_deref()
+            .and_then(parse_compute_capability)
+            .or(model.map(|m| m.compute_capability)),
         uuid: Some(g.uuid.clone()).filter(|u| !u.is_empty()),
         profile_memory_mib: g.profiles.iter().map(|p| (p.name.clone(), p.memory_mib)).collect(),
         ..NodeGpu::default()

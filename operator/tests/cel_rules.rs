@@ -58,6 +58,14 @@ fn cases() -> Vec<Case> {
             message: "tier names must be unique",
         },
         Case {
+            rule: "self.all(c, !c.startsWith('system-'))",
+            base: policy,
+            pointer: "/spec/tiers/0/priorityClassNames",
+            value: json!(["batch", "system-node-critical"]),
+            field: "spec.tiers[0].priorityClassNames",
+            message: "system PriorityClasses (system-node-critical, system-cluster-critical) preempt any pod; a tenant tier may not use them",
+        },
+        Case {
             rule: "self.mode != 'MIG' || has(self.profile)",
             base: tenant,
             pointer: "/spec/resources/0",

@@ -101,7 +101,8 @@ const READ: &[&str] = &["get", "list", "watch"];
 const WATCH: &[&str] = &["list", "watch"];
 const OWN: &[&str] = &["list", "watch", "create", "patch", "delete"];
 
-/// What operator/src/controller writes: server-side apply (a patch; one that creates the object
+/// What operator/src/controller writes (and the one read of a single object, a pod an agent asks
+/// it to evict): server-side apply (a patch; one that creates the object
 /// is also authorized as `create`), status through `/status`, merge patches of Node and Namespace
 /// labels and Node taints, deletes of owned quotas, policies, bindings and ConfigMaps, events
 /// through kube-runtime's Recorder (events.k8s.io), the Lease through kube-lease-manager
@@ -136,6 +137,8 @@ fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
                 &["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
                 OWN,
             ),
+            ("", &["pods"], &["get"]),
+            ("", &["pods/eviction"], &["create"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),
         ]),
     );
@@ -168,7 +171,6 @@ fn agent_cluster_role_grants_exactly_what_the_agent_needs() {
             ("gputenancy.io", &["gpunodes/status"], &["patch"]),
             ("", &["nodes"], &["get", "patch"]),
             ("", &["pods"], &["list"]),
-            ("", &["pods/eviction"], &["create"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),
         ]),
     );

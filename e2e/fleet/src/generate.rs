@@ -220,8 +220,8 @@ fn tenant(t: usize, rng: &mut Rng) -> Value {
         _ => (
             "experimental",
             json!([
+                // One shared mode per tenant (the device plugin counts both as gpu.shared).
                 {"mode": "TimeSlicing", "count": between(4, 20)},
-                {"mode": "MPS", "count": between(10, 40)},
                 {"mode": "MIG", "profile": "2g.20gb", "count": between(2, 10)},
                 {"mode": "MIG", "profile": "1g.10gb", "count": between(2, 10)},
                 {"mode": "Exclusive", "count": between(1, 4)}]),

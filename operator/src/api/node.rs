@@ -115,9 +115,33 @@ pub struct GpuNodeStatus {
     pub gpus: Vec<GpuStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsDaemonStatus>,
+    /// Pods on this node the agent asks the controller to evict (`busyGpuPolicy: Evict`): they
+    /// hold a GPU that is to change. The agent may not evict (an Eviction does not say which node
+    /// its pod is on, so no admission rule could keep an agent to its own); the controller evicts
+    /// a pod only if it runs on this node and asks for a GPU, and only under that policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub eviction_requests: Vec<EvictionRequest>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// A pod the agent asks the controller to evict.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionRequest {
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The pod's UID: a pod of the same name created since is not evicted.
+    #[schemars(length(max = 64))]
+    pub uid: String,
+    /// The busy GPUs it may hold (their indices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gpus: Vec<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -143,6 +167,11 @@ pub struct GpuStatus {
     pub memory_mib: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// CUDA compute capability, `major.minor` (`9.0`), as NVML reports it: NVIDIA's MPS daemon
+    /// serves at most 16 clients below 7.5 and 48 from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = r"^[0-9]+\.[0-9]+$"))]
+    pub compute_capability: Option<String>,
     /// `Default`, `ExclusiveProcess` or `Prohibited`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_mode: Option<String>,

@@ -35,6 +35,7 @@ pub enum Kind {
     Node,
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
+    Pod,
 }
 
 impl Kind {
@@ -52,6 +53,7 @@ impl Kind {
             Kind::Node => ApiResource::erase::<core::Node>(&()),
             Kind::ValidatingAdmissionPolicy => ApiResource::erase::<adm::ValidatingAdmissionPolicy>(&()),
             Kind::ValidatingAdmissionPolicyBinding => ApiResource::erase::<adm::ValidatingAdmissionPolicyBinding>(&()),
+            Kind::Pod => ApiResource::erase::<core::Pod>(&()),
         }
     }
 }
@@ -81,6 +83,14 @@ pub enum Write {
         namespace: Option<String>,
         name: String,
     },
+    /// An Eviction of the pod `namespace/name` (of that `uid`) that the agent of `node` asked
+    /// for; made only if the pod runs on `node` and asks for a GPU (`controller::evict`).
+    Evict {
+        namespace: String,
+        name: String,
+        uid: String,
+        node: String,
+    },
 }
 
 impl Write {
@@ -90,6 +100,7 @@ impl Write {
             | Write::Status { kind, .. }
             | Write::Patch { kind, .. }
             | Write::Delete { kind, .. } => *kind,
+            Write::Evict { .. } => Kind::Pod,
         }
     }
 
@@ -99,17 +110,19 @@ impl Write {
             Write::Apply { name, .. }
             | Write::Status { name, .. }
             | Write::Patch { name, .. }
-            | Write::Delete { name, .. } => name,
+            | Write::Delete { name, .. }
+            | Write::Evict { name, .. } => name,
         }
     }
 
-    /// `apply`, `status`, `patch` or `delete`: the metric label.
+    /// `apply`, `status`, `patch`, `delete` or `evict`: the metric label.
     pub fn action(&self) -> &'static str {
         match self {
             Write::Apply { .. } => "apply",
             Write::Status { .. } => "status",
             Write::Patch { .. } => "patch",
             Write::Delete { .. } => "delete",
+            Write::Evict { .. } => "evict",
         }
     }
 }
@@ -127,6 +140,9 @@ impl fmt::Display for Write {
             Write::Status { kind, name, .. } | Write::Patch { kind, name, .. } => {
                 write!(f, "{} {kind} {name}", self.action())
             }
+            Write::Evict {
+                namespace, name, node, ..
+            } => write!(f, "evict Pod {namespace}/{name} (asked by the agent of {node})"),
         }
     }
 }
@@ -400,9 +416,30 @@ fn notes(d: &Desired, live: &Snapshot) -> Vec<Note> {
     out
 }
 
+/// The evictions agents ask for in their GpuNode status, for the nodes whose spec (as written)
+/// says `busyGpuPolicy: Evict`: an agent asking for more gets nothing.
+fn evictions(live: &Snapshot) -> Vec<Write> {
+    live.gpu_nodes
+        .iter()
+        .filter(|n| n.spec.busy_gpu_policy == crate::api::BusyGpuPolicy::Evict)
+        .flat_map(|n| {
+            let node = n.name_any();
+            n.status
+                .iter()
+                .flat_map(|s| s.eviction_requests.iter())
+                .map(move |r| Write::Evict {
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    uid: r.uid.clone(),
+                    node: node.clone(),
+                })
+        })
+        .collect()
+}
+
 /// Every write one pass makes, in order: the device plugin's config, node labels and taints,
-/// GpuNode specs, statuses, namespaces, quotas, admission policies then their bindings; deletes
-/// last, bindings before their policies. A node's taints go before its GpuNode spec: a spec that
+/// GpuNode specs, statuses, namespaces, quotas, admission policies then their bindings, the
+/// evictions agents asked for; deletes last, bindings before their policies. A node's taints go before its GpuNode spec: a spec that
 /// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
 /// node lacks the scrub-pending taint (DESIGN.md §4.3); a label names only a config written.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
@@ -470,6 +507,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     );
     let mut binding_deletes = Vec::new();
     admission::writes(d, live, &mut writes, &mut binding_deletes, &mut deletes);
+    writes.extend(evictions(live));
     writes.extend(binding_deletes);
     writes.extend(deletes);
     Diff {

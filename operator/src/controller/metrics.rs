@@ -49,14 +49,17 @@ pub enum WriteAction {
     Delete,
     /// Any other patch (e.g. a Node's labels and taints).
     Patch,
+    /// An Eviction an agent asked for.
+    Evict,
 }
 
 impl WriteAction {
-    pub const ALL: [WriteAction; 4] = [
+    pub const ALL: [WriteAction; 5] = [
         WriteAction::Apply,
         WriteAction::Status,
         WriteAction::Delete,
         WriteAction::Patch,
+        WriteAction::Evict,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +68,7 @@ impl WriteAction {
             WriteAction::Status => "status",
             WriteAction::Delete => "delete",
             WriteAction::Patch => "patch",
+            WriteAction::Evict => "evict",
         }
     }
 }
@@ -369,6 +373,6 @@ mod tests {
     #[test]
     fn write_actions_have_their_label_values() {
         let names: Vec<String> = WriteAction::ALL.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["apply", "status", "delete", "patch"]);
+        assert_eq!(names, ["apply", "status", "delete", "patch", "evict"]);
     }
 }

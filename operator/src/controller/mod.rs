@@ -8,6 +8,7 @@
 //! on a timer: a pass runs when something changed, or after a failed pass, with backoff.
 
 pub mod diff;
+mod evict;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -45,6 +45,7 @@ fn action(a: &str) -> WriteAction {
         "apply" => WriteAction::Apply,
         "status" => WriteAction::Status,
         "delete" => WriteAction::Delete,
+        "evict" => WriteAction::Evict,
         _ => WriteAction::Patch,
     }
 }

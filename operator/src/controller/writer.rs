@@ -80,6 +80,18 @@ impl Writer {
                     .patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await?;
             }
+            Write::Evict {
+                namespace,
+                name,
+                uid,
+                node,
+            } => match super::evict::evict(&self.client, namespace, name, uid, node).await? {
+                super::evict::Outcome::Evicted => tracing::info!(write = %w, "evicted from a busy GPU"),
+                super::evict::Outcome::Gone => {}
+                super::evict::Outcome::Refused(why) => {
+                    tracing::warn!(write = %w, "eviction refused: {why}")
+                }
+            },
             Write::Delete { kind, namespace, name } => {
                 match self
                     .api(*kind, namespace.as_deref())

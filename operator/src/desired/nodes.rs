@@ -4,7 +4,7 @@
 
 use super::Settings;
 use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
-use crate::device_plugin::{NodeConfig, Sharing};
+use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
 use crate::inventory::handover_pending;
 use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
@@ -38,17 +38,23 @@ pub fn render(
     let mut configs: BTreeMap<String, NodeConfig> = BTreeMap::new();
     let mut out = Vec::new();
     for node in nodes {
-        if node.spec.gpus.is_empty() {
-            continue;
-        }
-        // Plans that break the rule never reach a node spec; a spec that does is left unlabelled.
-        let Ok(config) = NodeConfig::of_gpus(&node.spec.gpus) else {
-            continue;
-        };
-        let key = config.key();
-        configs.insert(key.clone(), config);
+        // One source for the label and the GpuNode: the planner's key (UNPLANNED for a node with
+        // no GPUs planned, which gets no taints of ours either).
+        let key = node
+            .spec
+            .device_plugin_config
+            .clone()
+            .unwrap_or_else(|| UNPLANNED.to_string());
         let mut labels = super::managed_labels();
-        labels.insert(DEVICE_PLUGIN_CONFIG.into(), key);
+        labels.insert(DEVICE_PLUGIN_CONFIG.into(), key.clone());
+        let config = match NodeConfig::of_gpus(&node.spec.gpus) {
+            Ok(c) if !node.spec.gpus.is_empty() && key != UNPLANNED => c,
+            _ => {
+                out.push(node_object(node.name_any(), labels, vec![]));
+                continue;
+            }
+        };
+        configs.insert(key, config);
         let mut taints = Vec::new();
         if let Some(Sharing::Mps { .. } | Sharing::TimeSlicing { .. }) = config.sharing {
             let mode = node
@@ -78,20 +84,9 @@ pub fn render(
             labels.insert(DEDICATED.into(), tenant.clone());
             taints.push(taint(DEDICATED, &tenant));
         }
-        out.push(Node {
-            metadata: ObjectMeta {
-                name: Some(node.name_any()),
-                labels: Some(labels),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                taints: Some(taints),
-                ..NodeSpec::default()
-            }),
-            ..Node::default()
-        });
+        out.push(node_object(node.name_any(), labels, taints));
     }
-    let data: BTreeMap<String, String> = configs
+    let mut data: BTreeMap<String, String> = configs
         .iter()
         .map(|(k, c)| {
             (
@@ -100,6 +95,7 @@ pub fn render(
             )
         })
         .collect();
+    data.insert(UNPLANNED.into(), UNPLANNED_CONFIG.into());
     let config_map = ConfigMap {
         metadata: ObjectMeta {
             name: Some(settings.device_plugin_config_map.clone()),
@@ -128,6 +124,21 @@ fn hands_over(old: &crate::api::GpuNodeSpec, new: &crate::api::GpuNodeSpec) -> b
         });
         gpu || instances
     })
+}
+
+fn node_object(name: String, labels: BTreeMap<String, String>, taints: Vec<Taint>) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(taints),
+            ..NodeSpec::default()
+        }),
+        ..Node::default()
+    }
 }
 
 fn taint(key: &str, value: &str) -> Taint {

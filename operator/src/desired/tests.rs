@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::{ConditionSet, Mode, TenantLimits};
-use crate::device_plugin::{PluginConfig, parser_rule_violations};
+use crate::device_plugin::{PluginConfig, PluginEnv, parser_rule_violations};
 use crate::inventory::NodeInventory;
 use crate::planner::tests::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
 use kube::ResourceExt;
@@ -246,15 +246,29 @@ fn nodes_get_their_device_plugin_config_and_taints() {
             ),
         ]
     );
-    // One ConfigMap key per distinct config, each a config the plugin's parser accepts.
+    // One ConfigMap key per distinct config, each one the plugin starts with as the install
+    // guide deploys it, and the refused config of nodes with no plan.
     let data = d.config_maps[0].data.clone().unwrap();
     assert_eq!(
         data.keys().collect::<Vec<_>>(),
-        ["exclusive", "mig-mixed", "time-slicing-4"]
+        ["default", "exclusive", "mig-mixed", "time-slicing-4"]
     );
-    for (key, text) in &data {
+    for (key, text) in data.iter().filter(|(k, _)| *k != "default") {
         let config: PluginConfig = serde_saphyr::from_str(text).unwrap();
-        assert_eq!(parser_rule_violations(&config), Vec::<String>::new(), "{key}");
+        let mig = key.starts_with("mig-");
+        assert_eq!(
+            parser_rule_violations(&config, &PluginEnv::documented(), mig),
+            Vec::<String>::new(),
+            "{key}"
+        );
+    }
+    // The label and the GpuNode spec say the same key.
+    for n in &d.nodes {
+        let label = d.node_labels.iter().find(|l| l.name_any() == n.name_any()).unwrap();
+        assert_eq!(
+            n.spec.device_plugin_config.as_deref(),
+            Some(label.labels()["nvidia.com/device-plugin.config"].as_str())
+        );
     }
     assert!(
         data["time-slicing-4"].contains("renameByDefault: true"),

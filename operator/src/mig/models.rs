@@ -132,6 +132,9 @@ pub struct GpuModel {
     pub variants: &'static [Variant],
     /// Framebuffer memory in MiB as NVML reports it.
     pub memory_mib: u64,
+    /// CUDA compute capability (NVIDIA's published table: Ampere A100 8.0, Hopper 9.0,
+    /// Blackwell B200 10.0).
+    pub compute_capability: (u32, u32),
     /// Profile names by [`Shape`] order.
     profile_names: [&'static str; 7],
     /// Instance memory NVIDIA publishes for this model, by memory slices: `(memory slices, MiB)`, from
@@ -147,6 +150,7 @@ pub const NVIDIA_VENDOR_ID: u16 = 0x10DE;
 pub static MODELS: &[GpuModel] = &[
     GpuModel {
         key: "A100-40GB",
+        compute_capability: (8, 0),
         variants: &[
             Variant {
                 device_id: 0x20B0,
@@ -181,6 +185,7 @@ pub static MODELS: &[GpuModel] = &[
     },
     GpuModel {
         key: "A100-80GB",
+        compute_capability: (8, 0),
         variants: &[
             Variant {
                 device_id: 0x20B2,
@@ -214,6 +219,7 @@ pub static MODELS: &[GpuModel] = &[
     },
     GpuModel {
         key: "H100-80GB",
+        compute_capability: (9, 0),
         variants: &[
             Variant {
                 device_id: 0x2330,
@@ -249,6 +255,7 @@ pub static MODELS: &[GpuModel] = &[
     },
     GpuModel {
         key: "H100-NVL",
+        compute_capability: (9, 0),
         variants: &[
             Variant {
                 device_id: 0x2321,
@@ -275,6 +282,7 @@ pub static MODELS: &[GpuModel] = &[
     },
     GpuModel {
         key: "H200",
+        compute_capability: (9, 0),
         variants: &[
             Variant {
                 device_id: 0x2335,
@@ -301,6 +309,7 @@ pub static MODELS: &[GpuModel] = &[
     },
     GpuModel {
         key: "B200",
+        compute_capability: (10, 0),
         variants: &[Variant {
             device_id: 0x2901,
             name: "NVIDIA B200",

@@ -4,7 +4,7 @@ use crate::api::{BusyGpuPolicy, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec,
 use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
 use crate::mig::{diff_layout, solve_named};
-use crate::policy::{PlanCheck, mps_pinned_problem};
+use crate::policy::{PlanCheck, mps_clients_problem, mps_pinned_problem};
 use crate::problem::Problem;
 use crate::selectors::selector_matches;
 use kube::ResourceExt;
@@ -59,16 +59,19 @@ impl NodeDesired<'_> {
     }
 }
 
-/// Key of the device-plugin config a node needs: one sharing setting per node (FACTS.md §3).
+/// Key of the device-plugin config a node needs (one sharing setting per node, FACTS.md §3), the
+/// value of its `nvidia.com/device-plugin.config` label: the one source of both. A node with no
+/// GPUs planned (no plan, a plan with problems, an agent that has not reported) gets the config
+/// the plugin refuses, so it advertises none of them.
 fn device_plugin_config(gpus: &[GpuSpec]) -> Option<String> {
-    gpus.iter().find_map(|g| match g.mode {
-        Mode::Mps => Some(format!("mps-{}", g.mps.as_ref().map_or(4, |m| m.max_clients))),
-        Mode::TimeSlicing => Some(format!(
-            "time-slicing-{}",
-            g.time_slicing.as_ref().map_or(1, |t| t.replicas)
-        )),
-        _ => None,
-    })
+    if gpus.is_empty() {
+        return Some(crate::device_plugin::UNPLANNED.into());
+    }
+    Some(
+        crate::device_plugin::NodeConfig::of_gpus(gpus)
+            .map(|c| c.key())
+            .unwrap_or_else(|_| crate::device_plugin::UNPLANNED.into()),
+    )
 }
 
 type LayoutMemo = HashMap<(usize, usize, &'static str), Result<Vec<MigInstanceSpec>, String>>;
@@ -212,10 +215,16 @@ fn resolve_layout(
             if group.mode == Mode::Mps && spec.mps.is_none() {
                 spec.mps = Some(Default::default());
             }
-            if let Some(mps) = &spec.mps
-                && let Some(message) = mps_pinned_problem(mps, &gpu.name, gpu.memory_mib)
-            {
-                return Err((format!("spec.gpus[{g}].mps.pinnedMemoryLimit"), message));
+            if let Some(mps) = &spec.mps {
+                if let Some(message) = mps_clients_problem(mps, &gpu.name, gpu.compute_capability) {
+                    return Err((
+                        format!("spec.gpus[{g}].mps.maxClients"),
+                        format!("GPU {index}: {message}"),
+                    ));
+                }
+                if let Some(message) = mps_pinned_problem(mps, &gpu.name, gpu.memory_mib) {
+                    return Err((format!("spec.gpus[{g}].mps.pinnedMemoryLimit"), message));
+                }
             }
             if let Some(mig) = &group.mig {
                 let field = format!("spec.gpus[{g}].mig.profiles");

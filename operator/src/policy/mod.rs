@@ -3,7 +3,9 @@
 
 mod plans;
 
-pub use plans::{PlanCheck, check_plan, models_of_selected_nodes, models_selected_by, mps_pinned_problem};
+pub use plans::{
+    PlanCheck, check_plan, models_of_selected_nodes, models_selected_by, mps_clients_problem, mps_pinned_problem,
+};
 
 use crate::api::{
     CoLocation, GpuTenant, Mode, ResourceRequest, ScrubMemory, SharingPolicy, TopologyPolicy, quantity_to_mib,

@@ -95,6 +95,31 @@ pub fn mps_pinned_problem(mps: &crate::api::MpsSettings, gpu_name: &str, memory_
     }
 }
 
+/// The most MPS clients NVIDIA's MPS control daemon serves on one GPU: 48 from compute capability
+/// 7.5, 16 below (`cmd/mps-control-daemon/mps/device.go` `maxClients`; it refuses the config
+/// with "invalid device maximum allowed replicas exceeded"). A GPU of unknown capability gets 16.
+pub fn mps_clients_problem(
+    mps: &crate::api::MpsSettings,
+    gpu_name: &str,
+    compute_capability: Option<(u32, u32)>,
+) -> Option<String> {
+    let most = match compute_capability {
+        Some(cc) if cc >= (7, 5) => 48,
+        _ => 16,
+    };
+    (mps.max_clients > most).then(|| {
+        let of = match compute_capability {
+            Some((major, minor)) => format!("{gpu_name} has compute capability {major}.{minor}"),
+            None => format!(
+                "the compute capability of {gpu_name} is not known (its agent reports it; offline, give computeCapability in the inventory)"
+            ),
+        };
+        format!(
+            "NVIDIA's MPS daemon serves at most 16 clients per GPU below compute capability 7.5 and 48 from it; {of}, so set maxClients to at most {most}"
+        )
+    })
+}
+
 /// Checks a plan on its own. `tenants` are the names of all tenants (valid or not).
 /// `extra_models` are GPU models the plan must fit besides those its selector names (e.g. the
 /// models of inventory nodes it selects).

@@ -178,7 +178,9 @@ fn draw_tenant(rng: &mut Lcg, i: usize) -> GpuTenant {
             profile: None,
         },
     ];
-    if tier != "external" {
+    // One shared mode per tenant: the device plugin counts MPS and time-slicing shares under one
+    // resource name, so a tenant may not hold both.
+    if tier == "internal" {
         resources.push(ResourceRequest {
             mode: Mode::Mps,
             count: 1 + rng.next(24) as u32,

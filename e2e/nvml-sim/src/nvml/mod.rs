@@ -394,6 +394,26 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(dev: nvmlDevice_t, node: *mut c
     })
 }
 
+/// NVIDIA's published compute capability of the GPU's model (developer.nvidia.com/cuda-gpus:
+/// A100 8.0, H100 and H200 9.0, B200 10.0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    dev: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    read_on("nvmlDeviceGetCudaComputeCapability", gpu_of(dev), |st| {
+        let g = device(st, dev)?;
+        let (ma, mi) = gpu_tenancy::mig::model_by_name(&g.model)
+            .map(|m| m.compute_capability)
+            .ok_or(ERR_NOT_SUPPORTED)?;
+        unsafe {
+            out(major, ma as c_int)?;
+            out(minor, mi as c_int)
+        }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeMode(dev: nvmlDevice_t, mode: *mut nvmlComputeMode_t) -> nvmlReturn_t {
     read_on("nvmlDeviceGetComputeMode", gpu_of(dev), |st| unsafe {

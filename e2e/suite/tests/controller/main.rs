@@ -9,6 +9,7 @@
 //! exactly which writes a pass makes.
 
 mod agents;
+mod attacks;
 mod observe;
 mod privilege;
 mod scenarios;

@@ -205,6 +205,12 @@ impl NvmlGpus {
             numa_node: optional(dev.numa_node_id())
                 .map_err(|e| err(&at("nvmlDeviceGetNumaNodeId"), e))?
                 .map(|n| n as i32),
+            // Only the planner's MPS limit reads it, and an unknown capability is its safe side
+            // (16 clients): a library without the call is no reason to fail discovery.
+            compute_capability: dev
+                .cuda_compute_capability()
+                .ok()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
             compute_mode: optional(dev.compute_mode())
                 .map_err(|e| err(&at("nvmlDeviceGetComputeMode"), e))?
                 .map(|m| compute_mode_name(m).to_string()),

@@ -148,6 +148,7 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                 }
             }
             Write::Patch { .. } => panic!("unexpected patch {w}"),
+            Write::Evict { .. } => {}
             Write::Delete { kind, namespace, name } => match kind {
                 Kind::ResourceQuota => s
                     .quotas
@@ -305,7 +306,7 @@ fn objects_no_longer_desired_are_deleted_bindings_first() {
 }
 
 #[test]
-fn a_node_that_leaves_every_plan_loses_only_our_labels_and_taints() {
+fn a_node_that_leaves_every_plan_keeps_only_the_unplanned_config() {
     let mut s = snapshot();
     let d = pass(&s);
     apply(&mut s, &d);
@@ -323,12 +324,14 @@ fn a_node_that_leaves_every_plan_loses_only_our_labels_and_taints() {
             _ => None,
         })
         .expect("a node patch");
+    // The device plugin is pointed at the config it refuses (it advertises none of the GPUs);
+    // our taints go, the other writer's stays.
     assert_eq!(
         patch["metadata"]["labels"]["nvidia.com/device-plugin.config"],
-        Value::Null
+        "default"
     );
-    assert_eq!(patch["metadata"]["labels"]["gputenancy.io/managed-by"], Value::Null);
     assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
+    assert_eq!(patch["spec"]["taints"][0]["key"], "node.kubernetes.io/unschedulable");
 }
 
 #[test]
@@ -464,4 +467,33 @@ fn a_hand_over_from_a_removed_tenant_scrubs_then_settles() {
     );
     apply(&mut s, &third);
     assert_eq!(writes(&pass(&s)), Vec::<String>::new());
+}
+
+/// An agent's eviction requests become evictions only under `busyGpuPolicy: Evict`, each naming
+/// the node that asked (the writer checks the pod runs there).
+#[test]
+fn eviction_requests_are_evicted_only_under_the_evict_policy() {
+    let mut s = snapshot();
+    settle(&mut s);
+    let n = &mut s.gpu_nodes[0];
+    n.status.as_mut().unwrap().eviction_requests = vec![crate::api::EvictionRequest {
+        namespace: "acme".into(),
+        name: "trainer".into(),
+        uid: "u-1".into(),
+        gpus: vec![0],
+    }];
+    let w = writes(&diff(&desired_of(&s, &Settings::default(), &now()), &s));
+    assert!(!w.iter().any(|x| x.starts_with("evict")), "{w:?}");
+    s.gpu_nodes[0].spec.busy_gpu_policy = crate::api::BusyGpuPolicy::Evict;
+    let d = diff(&desired_of(&s, &Settings::default(), &now()), &s);
+    let evictions: Vec<&Write> = d.writes.iter().filter(|w| matches!(w, Write::Evict { .. })).collect();
+    assert_eq!(
+        evictions,
+        [&Write::Evict {
+            namespace: "acme".into(),
+            name: "trainer".into(),
+            uid: "u-1".into(),
+            node: "n1".into()
+        }]
+    );
 }

@@ -6,11 +6,7 @@
 
 use serde_json::{Value, json};
 
-/// Prefixes of the extended resources through which a pod reaches a GPU: NVIDIA's device plugin
-/// (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*`, and any other name it or
-/// NVIDIA's DRA driver may advertise) and this operator's own. Everything under them is an
-/// allow-list per tenant: a name nobody granted is refused, not merely unlimited.
-pub const GPU_RESOURCE_PREFIXES: [&str; 2] = ["nvidia.com/", "gputenancy.io/"];
+use crate::device_plugin::GPU_RESOURCE_PREFIXES;
 
 /// Environment variables through which NVIDIA's container toolkit selects devices for a
 /// container, whatever the pod asked the scheduler for (nvidia-container-toolkit
@@ -101,7 +97,7 @@ pub fn variables(allowed: &[String]) -> Value {
         {"name": "initGpus", "expression": format!("variables.inits.map(c, {units})")},
         {"name": "sidecarGpus", "expression": format!("variables.inits.map(c, {sidecar} ? {units} : 0)")},
         // While init container i runs: itself and the sidecars before it (a sidecar counts once).
-        {"name": "initUse", "expression": "variables.initGpus.map(i, g, g + variables.sidecarGpus.slice(0, i).sum())"},
+        {"name": "initUse", "expression": "variables.initGpus.transformList(i, g, g + variables.sidecarGpus.slice(0, i).sum())"},
         {"name": "gpus", "expression":
             "[variables.regularGpus.sum() + variables.sidecarGpus.sum(), (variables.initUse + [0]).max()].max()"},
     ])

@@ -229,7 +229,9 @@ pub fn render(
     // The two policies for every guarded namespace, whoever owns it: they judge objects other
     // than pods, so they need not follow a namespace from one rule set to another.
     let exempt = &namespaces.exempt;
-    let who = "'namespace ' + namespaceObject.metadata.name + (has(namespaceObject.metadata.labels) && 'gputenancy.io/tenant' in namespaceObject.metadata.labels ? ' (GpuTenant ' + namespaceObject.metadata.labels['gputenancy.io/tenant'] + ')' : ' (no GpuTenant)')";
+    // The tenant label is shown for what it is, a label (who may label a namespace may write it);
+    // the rule itself is the same for every namespace that is not exempt.
+    let who = "'namespace ' + namespaceObject.metadata.name + (has(namespaceObject.metadata.labels) && 'gputenancy.io/tenant' in namespaceObject.metadata.labels ? ' (labelled gputenancy.io/tenant=' + namespaceObject.metadata.labels['gputenancy.io/tenant'] + ')' : ' (no GpuTenant label)')";
     out_policies.push(policy(
         CONFIG_KEYS_POLICY,
         json!([{
