@@ -9,10 +9,17 @@ package main
 //     custom resources included (owners and dependents of CRD kinds); CRDs installed later are
 //     picked up by a periodic discovery sync (garbagecollector.Sync);
 //   - namespace controller: deleting a namespace deletes its content, then the namespace;
-//   - serviceaccount controller: every namespace gets its `default` ServiceAccount.
+//   - serviceaccount controller: every namespace gets its `default` ServiceAccount;
+//   - clusterrole aggregation controller: fills the aggregated ClusterRoles (admin, edit, view)
+//     from the roles labelled to aggregate into them, so a user bound to `edit` can do what
+//     `edit` grants on a real cluster (the tenancy attack tests act as such users);
+//   - resource quota controller: computes each ResourceQuota's status (hard and used). The API
+//     server's ResourceQuota admission plugin refuses a pod beyond a quota only against that
+//     status, so without this controller no quota refuses anything (test/integration/quota runs
+//     it the same way).
 //
-// Nothing else of kube-controller-manager runs (no ResourceQuota status, no token or root CA
-// publishing, no workload controllers).
+// Nothing else of kube-controller-manager runs (no token or root CA publishing, no workload
+// controllers).
 
 import (
 	"context"
@@ -21,6 +28,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/quota/v1/generic"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/informers"
 	clientset "k8s.io/client-go/kubernetes"
@@ -31,9 +39,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/klog/v2"
+	pkgcontroller "k8s.io/kubernetes/pkg/controller"
+	"k8s.io/kubernetes/pkg/controller/clusterroleaggregation"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	namespacecontroller "k8s.io/kubernetes/pkg/controller/namespace"
+	resourcequotacontroller "k8s.io/kubernetes/pkg/controller/resourcequota"
 	serviceaccountcontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
+	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
 )
 
 const (
@@ -46,6 +58,11 @@ const (
 	// kube-controller-manager's default --namespace-sync-period; deletions are event-driven.
 	namespaceSyncPeriod = 5 * time.Minute
 	namespaceWorkers    = 2
+	// Quota status is recomputed on every change of a quota or of the objects it counts; the full
+	// resync is kube-controller-manager's --resource-quota-sync-period default. Discovery is read
+	// again as often as the garbage collector's, so quotas on CRD-backed counts work soon after.
+	quotaResyncPeriod = 5 * time.Minute
+	quotaWorkers      = 5
 )
 
 // startControllers starts the controllers against the API server of kubeconfig (the admin
@@ -147,11 +164,52 @@ func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
 		return fmt.Errorf("creating the serviceaccount controller: %w", err)
 	}
 
+	// Resource quota controller (cmd/kube-controller-manager/app/core.go newResourceQuotaController).
+	quotaClient, err := clientset.NewForConfig(config("resourcequota-controller"))
+	if err != nil {
+		return err
+	}
+	quotaDiscovery := quotaClient.Discovery().ServerPreferredNamespacedResources
+	objectOrMetadataInformers := informerfactory.NewInformerFactory(sharedInformers, metadataInformers)
+	quotaConfiguration, err := quotainstall.NewQuotaConfigurationForControllers(
+		generic.ListerFuncForResourceFunc(sharedInformers.ForResource), sharedInformers)
+	if err != nil {
+		return fmt.Errorf("configuring quota evaluators: %w", err)
+	}
+	quotas, err := resourcequotacontroller.NewController(ctx, &resourcequotacontroller.ControllerOptions{
+		QuotaClient:               quotaClient.CoreV1(),
+		ResourceQuotaInformer:     sharedInformers.Core().V1().ResourceQuotas(),
+		ResyncPeriod:              pkgcontroller.StaticResyncPeriodFunc(quotaResyncPeriod),
+		InformerFactory:           objectOrMetadataInformers,
+		ReplenishmentResyncPeriod: pkgcontroller.StaticResyncPeriodFunc(quotaResyncPeriod),
+		DiscoveryFunc:             quotaDiscovery,
+		IgnoredResourcesFunc:      quotaConfiguration.IgnoredResources,
+		InformersStarted:          informersStarted,
+		Registry:                  generic.NewRegistry(quotaConfiguration.Evaluators()),
+		UpdateFilter:              quotainstall.DefaultUpdateFilter(),
+	})
+	if err != nil {
+		return fmt.Errorf("creating the resource quota controller: %w", err)
+	}
+
+	// ClusterRole aggregation controller (cmd/kube-controller-manager/app/rbac.go).
+	aggregationClient, err := clientset.NewForConfig(config("clusterrole-aggregation-controller"))
+	if err != nil {
+		return err
+	}
+	aggregation := clusterroleaggregation.NewClusterRoleAggregation(
+		sharedInformers.Rbac().V1().ClusterRoles(),
+		aggregationClient.RbacV1(),
+	)
+
 	go wait.Until(restMapper.Reset, gcSyncPeriod, ctx.Done())
 	go gc.Run(ctx, gcWorkers, gcSyncPeriod)
 	go gc.Sync(ctx, syncDiscovery.Discovery(), gcSyncPeriod)
 	go namespaces.Run(ctx, namespaceWorkers)
 	go serviceAccounts.Run(ctx, 1)
+	go quotas.Run(ctx, quotaWorkers)
+	go aggregation.Run(ctx, 5)
+	go quotas.Sync(ctx, quotaDiscovery, gcSyncPeriod)
 
 	sharedInformers.Start(ctx.Done())
 	metadataInformers.Start(ctx.Done())
@@ -165,6 +223,6 @@ func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
 			return fmt.Errorf("informer for %v did not sync", typ)
 		}
 	}
-	logger.Info("started", "controllers", []string{"garbagecollector", "namespace", "serviceaccount"})
+	logger.Info("started", "controllers", []string{"garbagecollector", "namespace", "serviceaccount", "resourcequota", "clusterrole-aggregation"})
 	return nil
 }
