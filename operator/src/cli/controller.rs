@@ -36,6 +36,24 @@ pub struct ControllerArgs {
     /// Name of the device plugin's config ConfigMap (the plugin's `config.name`).
     #[arg(long, value_name = "NAME", default_value_t = Settings::default().device_plugin_config_map)]
     device_plugin_config_map: String,
+    /// A namespace the admission policies never judge (repeatable): the cluster's own and the
+    /// platform's node-level components (a CSI driver, node-exporter's host mounts). The device
+    /// plugin's and the controller's own namespace are always exempt; no tenant may list one.
+    #[arg(long = "exempt-namespace", value_name = "NS", default_values_t = Settings::default().exempt_namespaces)]
+    exempt_namespaces: Vec<String>,
+    /// A DeviceClass whose ResourceClaims are admitted in tenant and no-tenant namespaces
+    /// (repeatable; none by default: until the DRA mode governs claims, a claim could take any
+    /// tenant's GPU).
+    #[arg(long = "claim-device-class", value_name = "CLASS")]
+    claim_device_classes: Vec<String>,
+    /// A RuntimeClass that runs NVIDIA's container runtime (repeatable): a pod asking for no GPU
+    /// may not use it.
+    #[arg(long = "nvidia-runtime-class", value_name = "CLASS", default_values_t = Settings::default().nvidia_runtime_classes)]
+    nvidia_runtime_classes: Vec<String>,
+    /// An extended resource under nvidia.com/ or gputenancy.io/ that is not a GPU (a NIC's, say):
+    /// exempt from the allow-list of granted GPU resources (repeatable).
+    #[arg(long = "allowed-resource", value_name = "NAME")]
+    allowed_resources: Vec<String>,
     /// Milliseconds of quiet after a change before a pass runs (a burst of changes makes one pass).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     debounce_ms: u64,
@@ -52,7 +70,11 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             settings: Settings {
                 device_plugin_namespace: args.device_plugin_namespace,
                 device_plugin_config_map: args.device_plugin_config_map,
-                ..Settings::default()
+                operator_namespace: args.leader_election_namespace.clone(),
+                exempt_namespaces: args.exempt_namespaces,
+                claim_device_classes: args.claim_device_classes,
+                nvidia_runtime_classes: args.nvidia_runtime_classes,
+                allowed_resources: args.allowed_resources,
             },
             metrics_addr: args.metrics_addr,
             leader: (!args.no_leader_election).then(|| LeaderOptions {

@@ -261,7 +261,10 @@ fn cases() -> Vec<Case> {
         refused(
             "a privileged container in a namespace of no tenant",
             NONE_NS,
-            pod(json!({"securityContext": {"privileged": true, "allowPrivilegeEscalation": true}}), json!({})),
+            pod(
+                json!({"securityContext": {"privileged": true, "allowPrivilegeEscalation": true}}),
+                json!({}),
+            ),
             &[none, "privileged"],
         ),
         refused(
@@ -276,7 +279,10 @@ fn cases() -> Vec<Case> {
         refused(
             "a privileged container in a tenant namespace (Pod Security baseline first)",
             "atk-mps",
-            pod(json!({"securityContext": {"privileged": true, "allowPrivilegeEscalation": true}}), json!({})),
+            pod(
+                json!({"securityContext": {"privileged": true, "allowPrivilegeEscalation": true}}),
+                json!({}),
+            ),
             &["violates PodSecurity \"baseline:latest\"", "privileged"],
         ),
         refused(

@@ -213,13 +213,15 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
         (
             &ext_ns,
             pod("shared", json!({"nvidia.com/gpu.shared": "1"}), json!([])),
-            Some(format!("GpuTenant {ext} (tier external) may not use shared GPUs")),
+            Some(format!(
+                "GpuTenant {ext} (tier external) may not use nvidia.com/gpu.shared: it was granted nvidia.com/mig-1g.10gb"
+            )),
         ),
         (
             &ext_ns,
             pod("two", json!({"nvidia.com/mig-1g.10gb": "2"}), json!([])),
             Some(format!(
-                "GpuTenant {ext} (tier external) allows at most 1 GPUs per pod (spec.limits.maxGpusPerPod); this pod asks for 2"
+                "GpuTenant {ext} (tier external) allows at most 1 GPUs per pod (spec.limits.maxGpusPerPod); this pod holds 2 at once"
             )),
         ),
         (

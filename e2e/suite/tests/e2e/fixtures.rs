@@ -10,7 +10,8 @@ pub fn valid(kind: &str, name: &str) -> Value {
         "SharingPolicy" => json!({
             "tiers": [
                 {"name": "external", "modes": ["MIG", "Exclusive"], "coLocation": "Forbidden", "scrubMemory": "Always"},
-                {"name": "internal", "modes": ["MIG", "MPS", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange"},
+                {"name": "internal", "modes": ["MIG", "MPS", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange",
+                 "podSecurity": "Baseline", "priorityClassNames": ["batch-low"]},
                 {"name": "experimental", "modes": ["MIG", "MPS", "TimeSlicing", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange"}
             ],
             "memoryHeadroomPercent": 10,

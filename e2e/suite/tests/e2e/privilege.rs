@@ -375,12 +375,24 @@ async fn tenant_users_read_their_status_write_nothing_and_are_judged_by_admissio
         .iter()
         .map(|t| serde_json::from_value(t.clone()).unwrap())
         .collect();
+    // One H100 cut into 1g.10gb instances, so the team holds a grant (a pod may ask only for
+    // what its tenant was granted).
+    let plan: gpu_tenancy::api::GpuPartitionPlan = serde_json::from_value(json!({
+        "apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": format!("{team}-plan")},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": team}}, "gpus": [{"devices": "all", "mode": "MIG",
+            "mig": {"profiles": ["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"]}}]}}))
+    .unwrap();
+    let inventory: gpu_tenancy::inventory::InventoryFile = serde_saphyr::from_str(&format!(
+        "nodes:\n- name: {team}-node\n  labels: {{pool: {team}}}\n  gpus:\n  - {{pciDeviceId: \"0x233010DE\"}}\n"
+    ))
+    .unwrap();
+    let nodes = inventory.resolve().unwrap();
     let d = desired(
         &PlanInput {
             policies: &input_policies,
             tenants: &input_tenants,
-            plans: &[],
-            nodes: &[],
+            plans: std::slice::from_ref(&plan),
+            nodes: &nodes,
         },
         &Settings::default(),
         &Time(jiff::Timestamp::now()),
@@ -533,7 +545,7 @@ async fn tenant_users_read_their_status_write_nothing_and_are_judged_by_admissio
     let msg = outcome(pods.create(&dry, &pod(json!({"nvidia.com/gpu": "1"}), json!([]))).await).unwrap_err();
     assert!(
         msg.contains(&format!(
-            "GpuTenant {team} (tier mig-only) may not use whole GPUs (nvidia.com/gpu): its tier allows MIG"
+            "GpuTenant {team} (tier mig-only) may not use nvidia.com/gpu: it was granted nvidia.com/mig-1g.10gb"
         )),
         "{msg}"
     );

@@ -243,8 +243,24 @@ fn cel_cases() -> Vec<(&'static str, Case)> {
     const TS_IFF: &str = "self.mode == 'TimeSlicing' ? has(self.timeSlicing) : !has(self.timeSlicing)";
     const MAX_UNAVAILABLE: &str = "string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')";
     const NODE_MIG_ONLY: &str = "self.mode == 'MIG' || !has(self.migInstances) || size(self.migInstances) == 0";
+    const NO_SYSTEM_CLASSES: &str = "self.all(c, !c.startsWith('system-'))";
     let max_unavailable_msg = "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%";
     vec![
+        (
+            NO_SYSTEM_CLASSES,
+            cel_case(
+                "SharingPolicy",
+                "system-priority-class",
+                &["spec.tiers[0].priorityClassNames", "system PriorityClasses"],
+                |o| {
+                    set(
+                        o,
+                        "spec.tiers.0.priorityClassNames",
+                        json!(["batch", "system-cluster-critical"]),
+                    )
+                },
+            ),
+        ),
         (
             UNIQUE_TIERS,
             cel_case(

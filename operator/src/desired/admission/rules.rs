@@ -154,7 +154,7 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
             out.push(validation_with(
                 &format!("{} && variables.asked.exists(k, !(k in {allowed}))", when::CREATED),
                 format!(
-                    "{} + ' may not use ' + variables.asked.filter(k, !(k in {allowed})).join(', ') + ': it was granted {granted} (a GPU resource not granted is refused, not unlimited)'",
+                    "{} + ' may not use ' + variables.asked.filter(k, !(k in {allowed})).distinct().join(', ') + ': it was granted {granted} (a GPU resource not granted is refused, not unlimited)'",
                     quote(&who)
                 ),
             ));
@@ -269,7 +269,7 @@ pub fn claims(who: &str, classes: &[String]) -> Value {
     validation_with(
         &format!("variables.classes.exists(c, !(c in {allowed}))"),
         format!(
-            "{who} + ': ResourceClaims for device class ' + variables.classes.filter(c, !(c in {allowed})).join(', ') + ' are refused: until gpu-tenancy\\'s DRA mode governs claims, a claim could take any tenant\\'s GPU; only classes named by the controller\\'s --claim-device-class ({}) are admitted'",
+            "{who} + ': ResourceClaims for device class ' + variables.classes.filter(c, !(c in {allowed})).distinct().join(', ') + ' are refused: until gpu-tenancy\\'s DRA mode governs claims, a claim could take any tenant\\'s GPU; only classes named by the controller\\'s --claim-device-class ({}) are admitted'",
             if classes.is_empty() {
                 "none".to_string()
             } else {
