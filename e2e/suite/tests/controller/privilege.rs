@@ -7,15 +7,15 @@
 //! used, or be listed below with why the run cannot show it; nothing may have been refused.
 
 use crate::support::*;
-use gpu_tenancy::api::{GpuPartitionPlan, GpuTenant};
+use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
 use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, impersonating};
 use gpu_tenancy_e2e::procs::{CONTROLLER_LEASE, CONTROLLER_NAMESPACE, ControllerProcess};
 use gpu_tenancy_e2e::{Cleanup, kubeconfig_path, kubectl_async, repo_root};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
-use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
@@ -333,6 +333,56 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
         },
     )
     .await;
+
+    // An eviction an agent asks for: h100-mig's nodes go to busyGpuPolicy Evict, the agent of
+    // gpu-h100-1 lists a GPU pod of its node in its status, and the controller reads the pod and
+    // evicts it (its only get of one object, and its pods/eviction grant).
+    let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
+    plans
+        .patch(
+            "h100-mig",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rollout": {"busyGpuPolicy": "Evict"}}})),
+        )
+        .await
+        .unwrap();
+    let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
+    wait_for("gpu-h100-1's spec says busyGpuPolicy Evict", 60, || async {
+        gpu_nodes.get("gpu-h100-1").await.unwrap().spec.busy_gpu_policy == gpu_tenancy::api::BusyGpuPolicy::Evict
+    })
+    .await;
+    let system_pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let trainer: Pod = serde_json::from_value(json!({"metadata": {"name": "privilege-trainer"},
+        "spec": {"nodeName": "gpu-h100-1", "containers": [{"name": "c", "image": "registry.invalid/cuda:12",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}]}}))
+    .unwrap();
+    let trainer = system_pods.create(&PostParams::default(), &trainer).await.unwrap();
+    let mut status = gpu_nodes.get("gpu-h100-1").await.unwrap().status.unwrap();
+    status.eviction_requests = vec![gpu_tenancy::api::EvictionRequest {
+        namespace: "kube-system".into(),
+        name: trainer.name_any(),
+        uid: trainer.uid().unwrap(),
+        gpus: vec![4],
+    }];
+    write_status(&client, "gpu-h100-1", &status).await;
+    wait_for("the asked-for pod evicted by the controller", 60, || async {
+        system_pods
+            .get("privilege-trainer")
+            .await
+            .is_ok_and(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    status.eviction_requests.clear();
+    write_status(&client, "gpu-h100-1", &status).await;
+    let _ = system_pods
+        .delete(
+            "privilege-trainer",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await;
 
     // A watch shows in the log when its response starts; a watcher may open it a moment after
     // its list (or after a retry): give each listed kind up to 15 s to show its watch.

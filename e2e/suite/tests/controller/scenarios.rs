@@ -52,7 +52,8 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
         .await
         .unwrap();
     let keys: Vec<&String> = cm.data.as_ref().unwrap().keys().collect();
-    assert_eq!(keys, ["exclusive", "mig-mixed", "mps-4", "time-slicing-4"]);
+    // Every node's config, and `default`: the config the plugin refuses, for nodes with no plan.
+    assert_eq!(keys, ["default", "exclusive", "mig-mixed", "mps-4", "time-slicing-4"]);
     let h200 = Api::<Node>::all(client.clone()).get("gpu-h200-1").await.unwrap();
     assert_eq!(h200.labels()["nvidia.com/device-plugin.config"], "time-slicing-4");
     // Ours beside the others' (the API server taints a new Node not-ready): only our keys were written.
@@ -160,7 +161,7 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
         short.message
     );
 
-    // (d) Isolation, by the API server: team-beta (internal: MIG, MPS, Exclusive) may not tolerate
+    // (d) Isolation, by the API server: team-beta (MPS shares and MIG instances) may not tolerate
     // the time-slicing taint; its MIG pod is admitted.
     // No controller-manager may run here to give the namespace its default ServiceAccount.
     let sa: k8s_openapi::api::core::v1::ServiceAccount =
@@ -184,7 +185,7 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
         .expect_err("a time-slicing toleration of an internal tenant is refused");
     assert!(
         refused.to_string().contains(
-            "GpuTenant team-beta (tier internal) may not tolerate the taint gputenancy.io/sharing=TimeSlicing"
+            "GpuTenant team-beta (tier internal) may tolerate the taint gputenancy.io/sharing only with operator Equal and the value of a mode it holds shares of (MPS)"
         ),
         "{refused}"
     );
