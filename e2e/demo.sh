@@ -6,6 +6,8 @@
 # objects with the labels NVIDIA's GPU feature discovery would set.
 #
 # GPU_TENANCY_DEMO_EXIT=1: exit after the first complete print, 0 only if all became Ready.
+# Otherwise it keeps running and prints every change of a GpuTenant or GpuNode until Ctrl-C
+# (e2e/run-check.sh, the last step of `make test`, holds it to that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -21,7 +23,8 @@ die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 
 PIDS=()
 cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	# A watch is a subshell with kubectl as its child: stop the child too.
+	for p in "${PIDS[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
 	[[ -x "$ROOT/e2e/bin/controlplane" ]] && "$ROOT/e2e/bin/controlplane" down --dir "$DIR/controlplane" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -116,4 +119,17 @@ if [[ "${GPU_TENANCY_DEMO_EXIT:-}" == 1 ]]; then
 	exit 0
 fi
 say "running; try: KUBECONFIG=$KUBECONFIG $KUBECTL edit gputenant team-beta   (Ctrl-C stops everything)"
-k get gputenants,gpunodes --watch-only
+# kubectl watches one resource type per command ("you may only specify a single resource type"
+# with --watch-only): one watch per kind, each started again when the API server ends its watch.
+watch_kind() {
+	while :; do
+		k get "$1" --watch-only || true
+		sleep 1
+	done
+}
+watch_kind gputenants &
+PIDS+=($!)
+watch_kind gpunodes &
+PIDS+=($!)
+# Until Ctrl-C (or a TERM): the traps above stop the watches, agents, controller and control plane.
+while :; do sleep 1; done
