@@ -10,12 +10,12 @@
 //! processes through [`MemGpus::start_process`].
 
 use crate::rng::Rng;
-use gpu_tenancy::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
-use gpu_tenancy::agent::gpu::{ActionError, Gpus};
-use gpu_tenancy::agent::scrub::ScrubReport;
 use gpu_tenancy::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, Placement, ProcessStatus,
 };
+use gpu_tenancy::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
+use gpu_tenancy::gpu::scrub::ScrubReport;
+use gpu_tenancy::gpu::{ActionError, Gpus};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

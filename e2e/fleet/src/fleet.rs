@@ -1,5 +1,5 @@
 //! Many simulated nodes in one process, each running the agent's own Kubernetes loop
-//! (`gpu_tenancy::agent_loop::run_node`) on an in-memory GPU backend.
+//! (`gpu_tenancy::agent::run_node`) on an in-memory GPU backend.
 //!
 //! What differs from a thousand real agents is only where a spec change is heard: one shared
 //! watch of all GpuNodes wakes the node's task (a thousand watches of one object each would be
@@ -11,7 +11,7 @@ use crate::backend::{MemGpus, ModelTemplate, Tally, Trouble};
 use crate::generate::{self, FleetNode, GPUS_PER_NODE, Model};
 use crate::rng::Rng;
 use futures::StreamExt;
-use gpu_tenancy::agent_loop::{self, Options};
+use gpu_tenancy::agent::{self, Options};
 use gpu_tenancy::api::{ConditionSet, GpuNode, condition_status};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -329,7 +329,7 @@ impl Fleet {
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            if let Err(e) = agent_loop::run_node(client, gpus, opts, generations, shutdown).await {
+            if let Err(e) = agent::run_node(client, gpus, opts, generations, shutdown).await {
                 tracing::warn!(node = %name, error = %e, "agent stopped");
             }
         });

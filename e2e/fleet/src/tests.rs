@@ -4,9 +4,9 @@
 
 use crate::backend::{MemGpus, ModelTemplate, Tally, Trouble};
 use crate::generate::{self, Model, Pool};
-use gpu_tenancy::agent::apply::{ApplyOptions, apply};
-use gpu_tenancy::agent::gpu::Gpus;
 use gpu_tenancy::api::{GpuNodeSpec, GpuNodeStatus};
+use gpu_tenancy::gpu::Gpus;
+use gpu_tenancy::gpu::apply::{ApplyOptions, apply};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -139,8 +139,8 @@ fn an_injected_nvml_failure_is_reported_and_the_next_apply_retries() {
 
 #[test]
 fn the_backend_refuses_what_nvml_refuses() {
-    use gpu_tenancy::agent::actions::Action;
     use gpu_tenancy::api::Placement;
+    use gpu_tenancy::gpu::actions::Action;
     let (gpus, _) = h100_node(Arc::new(Trouble::default()));
     let create = |start, size, profile_id: u32, profile: &str| Action::CreateInstance {
         gpu: 1,

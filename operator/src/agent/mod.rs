@@ -1,19 +1,302 @@
-//! The node agent's GPU layer: discover the node's GPUs through NVML and make them match a
-//! GpuNode spec, safely and with the fewest changes (DESIGN.md §2, §4).
+//! `gpu-tenancy agent run`: the node agent, the Kubernetes loop around the GPU layer ([`crate::gpu`]).
 //!
-//! [`actions`] decides (pure), [`gpu::nvml`] reads and mutates the GPUs, [`scrub`] clears memory
-//! through CUDA, [`mps`] supervises the MPS daemon, [`apply`] runs the loop and [`status`] builds
-//! what the agent publishes. No Kubernetes here: the loop that watches GpuNodes passes the
-//! published status where the command line passes `--status FILE`.
+//! It creates its node's GpuNode if missing, watches it, and on every change of the spec (and every
+//! `poll` interval, to find drift: a reboot, someone with nvidia-smi) applies the spec to the GPUs
+//! with the published status as the previous state, so who had each GPU and when it was scrubbed
+//! survives restarts. The status is written with server-side apply (field manager
+//! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
+//! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
+//! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
+//! pods that may hold a busy GPU are listed in the status (`evictionRequests`) for the controller
+//! to evict: an agent cannot be kept to its own node's pods if it may evict (an Eviction names no
+//! node), so it may not; the controller checks each pod's node before it evicts.
+//!
+//! The loop is generic over the GPU backend ([`Gpus`]) and over where spec changes come from, so a
+//! simulated fleet (`e2e/fleet`) runs this very loop for each of its nodes: [`run`] is the
+//! production agent (NVML, a watch on its own GpuNode), [`run_node`] the loop itself.
 
-pub mod actions;
-pub mod apply;
-pub mod gpu;
-pub mod mps;
-pub mod output;
-pub mod plugin_mps;
-pub mod scrub;
-pub mod status;
+pub mod device_plugin;
 
-#[cfg(test)]
-mod tests;
+use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
+use crate::gpu::Gpus;
+use crate::gpu::apply::{ApplyOptions, apply};
+use crate::gpu::nvml::NvmlGpus;
+use crate::gpu::scrub::CudaLib;
+use crate::labels::CONFIG_STATE;
+use device_plugin::mps::{self as plugin_mps, MpsRoot};
+use device_plugin::{BUSY, eviction_requests, restart_device_plugin};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Field manager of what the agent writes.
+pub const FIELD_MANAGER: &str = "gpu-tenancy-agent";
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub node: String,
+    /// The NVML and CUDA libraries of [`run`]'s backend (other backends ignore them).
+    pub nvml_lib: Option<OsString>,
+    pub cuda_lib: Option<PathBuf>,
+    /// How often the GPUs are read again without a spec change (drift).
+    pub poll: Duration,
+    /// Namespace and label selector of NVIDIA's device plugin pods (restarted after a MIG change).
+    pub device_plugin_namespace: String,
+    pub device_plugin_selector: String,
+    /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
+    /// `None` reports nothing (backends without a device plugin).
+    pub mps_root: Option<PathBuf>,
+}
+
+/// `pending`, `success` or `failed` from the published conditions.
+fn config_state(status: &GpuNodeStatus) -> &'static str {
+    if condition_status(&status.conditions, ConditionSet::STALLED) == Some(true) {
+        "failed"
+    } else if condition_status(&status.conditions, ConditionSet::READY) == Some(true) {
+        "success"
+    } else {
+        "pending"
+    }
+}
+
+/// Per GPU index, its MIG instances as (profile, start, size).
+type MigLayout = Vec<(u32, Vec<(String, u32, u32)>)>;
+
+/// The MIG layout of a status, to tell whether a pass changed it.
+fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
+    status
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.index,
+                g.instances
+                    .iter()
+                    .map(|i| (i.profile.clone(), i.placement.start, i.placement.size))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// One pass: read the GpuNode, apply its spec, publish what changed.
+pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<(), String> {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let node = match api
+        .get_opt(&opts.node)
+        .await
+        .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?
+    {
+        Some(n) => n,
+        None => {
+            let created = api
+                .create(&PostParams::default(), &GpuNode::new(&opts.node, Default::default()))
+                .await;
+            match created {
+                Ok(n) => n,
+                Err(kube::Error::Api(e)) if e.code == 409 => api
+                    .get(&opts.node)
+                    .await
+                    .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?,
+                Err(e) => return Err(format!("creating GpuNode {}: {e}", opts.node)),
+            }
+        }
+    };
+    let spec = node.spec.clone();
+    let prev = node.status.clone();
+    let generation = node.metadata.generation;
+    let apply_opts = ApplyOptions {
+        // In a cluster the device plugin's own MPS daemon serves pods (README, "MPS"); a second
+        // daemon would fight it, so the agent supervises none.
+        mps: None,
+        dry_run: false,
+    };
+    let g = gpus.clone();
+    let prev_for_apply = prev.clone();
+    let applied = match tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
+        .await
+        .map_err(|e| format!("the GPU pass stopped: {e}"))?
+    {
+        Ok(applied) => applied,
+        Err(e) => {
+            // NVML failed for the whole node (a system query, the device count): without this
+            // the GpuNode would keep its last Ready=True while nothing is applied or watched.
+            report_nvml_failure(&api, opts, prev.as_ref(), &e).await;
+            return Err(e);
+        }
+    };
+    let mut status = applied.status;
+    status.observed_generation = generation;
+    // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
+    for c in &mut status.conditions {
+        c.observed_generation = generation;
+    }
+    if let Some(root) = &opts.mps_root {
+        let root = MpsRoot(root.clone());
+        let found = plugin_mps::observe(&root);
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+        plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
+    }
+    if node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
+        let busy: Vec<&GpuStatus> = status
+            .gpus
+            .iter()
+            .filter(|g| g.reason.as_deref() == Some(BUSY) && node.spec.gpus.iter().any(|s| s.index == g.index))
+            .collect();
+        status.eviction_requests = if busy.is_empty() {
+            vec![]
+        } else {
+            // A failed list keeps the requests last published (nothing asked is better than
+            // nothing known): they are made again on the next pass.
+            eviction_requests(client, opts, &busy)
+                .await
+                .unwrap_or_else(|| prev.as_ref().map(|p| p.eviction_requests.clone()).unwrap_or_default())
+        };
+    }
+    if prev.as_ref() != Some(&status) {
+        api.patch_status(
+            &opts.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status})),
+        )
+        .await
+        .map_err(|e| format!("writing GpuNode {} status: {e}", opts.node))?;
+        tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
+    }
+    let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
+    if mig_changed {
+        restart_device_plugin(client, opts).await;
+    }
+    label_config_state(client, opts, config_state(&status)).await;
+    Ok(())
+}
+
+/// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its
+/// last status (the GPUs as last seen, the generation last applied). Best effort: the pass is
+/// retried with backoff either way.
+async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&GpuNodeStatus>, error: &str) {
+    let mut status = prev.cloned().unwrap_or_default();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let message = format!(
+        "NVML failed for the whole node, nothing was applied: {error}; the agent retries with backoff (check the driver with nvidia-smi)"
+    );
+    let generation = status.observed_generation;
+    crate::api::set_condition(
+        &mut status.conditions,
+        ConditionSet::READY,
+        false,
+        "NvmlFailed",
+        message,
+        generation,
+        &now,
+    );
+    if prev == Some(&status) {
+        return;
+    }
+    let patch = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status});
+    if let Err(e) = api
+        .patch_status(
+            &opts.node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        tracing::warn!(node = %opts.node, error = %e, "cannot report the NVML failure in the GpuNode status");
+    }
+}
+
+/// Keeps `gputenancy.io/config.state` on the node; written only when it changes.
+async fn label_config_state(client: &Client, opts: &Options, state: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = match nodes.get_opt(&opts.node).await {
+        Ok(Some(n)) => n.labels().get(CONFIG_STATE).cloned(),
+        Ok(None) => return, // no Node object (outside a cluster's node set): nothing to label
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the node");
+            return;
+        }
+    };
+    if current.as_deref() == Some(state) {
+        return;
+    }
+    let patch = json!({"metadata": {"labels": {CONFIG_STATE: state}}});
+    if let Err(e) = nodes
+        .patch(&opts.node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(error = %e, "could not label the node");
+    }
+}
+
+/// The production agent: NVML (and CUDA for scrubs) from `opts`, a watch on this node's GpuNode;
+/// runs [`run_node`] until `shutdown`.
+pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    let nvml_lib = opts.nvml_lib.clone();
+    let cuda = CudaLib(opts.cuda_lib.clone());
+    let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
+        .await
+        .map_err(|e| e.to_string())??
+        .with_cuda(cuda);
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let generations = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|ev| {
+        ev.map(|n| n.metadata.generation)
+            .map_err(|e| format!("watching the GpuNode failed: {e}"))
+    });
+    run_node(client, Arc::new(gpus), opts, generations, shutdown).await
+}
+
+/// Runs until `shutdown`: a pass at once, on every new spec generation `generations` brings (the
+/// GpuNode's `metadata.generation` as it changes) and every `poll`; failed passes are retried
+/// with backoff. Writes go to this node's objects only, as a real agent's do.
+pub async fn run_node<G: Gpus + 'static>(
+    client: Client,
+    gpus: Arc<G>,
+    opts: Options,
+    generations: impl Stream<Item = Result<Option<i64>, String>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let mut changes = std::pin::pin!(generations);
+    let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
+    let mut wait = Duration::ZERO;
+    tokio::pin!(shutdown);
+    let mut last_generation: Option<i64> = None;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(wait) => {}
+            ev = changes.next() => {
+                match ev {
+                    // Our own status writes come back as events; only a new spec is worth a pass.
+                    Some(Ok(g)) if g == last_generation => continue,
+                    Some(Ok(g)) => last_generation = g,
+                    Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }
+                    None => return Err(format!("the watch of GpuNode {} ended", opts.node)),
+                }
+            }
+        }
+        match pass(&client, &gpus, &opts).await {
+            Ok(()) => {
+                backoff.reset();
+                wait = opts.poll;
+            }
+            Err(e) => {
+                wait = backoff.next();
+                tracing::warn!(node = %opts.node, error = %e, retry_in = ?wait, "agent pass failed");
+            }
+        }
+    }
+}

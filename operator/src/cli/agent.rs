@@ -1,12 +1,12 @@
 //! `gpu-tenancy agent`: the node agent's GPU layer on the command line, usable on its own like
 //! `nvidia-mig-parted apply`.
 
-use crate::agent::apply::{ApplyOptions, apply};
-use crate::agent::gpu::nvml::NvmlGpus;
-use crate::agent::mps::{DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsConfig};
-use crate::agent::output;
-use crate::agent::scrub::{self, CudaLib};
 use crate::api::{GpuNodeSpec, GpuNodeStatus};
+use crate::cli::gpu_output;
+use crate::gpu::apply::{ApplyOptions, apply};
+use crate::gpu::mps::{DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsConfig};
+use crate::gpu::nvml::NvmlGpus;
+use crate::gpu::scrub::{self, CudaLib};
 use clap::{Subcommand, ValueEnum};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,7 @@ pub struct RunArgs {
     device_plugin_selector: String,
     /// The device plugin's MPS root (its `--mps-root`), mounted read-only: the agent reports
     /// whether the plugin's MPS daemon has started as the GpuNode condition MpsDaemonReady.
-    #[arg(long, value_name = "DIR", default_value = crate::agent::plugin_mps::DEFAULT_MPS_ROOT)]
+    #[arg(long, value_name = "DIR", default_value = crate::agent::device_plugin::mps::DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
     /// Log format: `text` or `json`. `RUST_LOG` sets the level.
     #[arg(long, value_enum, default_value_t = super::logging::LogFormat::Text)]
@@ -136,8 +136,8 @@ pub struct RunArgs {
 
 fn run_in_cluster(args: RunArgs) -> i32 {
     super::logging::init(args.log_format, "info");
-    super::cluster::with_client(|client| async move {
-        let opts = crate::agent_loop::Options {
+    crate::runtime::client::with_client(|client| async move {
+        let opts = crate::agent::Options {
             node: args.node_name,
             nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
             cuda_lib: args.cuda_lib,
@@ -146,7 +146,7 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             device_plugin_selector: args.device_plugin_selector,
             mps_root: Some(args.mps_root),
         };
-        match crate::agent_loop::run(client, opts, super::cluster::shutdown_signal()).await {
+        match crate::agent::run(client, opts, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -170,8 +170,8 @@ pub fn run(cmd: AgentCommand) -> i32 {
             let result = NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
             match result {
                 Ok(mut s) => {
-                    s.layout = Some(crate::agent::status::layout(&s, &GpuNodeSpec::default()));
-                    print(&s, output, || output::discover_table(&s));
+                    s.layout = Some(crate::gpu::status::layout(&s, &GpuNodeSpec::default()));
+                    print(&s, output, || gpu_output::discover_table(&s));
                     0
                 }
                 Err(e) => fail(&e),
@@ -230,7 +230,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                     return fail(&e);
                 }
             }
-            print(&applied.status, output, || output::apply_table(&applied.status));
+            print(&applied.status, output, || gpu_output::apply_table(&applied.status));
             let all = spec.gpus.iter().all(|g| {
                 applied
                     .status

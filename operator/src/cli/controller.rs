@@ -61,7 +61,7 @@ pub struct ControllerArgs {
 
 pub fn run_controller(args: ControllerArgs) -> i32 {
     logging::init(args.log_format, "info");
-    super::cluster::with_client(|client| async move {
+    crate::runtime::client::with_client(|client| async move {
         let identity = args
             .identity
             .or_else(|| std::env::var("HOSTNAME").ok())
@@ -85,7 +85,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             }),
             debounce: Duration::from_millis(args.debounce_ms),
         };
-        match run(client, options, super::cluster::shutdown_signal()).await {
+        match run(client, options, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");

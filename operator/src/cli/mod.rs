@@ -3,9 +3,9 @@
 //! Exit codes: 0 success, 1 the input has problems (listed one per line), 2 usage or read errors.
 
 pub mod agent;
-mod cluster;
 mod controller;
 pub mod crd;
+mod gpu_output;
 mod load;
 pub mod logging;
 mod migparted;

@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::metrics::{self, Metrics};
-use super::retry::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// The default of `--metrics-addr`.
 pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";

@@ -36,7 +36,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::retry::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// The default lease duration: a crashed leader is replaced within about this long.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);

@@ -12,7 +12,6 @@ mod evict;
 pub mod http;
 pub mod leader;
 pub mod metrics;
-pub mod retry;
 mod run;
 pub mod stores;
 pub mod writer;

@@ -10,11 +10,11 @@ mod execute;
 
 pub use super::ActionError;
 
-use crate::agent::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
-use crate::agent::scrub::{self, Amount, CudaLib, ScrubReport};
 use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
+use crate::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
+use crate::gpu::scrub::{self, Amount, CudaLib, ScrubReport};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;

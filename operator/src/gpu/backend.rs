@@ -1,13 +1,11 @@
 //! Access to the GPUs, behind [`Gpus`]: what one apply needs from a node's GPUs (read them, carry
 //! out one NVML action, clear a device's memory).
 //!
-//! The production backend is NVML ([`nvml::NvmlGpus`]); tests load that same backend against the
+//! The production backend is NVML ([`super::nvml::NvmlGpus`]); tests load that same backend against the
 //! simulated `libnvidia-ml.so` in `e2e/nvml-sim`, so there is no second implementation to trust
 //! for the agent's own tests. The trait exists so that a fleet of many simulated nodes can run the
 //! agent's exact apply and Kubernetes loop in one process (`e2e/fleet`), each node on an in-memory
 //! backend, where a thousand loaded copies of the NVML library could not.
-
-pub mod nvml;
 
 use super::actions::Action;
 use super::scrub::ScrubReport;

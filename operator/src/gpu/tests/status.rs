@@ -2,9 +2,9 @@
 //! ready, drift, and the MPS daemon's defaults.
 
 use super::*;
-use crate::agent::actions::{ScrubTarget, plan_node};
-use crate::agent::mps;
-use crate::agent::status::{RunRecord, build};
+use crate::gpu::actions::{ScrubTarget, plan_node};
+use crate::gpu::mps;
+use crate::gpu::status::{RunRecord, build};
 
 fn t0() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap())
@@ -176,7 +176,7 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
             ("GPU-0", Some("a"))
         );
         assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
-        assert!(crate::agent::status::drift(&observed, &spec, Some(&prev)).is_empty());
+        assert!(crate::gpu::status::drift(&observed, &spec, Some(&prev)).is_empty());
     }
 }
 
@@ -243,18 +243,18 @@ fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
         gpus: vec![gpu(0, "H100-80GB", true)],
         ..Default::default()
     };
-    let found = crate::agent::status::drift(&now, &spec, Some(&prev));
+    let found = crate::gpu::status::drift(&now, &spec, Some(&prev));
     assert_eq!(found[&0], "GPU 0: applied 7g.80gb@0:8, found MIG on, no instances");
     // Matching hardware, no previous status, or a changed spec: none of these is drift.
     let same = GpuNodeStatus {
         gpus: vec![applied],
         ..Default::default()
     };
-    assert!(crate::agent::status::drift(&same, &spec, Some(&prev)).is_empty());
-    assert!(crate::agent::status::drift(&now, &spec, None).is_empty());
+    assert!(crate::gpu::status::drift(&same, &spec, Some(&prev)).is_empty());
+    assert!(crate::gpu::status::drift(&now, &spec, None).is_empty());
     let changed = GpuNodeSpec {
         gpus: vec![mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))])],
         ..Default::default()
     };
-    assert!(crate::agent::status::drift(&now, &changed, Some(&prev)).is_empty());
+    assert!(crate::gpu::status::drift(&now, &changed, Some(&prev)).is_empty());
 }

@@ -6,7 +6,7 @@
 //! instance UUIDs). A MIG mode change takes one round, the layout the next, scrubs the one after.
 
 use super::actions::{Action, GpuPlan, RunMemory, ScrubTarget, plan_node};
-use super::gpu::Gpus;
+use super::backend::Gpus;
 use super::mps::{self, MpsConfig};
 use super::status::{self, RunRecord};
 use crate::api::{GpuNodeSpec, GpuNodeStatus, ScrubRecord};

@@ -2,8 +2,8 @@
 //! activation status of a MIG mode change.
 
 use super::{Ci, NvmlGpus, check, err, sym};
-use crate::agent::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
-use crate::agent::gpu::ActionError;
+use crate::gpu::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
+use crate::gpu::backend::ActionError;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings::*;
