@@ -61,6 +61,27 @@ pub const MANAGED_BY_VALUE: &str = "gpu-tenancy";
 /// (FACTS.md §3). Written by the node agent; read by people and automation waiting for a node.
 pub const CONFIG_STATE: &str = "gputenancy.io/config.state";
 
+/// The values of [`CONFIG_STATE`], mig-manager's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigState {
+    /// The agent has not applied the current spec yet.
+    Pending,
+    /// Every GPU matches the spec.
+    Success,
+    /// The spec cannot be applied (the GpuNode is `Stalled`).
+    Failed,
+}
+
+impl ConfigState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigState::Pending => "pending",
+            ConfigState::Success => "success",
+            ConfigState::Failed => "failed",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@
 
 use crate::rng::Rng;
 use gpu_tenancy::api::{
-    DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, Placement, ProcessStatus,
+    DriverInfo, GpuNodeStatus, GpuReason, GpuStatus, MigInstanceStatus, MigModeStatus, Placement, ProcessStatus,
 };
 use gpu_tenancy::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
 use gpu_tenancy::gpu::scrub::ScrubReport;
@@ -95,7 +95,7 @@ pub struct MemGpus {
     tally: Arc<Tally>,
 }
 
-fn nvml_error(reason: &'static str, message: String) -> ActionError {
+fn nvml_error(reason: GpuReason, message: String) -> ActionError {
     ActionError { reason, message }
 }
 
@@ -184,7 +184,7 @@ impl MemGpus {
         if ppm > 0 && st.rng.below(1_000_000) < u64::from(ppm) {
             self.tally.injected_failures.fetch_add(1, Ordering::Relaxed);
             return Err(nvml_error(
-                "Failed",
+                GpuReason::Failed,
                 format!("{call}: Unknown Error (NVML_ERROR_UNKNOWN, injected by the fleet simulator)"),
             ));
         }
@@ -246,7 +246,7 @@ impl Gpus for MemGpus {
         let index = action.gpu();
         if st.gpus.get(index as usize).is_none() {
             return Err(nvml_error(
-                "Failed",
+                GpuReason::Failed,
                 format!(
                     "node {}: GPU {index}: no such GPU (NVML_ERROR_INVALID_ARGUMENT)",
                     self.node
@@ -262,7 +262,7 @@ impl Gpus for MemGpus {
             Action::SetComputeMode { .. } => "nvmlDeviceSetComputeMode",
             Action::Scrub { .. } => {
                 return Err(nvml_error(
-                    "Failed",
+                    GpuReason::Failed,
                     format!("GPU {index}: a scrub is not an NVML action"),
                 ));
             }
@@ -278,7 +278,7 @@ impl Gpus for MemGpus {
                 }
                 if !*enable && !g.instances.is_empty() {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}): In use by another client (GPU instances exist)"),
                     ));
                 }
@@ -287,7 +287,7 @@ impl Gpus for MemGpus {
                 if !pids.is_empty() {
                     // NVML: the call succeeds, the activation status is IN_USE and the mode stays pending.
                     return Err(nvml_error(
-                        "Busy",
+                        GpuReason::Busy,
                         format!(
                             "MIG mode change is pending: GPU {index} could not be reset to activate it (activation status NVML_ERROR_IN_USE: processes {pids:?})"
                         ),
@@ -302,7 +302,7 @@ impl Gpus for MemGpus {
             } => {
                 if !Self::busy(g, Some(*gpu_instance_id)).is_empty() {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}): In use by another client"),
                     ));
                 }
@@ -315,7 +315,7 @@ impl Gpus for MemGpus {
             Action::DestroyGpuInstance { gpu_instance_id, .. } => {
                 if !Self::busy(g, Some(*gpu_instance_id)).is_empty() {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}): In use by another client"),
                     ));
                 }
@@ -323,7 +323,7 @@ impl Gpus for MemGpus {
                 g.instances.retain(|i| i.id != *gpu_instance_id);
                 if g.instances.len() == before {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}, GI {gpu_instance_id}): Not Found"),
                     ));
                 }
@@ -336,7 +336,7 @@ impl Gpus for MemGpus {
             } => {
                 if !g.mig_current {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}): Not Supported (MIG mode is off)"),
                     ));
                 }
@@ -352,7 +352,7 @@ impl Gpus for MemGpus {
                 });
                 if !offered || overlaps {
                     return Err(nvml_error(
-                        "Failed",
+                        GpuReason::Failed,
                         format!("{call}(GPU {index}, {profile} at {placement}): Insufficient Resources"),
                     ));
                 }
@@ -371,7 +371,7 @@ impl Gpus for MemGpus {
                     Some(i) => i.compute_instance = Some(0),
                     None => {
                         return Err(nvml_error(
-                            "Failed",
+                            GpuReason::Failed,
                             format!("{call}(GPU {index}, GI {gpu_instance_id}): Not Found"),
                         ));
                     }

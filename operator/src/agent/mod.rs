@@ -17,14 +17,14 @@
 
 pub mod device_plugin;
 
-use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuStatus, condition_status};
+use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use crate::gpu::Gpus;
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::scrub::CudaLib;
-use crate::labels::CONFIG_STATE;
+use crate::labels::{CONFIG_STATE, ConfigState};
 use device_plugin::mps::{self as plugin_mps, MpsRoot};
-use device_plugin::{BUSY, eviction_requests, restart_device_plugin};
+use device_plugin::{eviction_requests, restart_device_plugin};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -55,14 +55,14 @@ pub struct Options {
     pub mps_root: Option<PathBuf>,
 }
 
-/// `pending`, `success` or `failed` from the published conditions.
-fn config_state(status: &GpuNodeStatus) -> &'static str {
+/// The node's reconfiguration state from the published conditions.
+fn config_state(status: &GpuNodeStatus) -> ConfigState {
     if condition_status(&status.conditions, ConditionSet::STALLED) == Some(true) {
-        "failed"
+        ConfigState::Failed
     } else if condition_status(&status.conditions, ConditionSet::READY) == Some(true) {
-        "success"
+        ConfigState::Success
     } else {
-        "pending"
+        ConfigState::Pending
     }
 }
 
@@ -86,14 +86,57 @@ fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
         .collect()
 }
 
+/// Why a pass failed, by step ([`PassError::step`] names it for logs and metrics).
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("reading GpuNode {node}: {source}")]
+    Read { node: String, source: kube::Error },
+    #[error("creating GpuNode {node}: {source}")]
+    Create { node: String, source: kube::Error },
+    /// The GPU layer's thread ended without an answer (a panic in it).
+    #[error("the GPU pass stopped: {0}")]
+    Stopped(tokio::task::JoinError),
+    /// NVML failed for the whole node (a system query, the device count): nothing was applied.
+    #[error("{0}")]
+    Apply(String),
+    #[error("writing GpuNode {node} status: {source}")]
+    Publish { node: String, source: kube::Error },
+}
+
+impl PassError {
+    /// The step that failed: `read`, `create`, `apply` or `publish`.
+    pub fn step(&self) -> &'static str {
+        match self {
+            PassError::Read { .. } => "read",
+            PassError::Create { .. } => "create",
+            PassError::Stopped(_) | PassError::Apply(_) => "apply",
+            PassError::Publish { .. } => "publish",
+        }
+    }
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The NVML library could not be loaded or initialised.
+    #[error("{0}")]
+    Nvml(String),
+    #[error("loading NVML stopped: {0}")]
+    Stopped(tokio::task::JoinError),
+    /// The source of spec changes ended (a watch is restarted by its backoff, so only a test's
+    /// finite stream ends).
+    #[error("the watch of GpuNode {0} ended")]
+    WatchEnded(String),
+}
+
 /// One pass: read the GpuNode, apply its spec, publish what changed.
-pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<(), String> {
+pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<(), PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
-    let node = match api
-        .get_opt(&opts.node)
-        .await
-        .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?
-    {
+    let read = |source| PassError::Read {
+        node: opts.node.clone(),
+        source,
+    };
+    let node = match api.get_opt(&opts.node).await.map_err(read)? {
         Some(n) => n,
         None => {
             let created = api
@@ -101,11 +144,13 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
                 .await;
             match created {
                 Ok(n) => n,
-                Err(kube::Error::Api(e)) if e.code == 409 => api
-                    .get(&opts.node)
-                    .await
-                    .map_err(|e| format!("reading GpuNode {}: {e}", opts.node))?,
-                Err(e) => return Err(format!("creating GpuNode {}: {e}", opts.node)),
+                Err(kube::Error::Api(e)) if e.code == 409 => api.get(&opts.node).await.map_err(read)?,
+                Err(source) => {
+                    return Err(PassError::Create {
+                        node: opts.node.clone(),
+                        source,
+                    });
+                }
             }
         }
     };
@@ -122,14 +167,14 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     let prev_for_apply = prev.clone();
     let applied = match tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
         .await
-        .map_err(|e| format!("the GPU pass stopped: {e}"))?
+        .map_err(PassError::Stopped)?
     {
         Ok(applied) => applied,
         Err(e) => {
             // NVML failed for the whole node (a system query, the device count): without this
             // the GpuNode would keep its last Ready=True while nothing is applied or watched.
             report_nvml_failure(&api, opts, prev.as_ref(), &e).await;
-            return Err(e);
+            return Err(PassError::Apply(e));
         }
     };
     let mut status = applied.status;
@@ -148,7 +193,7 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         let busy: Vec<&GpuStatus> = status
             .gpus
             .iter()
-            .filter(|g| g.reason.as_deref() == Some(BUSY) && node.spec.gpus.iter().any(|s| s.index == g.index))
+            .filter(|g| g.reason == Some(GpuReason::Busy) && node.spec.gpus.iter().any(|s| s.index == g.index))
             .collect();
         status.eviction_requests = if busy.is_empty() {
             vec![]
@@ -167,7 +212,10 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
             &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status})),
         )
         .await
-        .map_err(|e| format!("writing GpuNode {} status: {e}", opts.node))?;
+        .map_err(|source| PassError::Publish {
+            node: opts.node.clone(),
+            source,
+        })?;
         tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
     }
     let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
@@ -214,7 +262,8 @@ async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&G
 }
 
 /// Keeps `gputenancy.io/config.state` on the node; written only when it changes.
-async fn label_config_state(client: &Client, opts: &Options, state: &str) {
+async fn label_config_state(client: &Client, opts: &Options, state: ConfigState) {
+    let state = state.as_str();
     let nodes: Api<Node> = Api::all(client.clone());
     let current = match nodes.get_opt(&opts.node).await {
         Ok(Some(n)) => n.labels().get(CONFIG_STATE).cloned(),
@@ -238,12 +287,17 @@ async fn label_config_state(client: &Client, opts: &Options, state: &str) {
 
 /// The production agent: NVML (and CUDA for scrubs) from `opts`, a watch on this node's GpuNode;
 /// runs [`run_node`] until `shutdown`.
-pub async fn run(client: Client, opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+pub async fn run(
+    client: Client,
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
     let nvml_lib = opts.nvml_lib.clone();
     let cuda = CudaLib(opts.cuda_lib.clone());
     let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
         .await
-        .map_err(|e| e.to_string())??
+        .map_err(RunError::Stopped)?
+        .map_err(RunError::Nvml)?
         .with_cuda(cuda);
     let api: Api<GpuNode> = Api::all(client.clone());
     let generations = watcher(
@@ -268,7 +322,7 @@ pub async fn run_node<G: Gpus + 'static>(
     opts: Options,
     generations: impl Stream<Item = Result<Option<i64>, String>>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), String> {
+) -> Result<(), RunError> {
     let mut changes = std::pin::pin!(generations);
     let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
     let mut wait = Duration::ZERO;
@@ -284,7 +338,7 @@ pub async fn run_node<G: Gpus + 'static>(
                     Some(Ok(g)) if g == last_generation => continue,
                     Some(Ok(g)) => last_generation = g,
                     Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }
-                    None => return Err(format!("the watch of GpuNode {} ended", opts.node)),
+                    None => return Err(RunError::WatchEnded(opts.node.clone())),
                 }
             }
         }
@@ -295,7 +349,7 @@ pub async fn run_node<G: Gpus + 'static>(
             }
             Err(e) => {
                 wait = backoff.next();
-                tracing::warn!(node = %opts.node, error = %e, retry_in = ?wait, "agent pass failed");
+                tracing::warn!(node = %opts.node, step = e.step(), error = %e, retry_in = ?wait, "agent pass failed");
             }
         }
     }

@@ -153,6 +153,67 @@ pub struct DriverInfo {
     pub cuda_version: String,
 }
 
+/// Why a GPU does not match its spec (`status.gpus[].reason`), one word a person or a loop can
+/// act on; the message says the rest.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum GpuReason {
+    /// Still to do: the next apply does it.
+    Pending,
+    /// Processes run on it (their pids in the message): it is left alone until they end
+    /// (`busyGpuPolicy: Evict` asks for their pods' eviction).
+    Busy,
+    /// A MIG mode change waits for a GPU reset this machine does not expose (a VM): until a reboot.
+    ResetRequired,
+    /// NVML cannot read it: left alone with its last known record.
+    Unreadable,
+    /// The spec names a GPU the node does not have.
+    NotFound,
+    /// The spec cannot be applied to it (an impossible MIG layout).
+    InvalidSpec,
+    /// The spec asks for MIG on a GPU without it.
+    MigNotSupported,
+    /// Handed to a tenant whose scrub is still to do: not handed over yet.
+    ScrubPending,
+    /// Its scrub failed (retried on the next apply); the old tenant keeps it.
+    ScrubFailed,
+    /// It joins or leaves MPS and waits for the daemon (clients running, a default refused).
+    MpsPending,
+    /// An NVML call failed (retried on the next apply).
+    Failed,
+}
+
+impl GpuReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuReason::Pending => "Pending",
+            GpuReason::Busy => "Busy",
+            GpuReason::ResetRequired => "ResetRequired",
+            GpuReason::Unreadable => "Unreadable",
+            GpuReason::NotFound => "NotFound",
+            GpuReason::InvalidSpec => "InvalidSpec",
+            GpuReason::MigNotSupported => "MigNotSupported",
+            GpuReason::ScrubPending => "ScrubPending",
+            GpuReason::ScrubFailed => "ScrubFailed",
+            GpuReason::MpsPending => "MpsPending",
+            GpuReason::Failed => "Failed",
+        }
+    }
+
+    /// A reason a new apply cannot fix by itself: the spec or the node must change.
+    pub fn stalls(self) -> bool {
+        matches!(
+            self,
+            GpuReason::InvalidSpec | GpuReason::NotFound | GpuReason::MigNotSupported
+        )
+    }
+}
+
+impl std::fmt::Display for GpuReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One GPU as the driver reports it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -195,9 +256,9 @@ pub struct GpuStatus {
     /// Whether this GPU matches its spec; `None` when the spec does not mention it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied: Option<bool>,
-    /// CamelCase reason when not applied (`Busy`, `ResetRequired`, `Failed`...).
+    /// Why it is not applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<GpuReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -167,7 +167,7 @@ pub fn apply_table(s: &GpuNodeStatus) -> String {
                 Some(false) => "NO".into(),
                 None => "-".into(),
             },
-            g.reason.clone().unwrap_or("-".into()),
+            g.reason.map_or("-".into(), |r| r.to_string()),
             g.message.clone().unwrap_or_default(),
         ]);
     }

@@ -6,6 +6,7 @@
 //! reported (`ResetRequired`) and never retried; instances that stay are untouched; memory is
 //! scrubbed when a GPU or instance changes hands.
 
+use crate::api::GpuReason;
 use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory};
 use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
 use std::fmt;
@@ -14,12 +15,9 @@ use std::fmt;
 pub const COMPUTE_DEFAULT: &str = "Default";
 pub const COMPUTE_EXCLUSIVE_PROCESS: &str = "ExclusiveProcess";
 
-/// Reason of a GPU that NVML could not read: discovery reports it, the plan leaves it alone.
-pub const UNREADABLE: &str = "Unreadable";
-
 /// Whether discovery could not read this GPU (its `message` says what failed).
 pub fn unreadable(o: &GpuStatus) -> bool {
-    o.reason.as_deref() == Some(UNREADABLE)
+    o.reason == Some(GpuReason::Unreadable)
 }
 
 /// One step of a reconfiguration. NVML steps first, scrubs last.
@@ -126,8 +124,7 @@ impl fmt::Display for Action {
 /// Why a GPU is left as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// `Busy`, `ResetRequired`, `NotFound`, `InvalidSpec`, `MigNotSupported`, `Unreadable`.
-    pub reason: &'static str,
+    pub reason: GpuReason,
     pub message: String,
 }
 
@@ -146,7 +143,7 @@ impl GpuPlan {
         self.actions.iter().filter(|a| !a.is_scrub())
     }
 
-    fn block(&mut self, reason: &'static str, message: String) {
+    fn block(&mut self, reason: GpuReason, message: String) {
         self.actions.clear();
         self.blocked = Some(Blocked { reason, message });
     }
@@ -178,7 +175,7 @@ pub fn plan_node(
                 Some(o) if unreadable(o) => GpuPlan {
                     index: g.index,
                     blocked: Some(Blocked {
-                        reason: UNREADABLE,
+                        reason: GpuReason::Unreadable,
                         message: o.message.clone().unwrap_or_else(|| format!("NVML cannot read GPU {}", g.index)),
                     }),
                     ..Default::default()
@@ -187,7 +184,7 @@ pub fn plan_node(
                 None => GpuPlan {
                     index: g.index,
                     blocked: Some(Blocked {
-                        reason: "NotFound",
+                        reason: GpuReason::NotFound,
                         message: format!(
                             "spec.gpus[index={}]: this node has no GPU {} (NVML reports {} GPU{}); fix the index in the spec",
                             g.index,
@@ -219,7 +216,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
     let Some(mig) = o.mig_mode else {
         if want_mig {
             plan.block(
-                "MigNotSupported",
+                GpuReason::MigNotSupported,
                 format!("GPU {} ({}) does not support MIG; choose another mode", g.index, o.name),
             );
             return plan;
@@ -227,14 +224,17 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         return plan_whole_gpu(o, g, prev, done, plan);
     };
     if want_mig && let Err(e) = validate_layout(o, g) {
-        plan.block("InvalidSpec", format!("spec.gpus[index={}].migInstances: {e}", g.index));
+        plan.block(
+            GpuReason::InvalidSpec,
+            format!("spec.gpus[index={}].migInstances: {e}", g.index),
+        );
         return plan;
     }
 
     if mig.current != want_mig || mig.pending != want_mig {
         if !o.processes.is_empty() {
             plan.block(
-                "Busy",
+                GpuReason::Busy,
                 format!(
                     "MIG mode must change but processes run on GPU {}: pids {}",
                     g.index,
@@ -246,10 +246,10 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         // Pending and idle: the call activates it, unless NVML said this machine cannot reset
         // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
         // and calling again would only get the same answer.
-        let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason.as_deref() == Some("ResetRequired"));
+        let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason == Some(GpuReason::ResetRequired));
         if mig.current != want_mig && mig.pending == want_mig && reset_required {
             plan.block(
-                "ResetRequired",
+                GpuReason::ResetRequired,
                 format!(
                     "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
                     if want_mig { "enable" } else { "disable" },
@@ -343,7 +343,10 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
     let created: Vec<Placement> = diff.create.iter().map(|c| c.placement).collect();
     instance_scrubs(o, g, prev, done, &created, &mut plan.actions, &mut busy);
     if !busy.is_empty() {
-        plan.block("Busy", format!("GPU {} left as it is: {}", g.index, busy.join("; ")));
+        plan.block(
+            GpuReason::Busy,
+            format!("GPU {} left as it is: {}", g.index, busy.join("; ")),
+        );
     }
     plan
 }
@@ -470,7 +473,7 @@ fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Do
         };
         let pids = pids(o.processes.iter().map(|p| p.pid));
         plan.block(
-            "Busy",
+            GpuReason::Busy,
             format!("GPU {} left as it is: {what} but processes run: pids {pids}", g.index),
         );
         return plan;

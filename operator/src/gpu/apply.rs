@@ -9,6 +9,7 @@ use super::actions::{Action, GpuPlan, RunMemory, ScrubTarget, plan_node};
 use super::backend::Gpus;
 use super::mps::{self, MpsConfig};
 use super::status::{self, RunRecord};
+use crate::api::GpuReason;
 use crate::api::{GpuNodeSpec, GpuNodeStatus, ScrubRecord};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -72,7 +73,7 @@ pub fn apply<G: Gpus + ?Sized>(
             let d = mps::desired(spec, &observed);
             let st = mps::ensure(cfg, &d, prev.and_then(|p| p.mps.as_ref()), &observed);
             for (index, why) in mps::not_ready(spec, &observed, &d, &st) {
-                run.errors.entry(index).or_insert(("MpsPending", why));
+                run.errors.entry(index).or_insert((GpuReason::MpsPending, why));
             }
             Some(st)
         }
@@ -120,12 +121,12 @@ fn step<G: Gpus + ?Sized>(
                             bytes_cleared: None,
                         };
                         run.scrubs.push((*gpu, *target, rec));
-                        Err(("ScrubFailed", format!("{a} failed: {e}")))
+                        Err((GpuReason::ScrubFailed, format!("{a} failed: {e}")))
                     }
                 }
             }
             _ => gpus.execute(a).map_err(|e| match e.reason {
-                "Failed" => ("Failed", format!("{a} failed: {e}")),
+                GpuReason::Failed => (GpuReason::Failed, format!("{a} failed: {e}")),
                 reason => (reason, e.message),
             }),
         };

@@ -10,6 +10,7 @@
 use super::actions::Action;
 use super::scrub::ScrubReport;
 use crate::api::GpuNodeStatus;
+use crate::api::GpuReason;
 
 /// A node's GPUs as one apply sees them. Implementations are called from a blocking thread.
 pub trait Gpus: Send + Sync {
@@ -26,14 +27,14 @@ pub trait Gpus: Send + Sync {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActionError {
     /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
-    pub reason: &'static str,
+    pub reason: GpuReason,
     pub message: String,
 }
 
 impl From<String> for ActionError {
     fn from(message: String) -> Self {
         ActionError {
-            reason: "Failed",
+            reason: GpuReason::Failed,
             message,
         }
     }

@@ -10,10 +10,11 @@ mod execute;
 
 pub use super::ActionError;
 
+use crate::api::GpuReason;
 use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
-use crate::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS, UNREADABLE};
+use crate::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
 use crate::gpu::scrub::{self, Amount, CudaLib, ScrubReport};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
@@ -138,7 +139,7 @@ impl NvmlGpus {
         for index in 0..count {
             gpus.push(self.discover_gpu(index).unwrap_or_else(|e| GpuStatus {
                 index,
-                reason: Some(UNREADABLE.into()),
+                reason: Some(GpuReason::Unreadable),
                 message: Some(format!("NVML cannot read GPU {index}: {e}")),
                 ..Default::default()
             }));

@@ -2,6 +2,7 @@
 //! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
 
 use super::actions::{Action, GpuPlan, ScrubTarget, handed_over, unreadable};
+use crate::api::GpuReason;
 use crate::api::{
     ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
     set_condition,
@@ -15,7 +16,7 @@ pub struct RunRecord {
     /// Actions carried out, in order.
     pub executed: BTreeMap<u32, Vec<String>>,
     /// The first error; the GPU was left alone after it.
-    pub errors: BTreeMap<u32, (&'static str, String)>,
+    pub errors: BTreeMap<u32, (GpuReason, String)>,
     pub scrubs: Vec<(u32, ScrubTarget, ScrubRecord)>,
     /// Findings worth telling (drift, half-done work), from the first plan that saw them.
     pub notes: BTreeMap<u32, Vec<String>>,
@@ -88,9 +89,6 @@ pub fn drift(observed: &GpuNodeStatus, spec: &GpuNodeSpec, prev: Option<&GpuNode
     out
 }
 
-/// Conditions that need a person rather than time.
-const STALLING: [&str; 3] = ["InvalidSpec", "NotFound", "MigNotSupported"];
-
 /// Builds the status to publish from the final observation and the final plan (which is empty
 /// for every GPU that matches its spec).
 pub fn build(
@@ -133,7 +131,7 @@ pub fn build(
             out.gpus.push(crate::api::GpuStatus {
                 index: plan.index,
                 applied: Some(false),
-                reason: Some(b.reason.into()),
+                reason: Some(b.reason),
                 message: Some(b.message.clone()),
                 ..Default::default()
             });
@@ -145,7 +143,7 @@ pub fn build(
     let not_applied: Vec<&GpuStatus> = out.gpus.iter().filter(|g| g.applied == Some(false)).collect();
     let list = |gs: &[&GpuStatus]| {
         gs.iter()
-            .map(|g| format!("GPU {} ({})", g.index, g.reason.as_deref().unwrap_or("NotApplied")))
+            .map(|g| format!("GPU {} ({})", g.index, g.reason.map_or("NotApplied", GpuReason::as_str)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -175,7 +173,7 @@ pub fn build(
     let stalled: Vec<&GpuStatus> = not_applied
         .iter()
         .copied()
-        .filter(|g| g.reason.as_deref().is_some_and(|r| STALLING.contains(&r)))
+        .filter(|g| g.reason.is_some_and(GpuReason::stalls))
         .collect();
     if stalled.is_empty() {
         set_condition(
@@ -207,7 +205,7 @@ pub fn build(
             format!(
                 "GPU {} ({}): {}",
                 g.index,
-                g.reason.as_deref().unwrap_or("NotApplied"),
+                g.reason.map_or("NotApplied", GpuReason::as_str),
                 g.message.as_deref().unwrap_or("not applied yet")
             )
         })
@@ -348,16 +346,20 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
         o.applied_tenants = g.tenants.clone();
         o.reason = None;
     } else if let Some((reason, e)) = error {
-        o.reason = Some((*reason).into());
+        o.reason = Some(*reason);
         message.push(e.clone());
     } else if let Some(b) = blocked {
-        o.reason = Some(b.reason.into());
+        o.reason = Some(b.reason);
         message.push(b.message.clone());
     } else {
         // A scrub still owed means a hand-over not done: say so, so that whoever admits pods to
         // this GPU keeps the new tenant off it (README, "Node agent").
         let scrub_owed = pending.iter().any(|a| a.is_scrub());
-        o.reason = Some(if scrub_owed { "ScrubPending" } else { "Pending" }.into());
+        o.reason = Some(if scrub_owed {
+            GpuReason::ScrubPending
+        } else {
+            GpuReason::Pending
+        });
         let todo: Vec<String> = pending.iter().map(|a| a.to_string()).collect();
         let what = if scrub_owed {
             "not handed over before its scrub; still to do"

@@ -1,6 +1,7 @@
 //! The agent's decisions as plain functions: observed state + spec + previous status → actions.
 
 use super::actions::{Action, RunMemory, ScrubTarget, plan_gpu, plan_node};
+use crate::api::GpuReason;
 use crate::api::*;
 use crate::mig::model_by_name;
 
@@ -206,7 +207,7 @@ fn processes_in_the_way_block_the_whole_gpu() {
     let p = plan_gpu(&o, &g, None, &none());
     assert!(p.actions.is_empty());
     let b = p.blocked.unwrap();
-    assert_eq!(b.reason, "Busy");
+    assert_eq!(b.reason, GpuReason::Busy);
     assert!(b.message.contains("3g.40gb at 0:4 runs pids 77"), "{}", b.message);
 
     // A process in an instance that stays, with the same known owner, does not block.
@@ -239,11 +240,11 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
     let mut prev = o.clone();
-    prev.reason = Some("Busy".into());
+    prev.reason = Some(GpuReason::Busy);
     assert_eq!(plan_gpu(&o, &g, Some(&prev), &none()).actions.len(), 1);
-    prev.reason = Some("ResetRequired".into());
+    prev.reason = Some(GpuReason::ResetRequired);
     let p = plan_gpu(&o, &g, Some(&prev), &none());
-    assert_eq!(p.blocked.unwrap().reason, "ResetRequired");
+    assert_eq!(p.blocked.unwrap().reason, GpuReason::ResetRequired);
     assert!(p.actions.is_empty());
     o.mig_mode = Some(MigModeStatus {
         current: false,
@@ -253,7 +254,7 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pid: 5,
         ..Default::default()
     }];
-    assert_eq!(plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason, "Busy");
+    assert_eq!(plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason, GpuReason::Busy);
 }
 
 #[test]
@@ -318,7 +319,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
     ];
     for (layout, msg) in bad {
         let b = plan_gpu(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
-        assert_eq!(b.reason, "InvalidSpec");
+        assert_eq!(b.reason, GpuReason::InvalidSpec);
         assert!(b.message.contains(msg), "{}", b.message);
     }
     let status = GpuNodeStatus {
@@ -335,7 +336,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
             .as_ref()
             .unwrap()
             .reason,
-        "NotFound"
+        GpuReason::NotFound
     );
 }
 
@@ -406,7 +407,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     prev.last_scrub = None;
     assert_eq!(
         plan_gpu(&o, &spec("c"), Some(&prev), &none()).blocked.unwrap().reason,
-        "Busy"
+        GpuReason::Busy
     );
 }
 
@@ -432,6 +433,6 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
     let p = plan_gpu(&o, &g, None, &done);
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     let b = p.blocked.unwrap();
-    assert_eq!(b.reason, "Busy");
+    assert_eq!(b.reason, GpuReason::Busy);
     assert!(b.message.contains("pids 66"), "{}", b.message);
 }

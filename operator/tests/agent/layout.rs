@@ -99,7 +99,7 @@ fn a_gpu_instance_left_without_compute_instance_is_finished() {
     nvidia_ml_sim::ctl::fail(&sim.paths, "nvmlGpuInstanceCreateComputeInstance", 1, "UNKNOWN", 1).unwrap();
     let run = sim.apply(&spec);
     assert_eq!(run.code(), Some(1));
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("Failed"));
+    assert_eq!(run.status().gpus[0].reason.map(|r| r.as_str()), Some("Failed"));
     let before = sim.mutations();
     let run = sim.apply(&spec);
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
@@ -171,7 +171,7 @@ fn gpu_instances_with_several_compute_instances_are_handled() {
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
     assert_eq!(
-        (g.applied, g.reason.as_deref()),
+        (g.applied, g.reason.map(|r| r.as_str())),
         (Some(false), Some("Busy")),
         "{:?}",
         g.message
@@ -256,7 +256,7 @@ fn gpu_instance_ids_are_the_drivers_whatever_their_order() {
     let run = sim.apply(&gpus(&[mig_gpu(0, &dcgm), mig_gpu(1, &[("7g.80gb", 0, 8, None)])]));
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[1];
-    assert_eq!(g.reason.as_deref(), Some("Busy"), "{:?}", g.message);
+    assert_eq!(g.reason.map(|r| r.as_str()), Some("Busy"), "{:?}", g.message);
     assert!(
         g.message.as_deref().unwrap().contains("3g.40gb at 4:4 runs pids 5150"),
         "{:?}",

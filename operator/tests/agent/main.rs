@@ -86,13 +86,13 @@ fn bad_spec_files_and_unknown_gpus_are_named() {
     let run = sim.apply("  gpus:\n  - {index: 3, mode: Exclusive}\n");
     assert_eq!(run.code(), Some(1));
     let g = run.status().gpus.iter().find(|g| g.index == 3).unwrap();
-    assert_eq!(g.reason.as_deref(), Some("NotFound"));
+    assert_eq!(g.reason.map(|r| r.as_str()), Some("NotFound"));
     assert!(g.message.as_deref().unwrap().contains("no GPU 3"));
     assert_eq!(sim.mutations(), 0);
 
     let run = sim.apply(&gpus(&[mig_gpu(0, &[("3g.40gb", 2, 4, None)])]));
     assert_eq!(run.code(), Some(1));
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("InvalidSpec"));
+    assert_eq!(run.status().gpus[0].reason.map(|r| r.as_str()), Some("InvalidSpec"));
     assert!(
         run.status().gpus[0]
             .message
@@ -198,7 +198,7 @@ fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
     let run = sim.apply(&gpus(&[mig_gpu(0, &b), mig_gpu(1, &b)]));
     assert_eq!(run.code(), Some(1));
     let g0 = &run.status().gpus[0];
-    assert_eq!((g0.applied, g0.reason.as_deref()), (Some(false), Some("Busy")));
+    assert_eq!((g0.applied, g0.reason.map(|r| r.as_str())), (Some(false), Some("Busy")));
     assert!(g0.message.as_deref().unwrap().contains("4242"), "{:?}", g0.message);
     assert_eq!(run.status().gpus[1].applied, Some(true));
     assert!(
@@ -349,7 +349,10 @@ fn a_failed_scrub_keeps_the_gpu_not_ready_until_it_succeeds() {
     let run = sim.apply(&spec("beta"));
     assert_eq!(run.code(), Some(1));
     let g = &run.status().gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ScrubFailed"))
+    );
     assert_eq!(g.applied_tenants, ["alpha"], "not handed over yet");
     let run = sim.apply(&spec("beta"));
     assert_eq!(run.code(), Some(0), "{}", run.stdout());
@@ -404,7 +407,7 @@ fn in_use_from_the_driver_fails_one_gpu_and_the_next_apply_finishes() {
     assert_eq!(run.code(), Some(1));
     let failed: Vec<_> = run.status().gpus.iter().filter(|g| g.applied == Some(false)).collect();
     assert_eq!(failed.len(), 1, "{}", run.stdout());
-    assert_eq!(failed[0].reason.as_deref(), Some("Failed"));
+    assert_eq!(failed[0].reason.map(|r| r.as_str()), Some("Failed"));
     assert!(
         failed[0]
             .message

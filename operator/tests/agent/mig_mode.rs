@@ -36,11 +36,14 @@ fn a_gpu_without_reset_is_reset_required_and_not_retried() {
     let run = sim.apply(&spec());
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ResetRequired")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ResetRequired"))
+    );
     assert!(g.message.as_deref().unwrap().contains("reboot"), "{:?}", g.message);
     assert_eq!(calls(&sim.log_since(0)), [(0, "nvmlDeviceSetMigMode")]);
     let run = sim.apply(&spec());
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("ResetRequired"));
+    assert_eq!(run.status().gpus[0].reason.map(|r| r.as_str()), Some("ResetRequired"));
     assert_eq!(sim.mutations(), 1, "a change waiting for a reset is not retried");
 
     ctl::reset(&sim.paths, 0).unwrap();
@@ -64,7 +67,7 @@ fn a_held_gpu_is_busy_and_the_mode_change_is_retried_once_idle() {
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
     assert_eq!(
-        (g.applied, g.reason.as_deref()),
+        (g.applied, g.reason.map(|r| r.as_str())),
         (Some(false), Some("Busy")),
         "{:?}",
         g.message
@@ -80,7 +83,7 @@ fn a_held_gpu_is_busy_and_the_mode_change_is_retried_once_idle() {
     // Still held: tried again (once per apply), still Busy, nothing else done to it.
     let before = sim.mutations();
     let run = sim.apply(&both);
-    assert_eq!(run.status().gpus[0].reason.as_deref(), Some("Busy"));
+    assert_eq!(run.status().gpus[0].reason.map(|r| r.as_str()), Some("Busy"));
     assert_eq!(calls(&sim.log_since(before)), [(0, "nvmlDeviceSetMigMode")]);
 
     ctl::release(&sim.paths, 0, None).unwrap();

@@ -186,7 +186,7 @@ fn the_mps_daemon_is_never_restarted_under_running_clients() {
     assert!(!restarted(&cmds), "restarted under a client: {cmds:?}");
     let g2 = &run.status().gpus[2];
     assert_eq!(
-        (g2.applied, g2.reason.as_deref()),
+        (g2.applied, g2.reason.map(|r| r.as_str())),
         (Some(false), Some("MpsPending")),
         "{:?}",
         g2.message
@@ -218,7 +218,7 @@ fn the_mps_daemon_is_never_restarted_under_running_clients() {
     assert!(!restarted(&m.commands()));
     let g1 = &run.status().gpus[1];
     assert_eq!(
-        (g1.applied, g1.reason.as_deref()),
+        (g1.applied, g1.reason.map(|r| r.as_str())),
         (Some(false), Some("MpsPending")),
         "{:?}",
         g1.message
@@ -246,7 +246,7 @@ fn a_setting_the_mps_daemon_refuses_is_not_applied() {
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     for g in &run.status().gpus[..2] {
         assert_eq!(
-            (g.applied, g.reason.as_deref()),
+            (g.applied, g.reason.map(|r| r.as_str())),
             (Some(false), Some("MpsPending")),
             "{:?}",
             g.message

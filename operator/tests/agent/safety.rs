@@ -158,7 +158,7 @@ fn an_unknown_owner_with_processes_running_is_busy_not_handed_over() {
     let run = sim.apply_args(&gpus(&[exclusive(0, "beta", "OnTenantChange")]), &[]);
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("Busy")));
+    assert_eq!((g.applied, g.reason.map(|r| r.as_str())), (Some(false), Some("Busy")));
     assert!(
         g.applied_tenants.is_empty(),
         "not handed to beta: {:?}",
@@ -183,7 +183,10 @@ fn a_hand_over_waiting_for_its_scrub_is_scrub_pending_and_not_ready() {
     );
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubPending")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ScrubPending"))
+    );
     assert_eq!(g.applied_tenants, ["alpha"]);
     let ready = run.status().conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(ready.status, "False");
@@ -207,7 +210,10 @@ fn a_failed_instance_scrub_keeps_the_old_tenant_until_a_scrub_succeeds() {
     let run = sim.apply(&spec("gamma"));
     assert_eq!(run.code(), Some(1), "{}", run.stdout());
     let g = &run.status().gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ScrubFailed"))
+    );
     assert!(
         g.message.as_deref().unwrap().contains("scrub instance at 0:4 failed"),
         "{:?}",
@@ -276,7 +282,7 @@ fn a_gpu_nvml_cannot_read_is_unreadable_left_alone_and_the_others_carry_on() {
         assert_eq!(run.code(), Some(1), "{call} {target}: {}", run.stdout());
         let g0 = &run.status().gpus[0];
         assert_eq!(
-            (g0.applied, g0.reason.as_deref()),
+            (g0.applied, g0.reason.map(|r| r.as_str())),
             (Some(false), Some("Unreadable")),
             "{call} {target}: {:?}",
             g0.message

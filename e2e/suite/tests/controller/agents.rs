@@ -506,7 +506,7 @@ async fn busy_gpu_under_wait_changes_when_its_process_ends() {
         let g0 = n.status.iter().flat_map(|s| &s.gpus).find(|g| g.index == 0);
         n.status.as_ref().and_then(|s| s.observed_generation) == n.metadata.generation
             && half(n)
-            && g0.is_some_and(|g| g.reason.as_deref() == Some("Busy") && g.applied == Some(false))
+            && g0.is_some_and(|g| g.reason.map(|r| r.as_str()) == Some("Busy") && g.applied == Some(false))
     })
     .await;
     // Three more polls while the process runs: still nothing on GPU 0, and the waiting agent

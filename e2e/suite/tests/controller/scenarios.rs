@@ -581,7 +581,7 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
     let n = gn.get("busy-0").await.unwrap();
     let g0 = n.status.unwrap().gpus.into_iter().next().unwrap();
     assert_eq!(
-        g0.reason.as_deref(),
+        g0.reason.map(|r| r.as_str()),
         Some("Busy"),
         "the GPU is left alone while the process runs"
     );

@@ -12,9 +12,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
-/// The reason the GPU layer gives a GPU it leaves alone because processes run on it.
-pub const BUSY: &str = "Busy";
-
 /// The device-plugin resource names through which pods reach `gpu` as it is now: its MIG
 /// instances' profiles, or the whole-GPU names.
 fn resource_names(gpu: &GpuStatus) -> Vec<String> {

@@ -2,6 +2,7 @@
 //! activation status of a MIG mode change.
 
 use super::{Ci, NvmlGpus, check, err, sym};
+use crate::api::GpuReason;
 use crate::gpu::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
 use crate::gpu::backend::ActionError;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
@@ -18,13 +19,13 @@ fn mig_activation(gpu: u32, enable: bool, status: nvmlReturn_t) -> Result<(), Ac
     match status {
         s if s == nvmlReturn_enum_NVML_SUCCESS => Ok(()),
         s if s == nvmlReturn_enum_NVML_ERROR_IN_USE => Err(ActionError {
-            reason: "Busy",
+            reason: GpuReason::Busy,
             message: format!(
                 "MIG mode {what} is pending: GPU {gpu} could not be reset to activate it (activation status NVML_ERROR_IN_USE: a process, nvidia-persistenced or the nvidia_drm module holds it); the next apply retries once it is idle"
             ),
         }),
         s if s == nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED => Err(ActionError {
-            reason: "ResetRequired",
+            reason: GpuReason::ResetRequired,
             message: format!(
                 "MIG mode {what} is pending until GPU {gpu} is reset, which this machine does not expose (activation status NVML_ERROR_RESET_REQUIRED, e.g. a GPU passed through to a VM): reboot the VM or node; not retried until then"
             ),

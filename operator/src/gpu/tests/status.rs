@@ -2,6 +2,7 @@
 //! ready, drift, and the MPS daemon's defaults.
 
 use super::*;
+use crate::api::GpuReason;
 use crate::gpu::actions::{ScrubTarget, plan_node};
 use crate::gpu::mps;
 use crate::gpu::status::{RunRecord, build};
@@ -29,7 +30,7 @@ fn status_records_hands_only_once_applied() {
     let plans = plan_node(&observed, &spec, Some(&prev), &none());
     let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(s.gpus[0].applied, Some(false));
-    assert_eq!(s.gpus[0].reason.as_deref(), Some("ScrubPending"));
+    assert_eq!(s.gpus[0].reason, Some(GpuReason::ScrubPending));
     assert_eq!(s.gpus[0].applied_tenants, ["a"], "not handed over before the scrub");
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
 
@@ -83,7 +84,10 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
         &t0(),
     );
     let g = &s.gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubPending")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ScrubPending"))
+    );
     assert!(
         g.message.as_deref().unwrap().contains("scrub instance at 0:4"),
         "{:?}",
@@ -104,7 +108,10 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
     let run = RunRecord {
         errors: [(
             0,
-            ("ScrubFailed", "scrub instance at 0:4 failed: cuMemsetD8".to_string()),
+            (
+                crate::api::GpuReason::ScrubFailed,
+                "scrub instance at 0:4 failed: cuMemsetD8".to_string(),
+            ),
         )]
         .into(),
         scrubs: vec![(
@@ -116,7 +123,10 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
     };
     let s = build(&observed, &spec, Some(&prev), &plans, &run, None, &t0());
     let g = &s.gpus[0];
-    assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("ScrubFailed")));
+    assert_eq!(
+        (g.applied, g.reason.map(|r| r.as_str())),
+        (Some(false), Some("ScrubFailed"))
+    );
     assert!(g.message.as_deref().unwrap().contains("cuMemsetD8"), "{:?}", g.message);
     assert_eq!(g.instances[0].tenant.as_deref(), Some("a"));
     assert_eq!(g.instances[0].last_scrub, Some(failed));
@@ -129,7 +139,7 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
 fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
     let lost = GpuStatus {
         index: 0,
-        reason: Some("Unreadable".into()),
+        reason: Some(GpuReason::Unreadable),
         message: Some("NVML cannot read GPU 0: nvmlDeviceGetMigMode(GPU 0): GPU is lost".into()),
         ..Default::default()
     };
@@ -156,7 +166,7 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
         for p in [None, Some(&prev)] {
             let plans = plan_node(&observed, &spec, p, &none());
             assert!(plans[0].actions.is_empty(), "{:?}", plans[0].actions);
-            assert_eq!(plans[0].blocked.as_ref().unwrap().reason, "Unreadable");
+            assert_eq!(plans[0].blocked.as_ref().unwrap().reason, GpuReason::Unreadable);
         }
         let plans = plan_node(&observed, &spec, Some(&prev), &none());
         let s = build(
@@ -169,7 +179,10 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
             &t0(),
         );
         let g = &s.gpus[0];
-        assert_eq!((g.applied, g.reason.as_deref()), (Some(false), Some("Unreadable")));
+        assert_eq!(
+            (g.applied, g.reason.map(|r| r.as_str())),
+            (Some(false), Some("Unreadable"))
+        );
         assert!(g.message.as_deref().unwrap().contains("GPU is lost"));
         assert_eq!(
             (g.uuid.as_str(), g.instances[0].tenant.as_deref()),
