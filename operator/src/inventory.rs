@@ -434,6 +434,7 @@ mod tests {
                     mps: None,
                     time_slicing: None,
                     tenants: vec!["a".into()],
+                    shares: vec![],
                     scrub: Default::default(),
                 },
                 GpuSpec {
@@ -447,6 +448,7 @@ mod tests {
                     mps: None,
                     time_slicing: None,
                     tenants: vec![],
+                    shares: vec![],
                     scrub: Default::default(),
                 },
             ],

@@ -16,6 +16,7 @@
 //! production agent (NVML, a watch on its own GpuNode), [`run_node`] the loop itself.
 
 pub mod device_plugin;
+pub mod dra;
 
 use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use crate::gpu::Gpus;
@@ -53,6 +54,18 @@ pub struct Options {
     /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
     /// `None` reports nothing (backends without a device plugin).
     pub mps_root: Option<PathBuf>,
+    pub mode: AgentMode,
+}
+
+/// How pods reach this node's GPUs.
+#[derive(Clone, Debug, Default)]
+pub enum AgentMode {
+    /// Through NVIDIA's device plugin, which this operator configures: the agent restarts the
+    /// plugin's pod after a MIG change, reports its MPS daemon and lists the pods on a busy GPU.
+    #[default]
+    DevicePlugin,
+    /// Through this agent as a DRA kubelet plugin ([`dra`]); it runs its own MPS daemon.
+    Dra(Box<dra::DraOptions>),
 }
 
 /// The node's reconfiguration state from the published conditions.
@@ -127,6 +140,8 @@ pub enum RunError {
     /// finite stream ends).
     #[error("the watch of GpuNode {0} ended")]
     WatchEnded(String),
+    #[error("the DRA kubelet plugin stopped: {0}")]
+    Dra(dra::DraError),
 }
 
 /// One pass: read the GpuNode, apply its spec, publish what changed.
@@ -157,10 +172,15 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     let spec = node.spec.clone();
     let prev = node.status.clone();
     let generation = node.metadata.generation;
+    let device_plugin = matches!(opts.mode, AgentMode::DevicePlugin);
     let apply_opts = ApplyOptions {
-        // In a cluster the device plugin's own MPS daemon serves pods (README, "MPS"); a second
-        // daemon would fight it, so the agent supervises none.
-        mps: None,
+        // With the device plugin, its own MPS daemon serves pods (README, "MPS"); a second
+        // daemon would fight it, so the agent supervises none. In DRA mode the agent's daemon
+        // serves the MPS claims it prepares.
+        mps: match &opts.mode {
+            AgentMode::DevicePlugin => None,
+            AgentMode::Dra(d) => d.mps.clone(),
+        },
         dry_run: false,
     };
     let g = gpus.clone();
@@ -183,13 +203,13 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     for c in &mut status.conditions {
         c.observed_generation = generation;
     }
-    if let Some(root) = &opts.mps_root {
+    if let Some(root) = opts.mps_root.as_ref().filter(|_| device_plugin) {
         let root = MpsRoot(root.clone());
         let found = plugin_mps::observe(&root);
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
         plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
     }
-    if node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
+    if device_plugin && node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
         let busy: Vec<&GpuStatus> = status
             .gpus
             .iter()
@@ -219,7 +239,7 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
     }
     let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
-    if mig_changed {
+    if mig_changed && device_plugin {
         restart_device_plugin(client, opts).await;
     }
     label_config_state(client, opts, config_state(&status)).await;
@@ -290,7 +310,7 @@ async fn label_config_state(client: &Client, opts: &Options, state: ConfigState)
 pub async fn run(
     client: Client,
     opts: Options,
-    shutdown: impl std::future::Future<Output = ()>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let nvml_lib = opts.nvml_lib.clone();
     let cuda = CudaLib(opts.cuda_lib.clone());
@@ -310,7 +330,30 @@ pub async fn run(
         ev.map(|n| n.metadata.generation)
             .map_err(|e| format!("watching the GpuNode failed: {e}"))
     });
-    run_node(client, Arc::new(gpus), opts, generations, shutdown).await
+    let gpus = Arc::new(gpus);
+    let AgentMode::Dra(dra_opts) = opts.mode.clone() else {
+        return run_node(client, gpus, opts, generations, shutdown).await;
+    };
+    // Both halves stop on the one shutdown.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let plugin = dra::run(
+        client.clone(),
+        opts.node.clone(),
+        gpus.clone(),
+        *dra_opts,
+        stopped(stop_rx.clone()),
+    );
+    let common = run_node(client, gpus, opts, generations, stopped(stop_rx));
+    let (p, c) = tokio::join!(plugin, common);
+    p.map_err(RunError::Dra)?;
+    c
 }
 
 /// Runs until `shutdown`: a pass at once, on every new spec generation `generations` brings (the

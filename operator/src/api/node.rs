@@ -66,9 +66,25 @@ pub struct GpuSpec {
     /// Tenants whose pods may run on the whole GPU (MPS, TimeSlicing, Exclusive), sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<String>,
+    /// On an MPS or time-sliced GPU, how many of its shares each tenant holds (sorted by tenant):
+    /// what the DRA mode publishes, one device per share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["tenant"]))]
+    pub shares: Vec<TenantShares>,
     /// When to clear memory before the GPU or its instances change hands.
     #[serde(default)]
     pub scrub: ScrubMemory,
+}
+
+/// A tenant's shares of one shared GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantShares {
+    #[schemars(length(min = 1, max = 63))]
+    pub tenant: String,
+    #[schemars(range(min = 1, max = 64))]
+    pub count: u32,
 }
 
 /// A MIG GPU instance (with one compute instance spanning it) at a fixed placement.
@@ -228,6 +244,9 @@ pub struct GpuStatus {
     pub memory_mib: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// The device's minor number (`/dev/nvidia<minor>`), as NVML reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor_number: Option<u32>,
     /// CUDA compute capability, `major.minor` (`9.0`), as NVML reports it: NVIDIA's MPS daemon
     /// serves at most 16 clients below 7.5 and 48 from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

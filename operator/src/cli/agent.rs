@@ -129,9 +129,45 @@ pub struct RunArgs {
     /// whether the plugin's MPS daemon has started as the GpuNode condition MpsDaemonReady.
     #[arg(long, value_name = "DIR", default_value = crate::agent::device_plugin::mps::DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
+    /// How pods reach this node's GPUs: through NVIDIA's device plugin, or through this agent as
+    /// a DRA kubelet plugin (driver gpu.gputenancy.io) that binds each device to its tenant.
+    #[arg(long, value_enum, default_value_t = AgentModeArg::DevicePlugin)]
+    mode: AgentModeArg,
+    /// DRA mode: the kubelet's plugin registry directory (its registration socket goes there).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins_registry")]
+    kubelet_registry_dir: PathBuf,
+    /// DRA mode: the kubelet's plugins directory (the DRAPlugin socket goes in gpu.gputenancy.io/).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins")]
+    kubelet_plugins_dir: PathBuf,
+    /// DRA mode: the host directory of the checkpoint of prepared claims and device records.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpu-tenancy")]
+    state_dir: PathBuf,
+    /// DRA mode: the directory of transient CDI specs the container runtime reads.
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// DRA mode: NVIDIA's CDI kind whose devices are named by UUID (the driver libraries a
+    /// container needs); its device is returned beside ours. Empty: none.
+    #[arg(long, value_name = "KIND", default_value = "nvidia.com/gpu")]
+    nvidia_cdi_kind: String,
+    /// DRA mode: the driver's MIG capability minors (device nodes of a MIG instance).
+    #[arg(long, value_name = "PATH", default_value = "/proc/driver/nvidia-caps/mig-minors")]
+    mig_minors_file: PathBuf,
+    /// DRA mode: the pipe directory of the agent's MPS daemon (mounted into MPS claims' containers).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIPE_DIR)]
+    mps_pipe_dir: PathBuf,
+    /// DRA mode: the log directory of the agent's MPS daemon.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_LOG_DIR)]
+    mps_log_dir: PathBuf,
     /// Log format: `text` or `json`. `RUST_LOG` sets the level.
     #[arg(long, value_enum, default_value_t = super::logging::LogFormat::Text)]
     log_format: super::logging::LogFormat,
+}
+
+/// The `--mode` of `agent run`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AgentModeArg {
+    DevicePlugin,
+    Dra,
 }
 
 fn run_in_cluster(args: RunArgs) -> i32 {
@@ -145,6 +181,31 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             device_plugin_namespace: args.device_plugin_namespace,
             device_plugin_selector: args.device_plugin_selector,
             mps_root: Some(args.mps_root),
+            mode: match args.mode {
+                AgentModeArg::DevicePlugin => crate::agent::AgentMode::DevicePlugin,
+                AgentModeArg::Dra => {
+                    let mps = MpsConfig {
+                        pipe_dir: args.mps_pipe_dir.clone(),
+                        log_dir: args.mps_log_dir.clone(),
+                        ..MpsConfig::default()
+                    };
+                    crate::agent::AgentMode::Dra(Box::new(crate::agent::dra::DraOptions {
+                        sockets: crate::agent::dra::server::Sockets {
+                            registry_dir: args.kubelet_registry_dir,
+                            plugins_dir: args.kubelet_plugins_dir,
+                        },
+                        state_dir: args.state_dir,
+                        cdi: crate::agent::dra::cdi::CdiContext {
+                            dir: args.cdi_dir,
+                            mps_pipe_dir: Some(mps.pipe_dir.clone()),
+                            mig_minors: Default::default(),
+                            nvidia_kind: Some(args.nvidia_cdi_kind).filter(|k| !k.is_empty()),
+                        },
+                        mig_minors_file: args.mig_minors_file,
+                        mps: Some(mps),
+                    }))
+                }
+            },
         };
         match crate::agent::run(client, opts, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,

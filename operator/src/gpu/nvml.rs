@@ -208,6 +208,7 @@ impl NvmlGpus {
                 .map(|n| n as i32),
             // Only the planner's MPS limit reads it, and an unknown capability is its safe side
             // (16 clients): a library without the call is no reason to fail discovery.
+            minor_number: dev.minor_number().ok(),
             compute_capability: dev
                 .cuda_compute_capability()
                 .ok()

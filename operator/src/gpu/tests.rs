@@ -94,6 +94,7 @@ fn mig_spec(index: u32, instances: Vec<MigInstanceSpec>) -> GpuSpec {
         mps: None,
         time_slicing: None,
         tenants: vec![],
+        shares: vec![],
         scrub: ScrubMemory::OnTenantChange,
     }
 }
@@ -103,6 +104,7 @@ fn whole(index: u32, mode: Mode, tenants: &[&str]) -> GpuSpec {
         mode,
         mig_instances: vec![],
         tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        shares: vec![],
         ..mig_spec(index, vec![])
     }
 }

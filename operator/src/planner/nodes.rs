@@ -210,6 +210,7 @@ fn resolve_layout(
                 mps: group.mps.clone(),
                 time_slicing: group.time_slicing.clone(),
                 tenants: vec![],
+                shares: vec![],
                 scrub: ScrubMemory::default(),
             };
             if group.mode == Mode::Mps && spec.mps.is_none() {

@@ -238,6 +238,7 @@ mod tests {
                     mps: None,
                     time_slicing: None,
                     tenants: vec![],
+                    shares: vec![],
                     scrub: ScrubMemory::default(),
                 })
                 .collect(),

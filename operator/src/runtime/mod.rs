@@ -1,5 +1,7 @@
 //! What the controller and the node agent both need and neither owns: the API client and the
-//! process's shutdown signal ([`client`]), and the retry backoff of failed passes ([`backoff`]).
+//! process's shutdown signal ([`client`]), the retry backoff of failed passes ([`backoff`]), and
+//! whether a live object already holds what would be written ([`object`]).
 
 pub mod backoff;
 pub mod client;
+pub mod object;

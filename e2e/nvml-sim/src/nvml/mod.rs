@@ -394,6 +394,15 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(dev: nvmlDevice_t, node: *mut c
     })
 }
 
+/// The GPU's minor number: its index, as on a machine whose GPUs were probed in PCI order.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(dev: nvmlDevice_t, minor: *mut c_uint) -> nvmlReturn_t {
+    read_on("nvmlDeviceGetMinorNumber", gpu_of(dev), |st| {
+        let g = device(st, dev)?;
+        unsafe { out(minor, g.index as c_uint) }
+    })
+}
+
 /// NVIDIA's published compute capability of the GPU's model (developer.nvidia.com/cuda-gpus:
 /// A100 8.0, H100 and H200 9.0, B200 10.0).
 #[unsafe(no_mangle)]

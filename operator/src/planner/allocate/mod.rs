@@ -504,7 +504,16 @@ impl Allocator<'_, '_> {
         let nd = &mut self.nodes[node as usize];
         let spec = &mut nd.gpus[gpu as usize];
         if !spec.tenants.contains(&name) {
-            spec.tenants.push(name);
+            spec.tenants.push(name.clone());
+        }
+        if mode.is_shared() {
+            match spec.shares.iter_mut().find(|s| s.tenant == name) {
+                Some(s) => s.count += count,
+                None => {
+                    spec.shares.push(crate::api::TenantShares { tenant: name, count });
+                    spec.shares.sort();
+                }
+            }
         }
         if mode == Mode::Exclusive {
             self.state[t].grants.push(Grant {

@@ -25,6 +25,7 @@ fn mps_spec(max_clients: u32) -> GpuNodeSpec {
             }),
             time_slicing: None,
             tenants: vec!["team-delta".into()],
+            shares: vec![],
             scrub: ScrubMemory::default(),
         }],
         ..Default::default()

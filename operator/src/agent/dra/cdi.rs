@@ -1,0 +1,240 @@
+//! One transient CDI spec per prepared claim (Container Device Interface, cdiVersion 1.1.0): a
+//! device per allocated device, whose container edits give the container that device and no
+//! other. The kubelet passes the returned CDI device IDs to the runtime, which applies the edits.
+//!
+//! - device nodes: the GPU's `/dev/nvidia<minor>` and the driver's control nodes; for a MIG
+//!   instance also its GPU instance's and compute instance's capability nodes
+//!   (`/dev/nvidia-caps/nvidia-cap<N>`, their minors from the driver's `mig-minors` file);
+//! - env: `NVIDIA_VISIBLE_DEVICES` with the device's UUID (NVIDIA's hooks and CUDA then see it
+//!   alone), the tenant and device for the workload to log;
+//! - MPS: the agent's MPS pipe directory mounted and `CUDA_MPS_PIPE_DIRECTORY` pointing at it, with
+//!   the plan's thread percentage and pinned memory limit as the client's own defaults
+//!   (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
+//!
+//! Driver libraries are NVIDIA's to inject: with `--nvidia-cdi-kind` (default `nvidia.com/gpu`, what
+//! `nvidia-ctk cdi generate --device-name-strategy=uuid` and the GPU Operator write) Prepare also
+//! returns NVIDIA's own CDI device of the same UUID.
+
+use super::devices::{DraDevice, Unit};
+use crate::api::Mode;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The CDI vendor and class of this driver's devices (`gputenancy.io/gpu=<claim>-<device>`).
+pub const KIND: &str = "gputenancy.io/gpu";
+/// Where an MPS client finds the daemon's pipes inside the container.
+pub const MPS_PIPE_IN_CONTAINER: &str = "/run/gpu-tenancy/mps";
+
+/// What the node's devices need beyond the device itself.
+#[derive(Clone, Debug, Default)]
+pub struct CdiContext {
+    /// The directory of transient specs (`/var/run/cdi`).
+    pub dir: PathBuf,
+    /// The host's MPS pipe directory (the agent's daemon), for MPS shares.
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// `gpu<minor>/gi<id>/access` and `gpu<minor>/gi<id>/ci<id>/access` -> capability minor.
+    pub mig_minors: BTreeMap<String, u32>,
+    /// NVIDIA's CDI kind whose devices are named by UUID, appended to each device's IDs.
+    pub nvidia_kind: Option<String>,
+}
+
+/// The driver's `mig-minors` file (`/proc/driver/nvidia-caps/mig-minors`): one `name minor` a line.
+pub fn parse_mig_minors(text: &str) -> BTreeMap<String, u32> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, minor) = l.split_once(' ')?;
+            Some((name.trim().to_string(), minor.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Why a device cannot be described.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error("device {device}: its GPU's minor number is not known, so its device node cannot be named")]
+    NoMinor { device: String },
+    #[error(
+        "device {device}: no capability minor for {cap} in the driver's mig-minors file; is this node's driver the one that created the instance?"
+    )]
+    NoCapability { device: String, cap: String },
+    #[error("device {device} is an MPS share, but the agent runs no MPS daemon (--mps-pipe-dir)")]
+    NoMpsDaemon { device: String },
+    #[error("writing the CDI spec {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+/// The CDI device name of `device` in `claim`'s spec.
+pub fn device_id(claim: &str, device: &str) -> String {
+    format!("{KIND}={claim}-{device}")
+}
+
+/// The path of `claim`'s spec.
+pub fn spec_path(dir: &Path, claim: &str) -> PathBuf {
+    dir.join(format!("gputenancy.io-gpu_{claim}.json"))
+}
+
+fn edits(ctx: &CdiContext, d: &DraDevice, uuid: &str, tenant: &str) -> Result<Value, CdiError> {
+    let minor = d.minor.ok_or_else(|| CdiError::NoMinor { device: d.name.clone() })?;
+    let mut nodes: Vec<String> = vec![
+        format!("/dev/nvidia{minor}"),
+        "/dev/nvidiactl".into(),
+        "/dev/nvidia-uvm".into(),
+        "/dev/nvidia-uvm-tools".into(),
+    ];
+    if let (Unit::Instance(_), Some((gi, ci))) = (&d.unit, d.instance_ids) {
+        for cap in [
+            format!("gpu{minor}/gi{gi}/access"),
+            format!("gpu{minor}/gi{gi}/ci{ci}/access"),
+        ] {
+            let n = ctx.mig_minors.get(&cap).ok_or_else(|| CdiError::NoCapability {
+                device: d.name.clone(),
+                cap: cap.clone(),
+            })?;
+            nodes.push(format!("/dev/nvidia-caps/nvidia-cap{n}"));
+        }
+    }
+    let mut env = vec![
+        format!("NVIDIA_VISIBLE_DEVICES={uuid}"),
+        format!("GPU_TENANCY_TENANT={tenant}"),
+        format!("GPU_TENANCY_DEVICE={}", d.name),
+    ];
+    let mut mounts = Vec::new();
+    if d.mode == Mode::Mps {
+        let pipe = ctx
+            .mps_pipe_dir
+            .as_ref()
+            .ok_or_else(|| CdiError::NoMpsDaemon { device: d.name.clone() })?;
+        let mps = d.mps.clone().unwrap_or_default();
+        let clients = mps.max_clients.max(1);
+        let threads = mps.active_thread_percentage.unwrap_or(100 / clients);
+        env.push(format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"));
+        env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}"));
+        // Device 0: the one device the client sees. Its share of the GPU's memory, as the plan says.
+        env.push(format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M", d.memory_mib));
+        mounts.push(json!({"hostPath": pipe, "containerPath": MPS_PIPE_IN_CONTAINER, "options": ["rbind", "rw"]}));
+    }
+    let mut e = json!({
+        "env": env,
+        "deviceNodes": nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
+    });
+    if !mounts.is_empty() {
+        e["mounts"] = Value::Array(mounts);
+    }
+    Ok(e)
+}
+
+/// The spec of `claim` for its `devices` (device, its UUID), and the CDI device IDs per device.
+pub fn spec(
+    ctx: &CdiContext,
+    claim: &str,
+    tenant: &str,
+    devices: &[(&DraDevice, &str)],
+) -> Result<(Value, Vec<Vec<String>>), CdiError> {
+    let mut out = Vec::new();
+    let mut ids = Vec::new();
+    for (d, uuid) in devices {
+        out.push(json!({"name": format!("{claim}-{}", d.name), "containerEdits": edits(ctx, d, uuid, tenant)?}));
+        let mut these = vec![device_id(claim, &d.name)];
+        if let Some(kind) = &ctx.nvidia_kind {
+            these.push(format!("{kind}={uuid}"));
+        }
+        ids.push(these);
+    }
+    Ok((json!({"cdiVersion": "1.1.0", "kind": KIND, "devices": out}), ids))
+}
+
+/// Writes `spec` for `claim`, atomically (a runtime reading the directory sees it whole or not).
+pub fn write(dir: &Path, claim: &str, spec: &Value) -> Result<(), CdiError> {
+    let path = spec_path(dir, claim);
+    let err = |source| CdiError::Write {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = dir.join(format!(".gputenancy.io-gpu_{claim}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(spec).expect("a CDI spec serialises")).map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(err)
+}
+
+/// Removes `claim`'s spec; one already gone is fine (Unprepare is idempotent).
+pub fn remove(dir: &Path, claim: &str) -> Result<(), CdiError> {
+    let path = spec_path(dir, claim);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CdiError::Write { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{MpsSettings, Placement, ScrubMemory};
+
+    fn dev(unit: Unit, mode: Mode) -> DraDevice {
+        DraDevice {
+            name: "gpu-0-mig-0-4".into(),
+            gpu: 0,
+            unit,
+            mode,
+            tenant: Some("a".into()),
+            profile: None,
+            uuid: Some("MIG-1".into()),
+            parent_uuid: Some("GPU-0".into()),
+            product_name: String::new(),
+            numa_node: None,
+            memory_mib: 20389,
+            mps: Some(MpsSettings {
+                max_clients: 4,
+                active_thread_percentage: None,
+                pinned_memory_limit: None,
+            }),
+            scrub: ScrubMemory::OnTenantChange,
+            not_ready: None,
+            minor: Some(3),
+            instance_ids: Some((2, 0)),
+        }
+    }
+
+    #[test]
+    fn a_mig_device_gets_its_capabilities_and_an_mps_share_its_limits() {
+        let ctx = CdiContext {
+            dir: "/var/run/cdi".into(),
+            mps_pipe_dir: Some("/run/gpu-tenancy/mps/pipe".into()),
+            mig_minors: parse_mig_minors("config 1\nmonitor 2\ngpu3/gi2/access 30\ngpu3/gi2/ci0/access 31\n"),
+            nvidia_kind: Some("nvidia.com/gpu".into()),
+        };
+        let mig = dev(Unit::Instance(Placement { start: 0, size: 4 }), Mode::Mig);
+        let (spec, ids) = spec(&ctx, "uid1", "a", &[(&mig, "MIG-1")]).unwrap();
+        assert_eq!(ids, [["gputenancy.io/gpu=uid1-gpu-0-mig-0-4", "nvidia.com/gpu=MIG-1"]]);
+        let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                "/dev/nvidia3",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia-caps/nvidia-cap30",
+                "/dev/nvidia-caps/nvidia-cap31"
+            ]
+        );
+        let share = dev(Unit::Share { k: 0 }, Mode::Mps);
+        let (spec, _) = super::spec(&ctx, "uid2", "a", &[(&share, "GPU-0")]).unwrap();
+        let env = spec["devices"][0]["containerEdits"]["env"].as_array().unwrap().clone();
+        assert!(env.contains(&json!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")));
+        assert!(env.contains(&json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20389M")));
+        assert!(env.contains(&json!("NVIDIA_VISIBLE_DEVICES=GPU-0")));
+        let no_caps = CdiContext::default();
+        assert!(matches!(
+            super::spec(&no_caps, "u", "a", &[(&mig, "MIG-1")]),
+            Err(CdiError::NoCapability { .. })
+        ));
+    }
+}

@@ -1,0 +1,132 @@
+//! The node agent's DRA mode: the agent is also a DRA kubelet plugin for driver
+//! `gpu.gputenancy.io` (DESIGN.md §5b). Beside the common loop (which applies the GpuNode spec to
+//! the GPUs and publishes their status, as in the device-plugin mode, and supervises its own MPS
+//! daemon), it
+//!
+//! - publishes the node's pool as ResourceSlices ([`slices`], [`publish`]): every whole GPU, MIG
+//!   instance and share of its GpuNode ([`devices`]) with the tenant the spec binds it to, a device
+//!   not safe to hand over carrying a device taint instead of the whole node being tainted;
+//! - serves the kubelet's registration and `DRAPlugin` services ([`server`]): Prepare refuses a
+//!   device of another tenant and hands a device to a new tenant only after its memory was
+//!   scrubbed and verified, checkpointed across restarts ([`prepare`], [`state`],
+//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]).
+//!
+//! Like NVIDIA's DRA driver, the plugin is a mode of its own over shared parts (their kubelet
+//! plugin is a command of its own; here the same process also drives the GPUs, because Prepare's
+//! scrubs and the layout's changes must not race and share one GPU backend).
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod devices;
+pub mod prepare;
+pub mod publish;
+pub mod server;
+pub mod slices;
+pub mod state;
+
+use crate::api::{GpuNode, GpuTenant};
+use crate::gpu::Gpus;
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+use server::Sockets;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What the DRA mode needs beyond the common loop's options.
+#[derive(Clone, Debug)]
+pub struct DraOptions {
+    pub sockets: Sockets,
+    /// Where the checkpoint lives (a host directory that survives the agent's pod).
+    pub state_dir: PathBuf,
+    pub cdi: cdi::CdiContext,
+    /// The driver's `mig-minors` file, read for MIG instances' capability device nodes.
+    pub mig_minors_file: PathBuf,
+    /// The agent's own MPS daemon (MPS shares need one; NVIDIA's device plugin is not there).
+    pub mps: Option<crate::gpu::mps::MpsConfig>,
+}
+
+/// Why the DRA mode stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Serve(#[from] server::ServeError),
+}
+
+/// Runs the DRA side until `shutdown`: the tenants' watch (namespace owners), the GpuNode's watch
+/// (devices, slices), and the kubelet plugin's sockets.
+pub async fn run<G: Gpus + 'static>(
+    client: Client,
+    node: String,
+    gpus: Arc<G>,
+    opts: DraOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DraError> {
+    let (tenants, writer) = reflector::store::<GpuTenant>();
+    let tenant_watch = watcher(Api::<GpuTenant>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .for_each(|_| futures::future::ready(()));
+    tokio::spawn(tenant_watch);
+
+    let mut cdi = opts.cdi.clone();
+    // Read at start: the driver writes it once, when it loads.
+    if let Ok(text) = std::fs::read_to_string(&opts.mig_minors_file) {
+        cdi.mig_minors = cdi::parse_mig_minors(&text);
+    }
+    let state = Arc::new(state::DraState::new(
+        node.clone(),
+        gpus,
+        client.clone(),
+        tenants,
+        checkpoint::CheckpointFile::new(&opts.state_dir),
+        cdi,
+    )?);
+
+    let publisher = {
+        let state = state.clone();
+        let client = client.clone();
+        let node = node.clone();
+        async move {
+            let nodes = watcher(
+                Api::<GpuNode>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+            )
+            .default_backoff()
+            .applied_objects();
+            let mut nodes = std::pin::pin!(nodes);
+            let mut last: Option<Vec<devices::DraDevice>> = None;
+            let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
+            while let Some(ev) = nodes.next().await {
+                let Ok(gn) = ev else { continue };
+                let devs = devices::devices(&gn);
+                state.set_devices(devs.clone()).await;
+                if last.as_ref() == Some(&devs) {
+                    continue;
+                }
+                loop {
+                    match publish::publish(&client, &node, &devs).await {
+                        Ok(p) => {
+                            if p.writes > 0 {
+                                tracing::info!(node = %node, devices = devs.len(), generation = p.generation, writes = p.writes, "ResourceSlices published");
+                            }
+                            backoff.reset();
+                            break;
+                        }
+                        Err(e) => {
+                            let wait = backoff.next();
+                            tracing::warn!(node = %node, error = %e, retry_in = ?wait, "publishing the ResourceSlices failed");
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
+                }
+                last = Some(devs);
+            }
+        }
+    };
+    tokio::spawn(publisher);
+    server::serve(state, &opts.sockets, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,274 @@
+//! What Prepare decides for one claim, pure: the last line of defence between a tenant's claim
+//! and another tenant's GPU. The scheduler allocated the claim's devices; this refuses any device
+//! whose tenant is not the tenant owning the claim's namespace, any device the GpuNode does not
+//! bind or that may not be handed over yet, and any device another claim holds; and it says which
+//! devices must be scrubbed first (a previous claim of another tenant, an unknown past, a UUID
+//! not the one recorded, `scrubMemory: Always`).
+
+use super::checkpoint::{Checkpoint, DeviceRecord};
+use super::devices::{DraDevice, Unit};
+use crate::api::ScrubMemory;
+use std::fmt;
+
+/// A claim as Prepare sees it: its identity, the tenant owning its namespace, and the devices the
+/// scheduler allocated it on this node from this driver, as (request, device name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The tenant that alone lists the namespace, if one does.
+    pub tenant: Option<String>,
+    pub allocated: Vec<(String, String)>,
+}
+
+/// Why a claim is refused: the container does not start, and the kubelet tries again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    NotAllocated,
+    NoTenant {
+        namespace: String,
+    },
+    UnknownDevice {
+        device: String,
+    },
+    WrongTenant {
+        device: String,
+        owner: Option<String>,
+        tenant: String,
+    },
+    NotReady {
+        device: String,
+        why: &'static str,
+    },
+    InUse {
+        device: String,
+        claim: String,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NotAllocated => f.write_str(
+                "the claim has no device of driver gpu.gputenancy.io allocated on this node; nothing to prepare here",
+            ),
+            Refusal::NoTenant { namespace } => write!(
+                f,
+                "namespace {namespace} belongs to no GpuTenant (none lists it alone), so its claims get no GPU device"
+            ),
+            Refusal::UnknownDevice { device } => write!(
+                f,
+                "device {device} is not one this node's GpuNode binds (the claim was allocated from a stale slice?)"
+            ),
+            Refusal::WrongTenant { device, owner, tenant } => write!(
+                f,
+                "device {device} is {}, not GpuTenant {tenant}'s, whose namespace the claim is in",
+                match owner {
+                    Some(o) => format!("GpuTenant {o}'s"),
+                    None => "no tenant's".to_string(),
+                }
+            ),
+            Refusal::NotReady { device, why } => {
+                write!(
+                    f,
+                    "device {device} may not be handed over yet ({why}); the kubelet will retry"
+                )
+            }
+            Refusal::InUse { device, claim } => write!(f, "device {device} is prepared for claim {claim}"),
+        }
+    }
+}
+
+/// One device Prepare will hand to the claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub request: String,
+    pub device: DraDevice,
+    /// Its UUID (what is scrubbed and recorded).
+    pub uuid: String,
+    /// Its memory must be scrubbed and verified first.
+    pub scrub: bool,
+}
+
+/// Must `d`, last recorded as `record`, be scrubbed before a claim of `tenant` gets it?
+pub fn needs_scrub(record: Option<&DeviceRecord>, uuid: &str, d: &DraDevice, tenant: &str) -> bool {
+    if d.scrub == ScrubMemory::Never {
+        return false;
+    }
+    match record {
+        None => true,
+        Some(r) if r.uuid() != uuid => true,
+        Some(DeviceRecord::Clean { .. }) => false,
+        Some(DeviceRecord::Released { tenant: last, .. }) => last != tenant || d.scrub == ScrubMemory::Always,
+        // A device in use is refused before this is asked; an unknown holder is the safe answer.
+        Some(DeviceRecord::InUse { .. }) => true,
+    }
+}
+
+/// Decides Prepare for `claim` over the node's `devices` and what `cp` records.
+pub fn plan(cp: &Checkpoint, claim: &ClaimView, devices: &[DraDevice]) -> Result<Vec<Planned>, Refusal> {
+    if claim.allocated.is_empty() {
+        return Err(Refusal::NotAllocated);
+    }
+    let Some(tenant) = claim.tenant.as_deref() else {
+        return Err(Refusal::NoTenant {
+            namespace: claim.namespace.clone(),
+        });
+    };
+    let mut out = Vec::new();
+    for (request, name) in &claim.allocated {
+        let Some(d) = devices.iter().find(|d| &d.name == name) else {
+            return Err(Refusal::UnknownDevice { device: name.clone() });
+        };
+        if d.tenant.as_deref() != Some(tenant) {
+            return Err(Refusal::WrongTenant {
+                device: name.clone(),
+                owner: d.tenant.clone(),
+                tenant: tenant.to_string(),
+            });
+        }
+        if let Some(why) = d.not_ready {
+            return Err(Refusal::NotReady {
+                device: name.clone(),
+                why: why.as_str(),
+            });
+        }
+        // A share's memory is its GPU's: what is scrubbed and recorded is the GPU.
+        let uuid = match (&d.unit, &d.uuid) {
+            (_, Some(u)) => u.clone(),
+            _ => {
+                return Err(Refusal::NotReady {
+                    device: name.clone(),
+                    why: "its UUID is not known yet",
+                });
+            }
+        };
+        let record = cp.devices.get(name);
+        if let Some(DeviceRecord::InUse { claim: other, .. }) = record
+            && other != &claim.uid
+        {
+            return Err(Refusal::InUse {
+                device: name.clone(),
+                claim: other.clone(),
+            });
+        }
+        let scrub = needs_scrub(record, &uuid, d, tenant);
+        out.push(Planned {
+            request: request.clone(),
+            device: d.clone(),
+            uuid,
+            scrub,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether a share of a GPU would be scrubbed: the whole GPU is, so no other claim may hold any
+/// device of that GPU then.
+pub fn is_share(d: &DraDevice) -> bool {
+    matches!(d.unit, Unit::Share { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::dra::devices::NotReady;
+    use crate::api::Mode;
+
+    fn dev(name: &str, tenant: &str, scrub: ScrubMemory) -> DraDevice {
+        DraDevice {
+            name: name.into(),
+            gpu: 0,
+            unit: Unit::Gpu,
+            mode: Mode::Exclusive,
+            tenant: Some(tenant.into()),
+            profile: None,
+            uuid: Some(format!("UUID-{name}")),
+            parent_uuid: None,
+            product_name: String::new(),
+            numa_node: None,
+            memory_mib: 1,
+            mps: None,
+            scrub,
+            not_ready: None,
+            minor: Some(0),
+            instance_ids: None,
+        }
+    }
+
+    fn claim(tenant: Option<&str>, devices: &[&str]) -> ClaimView {
+        ClaimView {
+            uid: "c1".into(),
+            namespace: "ns".into(),
+            name: "claim".into(),
+            tenant: tenant.map(String::from),
+            allocated: devices.iter().map(|d| ("gpu".to_string(), d.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn another_tenants_device_an_unknown_one_and_one_in_use_are_refused() {
+        let devices = [
+            dev("d0", "a", ScrubMemory::OnTenantChange),
+            dev("d1", "b", ScrubMemory::OnTenantChange),
+        ];
+        let cp = Checkpoint::default();
+        assert!(matches!(
+            plan(&cp, &claim(Some("a"), &["d1"]), &devices),
+            Err(Refusal::WrongTenant { .. })
+        ));
+        assert!(matches!(
+            plan(&cp, &claim(None, &["d0"]), &devices),
+            Err(Refusal::NoTenant { .. })
+        ));
+        assert!(matches!(
+            plan(&cp, &claim(Some("a"), &["gone"]), &devices),
+            Err(Refusal::UnknownDevice { .. })
+        ));
+        assert_eq!(plan(&cp, &claim(Some("a"), &[]), &devices), Err(Refusal::NotAllocated));
+        let mut held = cp.clone();
+        held.devices.insert(
+            "d0".into(),
+            DeviceRecord::InUse {
+                claim: "c0".into(),
+                tenant: "a".into(),
+                uuid: "UUID-d0".into(),
+            },
+        );
+        assert!(matches!(
+            plan(&held, &claim(Some("a"), &["d0"]), &devices),
+            Err(Refusal::InUse { .. })
+        ));
+        let mut busy = devices.clone();
+        busy[0].not_ready = Some(NotReady::Busy);
+        assert!(matches!(
+            plan(&cp, &claim(Some("a"), &["d0"]), &busy),
+            Err(Refusal::NotReady { .. })
+        ));
+    }
+
+    /// Scrub when the past is unknown, another tenant's, of another UUID, or under Always; not
+    /// between two claims of one tenant, nor after a scrub, nor under Never.
+    #[test]
+    fn scrubs_follow_the_previous_holder() {
+        let d = dev("d0", "a", ScrubMemory::OnTenantChange);
+        let released = |t: &str, u: &str| DeviceRecord::Released {
+            tenant: t.into(),
+            uuid: u.into(),
+        };
+        assert!(needs_scrub(None, "UUID-d0", &d, "a"));
+        assert!(needs_scrub(Some(&released("b", "UUID-d0")), "UUID-d0", &d, "a"));
+        assert!(!needs_scrub(Some(&released("a", "UUID-d0")), "UUID-d0", &d, "a"));
+        assert!(needs_scrub(Some(&released("a", "UUID-old")), "UUID-d0", &d, "a"));
+        let clean = DeviceRecord::Clean {
+            uuid: "UUID-d0".into(),
+            tenant: Some("b".into()),
+        };
+        assert!(!needs_scrub(Some(&clean), "UUID-d0", &d, "a"));
+        let always = dev("d0", "a", ScrubMemory::Always);
+        assert!(needs_scrub(Some(&released("a", "UUID-d0")), "UUID-d0", &always, "a"));
+        let never = dev("d0", "a", ScrubMemory::Never);
+        assert!(!needs_scrub(None, "UUID-d0", &never, "a"));
+    }
+}

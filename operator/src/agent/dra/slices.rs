@@ -1,0 +1,167 @@
+//! The node's ResourceSlices: its pool (named after the node) of the devices of [`super::devices`],
+//! cut into slices of at most 64 devices (the API server's limit when devices carry taints), each
+//! device with its attributes, its memory as capacity, and the taint `gputenancy.io/not-ready`
+//! while it may not be handed over. Built pure; written by [`super::publish`] only when they differ
+//! from what the API server holds, with a new pool generation (the scheduler uses only the newest
+//! generation of a pool, so a half-written change is never mixed with the old one).
+
+use super::devices::{DRIVER, DraDevice, Unit};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde_json::{Map, Value, json};
+
+/// Devices per slice: the limit of a slice whose devices may carry taints.
+pub const DEVICES_PER_SLICE: usize = 64;
+/// The device taint of a device not safe to hand over; its value says why.
+pub const NOT_READY_TAINT: &str = "gputenancy.io/not-ready";
+
+/// The name of slice `n` of `node`'s pool.
+pub fn slice_name(node: &str, n: usize) -> String {
+    format!("{node}-{DRIVER}-{n}")
+}
+
+fn string(v: &str) -> Value {
+    json!({"string": v})
+}
+
+/// One device as the API server's `resource.k8s.io/v1` Device. Attribute names without a domain
+/// are in the driver's (`device.attributes["gpu.gputenancy.io"].tenant` in CEL).
+fn device(d: &DraDevice) -> Value {
+    let mut attributes = Map::new();
+    attributes.insert("tenant".into(), string(d.tenant.as_deref().unwrap_or("")));
+    attributes.insert("mode".into(), string(d.mode.as_str()));
+    attributes.insert("index".into(), json!({"int": d.gpu}));
+    attributes.insert("productName".into(), string(&d.product_name));
+    if let Some(p) = &d.profile {
+        attributes.insert("profile".into(), string(p));
+    }
+    if let Some(u) = &d.uuid {
+        attributes.insert("uuid".into(), string(u));
+    }
+    if let Some(u) = &d.parent_uuid {
+        attributes.insert("parentUUID".into(), string(u));
+    }
+    if let Some(n) = d.numa_node {
+        attributes.insert("numaNode".into(), json!({"int": n}));
+    }
+    let unit = match d.unit {
+        Unit::Gpu => "gpu",
+        Unit::Instance(_) => "mig",
+        Unit::Share { .. } => "share",
+    };
+    attributes.insert("type".into(), string(unit));
+    let mut out = json!({
+        "name": d.name,
+        "attributes": attributes,
+        "capacity": {"memory": {"value": format!("{}Mi", d.memory_mib)}},
+    });
+    if let Some(why) = d.not_ready {
+        out["taints"] = json!([{"key": NOT_READY_TAINT, "value": why.as_str(), "effect": "NoSchedule"}]);
+    }
+    out
+}
+
+/// The slices of `node`'s pool at `generation`, as server-side apply bodies.
+pub fn slices(node: &str, devices: &[DraDevice], generation: i64) -> Vec<ResourceSlice> {
+    let chunks: Vec<&[DraDevice]> = if devices.is_empty() {
+        vec![&[]]
+    } else {
+        devices.chunks(DEVICES_PER_SLICE).collect()
+    };
+    let count = chunks.len();
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(n, chunk)| {
+            serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": slice_name(node, n), "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGED_BY_VALUE}},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                    "devices": chunk.iter().map(device).collect::<Vec<_>>(),
+                }
+            }))
+            .expect("a ResourceSlice built from its own fields deserialises")
+        })
+        .collect()
+}
+
+/// Do the live slices already say what `want` says (the generation aside)? Compared on the
+/// fields we write, so what the API server adds does not count.
+pub fn same(live: &[ResourceSlice], want: &[ResourceSlice]) -> bool {
+    let key = |s: &ResourceSlice| {
+        let mut v = serde_json::to_value(&s.spec).expect("a slice serialises");
+        v["pool"]["generation"] = Value::Null;
+        (s.metadata.name.clone(), v)
+    };
+    let mut l: Vec<_> = live.iter().map(key).collect();
+    let mut w: Vec<_> = want.iter().map(key).collect();
+    l.sort_by(|a, b| a.0.cmp(&b.0));
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    l.len() == w.len()
+        && l.iter()
+            .zip(&w)
+            .all(|(a, b)| a.0 == b.0 && crate::runtime::object::contains(&a.1, &b.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::dra::devices::NotReady;
+    use crate::api::{Mode, ScrubMemory};
+
+    fn dev(i: u32, not_ready: Option<NotReady>) -> DraDevice {
+        DraDevice {
+            name: format!("gpu-{i}"),
+            gpu: i,
+            unit: Unit::Gpu,
+            mode: Mode::Exclusive,
+            tenant: Some("a".into()),
+            profile: None,
+            uuid: Some(format!("GPU-{i}")),
+            parent_uuid: None,
+            product_name: "NVIDIA H100 80GB HBM3".into(),
+            numa_node: Some(0),
+            memory_mib: 81559,
+            mps: None,
+            scrub: ScrubMemory::OnTenantChange,
+            not_ready,
+            minor: Some(i),
+            instance_ids: None,
+        }
+    }
+
+    /// A pool of 130 devices is three slices of the same generation, counted in each; a device
+    /// not ready carries the taint; the same devices at another generation are the same.
+    #[test]
+    fn slices_hold_at_most_64_devices_and_the_taint_of_what_is_not_ready() {
+        let devices: Vec<DraDevice> = (0..130)
+            .map(|i| dev(i, (i == 3).then_some(NotReady::ScrubPending)))
+            .collect();
+        let s = slices("n1", &devices, 5);
+        assert_eq!(s.len(), 3);
+        let sizes: Vec<usize> = s
+            .iter()
+            .map(|x| x.spec.devices.as_ref().map_or(0, |d| d.len()))
+            .collect();
+        assert_eq!(sizes, [64, 64, 2]);
+        assert!(
+            s.iter()
+                .all(|x| x.spec.pool.resource_slice_count == 3 && x.spec.pool.generation == 5)
+        );
+        let d3 = &s[0].spec.devices.as_ref().unwrap()[3];
+        let taint = &d3.taints.as_ref().unwrap()[0];
+        assert_eq!(
+            (taint.key.as_str(), taint.value.as_deref()),
+            (NOT_READY_TAINT, Some("ScrubPending"))
+        );
+        assert!(s[0].spec.devices.as_ref().unwrap()[4].taints.is_none());
+        let tenant = &d3.attributes.as_ref().unwrap()["tenant"];
+        assert_eq!(tenant.string.as_deref(), Some("a"));
+        assert!(same(&slices("n1", &devices, 9), &s));
+        assert!(!same(&slices("n1", &devices[1..], 9), &s));
+        assert_eq!(slice_name("n1", 2), "n1-gpu.gputenancy.io-2");
+    }
+}

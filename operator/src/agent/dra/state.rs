@@ -1,0 +1,357 @@
+//! Prepare and Unprepare as the kubelet calls them, over the node's devices and the checkpoint.
+//!
+//! Prepare, for a claim: read it from the API server (the kubelet sends only its name and UID),
+//! take the devices allocated to it here, decide ([`super::prepare::plan`]), scrub what must be,
+//! write the claim's CDI spec, record the devices in use, and only then answer with the CDI
+//! device IDs. Each step is saved to the checkpoint before the next, so a kill between any two
+//! leaves a state a restart continues from without ever answering with an unscrubbed device: a
+//! scrub not recorded is done again; a claim recorded is answered from the record (Prepare is
+//! idempotent, and the kubelet retries). Unprepare records the devices released by the claim's
+//! tenant, removes the spec and the claim; for `scrubMemory: Always` it scrubs them at once, so the
+//! next Prepare does not wait.
+
+use super::cdi::{self, CdiContext, CdiError};
+use super::checkpoint::{Checkpoint, CheckpointError, CheckpointFile, DeviceRecord, PreparedClaim, PreparedDevice};
+use super::devices::{DRIVER, DraDevice, Unit};
+use super::prepare::{self, ClaimView, Planned, Refusal};
+use crate::api::{GpuTenant, ScrubMemory};
+use crate::gpu::Gpus;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+use std::sync::Arc;
+use tokio::sync::Mutex;
+
+/// Why one claim was not prepared or unprepared (the error the kubelet gets for it).
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("reading ResourceClaim {namespace}/{name}: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error(
+        "ResourceClaim {namespace}/{name} is not the claim asked for (UID {found}, not {asked}): it was deleted and created again"
+    )]
+    Replaced {
+        namespace: String,
+        name: String,
+        found: String,
+        asked: String,
+    },
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("device {device} is busy: {why}")]
+    Busy { device: String, why: String },
+    #[error("scrubbing device {device} ({uuid}) failed: {error}; it is not handed over")]
+    Scrub {
+        device: String,
+        uuid: String,
+        error: String,
+    },
+    #[error(transparent)]
+    Cdi(#[from] CdiError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Test hook: `GPU_TENANCY_DRA_ABORT_AT=<step>` aborts the process right after that step, as a
+/// node crash or an OOM kill would, so the tests can show a restart never hands over a dirty
+/// device (the simulated NVML library offers the same for NVML mutations).
+fn step_done(step: &str) {
+    if std::env::var("GPU_TENANCY_DRA_ABORT_AT").is_ok_and(|s| s == step) {
+        eprintln!("gpu-tenancy agent: aborting after DRA step {step} as asked (GPU_TENANCY_DRA_ABORT_AT)");
+        std::process::abort();
+    }
+}
+
+struct Inner {
+    cp: Checkpoint,
+    devices: Vec<DraDevice>,
+}
+
+/// The DRA mode's state: the node's devices as last published, and the checkpoint.
+pub struct DraState<G: Gpus> {
+    pub node: String,
+    gpus: Arc<G>,
+    client: Client,
+    tenants: Store<GpuTenant>,
+    file: CheckpointFile,
+    cdi: CdiContext,
+    inner: Mutex<Inner>,
+}
+
+/// The tenant that alone lists `namespace` (the rule the controller binds admission by).
+pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
+    let mut owners = tenants
+        .iter()
+        .filter(|t| t.spec.namespaces.iter().any(|n| n == namespace));
+    match (owners.next(), owners.next()) {
+        (Some(t), None) => Some(t.name_any()),
+        _ => None,
+    }
+}
+
+impl<G: Gpus + 'static> DraState<G> {
+    pub fn new(
+        node: String,
+        gpus: Arc<G>,
+        client: Client,
+        tenants: Store<GpuTenant>,
+        file: CheckpointFile,
+        cdi: CdiContext,
+    ) -> Result<DraState<G>, CheckpointError> {
+        let cp = file.load()?;
+        Ok(DraState {
+            node,
+            gpus,
+            client,
+            tenants,
+            file,
+            cdi,
+            inner: Mutex::new(Inner { cp, devices: vec![] }),
+        })
+    }
+
+    /// The node's devices changed (a new GpuNode spec or status).
+    pub async fn set_devices(&self, devices: Vec<DraDevice>) {
+        self.inner.lock().await.devices = devices;
+    }
+
+    async fn view(&self, namespace: &str, name: &str, uid: &str) -> Result<ClaimView, ClaimError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let claim = api.get(name).await.map_err(|source| ClaimError::Read {
+            namespace: namespace.into(),
+            name: name.into(),
+            source,
+        })?;
+        let found = claim.uid().unwrap_or_default();
+        if found != uid {
+            return Err(ClaimError::Replaced {
+                namespace: namespace.into(),
+                name: name.into(),
+                found,
+                asked: uid.into(),
+            });
+        }
+        let allocated = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .map(|d| {
+                d.results
+                    .iter()
+                    .flatten()
+                    .filter(|r| r.driver == DRIVER && r.pool == self.node)
+                    .map(|r| (r.request.clone(), r.device.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(ClaimView {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            tenant: owner(&self.tenants.state(), namespace),
+            allocated,
+        })
+    }
+
+    /// Refuses a device with processes on it (someone uses it outside any claim, or, for a share
+    /// to scrub, another claim does), as the GPUs report them now.
+    async fn idle(&self, p: &Planned) -> Result<(), ClaimError> {
+        let gpus = self.gpus.clone();
+        let status = tokio::task::spawn_blocking(move || gpus.discover())
+            .await
+            .map_err(|e| ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: format!("the GPUs could not be read: {e}"),
+            })?
+            .map_err(|e| ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: format!("the GPUs could not be read: {e}"),
+            })?;
+        let Some(g) = status.gpus.iter().find(|g| g.index == p.device.gpu) else {
+            return Err(ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: "its GPU is not found".into(),
+            });
+        };
+        let gi = p.device.instance_ids.map(|(gi, _)| gi);
+        let pids: Vec<String> = g
+            .processes
+            .iter()
+            .filter(|pr| gi.is_none() || pr.gpu_instance_id == gi)
+            .map(|pr| pr.pid.to_string())
+            .collect();
+        if pids.is_empty() {
+            Ok(())
+        } else {
+            Err(ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: format!("processes run on it: pids {}", pids.join(", ")),
+            })
+        }
+    }
+
+    async fn scrub(&self, p: &Planned) -> Result<(), ClaimError> {
+        let gpus = self.gpus.clone();
+        let uuid = p.uuid.clone();
+        let result = tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        match result {
+            Ok(report) if report.bytes_verified == report.bytes_cleared => Ok(()),
+            Ok(_) => Err("the memory did not read back as zero".into()),
+            Err(e) => Err(e),
+        }
+        .map_err(|error| ClaimError::Scrub {
+            device: p.device.name.clone(),
+            uuid: p.uuid.clone(),
+            error,
+        })
+    }
+
+    /// Prepares claim `uid` (`namespace/name`); the CDI device IDs per (request, device).
+    pub async fn prepare(&self, namespace: &str, name: &str, uid: &str) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let mut inner = self.inner.lock().await;
+        if let Some(done) = inner.cp.claims.get(uid) {
+            return Ok(done.devices.clone());
+        }
+        let view = self.view(namespace, name, uid).await?;
+        let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
+        let tenant = view.tenant.clone().unwrap_or_default();
+        for p in &planned {
+            // A share is scrubbed as its whole GPU: no other claim may hold any device of it.
+            if p.scrub
+                && prepare::is_share(&p.device)
+                && let Some(other) = inner.cp.devices.iter().find_map(|(dev, r)| match r {
+                    DeviceRecord::InUse { claim, .. }
+                        if claim != uid && inner.devices.iter().any(|d| &d.name == dev && d.gpu == p.device.gpu) =>
+                    {
+                        Some(claim.clone())
+                    }
+                    _ => None,
+                })
+            {
+                return Err(ClaimError::Busy {
+                    device: p.device.name.clone(),
+                    why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
+                });
+            }
+            if p.scrub || !prepare::is_share(&p.device) {
+                self.idle(p).await?;
+            }
+            if p.scrub {
+                self.scrub(p).await?;
+                let last = match inner.cp.devices.get(&p.device.name) {
+                    Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
+                    _ => None,
+                };
+                inner.cp.devices.insert(
+                    p.device.name.clone(),
+                    DeviceRecord::Clean {
+                        uuid: p.uuid.clone(),
+                        tenant: last,
+                    },
+                );
+                self.file.save(&inner.cp)?;
+                step_done("prepare-scrubbed");
+            }
+        }
+        let pairs: Vec<(&DraDevice, &str)> = planned.iter().map(|p| (&p.device, p.uuid.as_str())).collect();
+        let (spec, ids) = cdi::spec(&self.cdi, uid, &tenant, &pairs)?;
+        cdi::write(&self.cdi.dir, uid, &spec)?;
+        step_done("prepare-cdi-written");
+        let devices: Vec<PreparedDevice> = planned
+            .iter()
+            .zip(ids)
+            .map(|(p, ids)| PreparedDevice {
+                request: p.request.clone(),
+                device: p.device.name.clone(),
+                cdi_device_ids: ids,
+            })
+            .collect();
+        for p in &planned {
+            inner.cp.devices.insert(
+                p.device.name.clone(),
+                DeviceRecord::InUse {
+                    claim: uid.into(),
+                    tenant: tenant.clone(),
+                    uuid: p.uuid.clone(),
+                },
+            );
+        }
+        inner.cp.claims.insert(
+            uid.into(),
+            PreparedClaim {
+                namespace: namespace.into(),
+                name: name.into(),
+                tenant,
+                devices: devices.clone(),
+            },
+        );
+        self.file.save(&inner.cp)?;
+        step_done("prepare-recorded");
+        Ok(devices)
+    }
+
+    /// Unprepares claim `uid`: its devices are released by its tenant. A claim not prepared here
+    /// (or already unprepared) is done.
+    pub async fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
+        let mut inner = self.inner.lock().await;
+        let Some(claim) = inner.cp.claims.get(uid).cloned() else {
+            cdi::remove(&self.cdi.dir, uid)?;
+            return Ok(());
+        };
+        for d in &claim.devices {
+            if let Some(DeviceRecord::InUse { claim: c, uuid, .. }) = inner.cp.devices.get(&d.device).cloned()
+                && c == uid
+            {
+                inner.cp.devices.insert(
+                    d.device.clone(),
+                    DeviceRecord::Released {
+                        tenant: claim.tenant.clone(),
+                        uuid,
+                    },
+                );
+            }
+        }
+        self.file.save(&inner.cp)?;
+        step_done("unprepare-released");
+        cdi::remove(&self.cdi.dir, uid)?;
+        inner.cp.claims.remove(uid);
+        self.file.save(&inner.cp)?;
+        step_done("unprepare-recorded");
+        // `scrubMemory: Always` scrubs between any two claims: do it now, ahead of the next one.
+        let always: Vec<Planned> = claim
+            .devices
+            .iter()
+            .filter_map(|pd| {
+                let d = inner.devices.iter().find(|d| d.name == pd.device)?;
+                let uuid = inner.cp.devices.get(&pd.device)?.uuid().to_string();
+                (d.scrub == ScrubMemory::Always && !matches!(d.unit, Unit::Share { .. })).then(|| Planned {
+                    request: pd.request.clone(),
+                    device: d.clone(),
+                    uuid,
+                    scrub: true,
+                })
+            })
+            .collect();
+        for p in always {
+            if self.idle(&p).await.is_ok() && self.scrub(&p).await.is_ok() {
+                inner.cp.devices.insert(
+                    p.device.name.clone(),
+                    DeviceRecord::Clean {
+                        uuid: p.uuid.clone(),
+                        tenant: Some(claim.tenant.clone()),
+                    },
+                );
+                self.file.save(&inner.cp)?;
+            }
+        }
+        Ok(())
+    }
+}
