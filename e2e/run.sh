@@ -180,6 +180,7 @@ cmd_test() {
 		say "running the suite against the cluster in GPU_TENANCY_E2E_KUBECONFIG (starting nothing)"
 		run_suite "$kubeconfig" e2e "$@"
 		run_suite "$kubeconfig" controller --test-threads=1 "$@"
+		run_suite "$kubeconfig" dra --test-threads=1 "$@"
 		say "fault scenarios: the API server restart needs the local control plane, so it is not run against GPU_TENANCY_E2E_KUBECONFIG"
 		GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" \
 			run_suite "$kubeconfig" faults --test-threads=1 --skip c_apiserver "$@"
@@ -190,6 +191,7 @@ cmd_test() {
 	say "building the e2e suite and the gpu-tenancy binary (the controller scenarios run it) ..."
 	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
 	nvml_check
+	cdi_check
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
 	# A control plane of its own (not the one of `make e2e-up`, nor of a concurrent run), torn
 	# down on any exit. Directories of earlier runs whose control plane is gone are removed.
@@ -215,6 +217,14 @@ cmd_test() {
 	start "$dir" true
 	run_suite "$dir/kubeconfig" controller --test-threads=1 "$@"
 	finish "$dir" 0
+	# The DRA mode's node side (tests/dra): a real agent as a kubelet plugin, the test as the
+	# kubelet; a control plane with no controller policies, whose claims only the plugin judges.
+	dir="$STATE_DIR/run-$$-dra"
+	trap 'finish "'"$dir"'" $?' EXIT
+	say "starting a fresh control plane for the DRA scenarios (state: ${dir#"$ROOT"/}) ..."
+	start "$dir" true
+	run_suite "$dir/kubeconfig" dra --test-threads=1 "$@"
+	finish "$dir" 0
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" run_faults "$@"
 }
 
@@ -233,6 +243,13 @@ cmd_faults() {
 	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
 	"$CARGO" test -p gpu-tenancy-e2e --test faults --no-run
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-300}" run_faults "$@"
+}
+
+# cdi_check: e2e/cdi-check's own Go tests (the CDI project's validation, which the DRA scenarios
+# then run over the specs the agent writes).
+cdi_check() {
+	say "checking e2e/cdi-check (the CDI project's spec validation) ..."
+	(cd "$ROOT/e2e/cdi-check" && "$GO" test -count=1 ./...) || die "e2e/cdi-check's tests failed (above)"
 }
 
 # nvml_check: e2e/nvml-check's Go tests, NVIDIA's go-nvml and go-nvlib driving the built simulated

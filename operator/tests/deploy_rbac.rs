@@ -171,6 +171,13 @@ fn agent_cluster_role_grants_exactly_what_the_agent_needs() {
             ("gputenancy.io", &["gpunodes/status"], &["patch"]),
             ("", &["nodes"], &["get", "patch"]),
             ("", &["pods"], &["list"]),
+            (
+                "resource.k8s.io",
+                &["resourceslices"],
+                &["list", "create", "patch", "delete"],
+            ),
+            ("resource.k8s.io", &["resourceclaims"], &["get"]),
+            ("gputenancy.io", &["gputenants"], &["list", "watch"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),
         ]),
     );

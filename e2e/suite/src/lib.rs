@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod auditor;
+pub mod kubelet;
 pub mod procs;
 
 use std::collections::BTreeMap;

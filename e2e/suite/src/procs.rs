@@ -36,6 +36,10 @@ pub struct SimAgent {
     pub name: String,
     dir: PathBuf,
     agent: Option<Child>,
+    /// Arguments of `agent run` beyond the node name and poll (the DRA mode's).
+    args: Vec<String>,
+    /// Environment of the next start (a test hook of the DRA mode, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl SimAgent {
@@ -64,9 +68,59 @@ impl SimAgent {
             name: name.to_string(),
             dir,
             agent: None,
+            args: vec![],
+            env: vec![],
         };
         agent.restart();
         agent
+    }
+
+    /// An agent in DRA mode on `h100s` simulated H100s: its kubelet sockets, checkpoint, CDI
+    /// specs, MPS pipes and the driver's `mig-minors` (as the simulator numbers instances) all
+    /// under [`SimAgent::dir`].
+    pub async fn start_dra(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, h100s: u32) -> SimAgent {
+        let mut a = Self::start_with(client, cleanup, name, pool, h100s).await;
+        a.kill();
+        let d = a.dir.clone();
+        // gpu<minor>/gi<id>/access and .../ci0/access for every GPU instance ID a driver hands out.
+        let mut minors = String::from("config 1\nmonitor 2\n");
+        let mut n = 3;
+        for gpu in 0..h100s {
+            for gi in 0..15 {
+                minors.push_str(&format!(
+                    "gpu{gpu}/gi{gi}/access {n}\ngpu{gpu}/gi{gi}/ci0/access {}\n",
+                    n + 1
+                ));
+                n += 2;
+            }
+        }
+        std::fs::write(d.join("mig-minors"), minors).expect("writing mig-minors");
+        let path = |p: &str| d.join(p).display().to_string();
+        a.args = vec![
+            "--mode".into(),
+            "dra".into(),
+            "--kubelet-registry-dir".into(),
+            path("plugins_registry"),
+            "--kubelet-plugins-dir".into(),
+            path("plugins"),
+            "--state-dir".into(),
+            path("state"),
+            "--cdi-dir".into(),
+            path("cdi"),
+            "--mig-minors-file".into(),
+            path("mig-minors"),
+            "--mps-pipe-dir".into(),
+            path("mps-pipe"),
+            "--mps-log-dir".into(),
+            path("mps-log"),
+        ];
+        a.restart();
+        a
+    }
+
+    /// The directory of this agent's simulated node (sockets, state, CDI specs in DRA mode).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Starts the agent again on the same simulated GPUs and state (killing it first if it
@@ -75,6 +129,8 @@ impl SimAgent {
         self.kill();
         let mut cmd = Command::new(binary("gpu-tenancy"));
         cmd.args(["agent", "run", "--node-name", &self.name, "--poll", "1"])
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", kubeconfig_path())
             .env("RUST_LOG", "warn");
         sim_env(&self.dir, &mut cmd);

@@ -88,22 +88,55 @@ pub fn slices(node: &str, devices: &[DraDevice], generation: i64) -> Vec<Resourc
         .collect()
 }
 
-/// Do the live slices already say what `want` says (the generation aside)? Compared on the
-/// fields we write, so what the API server adds does not count.
+/// What of a slice this agent writes, for comparison: its name, node, driver, pool name and
+/// count, and per device its name, attributes, capacity values and taints (key, value, effect).
+/// The generation and what the API server adds (a taint's `timeAdded`) are left out; a field
+/// the live slice has and the wanted one lacks (a taint to lift) does count.
+fn ours(s: &ResourceSlice) -> Value {
+    let devices: Vec<Value> = s
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| {
+            let taints: Vec<Value> = d
+                .taints
+                .iter()
+                .flatten()
+                .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+                .collect();
+            let capacity: Map<String, Value> = d
+                .capacity
+                .iter()
+                .flatten()
+                .map(|(k, c)| (k.clone(), json!(c.value.0)))
+                .collect();
+            json!({
+                "name": d.name,
+                "attributes": serde_json::to_value(&d.attributes).expect("attributes serialise"),
+                "capacity": capacity,
+                "taints": taints,
+            })
+        })
+        .collect();
+    json!({
+        "name": s.metadata.name,
+        "node": s.spec.node_name,
+        "driver": s.spec.driver,
+        "pool": s.spec.pool.name,
+        "count": s.spec.pool.resource_slice_count,
+        "devices": devices,
+    })
+}
+
+/// Do the live slices already say what `want` says (the generation aside)?
 pub fn same(live: &[ResourceSlice], want: &[ResourceSlice]) -> bool {
-    let key = |s: &ResourceSlice| {
-        let mut v = serde_json::to_value(&s.spec).expect("a slice serialises");
-        v["pool"]["generation"] = Value::Null;
-        (s.metadata.name.clone(), v)
-    };
-    let mut l: Vec<_> = live.iter().map(key).collect();
-    let mut w: Vec<_> = want.iter().map(key).collect();
-    l.sort_by(|a, b| a.0.cmp(&b.0));
-    w.sort_by(|a, b| a.0.cmp(&b.0));
-    l.len() == w.len()
-        && l.iter()
-            .zip(&w)
-            .all(|(a, b)| a.0 == b.0 && crate::runtime::object::contains(&a.1, &b.1))
+    let mut l: Vec<Value> = live.iter().map(ours).collect();
+    let mut w: Vec<Value> = want.iter().map(ours).collect();
+    let by_name = |a: &Value, b: &Value| a["name"].as_str().cmp(&b["name"].as_str());
+    l.sort_by(by_name);
+    w.sort_by(by_name);
+    l == w
 }
 
 #[cfg(test)]
@@ -162,6 +195,9 @@ mod tests {
         assert_eq!(tenant.string.as_deref(), Some("a"));
         assert!(same(&slices("n1", &devices, 9), &s));
         assert!(!same(&slices("n1", &devices[1..], 9), &s));
+        // A taint lifted is a change, though the wanted slice has no field the live one lacks.
+        let lifted: Vec<DraDevice> = (0..130).map(|i| dev(i, None)).collect();
+        assert!(!same(&s, &slices("n1", &lifted, 5)));
         assert_eq!(slice_name("n1", 2), "n1-gpu.gputenancy.io-2");
     }
 }

@@ -1,0 +1,487 @@
+//! DRA mode, node side (issue 15), on the real API server: a real `gpu-tenancy agent run --mode
+//! dra` on simulated GPUs, its sockets in a temporary directory, and the test playing the kubelet
+//! (GetInfo, then Prepare and Unprepare as the kubelet calls them) for ResourceClaims whose
+//! allocation the test writes (the scheduler comes with the cluster-side issue). This binary owns
+//! its control plane (e2e/run.sh gives it one): no admission policy of the controller runs here.
+//!
+//! The oracle is the simulator: it marks memory with the tenant whose workload wrote it (`sim-ctl
+//! dirty`) and clears it only when the agent scrubs (`scrubs` in its state); a device handed over
+//! with another claim's data in it would show that data.
+
+use gpu_tenancy::agent::dra::devices::DRIVER;
+use gpu_tenancy::api::GpuNode;
+use gpu_tenancy_e2e::kubelet::{self, Prepared};
+use gpu_tenancy_e2e::procs::SimAgent;
+use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, ensure_operator_namespaces, repo_root};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "dra-n1";
+
+fn mig(start: u32, tenant: &str) -> Value {
+    json!({"profile": "3g.40gb", "placement": {"start": start, "size": 4}, "tenant": tenant})
+}
+
+/// The GpuNode spec as the controller would write it: GPU 0 cut in two for dra-a and dra-b, GPU 1
+/// one instance for dra-c under scrubMemory Always.
+async fn write_spec(client: &Client, gpu0: [&str; 2]) {
+    let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
+        "spec": {"plan": "dra", "gpus": [
+            {"index": 0, "mode": "MIG", "migInstances": [mig(0, gpu0[0]), mig(4, gpu0[1])], "scrub": "OnTenantChange"},
+            {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
+    Api::<GpuNode>::all(client.clone())
+        .patch(
+            NODE,
+            &PatchParams::apply("gpu-tenancy-controller").force(),
+            &Patch::Apply(spec),
+        )
+        .await
+        .expect("writing the GpuNode spec");
+}
+
+/// Waits until the agent reports the current spec applied (Ready for its generation).
+async fn applied(client: &Client, what: &str) {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = api.get(NODE).await.unwrap();
+        let st = n.status.clone().unwrap_or_default();
+        let ready = st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True" && c.observed_generation == n.metadata.generation);
+        if ready && st.observed_generation == n.metadata.generation {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the agent did not apply the spec: {st:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn slices(client: &Client) -> Vec<ResourceSlice> {
+    Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={NODE}")))
+        .await
+        .unwrap()
+        .items
+}
+
+/// Waits until the slices say `want(devices)`.
+async fn slices_say(client: &Client, what: &str, want: impl Fn(&[Value]) -> bool) -> Vec<ResourceSlice> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = slices(client).await;
+        let devices: Vec<Value> = s
+            .iter()
+            .flat_map(|x| x.spec.devices.clone().unwrap_or_default())
+            .map(|d| serde_json::to_value(d).unwrap())
+            .collect();
+        if want(&devices) {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let n = Api::<GpuNode>::all(client.clone()).get(NODE).await.unwrap();
+            let st = n.status.unwrap_or_default();
+            let gpus: Vec<String> = st
+                .gpus
+                .iter()
+                .map(|g| format!("GPU {} applied {:?} {:?} {:?}", g.index, g.applied, g.reason, g.message))
+                .collect();
+            panic!(
+                "{what}: the slices say {devices:#?}\nthe GpuNode: generation {:?}, observed {:?}, {gpus:#?}",
+                n.metadata.generation, st.observed_generation
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn tenant_of(d: &Value) -> &str {
+    d["attributes"]["tenant"]["string"].as_str().unwrap_or("")
+}
+
+/// A ResourceClaim in `ns` allocated `device` of this node's pool, as the scheduler would write it.
+async fn claim(client: &Client, ns: &str, name: &str, device: &str) -> kubelet::Claim {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+    let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}))
+    .unwrap();
+    let c = api
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("creating the claim");
+    let status = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}});
+    api.patch_status(
+        name,
+        &PatchParams::apply("e2e-scheduler").force(),
+        &Patch::Apply(status),
+    )
+    .await
+    .expect("writing the claim's allocation");
+    kubelet::claim(ns, name, &c.uid().unwrap())
+}
+
+/// The data still in GPU `gpu`'s memory slices from `start` for 4, by whose workload wrote it.
+fn dirt(agent: &SimAgent, gpu: usize, start: usize) -> Vec<String> {
+    let st = agent.sim_state();
+    st["gpus"][gpu]["dirty"].as_array().unwrap()[start..start + 4]
+        .iter()
+        .filter_map(|d| d.as_str().map(String::from))
+        .collect()
+}
+
+fn scrubs(agent: &SimAgent) -> usize {
+    agent.sim_state()["scrubs"].as_array().map_or(0, |s| s.len())
+}
+
+/// Checks every CDI device ID with the CDI project's own validation (e2e/cdi-check).
+fn cdi_valid(dir: &std::path::Path, ids: &[String]) {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    let mut cmd = std::process::Command::new("go");
+    cmd.current_dir(repo_root().join("e2e/cdi-check")).args(["run", "."]);
+    for id in ids.iter().filter(|i| i.starts_with("gputenancy.io/")) {
+        cmd.args(["-require-device", id]);
+    }
+    cmd.args(&files);
+    let out = cmd.output().expect("go runs e2e/cdi-check");
+    assert!(
+        out.status.success(),
+        "the CDI specs are not valid to the CDI library: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ok(p: Result<Prepared, String>, what: &str) -> Vec<(String, Vec<String>)> {
+    match p {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => panic!("{what}: refused: {e}"),
+        Err(e) => panic!("{what}: the plugin did not answer: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hands() {
+    let cleanup = Cleanup::new();
+    let client = client().await;
+    ensure_crds(&client).await;
+    ensure_operator_namespaces(&client).await;
+    for (t, tier) in [("dra-a", "x"), ("dra-b", "x"), ("dra-c", "y")] {
+        let body = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": t},
+            "spec": {"tier": tier, "namespaces": [t]}});
+        gpu_tenancy_e2e::api(&client, "GpuTenant")
+            .patch(t, &PatchParams::apply("e2e").force(), &Patch::Apply(body))
+            .await
+            .unwrap();
+        cleanup.add("GpuTenant", t);
+        create_namespace(&client, &cleanup, t, &[]).await;
+    }
+    let mut agent = SimAgent::start_dra(&client, &cleanup, NODE, "dra", 2).await;
+    let dir = agent.dir().to_path_buf();
+    let reg = dir.join(format!("plugins_registry/{DRIVER}-reg.sock"));
+    let dra = dir.join(format!("plugins/{DRIVER}/dra.sock"));
+    let cdi = dir.join("cdi");
+
+    // Registration, as the kubelet's plugin watcher sees it.
+    let info = kubelet::register(&reg).await;
+    assert_eq!(
+        (
+            info.r#type.as_str(),
+            info.name.as_str(),
+            info.supported_versions.clone()
+        ),
+        ("DRAPlugin", DRIVER, vec!["v1.DRAPlugin".to_string()])
+    );
+    assert_eq!(PathBuf::from(&info.endpoint), dra);
+
+    // The pool follows the spec: three instances, each with its tenant, untainted once applied.
+    write_spec(&client, ["dra-a", "dra-b"]).await;
+    applied(&client, "the first spec").await;
+    let s = slices_say(&client, "three devices, untainted", |d| {
+        d.len() == 3 && d.iter().all(|x| x.get("taints").is_none())
+    })
+    .await;
+    let tenants: Vec<(String, String)> = s
+        .iter()
+        .flat_map(|x| x.spec.devices.clone().unwrap_or_default())
+        .map(|d| {
+            let v = serde_json::to_value(&d).unwrap();
+            (d.name.clone(), tenant_of(&v).to_string())
+        })
+        .collect();
+    assert_eq!(
+        tenants,
+        [
+            ("gpu-0-mig-0-4".to_string(), "dra-a".to_string()),
+            ("gpu-0-mig-4-4".to_string(), "dra-b".to_string()),
+            ("gpu-1-mig-0-4".to_string(), "dra-c".to_string())
+        ]
+    );
+    // Nothing changes: nothing is written (the agent reads its GPUs every second).
+    let rv: Vec<String> = s.iter().map(|x| x.resource_version().unwrap()).collect();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let again: Vec<String> = slices(&client)
+        .await
+        .iter()
+        .map(|x| x.resource_version().unwrap())
+        .collect();
+    assert_eq!(rv, again, "an idle agent rewrote its ResourceSlices");
+
+    // (1) A claim of dra-a allocated dra-b's instance is refused; nothing is prepared.
+    let stolen = claim(&client, "dra-a", "steal", "gpu-0-mig-4-4").await;
+    match kubelet::prepare(&dra, &stolen).await.expect("the plugin answers") {
+        Err(e) => assert!(e.contains("is GpuTenant dra-b's, not GpuTenant dra-a's"), "{e}"),
+        Ok(d) => panic!("dra-a's claim got dra-b's device: {d:?}"),
+    }
+
+    // (2) dra-a's claim on its instance: scrubbed first (the agent knows no claim before it), a
+    // CDI spec the CDI library accepts, idempotent.
+    let a1 = claim(&client, "dra-a", "a1", "gpu-0-mig-0-4").await;
+    let before = scrubs(&agent);
+    let t0 = Instant::now();
+    let got = ok(kubelet::prepare(&dra, &a1).await, "dra-a's claim");
+    let first_prepare = t0.elapsed();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "gpu-0-mig-0-4");
+    assert!(
+        scrubs(&agent) > before,
+        "a device with an unknown past was handed over without a scrub"
+    );
+    cdi_valid(&cdi, &got[0].1);
+    assert_eq!(
+        ok(kubelet::prepare(&dra, &a1).await, "dra-a's claim again"),
+        got,
+        "Prepare is not idempotent"
+    );
+    // dra-a's workload writes the instance's memory; the claim ends.
+    agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", "dra-a"]);
+    kubelet::unprepare(&dra, &a1).await.unwrap().expect("unprepare");
+    kubelet::unprepare(&dra, &a1)
+        .await
+        .unwrap()
+        .expect("unprepare is idempotent");
+
+    // (3) The instance changes hands: the spec gives it to dra-b. dra-b's Prepare returns only
+    // once dra-a's data is gone.
+    write_spec(&client, ["dra-b", "dra-a"]).await;
+    applied(&client, "the hand-over").await;
+    slices_say(&client, "the instance is dra-b's", |d| {
+        d.iter()
+            .any(|x| x["name"] == "gpu-0-mig-0-4" && tenant_of(x) == "dra-b" && x.get("taints").is_none())
+    })
+    .await;
+    // The GPU layer scrubbed at the hand-over; dra-a writes again as if its last job still ran,
+    // so only a scrub by Prepare can clear it.
+    agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", "dra-a"]);
+    let b1 = claim(&client, "dra-b", "b1", "gpu-0-mig-0-4").await;
+    let t0 = Instant::now();
+    ok(kubelet::prepare(&dra, &b1).await, "dra-b's claim after dra-a's");
+    let handover_prepare = t0.elapsed();
+    assert_eq!(dirt(&agent, 0, 0), Vec::<String>::new(), "dra-b got dra-a's data");
+    kubelet::unprepare(&dra, &b1).await.unwrap().unwrap();
+
+    // (4) scrubMemory Always: between two claims of one tenant, the memory is cleared.
+    let c1 = claim(&client, "dra-c", "c1", "gpu-1-mig-0-4").await;
+    ok(kubelet::prepare(&dra, &c1).await, "dra-c's first claim");
+    agent.sim_ctl(&["dirty", "--gpu", "1", "--start", "0", "--tenant", "claim-c1"]);
+    kubelet::unprepare(&dra, &c1).await.unwrap().unwrap();
+    let c2 = claim(&client, "dra-c", "c2", "gpu-1-mig-0-4").await;
+    let t0 = Instant::now();
+    ok(kubelet::prepare(&dra, &c2).await, "dra-c's second claim");
+    let always_prepare = t0.elapsed();
+    assert_eq!(
+        dirt(&agent, 1, 0),
+        Vec::<String>::new(),
+        "scrubMemory Always: claim c2 got c1's data"
+    );
+    kubelet::unprepare(&dra, &c2).await.unwrap().unwrap();
+
+    // (5) Killed at every step of a change of hands (dra-a's claim released, the instance given to
+    // dra-b, dra-b's claim prepared), then restarted: never a dirty device. Before dra-b's claim,
+    // dra-a's data is written again, as if the GPU layer's own scrub at the hand-over had not run:
+    // only Prepare's can clear it.
+    let steps = [
+        "unprepare-released",
+        "unprepare-recorded",
+        "prepare-scrubbed",
+        "prepare-cdi-written",
+        "prepare-recorded",
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        write_spec(&client, ["dra-a", "dra-b"]).await;
+        applied(&client, "the instance back to dra-a").await;
+        slices_say(&client, "the instance is dra-a's", |d| {
+            d.iter()
+                .any(|x| x["name"] == "gpu-0-mig-0-4" && tenant_of(x) == "dra-a" && x.get("taints").is_none())
+        })
+        .await;
+        let pa = claim(&client, "dra-a", &format!("k{i}-a"), "gpu-0-mig-0-4").await;
+        ok(kubelet::prepare(&dra, &pa).await, "dra-a's claim");
+        let data = format!("dra-a-job-{i}");
+        agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", &data]);
+        let kill_at = |agent: &mut SimAgent| {
+            agent.env = vec![("GPU_TENANCY_DRA_ABORT_AT".into(), step.to_string())];
+            agent.restart();
+        };
+        if step.starts_with("unprepare") {
+            kill_at(&mut agent);
+            kubelet::register(&reg).await;
+            let r = kubelet::unprepare(&dra, &pa).await;
+            assert!(
+                r.is_err(),
+                "{step}: the agent was to abort in Unprepare; it answered {r:?}"
+            );
+            assert!(
+                agent.exited(Duration::from_secs(10)).await.is_some(),
+                "{step}: the agent did not abort"
+            );
+            agent.env.clear();
+            agent.restart();
+            kubelet::register(&reg).await;
+        }
+        // The kubelet calls Unprepare (again, after a kill) until it succeeds.
+        kubelet::unprepare(&dra, &pa).await.unwrap().expect("unprepare");
+        write_spec(&client, ["dra-b", "dra-a"]).await;
+        applied(&client, "the instance to dra-b").await;
+        slices_say(&client, "the instance is dra-b's", |d| {
+            d.iter()
+                .any(|x| x["name"] == "gpu-0-mig-0-4" && tenant_of(x) == "dra-b" && x.get("taints").is_none())
+        })
+        .await;
+        agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", &data]);
+        let pb = claim(&client, "dra-b", &format!("k{i}-b"), "gpu-0-mig-0-4").await;
+        if step.starts_with("prepare") {
+            kill_at(&mut agent);
+            kubelet::register(&reg).await;
+            let r = kubelet::prepare(&dra, &pb).await;
+            assert!(
+                r.is_err(),
+                "{step}: the agent was to abort in Prepare; it answered {r:?}"
+            );
+            assert!(
+                agent.exited(Duration::from_secs(10)).await.is_some(),
+                "{step}: the agent did not abort"
+            );
+            agent.env.clear();
+            agent.restart();
+            kubelet::register(&reg).await;
+        }
+        let first = ok(
+            kubelet::prepare(&dra, &pb).await,
+            &format!("{step}: dra-b's claim after the restart"),
+        );
+        assert_eq!(
+            dirt(&agent, 0, 0),
+            Vec::<String>::new(),
+            "{step}: dra-b's claim got dra-a's data after a kill"
+        );
+        assert_eq!(
+            ok(kubelet::prepare(&dra, &pb).await, "again"),
+            first,
+            "{step}: Prepare not idempotent after a restart"
+        );
+        kubelet::unprepare(&dra, &pb).await.unwrap().unwrap();
+        eprintln!("MEASURE killed after {step}: after the restart dra-b's claim was clean");
+    }
+
+    // (6) A busy device: a process runs on dra-b's instance while the spec changes that GPU; the
+    // slice taints both instances of the GPU and Prepare refuses.
+    agent.sim_ctl(&[
+        "attach", "--gpu", "0", "--start", "0", "--pid", "4242", "--tenant", "dra-b",
+    ]);
+    let busy = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
+        "spec": {"plan": "dra", "gpus": [
+            {"index": 0, "mode": "MIG", "migInstances": [{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": "dra-b"}]},
+            {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
+    Api::<GpuNode>::all(client.clone())
+        .patch(
+            NODE,
+            &PatchParams::apply("gpu-tenancy-controller").force(),
+            &Patch::Apply(busy),
+        )
+        .await
+        .unwrap();
+    slices_say(&client, "the busy GPU's device tainted", |d| {
+        d.iter()
+            .filter(|x| x["name"].as_str().is_some_and(|n| n.starts_with("gpu-0-")))
+            .all(|x| x["taints"][0]["key"] == "gputenancy.io/not-ready")
+            && d.iter()
+                .any(|x| x["name"].as_str().is_some_and(|n| n.starts_with("gpu-0-")))
+    })
+    .await;
+    let b2 = claim(&client, "dra-b", "b2", "gpu-0-mig-0-8").await;
+    match kubelet::prepare(&dra, &b2).await.expect("the plugin answers") {
+        Err(e) => assert!(e.contains("may not be handed over yet") || e.contains("busy"), "{e}"),
+        Ok(d) => panic!("a busy device was prepared: {d:?}"),
+    }
+    agent.sim_ctl(&["detach", "--pid", "4242"]);
+    applied(&client, "the new layout once the process ended").await;
+
+    // (7) The agent of this node may write only its own node's slices of this driver: RBAC and
+    // the admission policy of deploy/base, by impersonation of its pod-bound token.
+    for f in ["agent-rbac", "agent-node-policy"] {
+        let docs = gpu_tenancy_e2e::yaml_docs(&repo_root().join(format!("deploy/base/{f}.yaml")));
+        gpu_tenancy_e2e::apply_docs_as_kubectl(&docs, f).await;
+    }
+    let extra = std::collections::HashMap::from([(
+        "authentication.kubernetes.io/node-name".to_string(),
+        vec![NODE.to_string()],
+    )]);
+    let as_agent = gpu_tenancy_e2e::access::impersonating(
+        "system:serviceaccount:gpu-tenancy-system:gpu-tenancy-agent",
+        &gpu_tenancy_e2e::access::OPERATOR_SA_GROUPS,
+        Some(extra),
+    )
+    .await;
+    let slice = |node: &str, driver: &str| -> ResourceSlice {
+        serde_json::from_value(json!({"metadata": {"name": format!("{node}-probe")},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []}}))
+        .unwrap()
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let agent_slices: Api<ResourceSlice> = Api::all(as_agent);
+    let own = gpu_tenancy_e2e::access::eventually(
+        "the agent's RBAC and policy in place",
+        || {
+            let (api, s, dry) = (agent_slices.clone(), slice(NODE, DRIVER), dry.clone());
+            async move { gpu_tenancy_e2e::access::outcome(api.create(&dry, &s).await) }
+        },
+        |r| r.is_ok(),
+    )
+    .await;
+    assert!(own.is_ok(), "{own:?}");
+    for (node, driver) in [("another-node", DRIVER), (NODE, "gpu.nvidia.com")] {
+        let r = gpu_tenancy_e2e::access::eventually(
+            "the agent refused another node's or driver's slice",
+            || {
+                let (api, s, dry) = (agent_slices.clone(), slice(node, driver), dry.clone());
+                async move { gpu_tenancy_e2e::access::outcome(api.create(&dry, &s).await) }
+            },
+            |r| r.is_err(),
+        )
+        .await;
+        let e = r.unwrap_err();
+        assert!(e.contains("rule agent-publishes-its-own-node"), "{node} {driver}: {e}");
+    }
+    let _ = &cleanup;
+
+    eprintln!(
+        "MEASURE Prepare latency on the simulator: first claim (scrub, unknown past) {first_prepare:?}, \
+         after another tenant's claim (scrub) {handover_prepare:?}, under Always after a scrub on Unprepare {always_prepare:?}"
+    );
+}
