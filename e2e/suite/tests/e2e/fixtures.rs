@@ -53,7 +53,8 @@ pub fn valid(kind: &str, name: &str) -> Value {
             "gpus": [
                 {"index": 0, "mode": "MIG", "scrub": "Always",
                  "migInstances": [{"profile": "3g.40gb", "placement": {"start": 0, "size": 4}}]},
-                {"index": 1, "mode": "MPS", "mps": {"maxClients": 4, "activeThreadPercentage": 25, "pinnedMemoryLimit": "20Gi"}},
+                {"index": 1, "mode": "MPS", "mps": {"maxClients": 4, "activeThreadPercentage": 25, "pinnedMemoryLimit": "20Gi"},
+                 "tenants": ["team-beta"], "shares": [{"tenant": "team-beta", "count": 4}]},
                 {"index": 2, "mode": "TimeSlicing", "timeSlicing": {"replicas": 4}},
                 {"index": 3, "mode": "Exclusive"}
             ]
