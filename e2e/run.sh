@@ -6,7 +6,10 @@
 #   e2e/run.sh build        build e2e/bin/controlplane, the e2e/bin/kubectl link and
 #                           e2e/bin/helm-render (Helm's own renderer, for deploy/helm) and
 #                           e2e/bin/gitops (Argo CD health Lua, Flux apply/wait, kstatus) (if needed)
-#   e2e/run.sh up           start a control plane in the background (state: target/e2e/)
+#   e2e/run.sh up           start a control plane in the background (state: target/e2e/);
+#                           with GPU_TENANCY_E2E_SCHEDULER=1 it also runs kube-scheduler and the
+#                           ResourceClaim controller (controlplane up --scheduler: pods get bound,
+#                           their DRA claims created and allocated; e2e/scheduler-check.sh)
 #   e2e/run.sh down         stop it
 #   e2e/run.sh test [ARGS]  run the suite against a fresh control plane of its own
 #                           (target/e2e/run-PID/, always torn down; logs kept on failure);
@@ -20,8 +23,9 @@
 #                           libnvidia-ml.so (e2e/nvml-check); `test` runs it first
 #
 # Environment: GPU_TENANCY_E2E_KUBECONFIG (use this cluster, start nothing),
-# GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl), CARGO (default cargo),
-# GO (default go).
+# GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl),
+# GPU_TENANCY_E2E_SCHEDULER (1: `up` starts the control plane with --scheduler; default off, and
+# the test runs never use it), CARGO (default cargo), GO (default go).
 set -euo pipefail
 
 CALLER_DIR="$(pwd)"
@@ -108,17 +112,19 @@ pid_alive() { # DIR: is the control plane recorded in DIR running? (pid reuse an
 	"$CONTROLPLANE" status --dir "$1" >/dev/null 2>&1
 }
 
-# start DIR DIE_WITH_PARENT: start a control plane with state in DIR, wait for it to be ready.
+# start DIR DIE_WITH_PARENT [UP_FLAGS...]: start a control plane with state in DIR (more flags
+# for `controlplane up`, e.g. --scheduler), wait for it to be ready.
 start() {
 	local dir="$1" die_with_parent="$2" log pid
+	shift 2
 	mkdir -p "$dir"
 	log="$dir/controlplane.log"
 	rm -f "$dir/ready"
 	if [[ "$die_with_parent" == true ]]; then
-		"$CONTROLPLANE" up --dir "$dir" --die-with-parent=true >"$log" 2>&1 &
+		"$CONTROLPLANE" up --dir "$dir" --die-with-parent=true "$@" >"$log" 2>&1 &
 	else
 		# Detached: survives this shell (and make); stopped by `down`.
-		setsid nohup "$CONTROLPLANE" up --dir "$dir" --die-with-parent=false >"$log" 2>&1 </dev/null &
+		setsid nohup "$CONTROLPLANE" up --dir "$dir" --die-with-parent=false "$@" >"$log" 2>&1 </dev/null &
 	fi
 	pid=$!
 	local waited=0
@@ -153,11 +159,17 @@ finish() { # DIR STATUS: stop the control plane of a test run; keep its logs if 
 
 cmd_up() {
 	build
+	local flags=()
+	case "${GPU_TENANCY_E2E_SCHEDULER:-}" in
+	"" | 0 | false) ;;
+	1 | true) flags+=(--scheduler) ;;
+	*) die "GPU_TENANCY_E2E_SCHEDULER=$GPU_TENANCY_E2E_SCHEDULER: use 1 (with kube-scheduler) or 0" ;;
+	esac
 	if pid_alive "$STATE_DIR"; then
-		say "already running (pid $(cat "$STATE_DIR/controlplane.pid"))"
+		say "already running (pid $(cat "$STATE_DIR/controlplane.pid"))${flags[*]:+; GPU_TENANCY_E2E_SCHEDULER only applies to a fresh start (make e2e-down first)}"
 	else
-		say "starting the control plane (state: target/e2e/, log: target/e2e/controlplane.log) ..."
-		start "$STATE_DIR" false
+		say "starting the control plane${flags[*]:+ with ${flags[*]}} (state: target/e2e/, log: target/e2e/controlplane.log) ..."
+		start "$STATE_DIR" false ${flags[@]+"${flags[@]}"}
 		say "ready: $(cat "$STATE_DIR/ready") (pid $(cat "$STATE_DIR/controlplane.pid")); stop it with: make e2e-down"
 	fi
 	echo "export KUBECONFIG=$STATE_DIR/kubeconfig"

@@ -18,8 +18,21 @@ package main
 //     status, so without this controller no quota refuses anything (test/integration/quota runs
 //     it the same way).
 //
+// With `up --scheduler` (scheduler.go), also:
+//
+//   - resourceclaim controller (cmd/kube-controller-manager/app/resource.go
+//     newResourceClaimController; test/integration/dra/dra.go runs it the same way next to the
+//     scheduler): creates a pod's ResourceClaims from its ResourceClaimTemplates and records
+//     their names in the pod's status.resourceClaimStatuses (the scheduler waits for that before
+//     it allocates), drops finished or deleted pods from a claim's status.reservedFor and
+//     deletes the claims it generated for them. Its feature options (admin access, prioritized
+//     list, generic workload / pod-group claims) are not arguments: resourceclaim.NewController
+//     reads them from the process's feature gates, so they are the 1.37 defaults (admin access
+//     and prioritized list on, the beta GenericWorkload and DRAWorkloadResourceClaims off: no
+//     PodGroup informer) unless `-- --feature-gates=...` changes them.
+//
 // Nothing else of kube-controller-manager runs (no token or root CA publishing, no workload
-// controllers).
+// controllers, no node lifecycle or device taint eviction controller).
 
 import (
 	"context"
@@ -43,6 +56,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/clusterroleaggregation"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	namespacecontroller "k8s.io/kubernetes/pkg/controller/namespace"
+	resourceclaimcontroller "k8s.io/kubernetes/pkg/controller/resourceclaim"
 	resourcequotacontroller "k8s.io/kubernetes/pkg/controller/resourcequota"
 	serviceaccountcontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
 	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
@@ -63,12 +77,17 @@ const (
 	// again as often as the garbage collector's, so quotas on CRD-backed counts work soon after.
 	quotaResyncPeriod = 5 * time.Minute
 	quotaWorkers      = 5
+	// kube-controller-manager's default is 50 (sized for 1000 simulated nodes); a handful of
+	// pods needs far fewer, and the integration tests run one.
+	resourceClaimWorkers = 10
 )
 
 // startControllers starts the controllers against the API server of kubeconfig (the admin
 // credentials the tests use) and returns once their shared informers have synced (or waitCtx
-// ends: an error). They run until ctx is cancelled.
-func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
+// ends: an error). They run until ctx is cancelled. withScheduler adds the ResourceClaim
+// controller and kube-scheduler (startScheduler), and then also waits for the scheduler's
+// informers and event handlers.
+func startControllers(ctx, waitCtx context.Context, kubeconfig string, withScheduler bool) error {
 	base, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("loading %s: %w", kubeconfig, err)
@@ -202,6 +221,30 @@ func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
 		aggregationClient.RbacV1(),
 	)
 
+	started := []string{"garbagecollector", "namespace", "serviceaccount", "resourcequota", "clusterrole-aggregation"}
+
+	// ResourceClaim controller, on the shared informers as in kube-controller-manager (its pod
+	// and claim informers are the ones the garbage collector and quota already watch).
+	if withScheduler {
+		claimClient, err := clientset.NewForConfig(config("resource-claim-controller"))
+		if err != nil {
+			return err
+		}
+		claims, err := resourceclaimcontroller.NewController(
+			logger.WithName("resourceclaim"),
+			claimClient,
+			sharedInformers.Core().V1().Pods(),
+			sharedInformers.Scheduling().V1beta1().PodGroups(), // only read with GenericWorkload
+			sharedInformers.Resource().V1().ResourceClaims(),
+			sharedInformers.Resource().V1().ResourceClaimTemplates(),
+		)
+		if err != nil {
+			return fmt.Errorf("creating the resourceclaim controller: %w", err)
+		}
+		go claims.Run(ctx, resourceClaimWorkers)
+		started = append(started, "resourceclaim")
+	}
+
 	go wait.Until(restMapper.Reset, gcSyncPeriod, ctx.Done())
 	go gc.Run(ctx, gcWorkers, gcSyncPeriod)
 	go gc.Sync(ctx, syncDiscovery.Discovery(), gcSyncPeriod)
@@ -223,6 +266,14 @@ func startControllers(ctx, waitCtx context.Context, kubeconfig string) error {
 			return fmt.Errorf("informer for %v did not sync", typ)
 		}
 	}
-	logger.Info("started", "controllers", []string{"garbagecollector", "namespace", "serviceaccount", "resourcequota", "clusterrole-aggregation"})
+	logger.Info("started", "controllers", started)
+	if withScheduler {
+		// Last, on informers of its own as the kube-scheduler process has them: once it is
+		// ready, the ResourceClaim controller already runs (a pod with a claim template waits
+		// in the scheduler's queue until the controller has created its claim).
+		if err := startScheduler(ctx, waitCtx, config("kube-scheduler")); err != nil {
+			return fmt.Errorf("starting kube-scheduler: %w", err)
+		}
+	}
 	return nil
 }

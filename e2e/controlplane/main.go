@@ -2,9 +2,10 @@
 // gpu-tenancy end-to-end tests: embedded etcd plus kube-apiserver (Kubernetes' own code,
 // built from its Go modules, the way envtest does it), the garbage collector, namespace and
 // serviceaccount controllers of kube-controller-manager (controllers.go), and a kubectl of the
-// same version.
+// same version; with --scheduler also kube-scheduler and the ResourceClaim controller
+// (scheduler.go), for Dynamic Resource Allocation.
 //
-//	controlplane up --dir DIR [--die-with-parent=false] [--keep] [-- extra kube-apiserver flags]
+//	controlplane up --dir DIR [--die-with-parent=false] [--keep] [--scheduler] [-- extra kube-apiserver flags]
 //	controlplane down --dir DIR
 //	controlplane status --dir DIR
 //	controlplane kubectl ARGS...     (or run through a symlink named kubectl)
@@ -95,11 +96,13 @@ func main() {
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [--keep] [-- EXTRA_KUBE_APISERVER_FLAGS...]
+  controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [--keep] [--scheduler] [-- EXTRA_KUBE_APISERVER_FLAGS...]
       start embedded etcd + kube-apiserver on 127.0.0.1 (free ports) and the garbage collector,
       namespace and serviceaccount controllers, write DIR/kubeconfig,
       print its path once /readyz answers ok, and run until SIGTERM/SIGINT (or the parent dies).
       --keep: start again on DIR's stopped state (same data, certificates, ports).
+      --scheduler: also run kube-scheduler (default profile, DRA included) and the ResourceClaim
+      controller, so pods get bound and their claims allocated.
   controlplane down --dir DIR
       stop the control plane recorded in DIR/controlplane.pid and wait until it is gone.
   controlplane status --dir DIR
@@ -140,6 +143,7 @@ func up(args []string) error {
 	readyTimeout := fs.Duration("ready-timeout", 180*time.Second, "how long to wait for /readyz")
 	verbosity := fs.Int("v", 0, "kube-apiserver log verbosity")
 	keep := fs.Bool("keep", false, "start again on the state an earlier up left in DIR (etcd data, certificates, ports; keep.go)")
+	withScheduler := fs.Bool("scheduler", false, "also run kube-scheduler and the ResourceClaim controller (scheduler.go): pods get bound, their ResourceClaims created and allocated")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -237,8 +241,13 @@ func up(args []string) error {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
-		// The default admission chain stays on; this only makes sure the policy plugin is part of it.
-		"--enable-admission-plugins=ValidatingAdmissionPolicy",
+		// The default admission chain stays on; this only makes sure the policy plugins are part
+		// of it. Both are in 1.37's default-on list (pkg/kubeapiserver/options/plugins.go
+		// DefaultOffAdmissionPlugins) and their APIs (admissionregistration.k8s.io/v1
+		// validatingadmissionpolicies, mutatingadmissionpolicies; MutatingAdmissionPolicy GA in
+		// 1.36) are served by default, so no --runtime-config is needed; naming them keeps them
+		// on should a version bump change the defaults.
+		"--enable-admission-plugins=ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
 		"--allow-privileged=true",
 		"--v=" + strconv.Itoa(*verbosity),
 	}
@@ -286,8 +295,8 @@ func up(args []string) error {
 		return err
 	}
 	// Garbage collector, namespace and serviceaccount controllers, as kube-controller-manager
-	// would run them.
-	if err := startControllers(controllersCtx, ctx, kubeconfig); err != nil {
+	// would run them (and with --scheduler, the ResourceClaim controller and kube-scheduler).
+	if err := startControllers(controllersCtx, ctx, kubeconfig, *withScheduler); err != nil {
 		return fmt.Errorf("starting controllers: %w", err)
 	}
 	// The ready marker lets scripts that started us in the background wait for readiness.
