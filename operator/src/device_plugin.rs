@@ -13,13 +13,23 @@ use std::fmt;
 
 /// Prefixes of the extended resources through which a pod reaches a GPU: NVIDIA's device plugin
 /// (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-*`, and any other name it or
-/// NVIDIA's DRA driver may advertise) and this operator's own. Everything under them is an
-/// allow-list per tenant: a name nobody granted is refused, not merely unlimited.
-pub const GPU_RESOURCE_PREFIXES: [&str; 2] = ["nvidia.com/", "gputenancy.io/"];
+/// NVIDIA's DRA driver may advertise), this operator's own, and the names Kubernetes gives every
+/// DeviceClass (`deviceclass.resource.kubernetes.io/<class>`, DRA extended resources). With the
+/// tenants' own names of the DRA mode (`<tenant>.gputenancy.io/...`, [`DRA_RESOURCE_DOMAIN`]),
+/// everything under them is an allow-list per tenant: a name nobody granted is refused, not merely
+/// unlimited.
+pub const GPU_RESOURCE_PREFIXES: [&str; 3] = ["nvidia.com/", "gputenancy.io/", "deviceclass.resource.kubernetes.io/"];
 
-/// Is `name` a GPU resource name (under [`GPU_RESOURCE_PREFIXES`])?
+/// A resource name whose domain ends in this is one of the DRA mode's per-tenant names.
+pub const DRA_RESOURCE_DOMAIN: &str = ".gputenancy.io";
+
+/// Is `name` a GPU resource name (under [`GPU_RESOURCE_PREFIXES`], or in a subdomain of
+/// [`DRA_RESOURCE_DOMAIN`])?
 pub fn is_gpu_resource(name: &str) -> bool {
     GPU_RESOURCE_PREFIXES.iter().any(|p| name.starts_with(p))
+        || name
+            .split_once('/')
+            .is_some_and(|(domain, _)| domain.ends_with(DRA_RESOURCE_DOMAIN))
 }
 
 /// Whole GPUs, one per request.

@@ -50,6 +50,11 @@ pub const POD_SECURITY_WARN: &str = "pod-security.kubernetes.io/warn";
 /// The level Pod Security admission records in the audit log (the same as enforced).
 pub const POD_SECURITY_AUDIT: &str = "pod-security.kubernetes.io/audit";
 
+/// How pods reach a node's GPUs (`DevicePlugin` or `DRA`, its plan's `deviceAccess`). Written by
+/// the controller on planned nodes; read by people and by the install's node selectors (NVIDIA's
+/// device plugin and its DRA driver stay off `DRA` nodes: this operator's driver serves them).
+pub const DEVICE_ACCESS: &str = "gputenancy.io/device-access";
+
 /// Marks objects the controller writes (device-plugin ConfigMap, quotas, node labels) so that it
 /// updates and prunes only its own; value [`MANAGED_BY_VALUE`]. Read by the controller's writer.
 pub const MANAGED_BY: &str = "gputenancy.io/managed-by";
@@ -96,6 +101,7 @@ mod tests {
             PCI_DEVICE_ID,
             TENANT,
             DEDICATED,
+            DEVICE_ACCESS,
             POD_SECURITY_ENFORCE,
             POD_SECURITY_WARN,
             POD_SECURITY_AUDIT,

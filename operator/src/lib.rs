@@ -11,6 +11,7 @@ pub mod controller;
 pub mod desired;
 pub mod device_plugin;
 pub mod devices;
+pub mod dra;
 pub mod gpu;
 pub mod inventory;
 pub mod labels;

@@ -137,6 +137,12 @@ fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
                 &["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
                 OWN,
             ),
+            (
+                "admissionregistration.k8s.io",
+                &["mutatingadmissionpolicies", "mutatingadmissionpolicybindings"],
+                OWN,
+            ),
+            ("resource.k8s.io", &["deviceclasses"], OWN),
             ("", &["pods"], &["get"]),
             ("", &["pods/eviction"], &["create"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),

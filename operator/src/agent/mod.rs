@@ -225,7 +225,15 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
                 .unwrap_or_else(|| prev.as_ref().map(|p| p.eviction_requests.clone()).unwrap_or_default())
         };
     }
-    if prev.as_ref() != Some(&status) {
+    // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
+    // written here.
+    let unchanged = prev.as_ref().is_some_and(|p| {
+        GpuNodeStatus {
+            claims: vec![],
+            ..p.clone()
+        } == status
+    });
+    if !unchanged {
         api.patch_status(
             &opts.node,
             &PatchParams::apply(FIELD_MANAGER).force(),

@@ -1,7 +1,9 @@
 //! `GpuNode`: one per GPU node. The controller owns `spec` (the resolved desired state), the agent
 //! owns `status` (what the GPUs really are, and whether the spec is applied).
 
-use super::{BusyGpuPolicy, Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema};
+use super::{
+    BusyGpuPolicy, DeviceAccess, Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -41,6 +43,10 @@ pub struct GpuNodeSpec {
     /// `Evict` their pods (through the Eviction API, so PodDisruptionBudgets hold). From the plan.
     #[serde(default)]
     pub busy_gpu_policy: BusyGpuPolicy,
+    /// How pods reach this node's GPUs (the plan's `deviceAccess`): in `DRA` the agent is the DRA
+    /// kubelet plugin and publishes the node's devices; in `DevicePlugin` NVIDIA's plugin serves them.
+    #[serde(default)]
+    pub device_access: DeviceAccess,
 }
 
 /// Desired state of one GPU.
@@ -138,9 +144,29 @@ pub struct GpuNodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub eviction_requests: Vec<EvictionRequest>,
+    /// DRA mode: each device prepared for a claim, with the claim and its tenant. Written by the
+    /// agent's kubelet plugin (its own field manager) when a claim is prepared or unprepared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub claims: Vec<DeviceClaim>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// A device of this node's DRA pool prepared for a claim.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClaim {
+    /// The device's name in the node's ResourceSlices (`gpu-0-mig-0-4`).
+    #[schemars(length(max = 63))]
+    pub device: String,
+    /// The claim, `namespace/name`.
+    #[schemars(length(max = 317))]
+    pub claim: String,
+    /// The tenant owning the claim's namespace (the device's tenant: Prepare checked both).
+    #[schemars(length(max = 253))]
+    pub tenant: String,
 }
 
 /// A pod the agent asks the controller to evict.

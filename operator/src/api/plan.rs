@@ -44,6 +44,32 @@ pub struct GpuPartitionPlanSpec {
     /// How fast the change rolls across nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// How pods reach these nodes' GPUs: `DevicePlugin` (NVIDIA's device plugin, configured by this
+    /// operator; the binding of a device to a tenant is bookkeeping on shared nodes) or `DRA`
+    /// (this operator's DRA driver: every device bound to its tenant, checked at Prepare). Moving a
+    /// pool from one to the other is a rollout like any plan change.
+    #[serde(default)]
+    pub device_access: DeviceAccess,
+}
+
+/// How pods reach a node's GPUs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum DeviceAccess {
+    /// NVIDIA's device plugin advertises the GPUs as extended resources.
+    #[default]
+    DevicePlugin,
+    /// This operator's DRA driver (`gpu.gputenancy.io`) publishes each device with its tenant.
+    #[serde(rename = "DRA")]
+    Dra,
+}
+
+impl DeviceAccess {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceAccess::DevicePlugin => "DevicePlugin",
+            DeviceAccess::Dra => "DRA",
+        }
+    }
 }
 
 /// GPUs of a node, by index, and how they are shared.

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Tier","type":"string","jsonPath":".spec.tier","description":"Trust tier"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Higher is served first when capacity is short"}"#,
     printcolumn = r#"{"name":"Granted","type":"string","jsonPath":".status.summary","description":"Units granted of units requested"}"#,
+    printcolumn = r#"{"name":"Isolation","type":"string","jsonPath":".status.conditions[?(@.type==\"Isolated\")].reason","description":"How the grants are enforced: DraBound or DedicatedNodes (Isolated=True), CountsOnly (only the counts)"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

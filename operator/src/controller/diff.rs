@@ -11,7 +11,7 @@
 
 use crate::api::{ConditionSet, GpuNode, condition_status};
 use crate::desired::Desired;
-use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
+use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::core::ApiResource;
 use kube::{Resource, ResourceExt};
@@ -35,6 +35,9 @@ pub enum Kind {
     Node,
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicy,
+    MutatingAdmissionPolicyBinding,
+    DeviceClass,
     Pod,
 }
 
@@ -53,6 +56,9 @@ impl Kind {
             Kind::Node => ApiResource::erase::<core::Node>(&()),
             Kind::ValidatingAdmissionPolicy => ApiResource::erase::<adm::ValidatingAdmissionPolicy>(&()),
             Kind::ValidatingAdmissionPolicyBinding => ApiResource::erase::<adm::ValidatingAdmissionPolicyBinding>(&()),
+            Kind::MutatingAdmissionPolicy => ApiResource::erase::<adm::MutatingAdmissionPolicy>(&()),
+            Kind::MutatingAdmissionPolicyBinding => ApiResource::erase::<adm::MutatingAdmissionPolicyBinding>(&()),
+            Kind::DeviceClass => ApiResource::erase::<k8s_openapi::api::resource::v1::DeviceClass>(&()),
             Kind::Pod => ApiResource::erase::<core::Pod>(&()),
         }
     }
@@ -239,7 +245,7 @@ fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize>
 }
 
 /// The labels and taints this operator owns on a Node.
-const NODE_LABELS: [&str; 4] = [DEVICE_PLUGIN_CONFIG, SHARING, DEDICATED, MANAGED_BY];
+const NODE_LABELS: [&str; 5] = [DEVICE_PLUGIN_CONFIG, DEVICE_ACCESS, SHARING, DEDICATED, MANAGED_BY];
 const NODE_TAINTS: [&str; 3] = [SHARING, DEDICATED, SCRUB_PENDING];
 
 fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, String> {
@@ -493,6 +499,29 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     );
     let mut binding_deletes = Vec::new();
     admission::writes(d, live, &mut writes, &mut binding_deletes, &mut deletes);
+    // DRA: the classes the tenants' claims name, and the renames of device-plugin names (no
+    // order needed: a class or rename missing refuses, never hands over).
+    owned(
+        Kind::DeviceClass,
+        &d.device_classes,
+        &live.device_classes,
+        &mut writes,
+        &mut deletes,
+    );
+    owned(
+        Kind::MutatingAdmissionPolicy,
+        &d.mutating_policies,
+        &live.mutating_policies,
+        &mut writes,
+        &mut deletes,
+    );
+    owned(
+        Kind::MutatingAdmissionPolicyBinding,
+        &d.mutating_bindings,
+        &live.mutating_bindings,
+        &mut writes,
+        &mut binding_deletes,
+    );
     writes.extend(evictions(live));
     writes.extend(binding_deletes);
     writes.extend(deletes);

@@ -3,14 +3,18 @@
 //!
 //! Objects are kept without `managedFields` (the largest part of a Node or a status-heavy object),
 //! so memory grows with the fleet, not with the history of its writers. Owned objects
-//! (ResourceQuotas, admission policies, the device plugin's ConfigMap) are watched by the label
+//! (ResourceQuotas, admission policies, DeviceClasses, the device plugin's ConfigMap) are watched by the label
 //! `gputenancy.io/managed-by=gpu-tenancy`, so the controller never caches what is not its own.
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
 use crate::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -33,6 +37,9 @@ pub struct Stores {
     pub config_maps: Store<ConfigMap>,
     pub admission_policies: Store<ValidatingAdmissionPolicy>,
     pub admission_bindings: Store<ValidatingAdmissionPolicyBinding>,
+    pub mutating_policies: Store<MutatingAdmissionPolicy>,
+    pub mutating_bindings: Store<MutatingAdmissionPolicyBinding>,
+    pub device_classes: Store<DeviceClass>,
 }
 
 /// A copy of every store at one moment: what one pass plans from.
@@ -48,6 +55,9 @@ pub struct Snapshot {
     pub config_maps: Vec<ConfigMap>,
     pub admission_policies: Vec<ValidatingAdmissionPolicy>,
     pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub mutating_policies: Vec<MutatingAdmissionPolicy>,
+    pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
+    pub device_classes: Vec<DeviceClass>,
 }
 
 fn copy<K>(store: &Store<K>) -> Vec<K>
@@ -71,6 +81,9 @@ impl Stores {
             config_maps: copy(&self.config_maps),
             admission_policies: copy(&self.admission_policies),
             admission_bindings: copy(&self.admission_bindings),
+            mutating_policies: copy(&self.mutating_policies),
+            mutating_bindings: copy(&self.mutating_bindings),
+            device_classes: copy(&self.device_classes),
         }
     }
 
@@ -86,6 +99,9 @@ impl Stores {
         self.config_maps.wait_until_ready().await?;
         self.admission_policies.wait_until_ready().await?;
         self.admission_bindings.wait_until_ready().await?;
+        self.mutating_policies.wait_until_ready().await?;
+        self.mutating_bindings.wait_until_ready().await?;
+        self.device_classes.wait_until_ready().await?;
         Ok(())
     }
 }
@@ -142,6 +158,9 @@ pub fn stores(client: &Client, device_plugin_namespace: &str, changed: Arc<Notif
         ),
         admission_policies: watch!(Api::<ValidatingAdmissionPolicy>::all(client.clone()), owned),
         admission_bindings: watch!(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()), owned),
+        mutating_policies: watch!(Api::<MutatingAdmissionPolicy>::all(client.clone()), owned),
+        mutating_bindings: watch!(Api::<MutatingAdmissionPolicyBinding>::all(client.clone()), owned),
+        device_classes: watch!(Api::<DeviceClass>::all(client.clone()), owned),
     };
     (stores, Box::pin(futures::stream::select_all(drivers)))
 }

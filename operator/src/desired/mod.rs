@@ -21,21 +21,26 @@
 //! which.
 
 mod admission;
+pub mod dra;
 mod nodes;
 mod quota;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
 use crate::planner::{BindingChange, PlanInput, plan};
 use crate::problem::Problem;
-use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use std::collections::BTreeSet;
 
 pub use admission::{
-    CLAIMS_POLICY, CONFIG_KEYS_POLICY, Coverage, NamespaceRules, POLICY_PREFIX, UNTENANTED_POLICY, coverage,
-    tenant_binding, untenanted_binding,
+    Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules, POLICY_PREFIX,
+    UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings, untenanted_bindings,
 };
 pub use quota::QUOTA_NAME;
 
@@ -109,8 +114,13 @@ pub struct Desired {
     pub node_labels: Vec<Node>,
     /// The device plugin's config: one key per distinct node config.
     pub config_maps: Vec<ConfigMap>,
+    /// Per tenant and kind of device it holds on DRA nodes, the class its claims use.
+    pub device_classes: Vec<DeviceClass>,
     pub admission_policies: Vec<ValidatingAdmissionPolicy>,
     pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// Per tenant whose device-plugin names DRA serves, the policy renaming them in its pods.
+    pub mutating_policies: Vec<MutatingAdmissionPolicy>,
+    pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
     /// Which rule set governs each namespace: what the admission bindings say, as data, so the
     /// controller can order a change of rule sets without a namespace under none.
     #[serde(skip)]
@@ -126,9 +136,10 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
     let exempt = settings.exempt();
     let out = plan(input, &exempt, now);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
-    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules);
-    let (admission_policies, admission_bindings) =
-        admission::render(input.policies, &out.tenants, &namespace_rules, settings);
+    let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
+    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings);
+    let device_classes = dra::device_classes(&holdings);
+    let admission = admission::render(input.policies, &out.tenants, &namespace_rules, settings, &holdings);
     let (node_labels, config_maps) = nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings);
     let tenants = nodes::isolation_conditions(out.tenants, &node_labels, now);
     Desired {
@@ -140,8 +151,11 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
         resource_quotas,
         node_labels,
         config_maps,
-        admission_policies,
-        admission_bindings,
+        device_classes,
+        admission_policies: admission.policies,
+        admission_bindings: admission.bindings,
+        mutating_policies: admission.mutating_policies,
+        mutating_bindings: admission.mutating_bindings,
         namespace_rules,
         changes: out.changes,
         problems: out.problems,

@@ -3,11 +3,11 @@
 //! `Isolated` condition, which says plainly which grants Kubernetes enforces.
 
 use super::Settings;
-use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
+use crate::api::{ConditionSet, DeviceAccess, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
 use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
 use crate::inventory::handover_pending;
-use crate::labels::{DEDICATED, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
+use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
@@ -38,6 +38,14 @@ pub fn render(
     let mut configs: BTreeMap<String, NodeConfig> = BTreeMap::new();
     let mut out = Vec::new();
     for node in nodes {
+        // A DRA node: NVIDIA's device plugin has nothing to serve there, and a device not safe to
+        // hand over is tainted in the node's ResourceSlice, not the whole node.
+        if node.spec.device_access == DeviceAccess::Dra && !node.spec.gpus.is_empty() {
+            let mut labels = super::managed_labels();
+            labels.insert(DEVICE_ACCESS.into(), DeviceAccess::Dra.as_str().into());
+            out.push(node_object(node.name_any(), labels, vec![]));
+            continue;
+        }
         // One source for the label and the GpuNode: the planner's key (UNPLANNED for a node with
         // no GPUs planned, which gets no taints of ours either).
         let key = node
@@ -47,6 +55,7 @@ pub fn render(
             .unwrap_or_else(|| UNPLANNED.to_string());
         let mut labels = super::managed_labels();
         labels.insert(DEVICE_PLUGIN_CONFIG.into(), key.clone());
+        labels.insert(DEVICE_ACCESS.into(), DeviceAccess::DevicePlugin.as_str().into());
         let config = match NodeConfig::of_gpus(&node.spec.gpus) {
             Ok(c) if !node.spec.gpus.is_empty() && key != UNPLANNED => c,
             _ => {
@@ -150,14 +159,21 @@ fn taint(key: &str, value: &str) -> Taint {
     }
 }
 
-/// Sets each tenant's `Isolated` condition: `True` when every grant is on a node dedicated (and
-/// tainted) to it, so Kubernetes keeps other tenants' pods away; otherwise `False` with reason
-/// `CountsOnly`, naming the nodes where the quota enforces how many units the tenant uses but the
-/// device plugin chooses which GPU or instance a pod gets.
+/// Sets each tenant's `Isolated` condition: `True` when Kubernetes enforces every grant, each on a
+/// DRA node (the scheduler allocates a claim only the tenant's own devices, and the agent's
+/// Prepare refuses any other: reason `DraBound`) or on a node dedicated (and tainted) to it
+/// (`DedicatedNodes` when all are); otherwise `False` with reason `CountsOnly`, naming the nodes
+/// where the quota enforces how many units the tenant uses but the device plugin chooses which
+/// GPU or instance a pod gets.
 pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &Time) -> Vec<GpuTenant> {
     let dedicated: BTreeMap<String, String> = nodes
         .iter()
         .filter_map(|n| Some((n.name_any(), n.labels().get(DEDICATED)?.clone())))
+        .collect();
+    let dra: BTreeSet<String> = nodes
+        .iter()
+        .filter(|n| n.labels().get(DEVICE_ACCESS).map(String::as_str) == Some(DeviceAccess::Dra.as_str()))
+        .map(|n| n.name_any())
         .collect();
     for t in &mut tenants {
         let name = t.name_any();
@@ -167,17 +183,25 @@ pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &T
             status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
             continue;
         }
+        let on_own = |node: &str| dedicated.get(node) == Some(&name);
         let shared: BTreeSet<&str> = status
             .grants
             .iter()
-            .filter(|g| dedicated.get(&g.node) != Some(&name))
+            .filter(|g| !on_own(&g.node) && !dra.contains(&g.node))
             .map(|g| g.node.as_str())
             .collect();
-        let (ok, reason, message) = if shared.is_empty() {
+        let any_dra = status.grants.iter().any(|g| !on_own(&g.node) && dra.contains(&g.node));
+        let (ok, reason, message) = if shared.is_empty() && !any_dra {
             (
                 true,
                 "DedicatedNodes",
                 "every grant is on a node tainted for this tenant alone".to_string(),
+            )
+        } else if shared.is_empty() {
+            (
+                true,
+                "DraBound",
+                "every grant is on a DRA node, where the scheduler allocates this tenant's claims only its own devices and the node's agent prepares no other, scrubbed before it changes hands (or on a node tainted for this tenant alone)".to_string(),
             )
         } else {
             let listed: Vec<&str> = shared.iter().take(5).copied().collect();
@@ -185,7 +209,7 @@ pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &T
                 false,
                 "CountsOnly",
                 format!(
-                    "on {} node{} ({}{}) the quota enforces how many units this tenant uses, but NVIDIA's device plugin picks which GPU or MIG instance a pod gets, so the per-GPU binding is bookkeeping; dedicate whole nodes to the tenant (a plan's spec.gpus[].tenants on every GPU of a node) to enforce it",
+                    "on {} node{} ({}{}) the quota enforces how many units this tenant uses, but NVIDIA's device plugin picks which GPU or MIG instance a pod gets, so the per-GPU binding is bookkeeping; run the pool in DRA mode (its plan's spec.deviceAccess: DRA) or dedicate whole nodes to the tenant (a plan's spec.gpus[].tenants on every GPU of a node) to enforce it",
                     shared.len(),
                     if shared.len() == 1 { "" } else { "s" },
                     listed.join(", "),

@@ -9,7 +9,10 @@
 //! the tenant one namespace, to put the remainder where it is needed).
 //!
 //! Every GPU resource name in the fleet is listed, at 0 where the tenant has no grant, so a
-//! namespace never uses capacity it was not given. A tenant with problems gets nothing: its
+//! namespace never uses capacity it was not given. Units on DRA nodes are counted by their
+//! tenant's DeviceClass instead (`<class>.deviceclass.resource.k8s.io/devices`, the devices its
+//! claims may request, and `requests.<extended resource>`, the pods asking by name; Kubernetes
+//! counts a pod's scheduler-made claim in both), not under the device plugin's name. A tenant with problems gets nothing: its
 //! namespaces keep a quota of zeros (fail closed). A namespace two tenants claim belongs to
 //! neither: it gets zeros and no tenant label. An exempt namespace is left alone.
 //!
@@ -21,9 +24,11 @@
 //! rules; the controller deletes them in order.
 
 use super::admission::NamespaceRules;
+use super::dra::DraHoldings;
 use super::managed_labels;
 use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, resource_name};
+use crate::dra::claim_quota_key;
 use crate::labels::{POD_SECURITY_AUDIT, POD_SECURITY_ENFORCE, POD_SECURITY_WARN, TENANT};
 use crate::planner::PlanOutput;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
@@ -65,8 +70,9 @@ fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> 
     names
 }
 
-/// Per tenant, granted units per resource name (only a valid tenant's grants count).
-fn granted(tenant: &GpuTenant) -> BTreeMap<String, u64> {
+/// Per tenant, granted units per quota key: under the device plugin's names those not on DRA
+/// nodes, and per DeviceClass those that are (only a valid tenant's grants count).
+fn granted(tenant: &GpuTenant, dra: &DraHoldings) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let status = tenant.status.as_ref();
     let valid = status
@@ -75,7 +81,16 @@ fn granted(tenant: &GpuTenant) -> BTreeMap<String, u64> {
         return out;
     }
     for a in status.map(|s| s.allocation.as_slice()).unwrap_or_default() {
-        *out.entry(resource_name(a.mode, a.profile.as_deref())).or_insert(0) += u64::from(a.granted);
+        *out.entry(format!("requests.{}", resource_name(a.mode, a.profile.as_deref())))
+            .or_insert(0) += u64::from(a.granted);
+    }
+    let name = tenant.name_any();
+    for (kind, units) in dra.of_tenant(&name) {
+        if let Some(n) = out.get_mut(&format!("requests.{}", kind.device_plugin_resource())) {
+            *n = n.saturating_sub(units);
+        }
+        out.insert(claim_quota_key(&kind.class_name(&name)), units);
+        out.insert(format!("requests.{}", kind.extended_resource(&name)), units);
     }
     out
 }
@@ -90,8 +105,12 @@ pub fn render(
     out: &PlanOutput,
     policies: &[SharingPolicy],
     rules: &NamespaceRules,
+    dra: &DraHoldings,
 ) -> (Vec<Namespace>, Vec<ResourceQuota>) {
-    let names = resource_names(&out.nodes, &out.tenants);
+    let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
+        .into_iter()
+        .map(|n| format!("requests.{n}"))
+        .collect();
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
     for t in &out.tenants {
         for ns in t.spec.namespaces.iter().filter(|ns| !rules.exempt.contains(*ns)) {
@@ -127,7 +146,7 @@ pub fn render(
         });
         let (grants, position, count) = match sole {
             Some(t) => (
-                granted(t),
+                granted(t, dra),
                 t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
                 t.spec.namespaces.len(),
             ),
@@ -135,12 +154,10 @@ pub fn render(
         };
         let hard = names
             .iter()
-            .map(|name| {
-                let total = grants.get(name).copied().unwrap_or(0);
-                (
-                    format!("requests.{name}"),
-                    Quantity(split(total, count, position).to_string()),
-                )
+            .chain(grants.keys())
+            .map(|key| {
+                let total = grants.get(key).copied().unwrap_or(0);
+                (key.clone(), Quantity(split(total, count, position).to_string()))
             })
             .collect();
         let mut annotations = BTreeMap::new();

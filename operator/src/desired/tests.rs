@@ -169,12 +169,15 @@ fn admission_follows_the_grants() {
             .any(|m| m.contains("a mode it holds shares of (TimeSlicing)"))
     );
     // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
-    // namespace that is not exempt, and two policies judge claims and ConfigMap keys everywhere.
+    // namespace that is not exempt; each rule set has a claims policy bound like its pod policy,
+    // and one policy judges ConfigMap keys everywhere.
     let names: Vec<String> = d.admission_bindings.iter().map(|b| b.name_any()).collect();
     assert_eq!(
         names,
         [
-            "gputenancy.io-device-claims",
+            "gputenancy.io-claims-no-tenant",
+            "gputenancy.io-claims-tenant-acme",
+            "gputenancy.io-claims-tenant-lab",
             "gputenancy.io-device-env-keys",
             "gputenancy.io-no-tenant",
             "gputenancy.io-tenant-acme",
@@ -312,4 +315,99 @@ fn the_same_input_gives_the_same_objects() {
     let (plans, nodes) = fleet();
     let t = [TenantBuilder::new("acme", "external").mig("3g.40gb", 3).build()];
     assert_eq!(run(&t, &plans, &nodes), run(&t, &plans, &nodes));
+}
+
+/// Two tenants on one MIG node of a DRA pool: each gets its own DeviceClass, quota by class and
+/// by its own extended resource (none under the device plugin's name), claim rules naming only its
+/// class, a rename of the device plugin's name, and `Isolated=True (DraBound)`; the node gets no
+/// device-plugin config, label or taint.
+#[test]
+fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
+    let mut plan = plan_for("mig-dra", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])]);
+    plan.spec.device_access = crate::api::DeviceAccess::Dra;
+    let nodes = vec![node("h100-a", "h100", "H100-80GB", 2, false)];
+    let a = TenantBuilder::new("a", "internal").mig("3g.40gb", 2).build();
+    let b = TenantBuilder::new("b", "internal").mig("3g.40gb", 2).build();
+    let d = run(&[a, b], &[plan], &nodes);
+    assert!(d.problems.is_empty(), "{:?}", d.problems);
+
+    let classes: Vec<String> = d.device_classes.iter().map(|c| c.name_any()).collect();
+    assert_eq!(classes, ["a.mig-3g.40gb.gputenancy.io", "b.mig-3g.40gb.gputenancy.io"]);
+    let q = hard(&d, "a");
+    assert_eq!(
+        q["a.mig-3g.40gb.gputenancy.io.deviceclass.resource.k8s.io/devices"],
+        "2"
+    );
+    assert_eq!(q["requests.a.gputenancy.io/mig-3g.40gb"], "2");
+    assert_eq!(q["requests.nvidia.com/mig-3g.40gb"], "0");
+    assert!(
+        !q.keys().any(|k| k.starts_with("b.") || k.starts_with("requests.b.")),
+        "{q:?}"
+    );
+
+    let node = &d.node_labels[0];
+    assert_eq!(
+        node.labels().get("gputenancy.io/device-access").map(String::as_str),
+        Some("DRA")
+    );
+    assert!(!node.labels().contains_key("nvidia.com/device-plugin.config"));
+    assert_eq!(node.spec.as_ref().unwrap().taints.as_deref(), Some(&[][..]));
+    let keys: Vec<&String> = d.config_maps[0].data.as_ref().unwrap().keys().collect();
+    assert_eq!(keys, ["default"]);
+    assert_eq!(d.nodes[0].spec.device_access, crate::api::DeviceAccess::Dra);
+    assert_eq!(d.nodes[0].spec.device_plugin_config, None);
+
+    for t in &d.tenants {
+        let c = t
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ConditionSet::ISOLATED)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "DraBound"),
+            "{}",
+            t.name_any()
+        );
+    }
+
+    let messages = |policy: &str| -> Vec<String> {
+        d.admission_policies
+            .iter()
+            .find(|p| p.name_any() == policy)
+            .unwrap_or_else(|| panic!("no policy {policy}"))
+            .spec
+            .as_ref()
+            .unwrap()
+            .validations
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                format!(
+                    "{}{}",
+                    v.message.as_deref().unwrap_or(""),
+                    v.message_expression.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    let claims = messages("gputenancy.io-claims-tenant-a");
+    assert!(
+        claims
+            .iter()
+            .any(|m| m.contains("its own device classes are a.mig-3g.40gb.gputenancy.io (")),
+        "{claims:?}"
+    );
+    let pods = messages("gputenancy.io-tenant-a");
+    assert!(
+        pods.iter()
+            .any(|m| m.contains("it was granted a.gputenancy.io/mig-3g.40gb (")),
+        "{pods:?}"
+    );
+    let renames: Vec<String> = d.mutating_policies.iter().map(|p| p.name_any()).collect();
+    assert_eq!(renames, ["gputenancy.io-dra-names-a", "gputenancy.io-dra-names-b"]);
 }

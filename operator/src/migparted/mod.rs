@@ -263,6 +263,7 @@ fn entry_to_plan(config: &str, index: usize, name: &str, entry: &MigPartedEntry)
             priority: 0,
             gpus: vec![group],
             rollout: None,
+            device_access: Default::default(),
         },
         status: None,
     }

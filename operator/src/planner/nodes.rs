@@ -1,6 +1,8 @@
 //! Which plan governs each node, and the node's desired GPU layout under it.
 
-use crate::api::{BusyGpuPolicy, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory};
+use crate::api::{
+    BusyGpuPolicy, DeviceAccess, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory,
+};
 use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
 use crate::mig::{diff_layout, solve_named};
@@ -36,6 +38,8 @@ pub struct NodeDesired<'a> {
     pub dedicated: Vec<Vec<String>>,
     /// What the agent does with a GPU to change that still runs processes (the plan's rollout).
     pub busy_gpu_policy: BusyGpuPolicy,
+    /// How pods reach the node's GPUs (the plan's).
+    pub device_access: DeviceAccess,
 }
 
 pub struct Fleet<'a> {
@@ -52,9 +56,13 @@ impl NodeDesired<'_> {
                 gpus: self.gpus.clone(),
                 device_plugin_config: None,
                 busy_gpu_policy: self.busy_gpu_policy,
+                device_access: self.device_access,
             },
         );
-        node.spec.device_plugin_config = device_plugin_config(&self.gpus);
+        // NVIDIA's device plugin has no business on a DRA node: no config for it there.
+        if self.device_access == DeviceAccess::DevicePlugin {
+            node.spec.device_plugin_config = device_plugin_config(&self.gpus);
+        }
         node
     }
 }
@@ -98,6 +106,7 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
             gpus: vec![],
             dedicated: vec![],
             busy_gpu_policy: BusyGpuPolicy::default(),
+            device_access: DeviceAccess::default(),
         };
         if !inv.reported {
             node.state = NodeState::Waiting;
@@ -133,6 +142,7 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
             [winner, ..] => {
                 let plan = plans[*winner];
                 node.plan = Some(plan.name_any());
+                node.device_access = plan.spec.device_access;
                 node.busy_gpu_policy = plan
                     .spec
                     .rollout

@@ -130,6 +130,7 @@ pub(crate) fn plan_for(name: &str, pool: &str, gpus: Vec<GpuGroup>) -> GpuPartit
             priority: 0,
             gpus,
             rollout: None,
+            device_access: Default::default(),
         },
     )
 }

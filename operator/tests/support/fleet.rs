@@ -74,6 +74,7 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
                 priority: 0,
                 gpus,
                 rollout: None,
+                device_access: Default::default(),
             },
         )
     };

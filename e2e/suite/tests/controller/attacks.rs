@@ -422,23 +422,20 @@ fn cases() -> Vec<Case> {
             "a claim for NVIDIA's GPU class",
             "atk-ext",
             claim("gpu.nvidia.com"),
-            &[
-                "namespace atk-ext (labelled gputenancy.io/tenant=atk-ext)",
-                "device class gpu.nvidia.com",
-            ],
+            &[ext, "may not name device class gpu.nvidia.com", "its own device classes are none"],
         ),
         refused(
             "a claim in a namespace of no tenant",
             NONE_NS,
             claim("anything"),
-            &["namespace atk-none (no GpuTenant label)", "ResourceClaims"],
+            &[none, "may not name device class anything", "gets no GPU device"],
         ),
         refused(
             "a claim template with a first-available alternative",
             "atk-mps",
             json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "probe"},
                 "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": "mig.nvidia.com"}]}]}}}}),
-            &["namespace atk-mps", "device class mig.nvidia.com"],
+            &[mps, "device class mig.nvidia.com"],
         ),
         // 8. Namespaces with no tenant stay off GPU nodes.
         refused(

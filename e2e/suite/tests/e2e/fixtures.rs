@@ -45,10 +45,12 @@ pub fn valid(kind: &str, name: &str) -> Value {
                 {"devices": "6", "mode": "TimeSlicing", "timeSlicing": {"replicas": 4}},
                 {"devices": "7", "mode": "Exclusive"}
             ],
-            "rollout": {"maxUnavailable": 1, "busyGpuPolicy": "Wait"}
+            "rollout": {"maxUnavailable": 1, "busyGpuPolicy": "Wait"},
+            "deviceAccess": "DevicePlugin"
         }),
         "GpuNode" => json!({
             "plan": "h100-mixed",
+            "deviceAccess": "DRA",
             "busyGpuPolicy": "Wait",
             "gpus": [
                 {"index": 0, "mode": "MIG", "scrub": "Always",

@@ -74,6 +74,27 @@ pub struct Checkpoint {
     pub devices: BTreeMap<String, DeviceRecord>,
 }
 
+impl Checkpoint {
+    /// Each device of a prepared claim, with the claim (`namespace/name`) and its tenant, sorted:
+    /// what the GpuNode status shows.
+    pub fn device_claims(&self) -> Vec<crate::api::DeviceClaim> {
+        let mut out: Vec<crate::api::DeviceClaim> = self
+            .claims
+            .values()
+            .flat_map(|c| {
+                c.devices.iter().map(|d| crate::api::DeviceClaim {
+                    device: d.device.clone(),
+                    claim: format!("{}/{}", c.namespace, c.name),
+                    tenant: c.tenant.clone(),
+                })
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
 /// Why the checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {

@@ -12,8 +12,7 @@
 
 use crate::api::{GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory};
 
-/// This project's DRA driver name (a DNS subdomain, as Kubernetes requires).
-pub const DRIVER: &str = "gpu.gputenancy.io";
+pub use crate::dra::DRIVER;
 
 /// What a device is on its GPU.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -55,6 +55,49 @@ pub enum DraError {
     Serve(#[from] server::ServeError),
 }
 
+/// The field manager of `status.claims`: the common loop applies the rest of the status under its
+/// own, so neither removes the other's fields.
+pub const CLAIMS_FIELD_MANAGER: &str = "gpu-tenancy-agent-dra";
+
+/// Keeps the GpuNode's `status.claims` what the checkpoint says: written after a change, changes
+/// within half a second coalesced into one write, and never when nothing changed.
+async fn publish_claims(client: Client, node: String, mut saved: tokio::sync::watch::Receiver<checkpoint::Checkpoint>) {
+    let api: Api<GpuNode> = Api::all(client);
+    // What the API server holds already (a restart with the same claims writes nothing).
+    let mut written: Option<Vec<crate::api::DeviceClaim>> = api
+        .get_status(&node)
+        .await
+        .ok()
+        .map(|n| n.status.map(|s| s.claims).unwrap_or_default());
+    let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
+    loop {
+        let claims = saved.borrow_and_update().device_claims();
+        if written.as_ref() != Some(&claims) {
+            let body = serde_json::json!({
+                "apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode",
+                "status": {"claims": claims},
+            });
+            let pp = kube::api::PatchParams::apply(CLAIMS_FIELD_MANAGER).force();
+            match api.patch_status(&node, &pp, &kube::api::Patch::Apply(body)).await {
+                Ok(_) => {
+                    backoff.reset();
+                    written = Some(claims);
+                }
+                Err(e) => {
+                    let wait = backoff.next();
+                    tracing::warn!(node = %node, error = %e, retry_in = ?wait, "publishing the prepared claims failed");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+            }
+        }
+        if saved.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// Runs the DRA side until `shutdown`: the tenants' watch (namespace owners), the GpuNode's watch
 /// (devices, slices), and the kubelet plugin's sockets.
 pub async fn run<G: Gpus + 'static>(
@@ -127,6 +170,7 @@ pub async fn run<G: Gpus + 'static>(
         }
     };
     tokio::spawn(publisher);
+    tokio::spawn(publish_claims(client.clone(), node.clone(), state.subscribe()));
     server::serve(state, &opts.sockets, shutdown).await?;
     Ok(())
 }

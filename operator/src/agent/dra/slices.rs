@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 
 /// Devices per slice: the limit of a slice whose devices may carry taints.
 pub const DEVICES_PER_SLICE: usize = 64;
-/// The device taint of a device not safe to hand over; its value says why.
-pub const NOT_READY_TAINT: &str = "gputenancy.io/not-ready";
+pub use crate::dra::NOT_READY_TAINT;
+use crate::dra::attr;
 
 /// The name of slice `n` of `node`'s pool.
 pub fn slice_name(node: &str, n: usize) -> String {
@@ -27,12 +27,12 @@ fn string(v: &str) -> Value {
 /// are in the driver's (`device.attributes["gpu.gputenancy.io"].tenant` in CEL).
 fn device(d: &DraDevice) -> Value {
     let mut attributes = Map::new();
-    attributes.insert("tenant".into(), string(d.tenant.as_deref().unwrap_or("")));
-    attributes.insert("mode".into(), string(d.mode.as_str()));
+    attributes.insert(attr::TENANT.into(), string(d.tenant.as_deref().unwrap_or("")));
+    attributes.insert(attr::MODE.into(), string(d.mode.as_str()));
     attributes.insert("index".into(), json!({"int": d.gpu}));
     attributes.insert("productName".into(), string(&d.product_name));
     if let Some(p) = &d.profile {
-        attributes.insert("profile".into(), string(p));
+        attributes.insert(attr::PROFILE.into(), string(p));
     }
     if let Some(u) = &d.uuid {
         attributes.insert("uuid".into(), string(u));
@@ -41,7 +41,7 @@ fn device(d: &DraDevice) -> Value {
         attributes.insert("parentUUID".into(), string(u));
     }
     if let Some(n) = d.numa_node {
-        attributes.insert("numaNode".into(), json!({"int": n}));
+        attributes.insert(attr::NUMA_NODE.into(), json!({"int": n}));
     }
     let unit = match d.unit {
         Unit::Gpu => "gpu",

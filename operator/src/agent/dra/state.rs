@@ -80,6 +80,8 @@ pub struct DraState<G: Gpus> {
     file: CheckpointFile,
     cdi: CdiContext,
     inner: Mutex<Inner>,
+    /// The checkpoint as last saved, for the GpuNode status (`status.claims`).
+    saved: tokio::sync::watch::Sender<Checkpoint>,
 }
 
 /// The tenant that alone lists `namespace` (the rule the controller binds admission by).
@@ -103,6 +105,7 @@ impl<G: Gpus + 'static> DraState<G> {
         cdi: CdiContext,
     ) -> Result<DraState<G>, CheckpointError> {
         let cp = file.load()?;
+        let (saved, _) = tokio::sync::watch::channel(cp.clone());
         Ok(DraState {
             node,
             gpus,
@@ -111,7 +114,20 @@ impl<G: Gpus + 'static> DraState<G> {
             file,
             cdi,
             inner: Mutex::new(Inner { cp, devices: vec![] }),
+            saved,
         })
+    }
+
+    /// Saves the checkpoint, then tells the status publisher.
+    fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
+        self.file.save(cp)?;
+        self.saved.send_replace(cp.clone());
+        Ok(())
+    }
+
+    /// The checkpoint as last saved, and its changes.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Checkpoint> {
+        self.saved.subscribe()
     }
 
     /// The node's devices changed (a new GpuNode spec or status).
@@ -255,7 +271,7 @@ impl<G: Gpus + 'static> DraState<G> {
                         tenant: last,
                     },
                 );
-                self.file.save(&inner.cp)?;
+                self.save(&inner.cp)?;
                 step_done("prepare-scrubbed");
             }
         }
@@ -291,7 +307,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 devices: devices.clone(),
             },
         );
-        self.file.save(&inner.cp)?;
+        self.save(&inner.cp)?;
         step_done("prepare-recorded");
         Ok(devices)
     }
@@ -317,11 +333,11 @@ impl<G: Gpus + 'static> DraState<G> {
                 );
             }
         }
-        self.file.save(&inner.cp)?;
+        self.save(&inner.cp)?;
         step_done("unprepare-released");
         cdi::remove(&self.cdi.dir, uid)?;
         inner.cp.claims.remove(uid);
-        self.file.save(&inner.cp)?;
+        self.save(&inner.cp)?;
         step_done("unprepare-recorded");
         // `scrubMemory: Always` scrubs between any two claims: do it now, ahead of the next one.
         let always: Vec<Planned> = claim
@@ -347,7 +363,7 @@ impl<G: Gpus + 'static> DraState<G> {
                         tenant: Some(claim.tenant.clone()),
                     },
                 );
-                self.file.save(&inner.cp)?;
+                self.save(&inner.cp)?;
             }
         }
         Ok(())

@@ -18,11 +18,59 @@
 use super::{Kind, Write, owned};
 use crate::controller::stores::Snapshot;
 use crate::desired::{
-    Coverage, Desired, POLICY_PREFIX, UNTENANTED_POLICY, coverage, tenant_binding, untenanted_binding,
+    CLAIMS_PREFIX, Coverage, Desired, POLICY_PREFIX, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage,
+    tenant_bindings, untenanted_bindings,
 };
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The two halves of every rule set, each with its own bindings: the pod policy and the claims
+/// policy. Each is moved between rule sets on its own, by the same rules, so neither ever leaves a
+/// namespace under none of its kind; both are bound to the same namespaces once settled.
+#[derive(Clone, Copy, Debug)]
+enum Half {
+    Pods = 0,
+    Claims = 1,
+}
+
+impl Half {
+    const BOTH: [Half; 2] = [Half::Pods, Half::Claims];
+
+    fn tenant_prefix(self) -> &'static str {
+        match self {
+            Half::Pods => POLICY_PREFIX,
+            Half::Claims => CLAIMS_PREFIX,
+        }
+    }
+
+    fn untenanted(self) -> &'static str {
+        match self {
+            Half::Pods => UNTENANTED_POLICY,
+            Half::Claims => UNTENANTED_CLAIMS_POLICY,
+        }
+    }
+
+    /// The tenant a binding or policy name of this half is for.
+    fn tenant_of(self, name: &str) -> Option<&str> {
+        name.strip_prefix(self.tenant_prefix())
+    }
+
+    fn tenant_binding(self, tenant: &str, ns: &BTreeSet<String>) -> Option<ValidatingAdmissionPolicyBinding> {
+        tenant_bindings(tenant, ns).map(|b| b[self as usize].clone())
+    }
+
+    fn untenanted_binding(self, excluded: &BTreeSet<String>) -> ValidatingAdmissionPolicyBinding {
+        untenanted_bindings(excluded)[self as usize].clone()
+    }
+}
+
+/// Is `name` one of the rule-set bindings or policies (of either half)?
+fn of_a_rule_set(name: &str) -> bool {
+    Half::BOTH
+        .iter()
+        .any(|h| name == h.untenanted() || h.tenant_of(name).is_some())
+}
 
 /// What the store shows each binding covering, for bindings whose policy is live too (a binding
 /// without its policy enforces nothing).
@@ -35,29 +83,21 @@ fn live_coverage(live: &Snapshot) -> BTreeMap<String, Coverage> {
         .collect()
 }
 
-/// The tenant a binding or policy name of ours is for.
-fn tenant_of(name: &str) -> Option<&str> {
-    name.strip_prefix(POLICY_PREFIX)
-}
-
-/// The policy and binding writes of a pass: applies into `writes`, binding deletes into
-/// `binding_deletes` and policy deletes into `deletes` (made after them).
-pub(super) fn writes(
+/// The bindings of one half, with the names of the policies that must stay although not desired
+/// (their binding holds namespaces).
+fn half_bindings(
+    half: Half,
     d: &Desired,
-    live: &Snapshot,
-    writes: &mut Vec<Write>,
-    binding_deletes: &mut Vec<Write>,
-    deletes: &mut Vec<Write>,
-) {
-    let covered = live_coverage(live);
+    covered: &BTreeMap<String, Coverage>,
+) -> (Vec<ValidatingAdmissionPolicyBinding>, BTreeSet<String>) {
     let desired_ns = &d.namespace_rules.tenants;
     let live_tenant_ns = |t: &str| -> BTreeSet<String> {
-        match covered.get(&format!("{POLICY_PREFIX}{t}")) {
+        match covered.get(&format!("{}{t}", half.tenant_prefix())) {
             Some(Coverage::Only(s)) => s.clone(),
             _ => BTreeSet::new(),
         }
     };
-    let none_live = covered.get(UNTENANTED_POLICY);
+    let none_live = covered.get(half.untenanted());
     // Is `ns` safe under a rule set other than tenant `except`'s, one that is to keep it?
     let safe_elsewhere = |ns: &str, except: &str| {
         none_live.is_some_and(|c| c.covers(ns))
@@ -69,11 +109,10 @@ pub(super) fn writes(
     let tenants: BTreeSet<&str> = desired_ns
         .keys()
         .map(String::as_str)
-        .chain(covered.keys().filter_map(|b| tenant_of(b)))
+        .chain(covered.keys().filter_map(|b| half.tenant_of(b)))
         .collect();
-    let mut bindings: Vec<ValidatingAdmissionPolicyBinding> = Vec::new();
-    // Tenants whose (live) policy must stay although not desired: their binding holds namespaces.
-    let mut held_policies: BTreeSet<String> = BTreeSet::new();
+    let mut bindings = Vec::new();
+    let mut held_policies = BTreeSet::new();
     let mut leave_out: BTreeSet<String> = d.namespace_rules.exempt.clone();
     let empty = BTreeSet::new();
     for t in tenants {
@@ -86,19 +125,40 @@ pub(super) fn writes(
             .collect();
         let write: BTreeSet<String> = want.union(&held).cloned().collect();
         leave_out.extend(want.intersection(&had).cloned());
-        if let Some(b) = tenant_binding(t, &write) {
+        if let Some(b) = half.tenant_binding(t, &write) {
             if !held.is_empty() {
                 held_policies.insert(b.name_any());
             }
             bindings.push(b);
         }
     }
-    bindings.push(untenanted_binding(&leave_out));
-    // The other bindings of the desired state (the claims and ConfigMap-key policies).
+    bindings.push(half.untenanted_binding(&leave_out));
+    (bindings, held_policies)
+}
+
+/// The policy and binding writes of a pass: applies into `writes`, binding deletes into
+/// `binding_deletes` and policy deletes into `deletes` (made after them).
+pub(super) fn writes(
+    d: &Desired,
+    live: &Snapshot,
+    writes: &mut Vec<Write>,
+    binding_deletes: &mut Vec<Write>,
+    deletes: &mut Vec<Write>,
+) {
+    let covered = live_coverage(live);
+    let mut bindings: Vec<ValidatingAdmissionPolicyBinding> = Vec::new();
+    // Tenants whose (live) policy must stay although not desired: their binding holds namespaces.
+    let mut held_policies: BTreeSet<String> = BTreeSet::new();
+    for half in Half::BOTH {
+        let (b, held) = half_bindings(half, d, &covered);
+        bindings.extend(b);
+        held_policies.extend(held);
+    }
+    // The other bindings of the desired state (the ConfigMap-key policy's).
     bindings.extend(
         d.admission_bindings
             .iter()
-            .filter(|b| b.name_any() != UNTENANTED_POLICY && tenant_of(&b.name_any()).is_none())
+            .filter(|b| !of_a_rule_set(&b.name_any()))
             .cloned(),
     );
     bindings.sort_by_key(|b| b.name_any());
@@ -131,7 +191,7 @@ pub(super) fn writes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::{NamespaceRules, untenanted_binding};
+    use crate::desired::NamespaceRules;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -160,14 +220,15 @@ mod tests {
             ..Desired::default()
         };
         for (t, ns) in &rules.tenants {
-            if let Some(b) = tenant_binding(t, ns) {
+            for b in tenant_bindings(t, ns).into_iter().flatten() {
                 d.admission_policies.push(policy(&b.name_any()));
                 d.admission_bindings.push(b);
             }
         }
-        d.admission_policies.push(policy(UNTENANTED_POLICY));
-        d.admission_bindings
-            .push(untenanted_binding(&rules.untenanted_excluded()));
+        for b in untenanted_bindings(&rules.untenanted_excluded()) {
+            d.admission_policies.push(policy(&b.name_any()));
+            d.admission_bindings.push(b);
+        }
         d
     }
 
@@ -209,13 +270,17 @@ mod tests {
         w
     }
 
-    /// The namespaces under no rule set the live objects enforce.
+    /// The namespaces under no rule set the live objects enforce, for pods or for claims.
     fn uncovered(live: &Snapshot) -> Vec<&'static str> {
         let c = live_coverage(live);
+        let covers = |half: Half, ns: &str| {
+            c.iter()
+                .any(|(name, cov)| (name == half.untenanted() || half.tenant_of(name).is_some()) && cov.covers(ns))
+        };
         NAMESPACES
             .iter()
             .copied()
-            .filter(|ns| !c.values().any(|cov| cov.covers(ns)))
+            .filter(|ns| Half::BOTH.iter().any(|h| !covers(*h, ns)))
             .collect()
     }
 
@@ -274,7 +339,10 @@ mod tests {
         let first: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
             first,
-            ["apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"]
+            [
+                "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
+                "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"
+            ]
         );
         let w = pass(&d, &live);
         apply(&mut live, &w, u64::MAX);
@@ -282,7 +350,9 @@ mod tests {
         assert_eq!(
             second,
             [
+                "delete ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-t0",
                 "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
+                "delete ValidatingAdmissionPolicy gputenancy.io-claims-tenant-t0",
                 "delete ValidatingAdmissionPolicy gputenancy.io-tenant-t0"
             ]
         );

@@ -100,6 +100,9 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                 Kind::ConfigMap => put(&mut s.config_maps, object),
                 Kind::ValidatingAdmissionPolicy => put(&mut s.admission_policies, object),
                 Kind::ValidatingAdmissionPolicyBinding => put(&mut s.admission_bindings, object),
+                Kind::MutatingAdmissionPolicy => put(&mut s.mutating_policies, object),
+                Kind::MutatingAdmissionPolicyBinding => put(&mut s.mutating_bindings, object),
+                Kind::DeviceClass => put(&mut s.device_classes, object),
                 other => panic!("unexpected apply of {other}"),
             },
             Write::Status { kind, name, object } => match kind {
@@ -155,6 +158,9 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                     .retain(|q| !(&q.name_any() == name && &q.namespace() == namespace)),
                 Kind::ValidatingAdmissionPolicy => s.admission_policies.retain(|p| &p.name_any() != name),
                 Kind::ValidatingAdmissionPolicyBinding => s.admission_bindings.retain(|p| &p.name_any() != name),
+                Kind::MutatingAdmissionPolicy => s.mutating_policies.retain(|p| &p.name_any() != name),
+                Kind::MutatingAdmissionPolicyBinding => s.mutating_bindings.retain(|p| &p.name_any() != name),
+                Kind::DeviceClass => s.device_classes.retain(|p| &p.name_any() != name),
                 _ => {}
             },
         }
@@ -192,11 +198,13 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
             "status GpuPartitionPlan mig",
             "apply Namespace acme",
             "apply ResourceQuota acme/gpu-tenancy",
-            "apply ValidatingAdmissionPolicy gputenancy.io-device-claims",
+            "apply ValidatingAdmissionPolicy gputenancy.io-claims-no-tenant",
+            "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenant-acme",
             "apply ValidatingAdmissionPolicy gputenancy.io-device-env-keys",
             "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
             "apply ValidatingAdmissionPolicy gputenancy.io-tenant-acme",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-claims",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-env-keys",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
@@ -218,7 +226,10 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     let narrow = pass(&s);
     assert_eq!(
         writes(&narrow),
-        ["apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"]
+        [
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"
+        ]
     );
     apply(&mut s, &narrow);
     let again = pass(&s);

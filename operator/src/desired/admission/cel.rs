@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::device_plugin::GPU_RESOURCE_PREFIXES;
+use crate::device_plugin::{DRA_RESOURCE_DOMAIN, GPU_RESOURCE_PREFIXES};
 
 /// Environment variables through which NVIDIA's container toolkit selects devices for a
 /// container, whatever the pod asked the scheduler for (nvidia-container-toolkit
@@ -60,12 +60,16 @@ pub fn quote(s: &str) -> String {
     format!("'{s}'")
 }
 
-/// CEL: is resource name `k` a GPU resource (under a GPU prefix, not explicitly allowed)?
+/// CEL: is resource name `k` a GPU resource (under a GPU prefix or the DRA mode's domain, not
+/// explicitly allowed)?
 pub fn is_gpu_resource(k: &str, allowed: &[String]) -> String {
-    let prefixes: Vec<String> = GPU_RESOURCE_PREFIXES
+    let mut prefixes: Vec<String> = GPU_RESOURCE_PREFIXES
         .iter()
         .map(|p| format!("{k}.startsWith({})", quote(p)))
         .collect();
+    // `[.]`, not a backslash: CEL literals here hold none.
+    let domain = DRA_RESOURCE_DOMAIN.replace('.', "[.]");
+    prefixes.push(format!("{k}.matches({})", quote(&format!("^[^/]*{domain}/"))));
     let mut out = format!("({})", prefixes.join(" || "));
     if !allowed.is_empty() {
         out = format!("({out} && !({k} in {}))", list(allowed));

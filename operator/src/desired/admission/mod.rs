@@ -12,17 +12,25 @@
 //! its rules away before its namespaces are under the no-tenant rules, and without a controller
 //! they stay (fail closed).
 //!
-//! What each rule set refuses is in [`rules`]; two policies bound to every namespace that is not
-//! exempt refuse ConfigMap and Secret keys named like NVIDIA's device-selecting variables
-//! ([`CONFIG_KEYS_POLICY`]) and ResourceClaims for device classes not named in the settings
-//! ([`CLAIMS_POLICY`]).
+//! What each rule set refuses is in [`rules`] (pods) and [`claims`] (ResourceClaims and their
+//! templates: each rule set has a claims policy too, bound to the same namespaces as its pod
+//! policy); a policy bound to every namespace that is not exempt refuses ConfigMap and Secret
+//! keys named like NVIDIA's device-selecting variables ([`CONFIG_KEYS_POLICY`]). Per tenant whose
+//! device-plugin names are all served by DRA, a MutatingAdmissionPolicy renames them in its pods
+//! ([`mutation`]).
 
 mod cel;
+mod claims;
+mod mutation;
 mod rules;
 
 use super::Settings;
+use super::dra::DraHoldings;
 use crate::api::{GpuTenant, SharingPolicy};
-use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,11 +41,14 @@ pub const POLICY_PREFIX: &str = "gputenancy.io-tenant-";
 pub const UNTENANTED_POLICY: &str = "gputenancy.io-no-tenant";
 /// The policy on ConfigMap and Secret keys in every namespace that is not exempt.
 pub const CONFIG_KEYS_POLICY: &str = "gputenancy.io-device-env-keys";
-/// The policy on ResourceClaims and their templates in every namespace that is not exempt.
-pub const CLAIMS_POLICY: &str = "gputenancy.io-device-claims";
+/// Prefix of each tenant's claims policy and binding (`gputenancy.io-claims-tenant-<name>`).
+pub const CLAIMS_PREFIX: &str = "gputenancy.io-claims-tenant-";
+/// The claims policy for every namespace that is neither exempt nor a tenant's.
+pub const UNTENANTED_CLAIMS_POLICY: &str = "gputenancy.io-claims-no-tenant";
+pub use mutation::MUTATION_PREFIX;
 
 /// The label the API server sets on every namespace to its name; no one can change it.
-const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub(super) const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Which rule set governs each namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -137,7 +148,7 @@ pub fn coverage(binding: &ValidatingAdmissionPolicyBinding) -> Coverage {
     }
 }
 
-fn labels() -> Value {
+pub(super) fn labels() -> Value {
     serde_json::to_value(super::managed_labels()).expect("labels serialise")
 }
 
@@ -182,41 +193,89 @@ fn binding(name: &str, operator: &str, namespaces: &BTreeSet<String>) -> Validat
     .expect("a ValidatingAdmissionPolicyBinding built from its own fields deserialises")
 }
 
-/// The binding of `tenant`'s policy to its namespaces; `None` when it has none (a selector `In`
-/// needs values).
-pub fn tenant_binding(tenant: &str, namespaces: &BTreeSet<String>) -> Option<ValidatingAdmissionPolicyBinding> {
-    (!namespaces.is_empty()).then(|| binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces))
+/// A rule set's two bindings (pods, claims) to the same namespaces.
+pub type Bindings = [ValidatingAdmissionPolicyBinding; 2];
+
+/// The bindings of `tenant`'s policies (pods, claims) to its namespaces; `None` when it has none
+/// (a selector `In` needs values).
+pub fn tenant_bindings(tenant: &str, namespaces: &BTreeSet<String>) -> Option<Bindings> {
+    (!namespaces.is_empty()).then(|| {
+        [
+            binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces),
+            binding(&format!("{CLAIMS_PREFIX}{tenant}"), "In", namespaces),
+        ]
+    })
 }
 
-/// The binding of the no-tenant policy to every namespace but `excluded` (never empty: the
-/// exempt namespaces are always in it).
-pub fn untenanted_binding(excluded: &BTreeSet<String>) -> ValidatingAdmissionPolicyBinding {
-    binding(UNTENANTED_POLICY, "NotIn", excluded)
+/// The bindings of the no-tenant policies (pods, claims) to every namespace but `excluded` (never
+/// empty: the exempt namespaces are always in it).
+pub fn untenanted_bindings(excluded: &BTreeSet<String>) -> Bindings {
+    [
+        binding(UNTENANTED_POLICY, "NotIn", excluded),
+        binding(UNTENANTED_CLAIMS_POLICY, "NotIn", excluded),
+    ]
 }
 
-/// Every policy and binding, sorted by name.
+/// ResourceClaims and their templates, created or updated.
+fn claim_rules() -> Value {
+    json!([{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["resourceclaims", "resourceclaimtemplates"],
+    }])
+}
+
+/// Everything the admission part of the desired state holds, each list sorted by name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Admission {
+    pub policies: Vec<ValidatingAdmissionPolicy>,
+    pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub mutating_policies: Vec<MutatingAdmissionPolicy>,
+    pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
+}
+
+/// Every policy and binding.
 pub fn render(
     policies: &[SharingPolicy],
     tenants: &[GpuTenant],
     namespaces: &NamespaceRules,
     settings: &Settings,
-) -> (Vec<ValidatingAdmissionPolicy>, Vec<ValidatingAdmissionPolicyBinding>) {
-    let mut out_policies = Vec::new();
-    let mut out_bindings = Vec::new();
-    let variables = cel::variables(&settings.allowed_resources);
+    dra: &DraHoldings,
+) -> Admission {
+    let mut out = Admission::default();
+    let out_policies = &mut out.policies;
+    let out_bindings = &mut out.bindings;
+    // The names every DeviceClass gets as an extended resource, for the classes trusted anyway.
+    let mut allowed = settings.allowed_resources.clone();
+    allowed.extend(
+        settings
+            .claim_device_classes
+            .iter()
+            .map(|c| format!("deviceclass.resource.kubernetes.io/{c}")),
+    );
+    let variables = cel::variables(&allowed);
     for t in tenants {
         let name = t.name_any();
-        let Some(binding) = namespaces.tenants.get(&name).and_then(|ns| tenant_binding(&name, ns)) else {
+        let Some(ns) = namespaces.tenants.get(&name).filter(|ns| !ns.is_empty()) else {
             continue;
         };
-        let validations = rules::tenant(&rules::TenantRules::of(t, policies), settings);
+        let rules = rules::TenantRules::of(t, policies, dra);
         out_policies.push(policy(
-            binding.name_any().as_str(),
+            &format!("{POLICY_PREFIX}{name}"),
             pod_rules(),
             variables.clone(),
-            validations,
+            rules::tenant(&rules, settings),
         ));
-        out_bindings.push(binding);
+        out_policies.push(policy(
+            &format!("{CLAIMS_PREFIX}{name}"),
+            claim_rules(),
+            claims::variables(),
+            claims::tenant(&rules, settings),
+        ));
+        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten());
+        if let Some((p, b)) = mutation::tenant(&rules, ns) {
+            out.mutating_policies.push(p);
+            out.mutating_bindings.push(b);
+        }
     }
     out_policies.push(policy(
         UNTENANTED_POLICY,
@@ -224,10 +283,16 @@ pub fn render(
         variables,
         rules::untenanted(settings),
     ));
-    out_bindings.push(untenanted_binding(&namespaces.untenanted_excluded()));
+    out_policies.push(policy(
+        UNTENANTED_CLAIMS_POLICY,
+        claim_rules(),
+        claims::variables(),
+        claims::untenanted(settings),
+    ));
+    out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()));
 
-    // The two policies for every guarded namespace, whoever owns it: they judge objects other
-    // than pods, so they need not follow a namespace from one rule set to another.
+    // The policy for every guarded namespace, whoever owns it: it judges objects other than pods
+    // and claims, so it need not follow a namespace from one rule set to another.
     let exempt = &namespaces.exempt;
     // The tenant label is shown for what it is, a label (who may label a namespace may write it);
     // the rule itself is the same for every namespace that is not exempt.
@@ -242,20 +307,12 @@ pub fn render(
         vec![cel::config_key_validation(who)],
     ));
     out_bindings.push(binding(CONFIG_KEYS_POLICY, "NotIn", exempt));
-    out_policies.push(policy(
-        CLAIMS_POLICY,
-        json!([{
-            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-            "resources": ["resourceclaims", "resourceclaimtemplates"],
-        }]),
-        rules::claim_variables(),
-        vec![rules::claims(who, &settings.claim_device_classes)],
-    ));
-    out_bindings.push(binding(CLAIMS_POLICY, "NotIn", exempt));
 
-    out_policies.sort_by_key(|p| p.name_any());
-    out_bindings.sort_by_key(|b| b.name_any());
-    (out_policies, out_bindings)
+    out.policies.sort_by_key(|p| p.name_any());
+    out.bindings.sort_by_key(|b| b.name_any());
+    out.mutating_policies.sort_by_key(|p| p.name_any());
+    out.mutating_bindings.sort_by_key(|b| b.name_any());
+    out
 }
 
 #[cfg(test)]
@@ -276,10 +333,11 @@ mod tests {
     #[test]
     fn bindings_read_back_as_their_coverage() {
         let r = rules();
-        let a = tenant_binding("a", &r.tenants["a"]).unwrap();
+        let [a, a_claims] = tenant_bindings("a", &r.tenants["a"]).unwrap();
         assert_eq!(coverage(&a), Coverage::Only(r.tenants["a"].clone()));
-        assert!(tenant_binding("b", &r.tenants["b"]).is_none());
-        let none = untenanted_binding(&r.untenanted_excluded());
+        assert_eq!(coverage(&a_claims), coverage(&a));
+        assert!(tenant_bindings("b", &r.tenants["b"]).is_none());
+        let [none, _] = untenanted_bindings(&r.untenanted_excluded());
         let excluded = BTreeSet::from(["a-1", "a-2", "kube-system"].map(String::from));
         assert_eq!(coverage(&none), Coverage::AllBut(excluded));
         assert!(coverage(&none).covers("elsewhere") && !coverage(&none).covers("a-1"));

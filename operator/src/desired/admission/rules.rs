@@ -25,11 +25,12 @@
 use super::cel::{self, list, quote, validation, validation_with, when};
 use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, condition_status};
 use crate::desired::Settings;
+use crate::desired::dra::DraHoldings;
 use crate::device_plugin::resource_name;
 use crate::labels::{DEDICATED, SCRUB_PENDING, SHARING};
 use kube::ResourceExt;
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What one tenant's pods may do: from its status (its grants) and its tier.
 pub struct TenantRules {
@@ -41,8 +42,14 @@ pub struct TenantRules {
 }
 
 pub struct Granted {
-    /// Resource names of the grants with at least one unit.
+    /// Resource names of the grants with at least one unit: the device plugin's for units on
+    /// device-plugin nodes, the tenant's own extended resources for units on DRA nodes.
     pub resources: BTreeSet<String>,
+    /// The DeviceClasses of its units on DRA nodes.
+    pub classes: BTreeSet<String>,
+    /// Device-plugin names whose every unit is on DRA nodes, and the tenant's name for them: its
+    /// pods asking by the device plugin's name are served by DRA (`admission::mutation`).
+    pub renames: BTreeMap<String, String>,
     /// The shared modes (MPS, TimeSlicing) it holds shares of.
     pub shared_modes: Vec<Mode>,
     /// The PriorityClasses its tier lists.
@@ -50,7 +57,7 @@ pub struct Granted {
 }
 
 impl TenantRules {
-    pub fn of(t: &GpuTenant, policies: &[SharingPolicy]) -> TenantRules {
+    pub fn of(t: &GpuTenant, policies: &[SharingPolicy], dra: &DraHoldings) -> TenantRules {
         let status = t.status.as_ref();
         let valid = status.is_some_and(|s| condition_status(&s.conditions, ConditionSet::VALID) == Some(true));
         let tier = policies
@@ -65,11 +72,34 @@ impl TenantRules {
                 let mut shared_modes: Vec<Mode> = held.iter().map(|a| a.mode).filter(|m| m.is_shared()).collect();
                 shared_modes.sort();
                 shared_modes.dedup();
+                let name = t.name_any();
+                let kinds = dra.of_tenant(&name);
+                let mut units: BTreeMap<String, u64> = BTreeMap::new();
+                for a in &held {
+                    *units.entry(resource_name(a.mode, a.profile.as_deref())).or_default() += u64::from(a.granted);
+                }
+                let renames = units
+                    .iter()
+                    .filter(|(n, total)| dra.units_named(&name, n) >= **total)
+                    .filter_map(|(n, _)| {
+                        // One kind per name (a tenant holds MPS or time-slicing shares, not both).
+                        let mut of_name = kinds.keys().filter(|k| &k.device_plugin_resource() == n);
+                        match (of_name.next(), of_name.next()) {
+                            (Some(k), None) => Some((n.clone(), k.extended_resource(&name))),
+                            _ => None,
+                        }
+                    })
+                    .collect();
+                let resources = units
+                    .iter()
+                    .filter(|(n, total)| dra.units_named(&name, n) < **total)
+                    .map(|(n, _)| n.clone())
+                    .chain(kinds.keys().map(|k| k.extended_resource(&name)))
+                    .collect();
                 Some(Granted {
-                    resources: held
-                        .iter()
-                        .map(|a| resource_name(a.mode, a.profile.as_deref()))
-                        .collect(),
+                    resources,
+                    classes: kinds.keys().map(|k| k.class_name(&name)).collect(),
+                    renames,
                     shared_modes,
                     priority_classes: tier.priority_class_names.clone(),
                 })
@@ -250,31 +280,4 @@ pub fn untenanted(settings: &Settings) -> Vec<Value> {
         ),
     ));
     out
-}
-
-/// The device classes a claim (or a claim template) asks for, from its requests (`exactly` or
-/// each alternative of `firstAvailable`). `dyn`: one policy reads both kinds.
-pub fn claim_variables() -> Value {
-    json!([
-        {"name": "requests", "expression":
-            "request.resource.resource == 'resourceclaims' ? (has(dyn(object).spec.devices) && has(dyn(object).spec.devices.requests) ? dyn(object).spec.devices.requests : []) : (has(dyn(object).spec.spec.devices) && has(dyn(object).spec.spec.devices.requests) ? dyn(object).spec.spec.devices.requests : [])"},
-        {"name": "classes", "expression":
-            "variables.requests.map(r, has(r.exactly) ? [r.exactly.deviceClassName] : (has(r.firstAvailable) ? r.firstAvailable.map(s, s.deviceClassName) : [])).flatten()"},
-    ])
-}
-
-/// The claims rule: only the device classes the settings name. `who` is a CEL expression.
-pub fn claims(who: &str, classes: &[String]) -> Value {
-    let allowed = list(classes);
-    validation_with(
-        &format!("variables.classes.exists(c, !(c in {allowed}))"),
-        format!(
-            "{who} + ': ResourceClaims for device class ' + variables.classes.filter(c, !(c in {allowed})).distinct().join(', ') + ' are refused: until gpu-tenancy\\'s DRA mode governs claims, a claim could take any tenant\\'s GPU; only classes named by the controller\\'s --claim-device-class ({}) are admitted'",
-            if classes.is_empty() {
-                "none".to_string()
-            } else {
-                classes.join(", ")
-            }
-        ),
-    )
 }

@@ -336,6 +336,7 @@ fn a_scrub_not_applied_yet_is_not_relaxed() {
         gpus: out.nodes[0].spec.gpus.clone(),
         dedicated: vec![vec![]],
         busy_gpu_policy: Default::default(),
+        device_access: Default::default(),
     };
     let scrub_of = HashMap::from([("exp", ScrubMemory::Never)]);
     assert_eq!(scrub_policies(&fleet, &scrub_of), [ScrubMemory::Always]);
