@@ -193,6 +193,7 @@ cmd_test() {
 		run_suite "$kubeconfig" e2e "$@"
 		run_suite "$kubeconfig" controller --test-threads=1 "$@"
 		run_suite "$kubeconfig" dra --test-threads=1 "$@"
+		run_suite "$kubeconfig" dra_cluster --test-threads=1 "$@"
 		say "fault scenarios: the API server restart needs the local control plane, so it is not run against GPU_TENANCY_E2E_KUBECONFIG"
 		GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" \
 			run_suite "$kubeconfig" faults --test-threads=1 --skip c_apiserver "$@"
@@ -236,6 +237,15 @@ cmd_test() {
 	say "starting a fresh control plane for the DRA scenarios (state: ${dir#"$ROOT"/}) ..."
 	start "$dir" true
 	run_suite "$dir/kubeconfig" dra --test-threads=1 "$@"
+	finish "$dir" 0
+	# The DRA mode's cluster side (tests/dra_cluster): the real kube-scheduler and ResourceClaim
+	# controller allocate the tenants' claims, the controller and agents run, the test is the
+	# kubelet of the fake Ready nodes.
+	dir="$STATE_DIR/run-$$-dra-cluster"
+	trap 'finish "'"$dir"'" $?' EXIT
+	say "starting a fresh control plane with kube-scheduler for the DRA cluster scenarios (state: ${dir#"$ROOT"/}) ..."
+	start "$dir" true --scheduler
+	run_suite "$dir/kubeconfig" dra_cluster --test-threads=1 "$@"
 	finish "$dir" 0
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-15}" run_faults "$@"
 }

@@ -50,10 +50,15 @@ impl SimAgent {
 
     /// An agent on `h100s` simulated H100s (indices 0..h100s).
     pub async fn start_with(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, h100s: u32) -> SimAgent {
+        let config = format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {h100s}}}\n");
+        Self::start_config(client, cleanup, name, pool, &config).await
+    }
+
+    /// An agent on the simulated GPUs of `config` (the simulator's `sim.yaml`).
+    pub async fn start_config(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, config: &str) -> SimAgent {
         let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        let config = format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {h100s}}}\n");
         std::fs::write(dir.join("sim.yaml"), config)
             .unwrap_or_else(|e| panic!("writing {}/sim.yaml: {e}", dir.display()));
         cleanup.add_resource("nodes", name);
@@ -79,7 +84,21 @@ impl SimAgent {
     /// specs, MPS pipes and the driver's `mig-minors` (as the simulator numbers instances) all
     /// under [`SimAgent::dir`].
     pub async fn start_dra(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, h100s: u32) -> SimAgent {
-        let mut a = Self::start_with(client, cleanup, name, pool, h100s).await;
+        let config = format!("gpus:\n- {{pciDeviceId: \"0x233010DE\", count: {h100s}}}\n");
+        Self::start_dra_config(client, cleanup, name, pool, &config, h100s).await
+    }
+
+    /// An agent in DRA mode on the `gpus` simulated GPUs of `config`.
+    pub async fn start_dra_config(
+        client: &Client,
+        cleanup: &Cleanup,
+        name: &str,
+        pool: &str,
+        config: &str,
+        gpus: u32,
+    ) -> SimAgent {
+        let h100s = gpus;
+        let mut a = Self::start_config(client, cleanup, name, pool, config).await;
         a.kill();
         let d = a.dir.clone();
         // gpu<minor>/gi<id>/access and .../ci0/access for every GPU instance ID a driver hands out.

@@ -422,7 +422,11 @@ fn cases() -> Vec<Case> {
             "a claim for NVIDIA's GPU class",
             "atk-ext",
             claim("gpu.nvidia.com"),
-            &[ext, "may not name device class gpu.nvidia.com", "its own device classes are none"],
+            &[
+                ext,
+                "may not name device class gpu.nvidia.com",
+                "its own device classes are none",
+            ],
         ),
         refused(
             "a claim in a namespace of no tenant",

@@ -308,6 +308,60 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     })
     .await;
 
+    // The DRA mode's objects: the new tenant gets a GPU of a DRA pool of its own (a node of one
+    // H100 that no example selects), so the controller writes its DeviceClass and the policy
+    // renaming nvidia.com/gpu in its pods; the deletion below deletes both.
+    let dra_node = format!("{new_tenant}-dra");
+    cleanup.add_resource("nodes", &dra_node);
+    cleanup.add("GpuNode", &dra_node);
+    cleanup.add("GpuPartitionPlan", &dra_node);
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(json!({"metadata": {"name": dra_node, "labels": {"pool": dra_node}}})).unwrap();
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
+    gpu_nodes
+        .create(&PostParams::default(), &GpuNode::new(&dra_node, Default::default()))
+        .await
+        .unwrap();
+    let h100 = gpu_tenancy::api::GpuStatus {
+        index: 0,
+        uuid: format!("GPU-{dra_node}-0"),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        pci_device_id: "0x233010DE".into(),
+        memory_mib: 81559,
+        numa_node: Some(0),
+        ..Default::default()
+    };
+    let dra_status = gpu_tenancy::api::GpuNodeStatus {
+        gpu_count: Some(1),
+        gpus: vec![h100],
+        ..Default::default()
+    };
+    write_status(&client, &dra_node, &dra_status).await;
+    let dra_plan = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": dra_node},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": dra_node}}, "deviceAccess": "DRA",
+                 "gpus": [{"devices": "all", "mode": "Exclusive", "tenants": [new_tenant]}]}});
+    gpu_tenancy_e2e::apply_docs_as_kubectl(&[dra_plan], "the DRA plan").await;
+    tenants
+        .patch(
+            &new_tenant,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": [{"mode": "Exclusive", "count": 1}]}})),
+        )
+        .await
+        .unwrap();
+    let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
+    let maps: Api<k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy> = Api::all(client.clone());
+    let class = format!("{new_tenant}.gpu.gputenancy.io");
+    let rename = format!("{}{new_tenant}", gpu_tenancy::desired::MUTATION_PREFIX);
+    wait_for("the DRA tenant's DeviceClass and rename policy written", 60, || async {
+        classes.get_opt(&class).await.unwrap().is_some() && maps.get_opt(&rename).await.unwrap().is_some()
+    })
+    .await;
+
     // A tenant deletion that orphans its dependents, so the garbage collector leaves them and
     // the controller's own deletes are what removes them.
     tenants
@@ -328,6 +382,8 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
         || async {
             tenants.get_opt(&new_tenant).await.unwrap().is_none()
                 && vaps.get_opt(&policy).await.unwrap().is_none()
+                && classes.get_opt(&class).await.unwrap().is_none()
+                && maps.get_opt(&rename).await.unwrap().is_none()
                 && quotas(&new_tenant).get_opt("gpu-tenancy").await.unwrap().is_none()
                 && all_ready(&client).await
         },
@@ -338,6 +394,7 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     // gpu-h100-1 lists a GPU pod of its node in its status, and the controller reads the pod and
     // evicts it (its only get of one object, and its pods/eviction grant).
     let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
+    let _ = plans.delete(&dra_node, &DeleteParams::default()).await;
     plans
         .patch(
             "h100-mig",
@@ -346,7 +403,6 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
         )
         .await
         .unwrap();
-    let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
     wait_for("gpu-h100-1's spec says busyGpuPolicy Evict", 60, || async {
         gpu_nodes.get("gpu-h100-1").await.unwrap().spec.busy_gpu_policy == gpu_tenancy::api::BusyGpuPolicy::Evict
     })

@@ -30,7 +30,7 @@ fn mig(start: u32, tenant: &str) -> Value {
 /// one instance for dra-c under scrubMemory Always.
 async fn write_spec(client: &Client, gpu0: [&str; 2]) {
     let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
-        "spec": {"plan": "dra", "gpus": [
+        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
             {"index": 0, "mode": "MIG", "migInstances": [mig(0, gpu0[0]), mig(4, gpu0[1])], "scrub": "OnTenantChange"},
             {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
     Api::<GpuNode>::all(client.clone())
@@ -402,7 +402,7 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         "attach", "--gpu", "0", "--start", "0", "--pid", "4242", "--tenant", "dra-b",
     ]);
     let busy = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
-        "spec": {"plan": "dra", "gpus": [
+        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
             {"index": 0, "mode": "MIG", "migInstances": [{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": "dra-b"}]},
             {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
     Api::<GpuNode>::all(client.clone())

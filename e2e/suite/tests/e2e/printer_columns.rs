@@ -247,7 +247,11 @@ async fn kubectl_get_prints_the_status_values_in_the_columns() {
         &client,
         "GpuTenant",
         &tenant,
-        serde_json::json!({"summary": "3/5", "conditions": ready("True")}),
+        serde_json::json!({"summary": "3/5", "conditions": [
+            ready("True")[0].clone(),
+            {"type": "Isolated", "status": "True", "reason": "DraBound", "message": "written by the e2e suite",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        ]}),
     )
     .await;
     let plan = name_of("GpuPartitionPlan");
@@ -294,6 +298,7 @@ async fn kubectl_get_prints_the_status_values_in_the_columns() {
                 ("TIER", "external"),
                 ("PRIORITY", "42"),
                 ("GRANTED", "3/5"),
+                ("ISOLATION", "DraBound"),
                 ("READY", "True"),
             ]),
         ),

@@ -10,7 +10,7 @@
 //! keeps its name when other tenants' counts change: a prepared claim never ends up naming
 //! another tenant's share.
 
-use crate::api::{GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory};
+use crate::api::{DeviceAccess, GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory};
 
 pub use crate::dra::DRIVER;
 
@@ -130,8 +130,13 @@ fn gpu_not_ready(spec: &GpuSpec, status: Option<&GpuStatus>, tenant: Option<&str
     (!st.applied_tenants.iter().any(|t| t == tenant)).then_some(NotReady::ScrubPending)
 }
 
-/// The devices of `node`, in a stable order (GPU index, then unit).
+/// The devices of `node`, in a stable order (GPU index, then unit); none unless its spec says
+/// `deviceAccess: DRA`: on a device-plugin node NVIDIA's plugin hands the GPUs out, and a device
+/// the scheduler could also allocate would be handed out twice.
 pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
+    if node.spec.device_access != DeviceAccess::Dra {
+        return vec![];
+    }
     let status = node.status.as_ref();
     let current = status.is_some_and(|s| s.observed_generation == node.metadata.generation);
     let mut out = Vec::new();
@@ -263,6 +268,7 @@ mod tests {
                         scrub: ScrubMemory::OnTenantChange,
                     },
                 ],
+                device_access: DeviceAccess::Dra,
                 ..Default::default()
             },
         );
@@ -315,6 +321,15 @@ mod tests {
             ..Default::default()
         });
         n
+    }
+
+    /// A node whose spec says DevicePlugin publishes nothing, whatever its GPUs: NVIDIA's plugin
+    /// serves them there.
+    #[test]
+    fn a_device_plugin_node_has_no_dra_devices() {
+        let mut n = node();
+        n.spec.device_access = DeviceAccess::DevicePlugin;
+        assert!(devices(&n).is_empty());
     }
 
     /// Every instance and share with its tenant, exactly the spec's counts, and an instance not

@@ -1,0 +1,25 @@
+//! DRA mode, cluster side (issue 16), on the real API server with the real kube-scheduler and
+//! ResourceClaim controller (e2e/run.sh gives this binary a control plane started with
+//! `--scheduler`): the real controller writes the tenants' DeviceClasses, quotas and admission
+//! policies; real agents in DRA mode publish simulated GPUs; the test plays the kubelet of the
+//! fake Ready nodes ([`FakeKubelet`]) for the pods the scheduler binds there.
+//!
+//! The oracles are not this project's code: which device the scheduler allocated (the claims'
+//! status), what the ResourceSlices say of its tenant, the API server's refusals (quota, the
+//! admission policies), and the simulator's memory marks for scrubs.
+
+mod scenarios;
+mod support;
+
+use support::{Cluster, setup};
+
+#[tokio::test]
+async fn the_scheduler_gives_each_tenant_only_its_own_devices() {
+    let mut c: Cluster = setup().await;
+    scenarios::random_pods_on_a_shared_mig_node(&mut c, 100).await;
+    scenarios::claims_beyond_the_quota_are_refused(&mut c).await;
+    scenarios::cross_tenant_claims_get_nothing(&mut c).await;
+    scenarios::device_plugin_style_pods(&mut c).await;
+    scenarios::numa_constraint(&mut c).await;
+    scenarios::hand_over_waits_for_the_scrub(&mut c).await;
+}
