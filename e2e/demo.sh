@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # `make run`: the whole product on simulated GPUs. A local control plane (kube-apiserver + etcd,
-# built from the Kubernetes modules), the CRDs, the controller and one agent per node of
-# examples/inventory.yaml, each on its own simulated libnvidia-ml.so state; then examples/ is
-# applied and everything is watched until Ready. There is no kubelet: the demo creates the Node
-# objects with the labels NVIDIA's GPU feature discovery would set.
+# built from the Kubernetes modules, with kube-scheduler and the ResourceClaim controller), the
+# CRDs, the controller and one agent per node of examples/inventory.yaml, each on its own
+# simulated libnvidia-ml.so state, plus one node of a DRA pool (examples/dra/) whose agent runs as
+# the DRA kubelet plugin; then examples/ is applied and everything is watched until Ready. There
+# is no kubelet: the demo creates the Node objects with the labels NVIDIA's GPU feature discovery
+# would set, and on the DRA node a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs) prepares the
+# claims of the pods the scheduler binds there, so the two DRA teams' example pods show which
+# device each got.
 #
 # GPU_TENANCY_DEMO_EXIT=1: exit after the first complete print, 0 only if all became Ready.
 # Otherwise it keeps running and prints every change of a GpuTenant or GpuNode until Ctrl-C
@@ -13,6 +17,7 @@ cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 DIR="$ROOT/target/demo"
 BIN="$ROOT/target/debug/gpu-tenancy"
+FAKE_KUBELET="$ROOT/target/debug/fake-kubelet"
 SIM="$ROOT/target/debug/libnvidia_ml_sim.so"
 KUBECTL="$ROOT/e2e/bin/kubectl"
 CARGO="${CARGO:-cargo}"
@@ -33,13 +38,14 @@ trap 'exit 143' TERM
 
 say "building gpu-tenancy and the simulated NVML library ..."
 "$CARGO" build -p gpu-tenancy -p nvml-sim
+"$CARGO" build -p gpu-tenancy-e2e --bin fake-kubelet
 say "building the control plane (the first build takes several minutes; later ones seconds) ..."
 e2e/run.sh build
 
 rm -rf "$DIR"
 mkdir -p "$DIR"
 say "starting a control plane (logs: target/demo/controlplane/) ..."
-"$ROOT/e2e/bin/controlplane" up --dir "$DIR/controlplane" --die-with-parent=true >"$DIR/controlplane.log" 2>&1 &
+"$ROOT/e2e/bin/controlplane" up --dir "$DIR/controlplane" --die-with-parent=true --scheduler >"$DIR/controlplane.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 1800); do [[ -f "$DIR/controlplane/ready" ]] && break; sleep 0.1; done
 [[ -f "$DIR/controlplane/ready" ]] || die "the control plane did not start (see target/demo/controlplane.log)"
@@ -72,12 +78,52 @@ node gpu-h200-1 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"e
 node gpu-h200-2 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"training","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233510DE", count: 4, numaNode: 0}
 - {pciDeviceId: "0x233510DE", count: 4, numaNode: 1}'
 
+# A node of the DRA pool (examples/dra/pool.yaml): its agent is also the DRA kubelet plugin, its
+# sockets, checkpoint and CDI specs under target/demo/dra-NAME/. The node is faked Ready (as
+# Kubernetes' own DRA tests do) so the scheduler places pods there, and a fake kubelet prepares
+# their claims.
+node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
+	local name="$1" labels="$2" gpus="$3" count="$4" d="$DIR/dra-$1" now
+	mkdir -p "$d"
+	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
+	now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	k patch node "$name" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"64","memory":"512Gi","pods":"250"},"allocatable":{"cpu":"64","memory":"512Gi","pods":"250"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"make run fakes this node","lastHeartbeatTime":"'"$now"'","lastTransitionTime":"'"$now"'"}]}}' >/dev/null
+	# The API server taints a new Node not-ready; the node lifecycle controller (not run here)
+	# would lift it once the node is Ready.
+	k patch node "$name" --type=merge -p '{"spec":{"taints":null}}' >/dev/null
+	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
+	# The driver's MIG capability minors, as the simulator numbers GPU and compute instances.
+	{
+		echo "config 1"
+		echo "monitor 2"
+		local n=3 gpu gi
+		for ((gpu = 0; gpu < count; gpu++)); do
+			for ((gi = 0; gi < 15; gi++)); do
+				echo "gpu$gpu/gi$gi/access $n"
+				echo "gpu$gpu/gi$gi/ci0/access $((n + 1))"
+				n=$((n + 2))
+			done
+		done
+	} >"$d/mig-minors"
+	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
+		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
+		"$BIN" agent run --node-name "$name" --poll 5 --mode dra \
+		--kubelet-registry-dir "$d/plugins_registry" --kubelet-plugins-dir "$d/plugins" \
+		--state-dir "$d/state" --cdi-dir "$d/cdi" --mig-minors-file "$d/mig-minors" \
+		--mps-pipe-dir "$d/mps-pipe" --mps-log-dir "$d/mps-log" >"$DIR/agent-$name.log" 2>&1 &
+	PIDS+=($!)
+	"$FAKE_KUBELET" "$name" "$d" >"$DIR/kubelet-$name.log" 2>&1 &
+	PIDS+=($!)
+	say "node $name: DRA agent and fake kubelet started (logs: target/demo/agent-$name.log, kubelet-$name.log)"
+}
+node_dra gpu-h100-dra-1 '{"gputenancy.io/pool":"dra","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233010DE", count: 2}' 2
+
 say "starting the controller (log: target/demo/controller.log) ..."
 RUST_LOG=info "$BIN" controller --no-leader-election --metrics-addr 127.0.0.1:0 >"$DIR/controller.log" 2>&1 &
 PIDS+=($!)
 
-say "applying examples/ (policy, tenants, plans) ..."
-k apply -f examples/policy.yaml -f examples/tenants.yaml -f examples/plans.yaml >/dev/null
+say "applying examples/ (policy, tenants, plans, the DRA pool) ..."
+k apply -f examples/policy.yaml -f examples/tenants.yaml -f examples/plans.yaml -f examples/dra/pool.yaml >/dev/null
 
 # Ready: every tenant, plan, policy and GPU node has Ready=True for its current generation.
 not_ready() {
@@ -114,6 +160,23 @@ k get gpunodes -o wide
 echo
 say "tenant grants"
 k get gputenants -o custom-columns='TENANT:.metadata.name,TIER:.spec.tier,GRANTED:.status.summary,MEMORY MiB:.status.grantedMemoryMiB,ISOLATED:.status.conditions[?(@.type=="Isolated")].reason'
+echo
+# The DRA pool: the two teams' example claims and pods, and which device each got.
+say "applying examples/dra/claims.yaml: claims and pods of vision and speech on the DRA node ..."
+k apply -f examples/dra/claims.yaml >/dev/null
+start=$SECONDS
+until [[ "$(k get pods -A --field-selector=status.phase=Running -o name 2>/dev/null | grep -c -E 'pod/(detector|trainer|asr)$')" == 3 ]]; do
+	if ((SECONDS - start > 90)); then
+		k get pods -A -o wide || true
+		die "the DRA example pods did not start within 90s (logs: target/demo/kubelet-gpu-h100-dra-1.log, agent-gpu-h100-dra-1.log)"
+	fi
+	sleep 1
+done
+sleep 2 # the agent publishes status.claims within half a second of a Prepare
+say "DRA: who got which device (kube-scheduler allocated, the agent prepared it after checking the tenant)"
+k get resourceclaims -A -o custom-columns='NAMESPACE:.metadata.namespace,CLAIM:.metadata.name,CLASS:.spec.devices.requests[*].exactly.deviceClassName,NODE:.status.allocation.devices.results[*].pool,DEVICES:.status.allocation.devices.results[*].device'
+echo
+k get gpunode gpu-h100-dra-1 -o jsonpath='{range .status.claims[*]}{.device}{"\t"}{.tenant}{"\t"}{.claim}{"\n"}{end}' | awk 'BEGIN {printf "%-16s %-8s %s\n", "DEVICE", "TENANT", "CLAIM"} {printf "%-16s %-8s %s\n", $1, $2, $3}'
 echo
 if [[ "${GPU_TENANCY_DEMO_EXIT:-}" == 1 ]]; then
 	exit 0

@@ -35,6 +35,12 @@ until grep -q 'running; try:' "$LOG"; do
 	sleep 1
 done
 grep -q 'everything is Ready after' "$LOG" || fail "make run is running but never said everything is Ready"
+# The DRA pool: both teams sharing its MIG node are Isolated=True (DraBound), and each example
+# pod's devices are shown with their tenant.
+for t in vision speech; do
+	grep -Eq "^$t[[:space:]].*DraBound" "$LOG" || fail "make run did not show GpuTenant $t Isolated (DraBound)"
+	grep -Eq "^gpu-[0-9a-z-]+[[:space:]]+$t[[:space:]]+$t/" "$LOG" || fail "make run did not show which device $t's claims got"
+done
 say "running after $((SECONDS - start))s"
 
 export KUBECONFIG="$ROOT/target/demo/controlplane/kubeconfig"

@@ -41,9 +41,9 @@ pub struct ControllerArgs {
     /// plugin's and the controller's own namespace are always exempt; no tenant may list one.
     #[arg(long = "exempt-namespace", value_name = "NS", default_values_t = Settings::default().exempt_namespaces)]
     exempt_namespaces: Vec<String>,
-    /// A DeviceClass whose ResourceClaims are admitted in tenant and no-tenant namespaces
-    /// (repeatable; none by default: until the DRA mode governs claims, a claim could take any
-    /// tenant's GPU).
+    /// A DeviceClass of another driver (a NIC's) whose ResourceClaims are admitted in every
+    /// namespace (repeatable; none by default). Tenants' own GPU classes need no flag; a class not
+    /// named is refused, as its name does not say which devices its selectors reach.
     #[arg(long = "claim-device-class", value_name = "CLASS")]
     claim_device_classes: Vec<String>,
     /// A RuntimeClass that runs NVIDIA's container runtime (repeatable): a pod asking for no GPU

@@ -9,8 +9,11 @@
 //! - per tenant: a ValidatingAdmissionPolicy and its binding (by namespace name) that refuse a
 //!   pod asking for a GPU resource it was not granted, more GPUs than `limits.maxGpusPerPod`,
 //!   reaching GPUs outside the device plugin, tolerating capacity that is not its own or naming a
-//!   priority class its tier does not list; one more for every namespace no tenant owns, and
-//!   policies on claims and on ConfigMap and Secret keys for all of them ([`admission`]);
+//!   priority class its tier does not list, and one on its claims; the same for every namespace
+//!   no tenant owns, a policy on ConfigMap and Secret keys for all of them, and per tenant whose
+//!   device-plugin names DRA serves a MutatingAdmissionPolicy renaming them ([`admission`]);
+//! - per tenant and kind of device it holds on DRA nodes, a DeviceClass selecting only its
+//!   devices ([`dra`]);
 //! - per planned node: its device-plugin config label, dedicated and sharing labels and taints,
 //!   and the device plugin's ConfigMap with one key per distinct node config ([`nodes`]).
 //!
@@ -57,9 +60,9 @@ pub struct Settings {
     /// More namespaces whose pods the admission policies never judge: the cluster's own and the
     /// platform's node-level components (a privileged CSI driver, node-exporter's host mounts).
     pub exempt_namespaces: Vec<String>,
-    /// DeviceClasses whose ResourceClaims are admitted in tenant and no-tenant namespaces. Until
-    /// the DRA mode governs claims, every other class is refused there: a class's name does not
-    /// say which devices its selectors reach, so none is trusted unless named.
+    /// DeviceClasses of other drivers whose ResourceClaims every namespace may make, beside each
+    /// tenant's own classes (`dra`). Every other class is refused: a class's name does not say
+    /// which devices its selectors reach, so none is trusted unless named.
     pub claim_device_classes: Vec<String>,
     /// RuntimeClasses that run NVIDIA's container runtime: a pod that asks for no GPU may not use
     /// them (the runtime would honour an image's `NVIDIA_VISIBLE_DEVICES=all`).

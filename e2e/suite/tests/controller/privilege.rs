@@ -374,6 +374,10 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
         )
         .await
         .unwrap();
+    // Its DRA plan goes with it (a plan naming a tenant that is gone is not Ready).
+    let _ = Api::<GpuPartitionPlan>::all(client.clone())
+        .delete(&dra_node, &DeleteParams::default())
+        .await;
     let vaps: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let policy = format!("{}{new_tenant}", gpu_tenancy::desired::POLICY_PREFIX);
     wait_for(
@@ -394,7 +398,6 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     // gpu-h100-1 lists a GPU pod of its node in its status, and the controller reads the pod and
     // evicts it (its only get of one object, and its pods/eviction grant).
     let plans: Api<GpuPartitionPlan> = Api::all(client.clone());
-    let _ = plans.delete(&dra_node, &DeleteParams::default()).await;
     plans
         .patch(
             "h100-mig",
