@@ -129,8 +129,8 @@ fn plan_json_has_nodes_tenants_and_problems() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 5);
-    assert_eq!(v["tenants"].as_array().unwrap().len(), 5);
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 6);
+    assert_eq!(v["tenants"].as_array().unwrap().len(), 7);
     assert_eq!(v["problems"].as_array().unwrap().len(), 0);
     assert_eq!(v["nodes"][0]["kind"], "GpuNode");
     let acme = v["tenants"]
