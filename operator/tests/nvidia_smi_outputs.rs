@@ -5,7 +5,7 @@
 //! it with text nvidia-smi printed on real GPUs, copied verbatim into tests/data/nvidia-smi/
 //! (the first line of each file names its source): profile names, profile IDs, instance totals,
 //! memory (to the two decimals nvidia-smi prints) and placements. The tables themselves
-//! (src/mig/models.rs, what offline planning uses) are held to the same text.
+//! (core/src/mig/models.rs, what offline planning uses) are held to the same text.
 //!
 //! Covered: A100-40GB (lgip, lgipp), H100 NVL (lgip, lgipp), H200 (lgip), B200 (lgip, the first
 //! four profiles). Not covered, for want of a published output: A100-80GB, H100-80GB, and the
@@ -218,7 +218,7 @@ fn check(p: &Published) {
     );
 }
 
-/// The model's profiles as the operator's tables (src/mig/models.rs) give them, in discovery's shape.
+/// The model's profiles as the operator's tables (core/src/mig/models.rs) give them, in discovery's shape.
 fn from_tables(p: &Published) -> Vec<MigProfileStatus> {
     let model = model_by_pci_id(p.pci_device_id).unwrap_or_else(|| panic!("{}: no model", p.pci_device_id));
     assert_eq!(model.key, p.model);
@@ -298,7 +298,7 @@ fn b200_discovery_matches_nvidia_smi_in_mig_parted_187() {
     check(&B200);
 }
 
-/// The tables offline planning and validation use (src/mig/models.rs) agree with nvidia-smi too.
+/// The tables offline planning and validation use (core/src/mig/models.rs) agree with nvidia-smi too.
 #[test]
 fn the_mig_tables_match_nvidia_smi() {
     let wrong: Vec<String> = [A100_40GB, H100_NVL, H200, B200]
@@ -311,7 +311,7 @@ fn the_mig_tables_match_nvidia_smi() {
         .collect();
     assert!(
         wrong.is_empty(),
-        "src/mig/models.rs disagrees with nvidia-smi:\n  {}",
+        "core/src/mig/models.rs disagrees with nvidia-smi:\n  {}",
         wrong.join("\n  ")
     );
 }

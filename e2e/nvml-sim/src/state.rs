@@ -4,7 +4,7 @@
 //! Every access takes an exclusive `flock` on `<state>.lock`, loads the file, and writes it back
 //! only when something changed. The file is created from the config on first use.
 
-use gpu_tenancy::mig::{self, GpuModel, Shape};
+use gpu_tenancy_core::mig::{self, GpuModel, Shape};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::Write;

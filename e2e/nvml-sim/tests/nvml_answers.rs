@@ -96,7 +96,7 @@ fn create(gpu: u32, profile_id: u32, start: Option<u32>) -> Result<u32, u32> {
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
     let rc = match start {
         Some(start) => {
-            let size = gpu_tenancy::mig::Shape::from_profile_id(profile_id).map_or(1, |s| s.info().memory_slices);
+            let size = gpu_tenancy_core::mig::Shape::from_profile_id(profile_id).map_or(1, |s| s.info().memory_slices);
             let p = nvmlGpuInstancePlacement_t { start, size };
             unsafe { instances::nvmlDeviceCreateGpuInstanceWithPlacement(dev(gpu), profile_id, &p, &mut gi) }
         }

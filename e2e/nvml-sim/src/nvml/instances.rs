@@ -1,4 +1,4 @@
-//! MIG: GPU-instance placements, GPU and compute instances, under the rules of `gpu_tenancy::mig`
+//! MIG: GPU-instance placements, GPU and compute instances, under the rules of `gpu_tenancy_core::mig`
 //! (overlaps refused, instance limits, compute budget), with the return codes nvml.h documents.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -6,7 +6,7 @@
 use super::profiles::{ci_profile, ci_slices, gi_shape};
 use super::*;
 use crate::state::SimCi;
-use gpu_tenancy::mig::Shape;
+use gpu_tenancy_core::mig::Shape;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(

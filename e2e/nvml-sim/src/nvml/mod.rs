@@ -1,5 +1,5 @@
 //! The NVML C functions the agent and NVIDIA's own Go client (go-nvml, go-nvlib) call, under their
-//! real names and signatures, over [`crate::state`] and the MIG rules of `gpu_tenancy::mig`, with
+//! real names and signatures, over [`crate::state`] and the MIG rules of `gpu_tenancy_core::mig`, with
 //! the return codes nvml.h documents for each (e2e/nvml-check holds NVIDIA's client to them).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -10,7 +10,7 @@ pub mod mig_devices;
 pub mod profiles;
 
 use crate::state::{Paths, SimGi, SimGpu, SimState, with_state};
-use gpu_tenancy::mig;
+use gpu_tenancy_core::mig;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::sync::OnceLock;
@@ -413,7 +413,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
 ) -> nvmlReturn_t {
     read_on("nvmlDeviceGetCudaComputeCapability", gpu_of(dev), |st| {
         let g = device(st, dev)?;
-        let (ma, mi) = gpu_tenancy::mig::model_by_name(&g.model)
+        let (ma, mi) = gpu_tenancy_core::mig::model_by_name(&g.model)
             .map(|m| m.compute_capability)
             .ok_or(ERR_NOT_SUPPORTED)?;
         unsafe {

@@ -4,7 +4,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use super::*;
-use gpu_tenancy::mig::Shape;
+use gpu_tenancy_core::mig::Shape;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` of the driver the simulator stands for (550, whose nvml.h is
 /// CUDA 12.4's: profiles 0 to 9). nvml.h: "enumerate all MIG profiles ... by invoking it on
@@ -81,7 +81,7 @@ const B200: Table = [
     e(148, 7, 0, 16, 7, 1),
 ];
 
-/// The engines of a GPU instance of `shape` on the model `key` (`gpu_tenancy::mig` model keys).
+/// The engines of a GPU instance of `shape` on the model `key` (`gpu_tenancy_core::mig` model keys).
 /// A100-80GB prints the A100-40GB figures where mig-parted#97 shows them (1g.10gb, 1g.10gb+me,
 /// 2g.20gb, 3g.40gb: 14, 14, 28, 42 SMs); the rest are taken from the 40GB part, the same chip.
 pub fn engines(key: &str, shape: Shape) -> Engines {

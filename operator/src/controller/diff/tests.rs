@@ -5,7 +5,7 @@ use super::*;
 use crate::api::{GpuNodeStatus, GpuStatus};
 use crate::controller::desired_of;
 use crate::desired::Settings;
-use crate::planner::tests::{TenantBuilder, mig_group, now, plan_for, policy};
+use crate::planner::fixtures::{TenantBuilder, mig_group, now, plan_for, policy};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -426,7 +426,7 @@ fn a_hand_over_from_a_removed_tenant_scrubs_then_settles() {
     s.plans = vec![plan_for(
         "mps",
         "h100",
-        vec![crate::planner::tests::group("all", crate::api::Mode::Mps)],
+        vec![crate::planner::fixtures::group("all", crate::api::Mode::Mps)],
     )];
     s.tenants = vec![
         TenantBuilder::new("a", "internal")

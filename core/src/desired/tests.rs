@@ -5,7 +5,7 @@ use super::*;
 use crate::api::{ConditionSet, Mode, TenantLimits};
 use crate::device_plugin::{PluginConfig, PluginEnv, parser_rule_violations};
 use crate::inventory::NodeInventory;
-use crate::planner::tests::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
+use crate::planner::fixtures::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 

@@ -3,8 +3,8 @@
 use super::*;
 use crate::api::*;
 use crate::inventory::{CurrentNode, NodeInventory};
+use crate::planner::fixtures::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
 use crate::planner::nodes::NodeState;
-use crate::planner::tests::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
 use crate::planner::{PlanInput, PlanOutput, plan};
 
 fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory]) -> PlanOutput {

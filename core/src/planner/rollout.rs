@@ -224,7 +224,7 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
 mod tests {
     use super::*;
     use crate::api::{GpuNodeSpec, GpuSpec, Mode, Rollout as RolloutSpec, ScrubMemory};
-    use crate::planner::tests::{group, plan_for};
+    use crate::planner::fixtures::{group, plan_for};
 
     /// A spec of `gpus` GPUs in `mode` under plan `p`.
     fn spec(mode: Mode, gpus: u32) -> GpuNodeSpec {

@@ -91,5 +91,7 @@ pub fn plan(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time) -> PlanOut
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod fixtures;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -1,0 +1,18 @@
+//! gpu-tenancy's pure core: decisions, no I/O. The CRDs ([`api`]), the GPU models and MIG rules
+//! ([`mig`]), the checks of tenants, tiers and plans ([`policy`]), the planner ([`planner`]) and
+//! everything the controller writes ([`desired`]), over their helpers. No Kubernetes client, no
+//! NVML, no network: the operator (controller, agent, command line), the simulated NVML library
+//! and the fleet build on it, and `gpu-tenancy plan` prints exactly what the controller applies.
+
+pub mod api;
+pub mod desired;
+pub mod device_plugin;
+pub mod devices;
+pub mod dra;
+pub mod inventory;
+pub mod labels;
+pub mod mig;
+pub mod planner;
+pub mod policy;
+pub mod problem;
+pub mod selectors;
