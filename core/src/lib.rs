@@ -4,6 +4,7 @@
 //! NVML, no network: the operator (controller, agent, command line), the simulated NVML library
 //! and the fleet build on it, and `gpu-tenancy plan` prints exactly what the controller applies.
 
+pub mod accounting;
 pub mod api;
 pub mod desired;
 pub mod device_plugin;

@@ -6,7 +6,7 @@
 //! two loops around them, over what both need in [`runtime`]; [`cli`] is the command line.
 
 pub use gpu_tenancy_core::{
-    api, desired, device_plugin, devices, dra, inventory, labels, mig, planner, policy, problem, selectors,
+    accounting, api, desired, device_plugin, devices, dra, inventory, labels, mig, planner, policy, problem, selectors,
 };
 
 pub mod agent;

@@ -67,6 +67,15 @@ pub fn check_tenants(
         let mut problems = Vec::new();
         let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
 
+        if [crate::accounting::UNALLOCATED, crate::accounting::SHARED].contains(&name.as_str()) {
+            problems.push(problem(
+                "metadata.name".into(),
+                format!(
+                    "the name {name:?} is reserved: the agents' showback metrics use it for what no tenant (unallocated) or several tenants (shared) hold; name the tenant otherwise"
+                ),
+            ));
+        }
+
         for (j, ns) in t.spec.namespaces.iter().enumerate() {
             if exempt.contains(ns) {
                 problems.push(problem(

@@ -168,3 +168,21 @@ fn exempt_namespaces_and_two_shared_modes_are_refused() {
             .starts_with("a tenant may hold MPS or TimeSlicing shares, not both")
     );
 }
+
+#[test]
+fn the_showback_names_are_reserved() {
+    let mut tenants = [tenant("unallocated", "internal"), tenant("shared", "internal")];
+    for t in &mut tenants {
+        t.spec.policy_ref = "default".into();
+    }
+    let check = check_tenants(&[policy("default")], &tenants, &none());
+    for name in ["unallocated", "shared"] {
+        let problems = &check.invalid[name];
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.field == "metadata.name" && p.message.contains("reserved")),
+            "{problems:?}"
+        );
+    }
+}

@@ -316,6 +316,7 @@ impl Fleet {
             device_plugin_selector: "app.kubernetes.io/name=nvidia-device-plugin".into(),
             mps_root: None,
             mode: Default::default(),
+            metrics: None,
         };
         let client = self.agents.clone();
         let mut stop = self.shutdown.subscribe();

@@ -12,6 +12,8 @@ pub struct Attach {
     pub pid: u32,
     pub tenant: Option<String>,
     pub used_mib: u64,
+    /// Percent of the device's SMs it keeps busy.
+    pub sm_util: u32,
 }
 
 /// Starts a simulated process; its tenant's data is now in that memory.
@@ -43,6 +45,7 @@ pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
             ci,
             used_mib: a.used_mib,
             tenant: a.tenant.clone(),
+            sm_util: a.sm_util.min(100),
         });
         Ok(())
     })?

@@ -143,6 +143,10 @@ pub struct SimProcess {
     pub ci: Option<u32>,
     pub used_mib: u64,
     pub tenant: Option<String>,
+    /// Percent of its device's streaming multiprocessors the process keeps busy (what NVML's
+    /// utilization calls sum up, capped at 100 per device).
+    #[serde(default)]
+    pub sm_util: u32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -458,3 +458,46 @@ fn mig_device_attributes_are_their_profiles() {
         NOT_FOUND
     );
 }
+
+fn utilization(d: nvmlDevice_t) -> Result<nvmlUtilization_t, u32> {
+    let mut u = nvmlUtilization_t { gpu: 7, memory: 7 };
+    match unsafe { nvml::nvmlDeviceGetUtilizationRates(d, &mut u) } {
+        SUCCESS => Ok(u),
+        code => Err(code),
+    }
+}
+
+#[test]
+fn utilization_sums_the_processes_and_is_not_supported_with_mig() {
+    let _g = fresh();
+    let p = paths();
+    assert_eq!(utilization(dev(MIG_OFF)).map(|u| u.gpu), Ok(0), "an idle GPU");
+    let attach = |pid, sm_util| {
+        let a = nvidia_ml_sim::ctl::Attach {
+            gpu: MIG_OFF,
+            pid,
+            sm_util,
+            used_mib: 100,
+            ..Default::default()
+        };
+        nvidia_ml_sim::ctl::attach(p, &a).unwrap();
+    };
+    attach(100, 30);
+    assert_eq!(utilization(dev(MIG_OFF)).map(|u| (u.gpu, u.memory)), Ok((30, 0)));
+    attach(101, 90);
+    assert_eq!(utilization(dev(MIG_OFF)).map(|u| u.gpu), Ok(100), "capped at 100");
+    // nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
+    assert_eq!(utilization(dev(H100)).map(|u| u.gpu), Err(NOT_SUPPORTED));
+    let gi = create(H100, 19, Some(0)).unwrap();
+    create_ci(gi_handle(H100, gi), 0).unwrap();
+    let mut mig: nvmlDevice_t = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { mig_devices::nvmlDeviceGetMigDeviceHandleByIndex(dev(H100), 0, &mut mig) },
+        SUCCESS
+    );
+    assert_eq!(utilization(mig).map(|u| u.gpu), Err(NOT_SUPPORTED), "a MIG device");
+    assert_eq!(
+        unsafe { nvml::nvmlDeviceGetUtilizationRates(dev(MIG_OFF), std::ptr::null_mut()) },
+        INVALID_ARGUMENT
+    );
+}

@@ -14,6 +14,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
+/// `GET path` on `addr` over plain HTTP/1.1: (status code, body); `None` while nothing listens.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: e2e\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let code = head.split(' ').nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
 /// The namespace of the controller's Lease (its `POD_NAMESPACE`).
 pub const CONTROLLER_NAMESPACE: &str = "gpu-tenancy-system";
 /// The Lease the controller replicas elect their leader on.
@@ -135,6 +148,17 @@ impl SimAgent {
         ];
         a.restart();
         a
+    }
+
+    /// Restarts the agent serving its metrics on a free port of 127.0.0.1; the address.
+    pub fn serve_metrics(&mut self) -> std::net::SocketAddr {
+        // The port is free now; nothing else on this machine takes ports at random meanwhile.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        self.args.extend(["--metrics-addr".into(), addr.to_string()]);
+        self.restart();
+        addr
     }
 
     /// The directory of this agent's simulated node (sockets, state, CDI specs in DRA mode).

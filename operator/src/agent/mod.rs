@@ -17,6 +17,7 @@
 
 pub mod device_plugin;
 pub mod dra;
+pub mod metrics;
 
 use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use crate::gpu::Gpus;
@@ -32,6 +33,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +57,8 @@ pub struct Options {
     /// `None` reports nothing (backends without a device plugin).
     pub mps_root: Option<PathBuf>,
     pub mode: AgentMode,
+    /// Where each pass's GPUs, holdings and events go (`None`: nowhere).
+    pub metrics: Option<Arc<metrics::AgentMetrics>>,
 }
 
 /// How pods reach this node's GPUs.
@@ -185,10 +189,21 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     };
     let g = gpus.clone();
     let prev_for_apply = prev.clone();
-    let applied = match tokio::task::spawn_blocking(move || apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts))
-        .await
-        .map_err(PassError::Stopped)?
-    {
+    let want_busy = opts.metrics.is_some();
+    let applied = tokio::task::spawn_blocking(move || {
+        let applied = apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts)?;
+        let busy: BTreeMap<u32, f64> = match want_busy {
+            true => applied
+                .status
+                .gpus
+                .iter()
+                .filter_map(|s| g.utilization(s.index).map(|u| (s.index, u)))
+                .collect(),
+            false => BTreeMap::new(),
+        };
+        Ok::<_, String>((applied, busy))
+    });
+    let (applied, busy) = match applied.await.map_err(PassError::Stopped)? {
         Ok(applied) => applied,
         Err(e) => {
             // NVML failed for the whole node (a system query, the device count): without this
@@ -198,6 +213,9 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         }
     };
     let mut status = applied.status;
+    if let Some(m) = &opts.metrics {
+        m.observe(&node.spec, &status, busy, &applied.events);
+    }
     status.observed_generation = generation;
     // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
     for c in &mut status.conditions {

@@ -158,9 +158,29 @@ pub struct RunArgs {
     /// DRA mode: the log directory of the agent's MPS daemon.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_LOG_DIR)]
     mps_log_dir: PathBuf,
+    /// Serve /metrics (per GPU, MIG instance and tenant; README "Agent metrics"), /healthz and
+    /// /readyz here, e.g. 0.0.0.0:9401 (what the DaemonSet in deploy/ sets); `off` serves nothing.
+    #[arg(long, value_name = "ADDR", default_value = "off")]
+    metrics_addr: MetricsAddr,
     /// Log format: `text` or `json`. `RUST_LOG` sets the level.
     #[arg(long, value_enum, default_value_t = super::logging::LogFormat::Text)]
     log_format: super::logging::LogFormat,
+}
+
+/// `--metrics-addr`: an address, or `off`.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsAddr(Option<std::net::SocketAddr>);
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(MetricsAddr(None));
+        }
+        s.parse()
+            .map(|a| MetricsAddr(Some(a)))
+            .map_err(|e| format!("{s:?} is not an address like 0.0.0.0:9401 (or off): {e}"))
+    }
 }
 
 /// The `--mode` of `agent run`.
@@ -173,7 +193,25 @@ pub enum AgentModeArg {
 fn run_in_cluster(args: RunArgs) -> i32 {
     super::logging::init(args.log_format, "info");
     crate::runtime::client::with_client(|client| async move {
+        let metrics = std::sync::Arc::new(crate::agent::metrics::AgentMetrics::new(&args.node_name));
+        if let MetricsAddr(Some(addr)) = args.metrics_addr {
+            let listener = match crate::runtime::http::bind(addr).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return 2;
+                }
+            };
+            let readiness = metrics.readiness();
+            tokio::spawn(crate::runtime::http::serve_on(
+                listener,
+                metrics.clone(),
+                readiness,
+                crate::runtime::client::shutdown_signal(),
+            ));
+        }
         let opts = crate::agent::Options {
+            metrics: Some(metrics),
             node: args.node_name,
             nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
             cuda_lib: args.cuda_lib,

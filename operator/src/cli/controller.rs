@@ -10,7 +10,7 @@ use std::time::Duration;
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
     /// Address of the HTTP server for Prometheus metrics (`/metrics`) and probes (`/healthz`, `/readyz`).
-    #[arg(long, value_name = "ADDR", default_value = crate::controller::http::DEFAULT_ADDR)]
+    #[arg(long, value_name = "ADDR", default_value = crate::controller::DEFAULT_METRICS_ADDR)]
     metrics_addr: SocketAddr,
     /// Log format: `text` for people, `json` for log pipelines. `RUST_LOG` sets the level.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -36,7 +36,6 @@ use crate::api::GpuTenant;
 pub const PREFIX: &str = "gpu_tenancy_controller";
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What a write did to an object: the `action` label of `objects_written_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,6 +119,12 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+impl crate::runtime::http::Exposition for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
     }
 }
 

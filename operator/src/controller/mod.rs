@@ -9,7 +9,6 @@
 
 pub mod diff;
 mod evict;
-pub mod http;
 pub mod leader;
 pub mod metrics;
 mod run;
@@ -17,6 +16,9 @@ pub mod stores;
 pub mod writer;
 
 pub use run::{LeaderOptions, Options, run};
+
+/// The default of the controller's `--metrics-addr` (metrics and probes, [`crate::runtime::http`]).
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8080";
 
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::NodeInventory;

@@ -2,11 +2,11 @@
 //! that runs a pass when something changed (debounced), only while leading.
 
 use super::Controller;
-use super::http;
 use super::leader::{self, Election};
 use super::metrics::{Metrics, WriteAction};
 use crate::desired::Settings;
 use crate::runtime::backoff::Backoff;
+use crate::runtime::http;
 use kube::Client;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -98,10 +98,16 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let (ready_tx, ready_rx) = watch::channel(false);
     let listener = http::bind(options.metrics_addr).await.map_err(RunError::Metrics)?;
+    let readiness = http::Readiness {
+        // Readiness does not depend on leadership: a follower with synced caches is ready to take
+        // over at once, and a Deployment whose followers are never ready would block its rollouts.
+        ready: ready_rx,
+        not_ready: "the watch caches have not synced yet",
+    };
     tokio::spawn(http::serve_on(
         listener,
         metrics.clone(),
-        ready_rx,
+        readiness,
         stopped(stop_rx.clone()),
     ));
 

@@ -24,40 +24,70 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-/// Read-only stores of everything the controller looks at.
-#[derive(Clone)]
-pub struct Stores {
-    pub policies: Store<SharingPolicy>,
-    pub tenants: Store<GpuTenant>,
-    pub plans: Store<GpuPartitionPlan>,
-    pub gpu_nodes: Store<GpuNode>,
-    pub nodes: Store<Node>,
-    pub namespaces: Store<Namespace>,
-    pub quotas: Store<ResourceQuota>,
-    pub config_maps: Store<ConfigMap>,
-    pub admission_policies: Store<ValidatingAdmissionPolicy>,
-    pub admission_bindings: Store<ValidatingAdmissionPolicyBinding>,
-    pub mutating_policies: Store<MutatingAdmissionPolicy>,
-    pub mutating_bindings: Store<MutatingAdmissionPolicyBinding>,
-    pub device_classes: Store<DeviceClass>,
+/// Every kind the controller reads, in one list: its field in [`Stores`] and [`Snapshot`], its
+/// type, where it is listed (`cluster`: every namespace or cluster-scoped; `device_plugin_namespace`:
+/// the device plugin's namespace only) and which objects (`all`, or `owned`: labelled
+/// `gputenancy.io/managed-by=gpu-tenancy`). Adding a kind here adds its store, its copy in a
+/// snapshot, its wait for the first list and its watch.
+macro_rules! kinds {
+    ($($field:ident: $kind:ty, $scope:ident, $which:ident;)*) => {
+        /// Read-only stores of everything the controller looks at.
+        #[derive(Clone)]
+        pub struct Stores {
+            $(pub $field: Store<$kind>,)*
+        }
+
+        /// A copy of every store at one moment: what one pass plans from.
+        #[derive(Clone, Debug, Default)]
+        pub struct Snapshot {
+            $(pub $field: Vec<$kind>,)*
+        }
+
+        impl Stores {
+            pub fn snapshot(&self) -> Snapshot {
+                Snapshot {
+                    $($field: copy(&self.$field),)*
+                }
+            }
+
+            /// Waits until every store has listed its objects once.
+            pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+                $(self.$field.wait_until_ready().await?;)*
+                Ok(())
+            }
+        }
+
+        /// Starts nothing by itself: returns the stores and the stream that keeps them current
+        /// (poll it, e.g. spawn it). `changed` is notified on every change of any store.
+        pub fn stores(client: &Client, device_plugin_namespace: &str, changed: Arc<Notify>) -> (Stores, Driver) {
+            let watch = Watch { client, device_plugin_namespace, changed };
+            let mut drivers: Vec<Driver> = Vec::new();
+            let stores = Stores {
+                $($field: {
+                    let (store, driver) = watch.$scope::<$kind>(Which::$which);
+                    drivers.push(driver);
+                    store
+                },)*
+            };
+            (stores, Box::pin(futures::stream::select_all(drivers)))
+        }
+    };
 }
 
-/// A copy of every store at one moment: what one pass plans from.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub policies: Vec<SharingPolicy>,
-    pub tenants: Vec<GpuTenant>,
-    pub plans: Vec<GpuPartitionPlan>,
-    pub gpu_nodes: Vec<GpuNode>,
-    pub nodes: Vec<Node>,
-    pub namespaces: Vec<Namespace>,
-    pub quotas: Vec<ResourceQuota>,
-    pub config_maps: Vec<ConfigMap>,
-    pub admission_policies: Vec<ValidatingAdmissionPolicy>,
-    pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
-    pub mutating_policies: Vec<MutatingAdmissionPolicy>,
-    pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
-    pub device_classes: Vec<DeviceClass>,
+kinds! {
+    policies: SharingPolicy, cluster, All;
+    tenants: GpuTenant, cluster, All;
+    plans: GpuPartitionPlan, cluster, All;
+    gpu_nodes: GpuNode, cluster, All;
+    nodes: Node, cluster, All;
+    namespaces: Namespace, cluster, All;
+    quotas: ResourceQuota, cluster, Owned;
+    config_maps: ConfigMap, device_plugin_namespace, Owned;
+    admission_policies: ValidatingAdmissionPolicy, cluster, Owned;
+    admission_bindings: ValidatingAdmissionPolicyBinding, cluster, Owned;
+    mutating_policies: MutatingAdmissionPolicy, cluster, Owned;
+    mutating_bindings: MutatingAdmissionPolicyBinding, cluster, Owned;
+    device_classes: DeviceClass, cluster, Owned;
 }
 
 fn copy<K>(store: &Store<K>) -> Vec<K>
@@ -68,41 +98,52 @@ where
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
-impl Stores {
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            policies: copy(&self.policies),
-            tenants: copy(&self.tenants),
-            plans: copy(&self.plans),
-            gpu_nodes: copy(&self.gpu_nodes),
-            nodes: copy(&self.nodes),
-            namespaces: copy(&self.namespaces),
-            quotas: copy(&self.quotas),
-            config_maps: copy(&self.config_maps),
-            admission_policies: copy(&self.admission_policies),
-            admission_bindings: copy(&self.admission_bindings),
-            mutating_policies: copy(&self.mutating_policies),
-            mutating_bindings: copy(&self.mutating_bindings),
-            device_classes: copy(&self.device_classes),
+/// Which objects of a kind the controller caches.
+enum Which {
+    All,
+    /// Only what carries the controller's managed-by label: never cache what is not its own.
+    Owned,
+}
+
+impl Which {
+    fn config(&self) -> watcher::Config {
+        let config = watcher::Config::default().any_semantic();
+        match self {
+            Which::All => config,
+            Which::Owned => config.labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
         }
     }
+}
 
-    /// Waits until every store has listed its objects once.
-    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.policies.wait_until_ready().await?;
-        self.tenants.wait_until_ready().await?;
-        self.plans.wait_until_ready().await?;
-        self.gpu_nodes.wait_until_ready().await?;
-        self.nodes.wait_until_ready().await?;
-        self.namespaces.wait_until_ready().await?;
-        self.quotas.wait_until_ready().await?;
-        self.config_maps.wait_until_ready().await?;
-        self.admission_policies.wait_until_ready().await?;
-        self.admission_bindings.wait_until_ready().await?;
-        self.mutating_policies.wait_until_ready().await?;
-        self.mutating_bindings.wait_until_ready().await?;
-        self.device_classes.wait_until_ready().await?;
-        Ok(())
+/// What every watch needs: the client, the device plugin's namespace, the change notification.
+struct Watch<'a> {
+    client: &'a Client,
+    device_plugin_namespace: &'a str,
+    changed: Arc<Notify>,
+}
+
+impl Watch<'_> {
+    fn cluster<K>(&self, which: Which) -> (Store<K>, Driver)
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + std::hash::Hash + Eq + Clone,
+    {
+        reflect(Api::<K>::all(self.client.clone()), which.config(), self.changed.clone())
+    }
+
+    fn device_plugin_namespace<K>(&self, which: Which) -> (Store<K>, Driver)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + std::hash::Hash + Eq + Clone,
+    {
+        let api = Api::<K>::namespaced(self.client.clone(), self.device_plugin_namespace);
+        reflect(api, which.config(), self.changed.clone())
     }
 }
 
@@ -127,40 +168,4 @@ where
             Err(e) => tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff"),
         });
     (reader, Box::pin(stream))
-}
-
-/// Starts nothing by itself: returns the stores and the stream that keeps them current (poll it,
-/// e.g. spawn it). `changed` is notified on every change of any store.
-pub fn stores(client: &Client, device_plugin_namespace: &str, changed: Arc<Notify>) -> (Stores, Driver) {
-    let all = watcher::Config::default().any_semantic();
-    let owned = watcher::Config::default()
-        .any_semantic()
-        .labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
-    let mut drivers: Vec<Driver> = Vec::new();
-    macro_rules! watch {
-        ($api:expr, $config:expr) => {{
-            let (store, driver) = reflect($api, $config.clone(), changed.clone());
-            drivers.push(driver);
-            store
-        }};
-    }
-    let stores = Stores {
-        policies: watch!(Api::<SharingPolicy>::all(client.clone()), all),
-        tenants: watch!(Api::<GpuTenant>::all(client.clone()), all),
-        plans: watch!(Api::<GpuPartitionPlan>::all(client.clone()), all),
-        gpu_nodes: watch!(Api::<GpuNode>::all(client.clone()), all),
-        nodes: watch!(Api::<Node>::all(client.clone()), all),
-        namespaces: watch!(Api::<Namespace>::all(client.clone()), all),
-        quotas: watch!(Api::<ResourceQuota>::all(client.clone()), owned),
-        config_maps: watch!(
-            Api::<ConfigMap>::namespaced(client.clone(), device_plugin_namespace),
-            owned
-        ),
-        admission_policies: watch!(Api::<ValidatingAdmissionPolicy>::all(client.clone()), owned),
-        admission_bindings: watch!(Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()), owned),
-        mutating_policies: watch!(Api::<MutatingAdmissionPolicy>::all(client.clone()), owned),
-        mutating_bindings: watch!(Api::<MutatingAdmissionPolicyBinding>::all(client.clone()), owned),
-        device_classes: watch!(Api::<DeviceClass>::all(client.clone()), owned),
-    };
-    (stores, Box::pin(futures::stream::select_all(drivers)))
 }

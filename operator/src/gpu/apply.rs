@@ -28,6 +28,8 @@ pub struct ApplyOptions {
 pub struct Applied {
     pub status: GpuNodeStatus,
     pub executed: usize,
+    /// Scrubs and MIG changes, for the agent's metrics.
+    pub events: Vec<status::GpuEvent>,
 }
 
 /// Makes the GPUs match `spec`, remembering hands and scrubs through `prev` (the status last
@@ -82,7 +84,11 @@ pub fn apply<G: Gpus + ?Sized>(
     let now = Time(jiff::Timestamp::now());
     let mut status = status::build(&observed, spec, prev, &plans, &run, mps, &now);
     status.observed_generation = prev.and_then(|p| p.observed_generation);
-    Ok(Applied { status, executed })
+    Ok(Applied {
+        status,
+        executed,
+        events: run.events,
+    })
 }
 
 /// Carries out one GPU's NVML actions, or its scrubs when no NVML action is left. Returns whether
@@ -106,7 +112,13 @@ fn step<G: Gpus + ?Sized>(
         any = true;
         let result = match a {
             Action::Scrub { gpu, target, tenant } => {
+                let started = std::time::Instant::now();
                 let r = scrub_one(gpus, observed, *gpu, *target, tenant.clone());
+                run.events.push(status::GpuEvent::Scrub {
+                    gpu: *gpu,
+                    ok: r.is_ok(),
+                    seconds: started.elapsed().as_secs_f64(),
+                });
                 match r {
                     Ok(rec) => {
                         run.scrubs.push((*gpu, *target, rec));
@@ -137,6 +149,9 @@ fn step<G: Gpus + ?Sized>(
                 }
                 *executed += 1;
                 run.executed.entry(plan.index).or_default().push(a.to_string());
+                if let Some((gpu, change)) = status::MigChange::of(a) {
+                    run.events.push(status::GpuEvent::Mig { gpu, change });
+                }
             }
             Err((reason, message)) => {
                 run.errors.insert(plan.index, (reason, message));

@@ -21,6 +21,12 @@ pub trait Gpus: Send + Sync {
     fn execute(&self, action: &Action) -> Result<(), ActionError>;
     /// Zeroes and verifies all free memory of `device` (a GPU or MIG device UUID).
     fn scrub(&self, device: &str) -> Result<ScrubReport, String>;
+    /// How busy GPU `index` is now, 0 to 1, for the agent's metrics; `None` where it is not known
+    /// (NVML does not report it for a GPU in MIG mode, or the call failed). Never published in the
+    /// GpuNode: it changes every second. Backends without the notion report nothing.
+    fn utilization(&self, _index: u32) -> Option<f64> {
+        None
+    }
 }
 
 /// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.

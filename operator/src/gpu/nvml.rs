@@ -458,4 +458,18 @@ impl super::Gpus for NvmlGpus {
     fn scrub(&self, device: &str) -> Result<ScrubReport, String> {
         scrub::run(device, Amount::AllFree, &self.cuda)
     }
+
+    /// `nvmlDeviceGetUtilizationRates`' `gpu`: the percent of the last sample period in which a
+    /// kernel ran. NOT_SUPPORTED on a GPU in MIG mode (nvml.h), so MIG instances have none.
+    fn utilization(&self, index: u32) -> Option<f64> {
+        let dev = self.nvml.device_by_index(index).ok()?;
+        match dev.utilization_rates() {
+            Ok(u) => Some(f64::from(u.gpu.min(100)) / 100.0),
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => {
+                tracing::debug!(gpu = index, error = %e, "nvmlDeviceGetUtilizationRates failed");
+                None
+            }
+        }
+    }
 }

@@ -22,6 +22,45 @@ pub struct RunRecord {
     pub notes: BTreeMap<u32, Vec<String>>,
     /// GPUs found changed behind the agent's back, from the first observation (see [`drift`]).
     pub drift: BTreeMap<u32, String>,
+    /// What the agent's metrics count, in order.
+    pub events: Vec<GpuEvent>,
+}
+
+/// Something an apply did that the agent's metrics count.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GpuEvent {
+    /// A scrub of a GPU or of one of its MIG instances, and how long it took.
+    Scrub { gpu: u32, ok: bool, seconds: f64 },
+    /// A MIG change carried out.
+    Mig { gpu: u32, change: MigChange },
+}
+
+/// The `change` label of `gpu_tenancy_mig_changes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MigChange {
+    CreateInstance,
+    DestroyInstance,
+    MigMode,
+}
+
+impl MigChange {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigChange::CreateInstance => "create_instance",
+            MigChange::DestroyInstance => "destroy_instance",
+            MigChange::MigMode => "mig_mode",
+        }
+    }
+
+    /// The change an action makes, if it is one of those counted.
+    pub fn of(action: &Action) -> Option<(u32, MigChange)> {
+        match action {
+            Action::CreateInstance { gpu, .. } => Some((*gpu, MigChange::CreateInstance)),
+            Action::DestroyGpuInstance { gpu, .. } => Some((*gpu, MigChange::DestroyInstance)),
+            Action::SetMigMode { gpu, .. } => Some((*gpu, MigChange::MigMode)),
+            _ => None,
+        }
+    }
 }
 
 /// A GPU's MIG state as comparable data: mode on, and (profile, placement) of each instance.

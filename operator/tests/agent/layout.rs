@@ -164,6 +164,7 @@ fn gpu_instances_with_several_compute_instances_are_handled() {
             pid: 4711,
             tenant: Some("alpha".into()),
             used_mib: 100,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -245,6 +246,7 @@ fn gpu_instance_ids_are_the_drivers_whatever_their_order() {
             pid: 5150,
             tenant: Some("gamma".into()),
             used_mib: 100,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -190,6 +190,7 @@ fn a_busy_gpu_is_left_alone_reported_and_finished_later() {
             pid: 4242,
             tenant: Some("alpha".into()),
             used_mib: 100,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -250,6 +250,7 @@ impl Sim {
                 pid,
                 tenant: Some(tenant.into()),
                 used_mib: 512,
+                ..Default::default()
             },
         )
         .unwrap();

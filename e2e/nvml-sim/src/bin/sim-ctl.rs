@@ -32,6 +32,9 @@ enum Cmd {
         /// Memory the process uses, MiB.
         #[arg(long, default_value_t = 1024)]
         mib: u64,
+        /// Percent of the device's SMs the process keeps busy (0-100).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+        sm_util: u32,
     },
     /// End a simulated process (its data stays in GPU memory).
     Detach {
@@ -139,6 +142,7 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
             pid,
             tenant,
             mib,
+            sm_util,
         } => ctl::attach(
             p,
             &ctl::Attach {
@@ -147,6 +151,7 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
                 pid,
                 tenant,
                 used_mib: mib,
+                sm_util,
             },
         ),
         Cmd::Detach { pid } => ctl::detach(p, pid),

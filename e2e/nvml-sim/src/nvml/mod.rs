@@ -533,3 +533,30 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         Ok(())
     })
 }
+
+/// The GPU's utilization over the last sample period: `gpu` is the sum of its processes' SM use
+/// (capped at 100); the simulator keeps no memory-bandwidth activity, so `memory` is 0. As nvml.h
+/// says, "on MIG-enabled GPUs, querying device utilization rates is not currently supported":
+/// NOT_SUPPORTED for a GPU in MIG mode and for MIG device handles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(dev: nvmlDevice_t, u: *mut nvmlUtilization_t) -> nvmlReturn_t {
+    read_on("nvmlDeviceGetUtilizationRates", gpu_of(dev), |st| {
+        if unpack(dev).0 == K_MIG {
+            return Err(ERR_NOT_SUPPORTED);
+        }
+        let g = device(st, dev)?;
+        if g.mig_current {
+            return Err(ERR_NOT_SUPPORTED);
+        }
+        let busy: u32 = g.processes.iter().map(|p| p.sm_util).sum();
+        unsafe {
+            out(
+                u,
+                nvmlUtilization_t {
+                    gpu: busy.min(100),
+                    memory: 0,
+                },
+            )
+        }
+    })
+}

@@ -10,6 +10,7 @@
 
 mod agents;
 mod attacks;
+mod metrics;
 mod observe;
 mod privilege;
 mod scenarios;

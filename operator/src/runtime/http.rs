@@ -1,13 +1,10 @@
-//! The controller's HTTP endpoints, on `--metrics-addr` (default [`DEFAULT_ADDR`]):
+//! The HTTP endpoints of the controller and of the node agent, on their `--metrics-addr`:
 //!
 //! | path | answers |
 //! |---|---|
-//! | `GET /metrics` | the [`Metrics`] as OpenMetrics text |
+//! | `GET /metrics` | the process's [`Exposition`] as OpenMetrics text |
 //! | `GET /healthz` | 200 `ok` while the process serves requests (liveness probe) |
-//! | `GET /readyz` | 200 `ok` once the watch caches have synced, else 503 and a one-line reason (readiness probe) |
-//!
-//! Readiness does not depend on leadership: a follower with synced caches is ready to take over at
-//! once, and a Deployment whose followers are never ready would block its own rollouts.
+//! | `GET /readyz` | 200 `ok` once the process says it is ready, else 503 and a one-line reason (readiness probe) |
 //!
 //! Plain hyper 1 over HTTP/1.1, no web framework: three fixed paths do not need routing.
 
@@ -29,11 +26,23 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::metrics::{self, Metrics};
 use crate::runtime::backoff::Backoff;
 
-/// The default of `--metrics-addr`.
-pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
+/// The content type of `/metrics`: OpenMetrics text, what prometheus-client encodes.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What `/metrics` answers.
+pub trait Exposition: Send + Sync + 'static {
+    /// The metrics as OpenMetrics text.
+    fn encode(&self) -> String;
+}
+
+/// Readiness, and what `/readyz` says while not ready (one line).
+#[derive(Clone)]
+pub struct Readiness {
+    pub ready: watch::Receiver<bool>,
+    pub not_ready: &'static str,
+}
 
 /// A client that opens a connection and sends nothing would otherwise hold it forever.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,12 +62,12 @@ pub async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` completes, then lets
-/// requests in flight finish (up to 5 s). `ready` is true once the caches have synced.
-/// Fails only when it cannot listen on `addr` (the error names it).
+/// requests in flight finish (up to 5 s). Fails only when it cannot listen on `addr` (the error
+/// names it).
 pub async fn serve(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    ready: watch::Receiver<bool>,
+    metrics: Arc<dyn Exposition>,
+    ready: Readiness,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let listener = bind(addr).await?;
@@ -69,8 +78,8 @@ pub async fn serve(
 /// `listener.local_addr()` (tests).
 pub async fn serve_on(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
-    ready: watch::Receiver<bool>,
+    metrics: Arc<dyn Exposition>,
+    ready: Readiness,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
@@ -100,7 +109,7 @@ pub async fn serve_on(
         };
         let (metrics, ready) = (metrics.clone(), ready.clone());
         let service = service_fn(move |req: Request<Incoming>| {
-            let response = respond(req.method(), req.uri().path(), &metrics, &ready);
+            let response = respond(req.method(), req.uri().path(), &*metrics, &ready);
             async move { Ok::<_, Infallible>(response) }
         });
         let conn = http1::Builder::new()
@@ -122,7 +131,7 @@ pub async fn serve_on(
 }
 
 /// The answer to `method path`: the whole routing table.
-fn respond(method: &Method, path: &str, metrics: &Metrics, ready: &watch::Receiver<bool>) -> Response<Full<Bytes>> {
+fn respond(method: &Method, path: &str, metrics: &dyn Exposition, ready: &Readiness) -> Response<Full<Bytes>> {
     if !matches!(*method, Method::GET | Method::HEAD) {
         let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -136,14 +145,14 @@ fn respond(method: &Method, path: &str, metrics: &Metrics, ready: &watch::Receiv
         "/metrics" => {
             let mut r = Response::new(Full::new(Bytes::from(metrics.encode())));
             r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+                .insert(CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" if *ready.borrow() => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" if *ready.ready.borrow() => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the watch caches have not synced yet\n".into(),
+            format!("not ready: {}\n", ready.not_ready),
         ),
         _ => text(
             StatusCode::NOT_FOUND,
@@ -162,8 +171,19 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::metrics::WriteAction;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Counts its scrapes.
+    #[derive(Default)]
+    struct Scrapes(AtomicU64);
+
+    impl Exposition for Scrapes {
+        fn encode(&self) -> String {
+            let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+            format!("# TYPE scrapes counter\nscrapes_total {n}\n# EOF\n")
+        }
+    }
 
     /// A plain HTTP/1.1 request over TCP: (status code, body).
     async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
@@ -188,12 +208,16 @@ mod tests {
         task: tokio::task::JoinHandle<io::Result<()>>,
     }
 
-    async fn start(metrics: Arc<Metrics>) -> Server {
+    async fn start(metrics: Arc<dyn Exposition>) -> Server {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let (ready, ready_rx) = watch::channel(false);
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve_on(listener, metrics, ready_rx, async {
+        let readiness = Readiness {
+            ready: ready_rx,
+            not_ready: "the watch caches have not synced yet",
+        };
+        let task = tokio::spawn(serve_on(listener, metrics, readiness, async {
             let _ = stop_rx.await;
         }));
         Server {
@@ -206,8 +230,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_health_readiness_and_metrics_then_stops() {
-        let metrics = Arc::new(Metrics::new());
-        let server = start(metrics.clone()).await;
+        let server = start(Arc::new(Scrapes::default())).await;
         let addr = server.addr;
 
         assert_eq!(request(addr, "GET", "/healthz").await, (200, "ok\n".into()));
@@ -219,19 +242,13 @@ mod tests {
         server.ready.send(true).unwrap();
         assert_eq!(request(addr, "GET", "/readyz").await, (200, "ok\n".into()));
 
-        metrics.written("GpuNode", WriteAction::Apply);
-        metrics.pass(Duration::from_millis(12), true);
         let (code, body) = request(addr, "GET", "/metrics").await;
         assert_eq!(code, 200);
-        assert!(
-            body.contains(r#"gpu_tenancy_controller_objects_written_total{kind="GpuNode",action="apply"} 1"#),
-            "{body}"
+        assert!(body.contains("scrapes_total 1"), "{body}");
+        assert_eq!(
+            request(addr, "GET", "/metrics").await.1,
+            body.replace("total 1", "total 2")
         );
-        assert!(
-            body.contains(r#"gpu_tenancy_controller_passes_total{result="ok"} 1"#),
-            "{body}"
-        );
-        assert!(body.trim_end().ends_with("# EOF"));
 
         assert_eq!(request(addr, "GET", "/nope").await.0, 404);
         assert_eq!(request(addr, "POST", "/metrics").await.0, 405);
@@ -249,7 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_keep_alive_connection_does_not_block_shutdown_for_long() {
-        let server = start(Arc::new(Metrics::new())).await;
+        let server = start(Arc::new(Scrapes::default())).await;
         // A client that connects and never sends a request.
         let _idle = tokio::net::TcpStream::connect(server.addr).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -264,8 +281,11 @@ mod tests {
         let addr = taken.local_addr().unwrap();
         let err = serve(
             addr,
-            Arc::new(Metrics::new()),
-            watch::channel(true).1,
+            Arc::new(Scrapes::default()),
+            Readiness {
+                ready: watch::channel(true).1,
+                not_ready: "",
+            },
             std::future::pending(),
         )
         .await

@@ -1,0 +1,151 @@
+//! The agent's metrics on the simulator: a real `gpu-tenancy agent run` (its production NVML path
+//! on the simulated library) applies a GpuNode spec, the simulator is told to run processes with
+//! a known memory use and SM use, and its `/metrics` is scraped twice. The expected figures come
+//! from what the simulator was told and from the wall clock, not from the agent's own tables: the
+//! processes and memory of each device, the busy time of the whole GPU, and allocated GPU-seconds
+//! that add up to GPUs × elapsed time (a 3g.40gb counting 3/7 of its GPU).
+
+use crate::observe::*;
+use crate::support::*;
+use gpu_tenancy::api::GpuNode;
+use gpu_tenancy_e2e::Cleanup;
+use gpu_tenancy_e2e::procs::{SimAgent, http_get};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Every sample of a scrape: `name{labels}` → value.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of the samples of `name` whose labels contain every `want` (`key="value"`).
+fn sum(samples: &BTreeMap<String, f64>, name: &str, want: &[&str]) -> f64 {
+    samples
+        .iter()
+        .filter(|(s, _)| s.starts_with(&format!("{name}{{")) && want.iter().all(|w| s.contains(w)))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// A scrape and the wall-clock window it happened in.
+async fn scrape(addr: SocketAddr) -> (Instant, BTreeMap<String, f64>, Instant) {
+    let before = Instant::now();
+    let (code, body) = http_get(addr, "/metrics").await.expect("the agent serves /metrics");
+    let after = Instant::now();
+    assert_eq!(code, 200, "{body}");
+    (before, parse(&body), after)
+}
+
+#[tokio::test]
+async fn agent_metrics_match_what_the_simulator_ran() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let name = "metrics-0".to_string();
+    let mut agent = SimAgent::start_with(&client, &cleanup, &name, "metrics", 2).await;
+    let addr = agent.serve_metrics();
+    // GPU 0: a 3g.40gb of tenant a at slices 4-7, the rest free; GPU 1: tenant b's whole GPU.
+    let spec = json!({"gpus": [
+        {"index": 0, "mode": "MIG", "migInstances": [
+            {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]},
+        {"index": 1, "mode": "Exclusive", "tenants": ["b"]}]});
+    let api: Api<GpuNode> = Api::all(client.clone());
+    wait_nodes(&client, std::slice::from_ref(&name), 30, "the agent's GpuNode", |_| {
+        true
+    })
+    .await;
+    api.patch(
+        &name,
+        &PatchParams::apply("e2e-metrics").force(),
+        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "spec": spec})),
+    )
+    .await
+    .expect("the test writes the GpuNode spec");
+    wait_nodes(&client, std::slice::from_ref(&name), 60, "the spec applied", applied).await;
+
+    agent.sim_ctl(&[
+        "attach", "--gpu", "0", "--start", "4", "--pid", "501", "--tenant", "a", "--mib", "2000",
+    ]);
+    agent.sim_ctl(&[
+        "attach",
+        "--gpu",
+        "1",
+        "--pid",
+        "502",
+        "--tenant",
+        "b",
+        "--mib",
+        "1000",
+        "--sm-util",
+        "50",
+    ]);
+    // Two polls (1 s each): the agent has read the processes and the utilization since.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (b1, first, a1) = scrape(addr).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (b2, second, a2) = scrape(addr).await;
+
+    let mib = 1024.0 * 1024.0;
+    let a_instance = [r#"gpu="0""#, r#"GPU_I_PROFILE="3g.40gb""#, r#"tenant="a""#];
+    assert_eq!(
+        sum(&second, "gpu_tenancy_device_memory_used_bytes", &a_instance),
+        2000.0 * mib
+    );
+    assert_eq!(sum(&second, "gpu_tenancy_device_processes", &a_instance), 1.0);
+    let b_gpu = [r#"gpu="1""#, r#"GPU_I_ID="""#, r#"mode="Exclusive""#, r#"tenant="b""#];
+    assert_eq!(
+        sum(&second, "gpu_tenancy_device_memory_used_bytes", &b_gpu),
+        1000.0 * mib
+    );
+    assert_eq!(sum(&second, "gpu_tenancy_device_utilization_ratio", &b_gpu), 0.5);
+    assert_eq!(
+        sum(&second, "gpu_tenancy_device_utilization_ratio", &[r#"gpu="0""#]),
+        0.0,
+        "NVML reports no utilization for a GPU in MIG mode"
+    );
+    assert_eq!(sum(&second, "gpu_tenancy_node_gpus", &[]), 2.0);
+
+    // Allocated GPU-seconds between the scrapes: 2 GPUs × the time between them, which lies
+    // between the end of the first scrape and the start of the second, and their starts and ends.
+    let delta = |name: &str, want: &[&str]| sum(&second, name, want) - sum(&first, name, want);
+    let (shortest, longest) = ((b2 - a1).as_secs_f64(), (a2 - b1).as_secs_f64());
+    let allocated = delta("gpu_tenancy_allocated_gpu_seconds_total", &[]);
+    assert!(
+        2.0 * shortest - 1e-6 <= allocated && allocated <= 2.0 * longest + 1e-6,
+        "allocated {allocated} GPU-s in {shortest}..{longest} s on 2 GPUs"
+    );
+    let share = |tenant: &str| {
+        delta(
+            "gpu_tenancy_allocated_gpu_seconds_total",
+            &[&format!("tenant=\"{tenant}\"")],
+        ) / allocated
+    };
+    assert!(
+        (share("a") - 3.0 / 14.0).abs() < 1e-6,
+        "a holds 3/7 of one of 2 GPUs: {}",
+        share("a")
+    );
+    assert!((share("b") - 0.5).abs() < 1e-6, "b holds one of 2 GPUs: {}", share("b"));
+    assert!(
+        (share("unallocated") - 4.0 / 14.0).abs() < 1e-6,
+        "{}",
+        share("unallocated")
+    );
+    // b's GPU ran at 50% the whole time; use is counted at each pass (1 s), so within one pass.
+    let used = delta("gpu_tenancy_used_gpu_seconds_total", &[r#"tenant="b""#]);
+    assert!(
+        (used - 0.5 * shortest).abs() <= 0.5 * 1.5 + 0.5 * (longest - shortest),
+        "b used {used} GPU-s at 50% over about {shortest} s"
+    );
+    assert_eq!(delta("gpu_tenancy_used_gpu_seconds_total", &[r#"tenant="a""#]), 0.0);
+    let (code, _) = http_get(addr, "/readyz").await.expect("/readyz");
+    assert_eq!(code, 200);
+}

@@ -1,0 +1,384 @@
+//! The node agent's metrics (`--metrics-addr`, OpenMetrics): per GPU and MIG instance what it
+//! holds and does, per tenant what it is allocated and uses, and the agent's scrubs and MIG
+//! changes. README "Agent metrics" lists them.
+//!
+//! Label names are those of NVIDIA's dcgm-exporter where they mean the same thing (`Hostname`,
+//! `gpu`, `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`), so `on(UUID, GPU_I_ID)` joins its series with
+//! these; `mode` and `tenant` are this product's. (Not `instance` for the MIG instance:
+//! Prometheus sets `instance` to the scrape target.) A MIG GPU has a row per instance and none
+//! for the whole GPU (as dcgm-exporter's MIG rows), so a sum over rows counts each byte once.
+//!
+//! Cardinality per node: device rows ≤ GPUs × 7 (MIG) × the few device metrics; share rows ≤
+//! GPUs × (tenants per GPU + 1); accounting rows ≤ (tenants on the node + 1) × 5 modes; scrub and
+//! MIG rows ≤ GPUs × 2 and GPUs × 3. No pod, PID or claim label: those grow without bound.
+
+use crate::accounting::{self, Holding, Ledger};
+use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuStatus};
+use crate::gpu::status::GpuEvent;
+use crate::runtime::http::Exposition;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+/// Labels as (name, value) pairs: the dcgm-exporter names are not Rust identifiers.
+type Labels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+type FloatCounter = Counter<f64, AtomicU64>;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The families, registered under the prefix `gpu_tenancy`.
+struct Families {
+    memory_used: Family<Labels, FloatGauge>,
+    memory_total: Family<Labels, FloatGauge>,
+    utilization: Family<Labels, FloatGauge>,
+    processes: Family<Labels, Gauge>,
+    share: Family<Labels, FloatGauge>,
+    node_gpus: Family<Labels, Gauge>,
+    allocated: Family<Labels, FloatCounter>,
+    used: Family<Labels, FloatCounter>,
+    scrubs: Family<Labels, Counter>,
+    scrub_seconds: Family<Labels, Histogram>,
+    mig_changes: Family<Labels, Counter>,
+}
+
+/// What the last observation left for the time until the next one.
+#[derive(Default)]
+struct Held {
+    holdings: Vec<Holding>,
+    busy: BTreeMap<u32, f64>,
+    /// Since when `holdings` and `busy` are counted; `None` before the first observation.
+    since: Option<Instant>,
+    ledger: Ledger,
+}
+
+/// The agent's metrics for one node.
+pub struct AgentMetrics {
+    node: String,
+    registry: Registry,
+    f: Families,
+    /// Observations and scrapes take turns: a scrape never sees a half-replaced set of rows.
+    held: Mutex<Held>,
+    /// True once a pass has been observed: what `/readyz` answers.
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for AgentMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentMetrics")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentMetrics {
+    pub fn new(node: &str) -> AgentMetrics {
+        let mut registry = Registry::with_prefix("gpu_tenancy");
+        let f = Families {
+            memory_used: Family::default(),
+            memory_total: Family::default(),
+            utilization: Family::default(),
+            processes: Family::default(),
+            share: Family::default(),
+            node_gpus: Family::default(),
+            allocated: Family::default(),
+            used: Family::default(),
+            scrubs: Family::default(),
+            scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
+            mig_changes: Family::default(),
+        };
+        let r = &mut registry;
+        r.register_with_unit(
+            "device_memory_used",
+            "Memory the compute processes on a GPU or MIG instance use (NVML's per-process use)",
+            Unit::Bytes,
+            f.memory_used.clone(),
+        );
+        r.register_with_unit(
+            "device_memory_total",
+            "Memory of a GPU or MIG instance",
+            Unit::Bytes,
+            f.memory_total.clone(),
+        );
+        r.register_with_unit(
+            "device_utilization",
+            "Fraction of the last sample period a kernel ran on the GPU (nvmlDeviceGetUtilizationRates); none for MIG instances, where NVML does not report it",
+            Unit::Other("ratio".into()),
+            f.utilization.clone(),
+        );
+        r.register(
+            "device_processes",
+            "Compute processes on a GPU or MIG instance",
+            f.processes.clone(),
+        );
+        r.register_with_unit(
+            "device_share",
+            "Fraction of the whole GPU a tenant is granted there (a MIG instance its compute slices of 7, an MPS or time-slicing share its part of the replicas)",
+            Unit::Other("ratio".into()),
+            f.share.clone(),
+        );
+        r.register("node_gpus", "GPUs the agent found on the node", f.node_gpus.clone());
+        r.register(
+            "allocated_gpu_seconds",
+            "GPU-seconds granted, share-weighted (a whole GPU counts 1 per second); tenant unallocated for what no tenant holds: per node the rates add up to its GPUs",
+            f.allocated.clone(),
+        );
+        r.register(
+            "used_gpu_seconds",
+            "GPU-seconds busy (utilization × time) where NVML reports utilization; on a GPU several tenants share, tenant shared",
+            f.used.clone(),
+        );
+        r.register("scrubs", "Memory scrubs, by result (ok, failed)", f.scrubs.clone());
+        r.register_with_unit(
+            "scrub_duration",
+            "How long a scrub took",
+            Unit::Seconds,
+            f.scrub_seconds.clone(),
+        );
+        r.register(
+            "mig_changes",
+            "MIG changes carried out (create_instance, destroy_instance, mig_mode)",
+            f.mig_changes.clone(),
+        );
+        AgentMetrics {
+            node: node.into(),
+            registry,
+            f,
+            held: Mutex::new(Held::default()),
+            ready: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// Ready once the first pass has been observed.
+    pub fn readiness(&self) -> crate::runtime::http::Readiness {
+        crate::runtime::http::Readiness {
+            ready: self.ready.subscribe(),
+            not_ready: "no pass over the GPUs has completed yet",
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // A panic while holding it leaves plain numbers behind, still fit to serve.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a pass's result: the spec applied, the GPUs as published, how busy each GPU was
+    /// (where known) and what the apply did.
+    pub fn observe(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, busy: BTreeMap<u32, f64>, events: &[GpuEvent]) {
+        let mut held = self.lock();
+        self.advance(&mut held, Instant::now());
+        let found: Vec<u32> = status.gpus.iter().map(|g| g.index).collect();
+        held.holdings = accounting::holdings(spec, &found);
+        held.busy = busy;
+        self.devices(spec, status, &held.holdings, &held.busy);
+        self.count(events);
+        self.ready.send_replace(true);
+    }
+
+    /// Adds the time since the last advance to the accounting counters, at the holdings and
+    /// utilization last observed.
+    fn advance(&self, held: &mut Held, now: Instant) {
+        let Some(since) = held.since.replace(now) else {
+            return;
+        };
+        let seconds = now.saturating_duration_since(since).as_secs_f64();
+        let mut step = Ledger::default();
+        step.allocate(&held.holdings, seconds);
+        step.use_gpus(&held.holdings, &held.busy, seconds);
+        for ((tenant, mode), v) in &step.allocated {
+            self.f.allocated.get_or_create(&self.account(tenant, mode)).inc_by(*v);
+        }
+        for ((tenant, mode), v) in &step.used {
+            self.f.used.get_or_create(&self.account(tenant, mode)).inc_by(*v);
+        }
+        for (k, v) in step.allocated {
+            *held.ledger.allocated.entry(k).or_default() += v;
+        }
+        for (k, v) in step.used {
+            *held.ledger.used.entry(k).or_default() += v;
+        }
+    }
+
+    fn account(&self, tenant: &str, mode: &str) -> Labels {
+        vec![
+            ("Hostname", self.node.clone()),
+            ("tenant", tenant.into()),
+            ("mode", mode.into()),
+        ]
+    }
+
+    /// Replaces the device rows: GPUs and instances that are gone leave no series behind.
+    fn devices(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, holdings: &[Holding], busy: &BTreeMap<u32, f64>) {
+        let f = &self.f;
+        for family in [&f.memory_used, &f.memory_total, &f.utilization, &f.share] {
+            family.clear();
+        }
+        f.processes.clear();
+        f.node_gpus.clear();
+        f.node_gpus
+            .get_or_create(&vec![("Hostname", self.node.clone())])
+            .set(status.gpus.len() as i64);
+        for g in &status.gpus {
+            let mode = spec
+                .gpus
+                .iter()
+                .find(|s| s.index == g.index)
+                .map_or(accounting::UNPLANNED, |s| s.mode.as_str());
+            for row in device_rows(g, holdings) {
+                let labels = self.device_labels(g, &row, mode);
+                f.memory_used.get_or_create(&labels).set(row.used_mib as f64 * MIB);
+                f.memory_total.get_or_create(&labels).set(row.total_mib as f64 * MIB);
+                f.processes.get_or_create(&labels).set(row.processes as i64);
+                if row.instance.is_none()
+                    && let Some(b) = busy.get(&g.index)
+                {
+                    f.utilization.get_or_create(&labels).set(*b);
+                }
+            }
+            for h in holdings.iter().filter(|h| h.gpu == g.index) {
+                let row = DeviceRow {
+                    instance: h
+                        .instance
+                        .as_ref()
+                        .and_then(|(start, _)| g.instances.iter().find(|i| i.placement.start == *start))
+                        .map(|i| (i.gpu_instance_id, i.profile.clone())),
+                    tenant: h.tenant.clone(),
+                    ..Default::default()
+                };
+                f.share
+                    .get_or_create(&self.device_labels(g, &row, h.mode))
+                    .inc_by(h.weight);
+            }
+        }
+    }
+
+    fn device_labels(&self, g: &GpuStatus, row: &DeviceRow, mode: &str) -> Labels {
+        let (id, profile) = match &row.instance {
+            Some((id, profile)) => (id.to_string(), profile.clone()),
+            None => (String::new(), String::new()),
+        };
+        vec![
+            ("Hostname", self.node.clone()),
+            ("gpu", g.index.to_string()),
+            ("UUID", g.uuid.clone()),
+            ("GPU_I_ID", id),
+            ("GPU_I_PROFILE", profile),
+            ("mode", mode.into()),
+            ("tenant", row.tenant.clone()),
+        ]
+    }
+
+    fn count(&self, events: &[GpuEvent]) {
+        for e in events {
+            match e {
+                GpuEvent::Scrub { gpu, ok, seconds } => {
+                    let result = if *ok { "ok" } else { "failed" };
+                    self.f
+                        .scrubs
+                        .get_or_create(&vec![
+                            ("Hostname", self.node.clone()),
+                            ("gpu", gpu.to_string()),
+                            ("result", result.into()),
+                        ])
+                        .inc();
+                    self.f
+                        .scrub_seconds
+                        .get_or_create(&vec![("Hostname", self.node.clone())])
+                        .observe(*seconds);
+                }
+                GpuEvent::Mig { gpu, change } => {
+                    self.f
+                        .mig_changes
+                        .get_or_create(&vec![
+                            ("Hostname", self.node.clone()),
+                            ("gpu", gpu.to_string()),
+                            ("change", change.as_str().into()),
+                        ])
+                        .inc();
+                }
+            }
+        }
+    }
+
+    /// The allocated and used GPU-seconds so far, by (tenant, mode) (tests, the report).
+    pub fn ledger(&self) -> Ledger {
+        let mut held = self.lock();
+        self.advance(&mut held, Instant::now());
+        held.ledger.clone()
+    }
+}
+
+impl Exposition for AgentMetrics {
+    /// Brings the accounting counters up to now first, so a scrape between passes sees time pass.
+    fn encode(&self) -> String {
+        let mut held = self.lock();
+        self.advance(&mut held, Instant::now());
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// One row of the device metrics: a whole GPU, or one MIG instance of a GPU in MIG mode.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct DeviceRow {
+    /// (GPU instance ID, profile); `None` for the whole GPU.
+    instance: Option<(u32, String)>,
+    tenant: String,
+    used_mib: u64,
+    total_mib: u64,
+    processes: u32,
+}
+
+/// A GPU's rows: one per MIG instance when it has any (their processes and memory), else one for
+/// the whole GPU.
+fn device_rows(g: &GpuStatus, holdings: &[Holding]) -> Vec<DeviceRow> {
+    let used = |gi: Option<u32>| {
+        let p = g.processes.iter().filter(|p| gi.is_none() || p.gpu_instance_id == gi);
+        let (n, mib) = p.fold((0, 0), |(n, mib), p| (n + 1, mib + p.used_memory_mib.unwrap_or(0)));
+        (n, mib)
+    };
+    if g.instances.is_empty() || !g.mig_mode.is_some_and(|m| m.current) {
+        let (processes, used_mib) = used(None);
+        return vec![DeviceRow {
+            instance: None,
+            tenant: accounting::gpu_tenant(holdings, g.index).into(),
+            used_mib,
+            total_mib: g.memory_mib,
+            processes,
+        }];
+    }
+    g.instances
+        .iter()
+        .map(|i| {
+            let (processes, used_mib) = used(Some(i.gpu_instance_id));
+            let tenant = holdings
+                .iter()
+                .find(|h| h.gpu == g.index && h.instance.as_ref().is_some_and(|(s, _)| *s == i.placement.start))
+                .map_or(accounting::UNALLOCATED, |h| h.tenant.as_str());
+            DeviceRow {
+                instance: Some((i.gpu_instance_id, i.profile.clone())),
+                tenant: tenant.into(),
+                used_mib,
+                total_mib: g
+                    .profiles
+                    .iter()
+                    .find(|p| p.id == i.profile_id)
+                    .map_or(0, |p| p.memory_mib),
+                processes,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

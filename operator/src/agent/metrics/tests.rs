@@ -1,0 +1,227 @@
+use super::*;
+use crate::api::{
+    GpuSpec, MigInstanceSpec, MigInstanceStatus, MigModeStatus, MigProfileStatus, Mode, MpsSettings, Placement,
+    ProcessStatus, TenantShares,
+};
+use crate::gpu::status::MigChange;
+
+/// The scraped lines of one metric, sorted.
+fn samples(text: &str, name: &str) -> Vec<String> {
+    let mut v: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with(name) && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' ')))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+/// GPU 0 in MIG mode with a 3g.40gb of acme (one process) and a free 1g.10gb; GPU 1 an MPS GPU of
+/// beta (3 of 4 shares) and delta (1), two processes; GPU 2 found but in no spec.
+fn node() -> (GpuNodeSpec, GpuNodeStatus) {
+    let spec = GpuNodeSpec {
+        gpus: vec![
+            GpuSpec {
+                index: 0,
+                mode: Mode::Mig,
+                mig_instances: vec![
+                    MigInstanceSpec {
+                        profile: "3g.40gb".into(),
+                        placement: Placement { start: 4, size: 4 },
+                        tenant: Some("acme".into()),
+                    },
+                    MigInstanceSpec {
+                        profile: "1g.10gb".into(),
+                        placement: Placement { start: 0, size: 1 },
+                        tenant: None,
+                    },
+                ],
+                mps: None,
+                time_slicing: None,
+                tenants: vec![],
+                shares: vec![],
+                scrub: Default::default(),
+            },
+            GpuSpec {
+                index: 1,
+                mode: Mode::Mps,
+                mig_instances: vec![],
+                mps: Some(MpsSettings::default()),
+                time_slicing: None,
+                tenants: vec!["beta".into(), "delta".into()],
+                shares: vec![
+                    TenantShares {
+                        tenant: "beta".into(),
+                        count: 3,
+                    },
+                    TenantShares {
+                        tenant: "delta".into(),
+                        count: 1,
+                    },
+                ],
+                scrub: Default::default(),
+            },
+        ],
+        ..Default::default()
+    };
+    let instance = |id, profile_id, profile: &str, start, size| MigInstanceStatus {
+        gpu_instance_id: id,
+        compute_instance_id: Some(0),
+        profile_id,
+        profile: profile.into(),
+        placement: Placement { start, size },
+        uuid: Some(format!("MIG-{id}")),
+        ..Default::default()
+    };
+    let profile = |id, name: &str, memory_mib| MigProfileStatus {
+        id,
+        name: name.into(),
+        memory_mib,
+        ..Default::default()
+    };
+    let process = |pid, gi, mib| ProcessStatus {
+        pid,
+        gpu_instance_id: gi,
+        compute_instance_id: gi.map(|_| 0),
+        used_memory_mib: Some(mib),
+    };
+    let status = GpuNodeStatus {
+        gpus: vec![
+            GpuStatus {
+                index: 0,
+                uuid: "GPU-0".into(),
+                memory_mib: 81559,
+                mig_mode: Some(MigModeStatus {
+                    current: true,
+                    pending: true,
+                }),
+                profiles: vec![profile(9, "3g.40gb", 40448), profile(19, "1g.10gb", 9856)],
+                instances: vec![instance(2, 9, "3g.40gb", 4, 4), instance(13, 19, "1g.10gb", 0, 1)],
+                processes: vec![process(10, Some(2), 2048)],
+                ..Default::default()
+            },
+            GpuStatus {
+                index: 1,
+                uuid: "GPU-1".into(),
+                memory_mib: 81559,
+                processes: vec![process(20, None, 1024), process(21, None, 512)],
+                ..Default::default()
+            },
+            GpuStatus {
+                index: 2,
+                uuid: "GPU-2".into(),
+                memory_mib: 81559,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    (spec, status)
+}
+
+#[test]
+fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    m.observe(&spec, &status, BTreeMap::from([(1, 0.5), (2, 0.0)]), &[]);
+    let text = m.encode();
+    assert_eq!(
+        samples(&text, "gpu_tenancy_device_memory_used_bytes"),
+        [
+            r#"gpu_tenancy_device_memory_used_bytes{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="13",GPU_I_PROFILE="1g.10gb",mode="MIG",tenant="unallocated"} 0.0"#,
+            r#"gpu_tenancy_device_memory_used_bytes{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",mode="MIG",tenant="acme"} 2147483648.0"#,
+            r#"gpu_tenancy_device_memory_used_bytes{Hostname="n1",gpu="1",UUID="GPU-1",GPU_I_ID="",GPU_I_PROFILE="",mode="MPS",tenant="shared"} 1610612736.0"#,
+            r#"gpu_tenancy_device_memory_used_bytes{Hostname="n1",gpu="2",UUID="GPU-2",GPU_I_ID="",GPU_I_PROFILE="",mode="Unplanned",tenant="unallocated"} 0.0"#,
+        ]
+    );
+    assert!(text.contains(r#"gpu_tenancy_device_memory_total_bytes{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",mode="MIG",tenant="acme"} 42412802048.0"#), "{text}");
+    assert!(text.contains(r#"gpu_tenancy_device_processes{Hostname="n1",gpu="1",UUID="GPU-1",GPU_I_ID="",GPU_I_PROFILE="",mode="MPS",tenant="shared"} 2"#), "{text}");
+    // Utilization only where NVML gave it: the MPS GPU and the idle GPU, not the MIG GPU.
+    assert_eq!(
+        samples(&text, "gpu_tenancy_device_utilization_ratio").len(),
+        2,
+        "{text}"
+    );
+    assert!(text.contains(r#"gpu_tenancy_node_gpus{Hostname="n1"} 3"#));
+    let shares = samples(&text, "gpu_tenancy_device_share_ratio");
+    assert!(shares.contains(&r#"gpu_tenancy_device_share_ratio{Hostname="n1",gpu="1",UUID="GPU-1",GPU_I_ID="",GPU_I_PROFILE="",mode="MPS",tenant="beta"} 0.75"#.to_string()), "{shares:?}");
+    assert!(text.trim_end().ends_with("# EOF"));
+}
+
+#[test]
+fn a_gpu_that_goes_leaves_no_series() {
+    let m = AgentMetrics::new("n1");
+    let (spec, mut status) = node();
+    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    status.gpus.truncate(1);
+    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    let text = m.encode();
+    let stale: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpu_tenancy_device") && l.contains(r#"gpu="1""#))
+        .collect();
+    assert!(stale.is_empty(), "{stale:?}");
+    assert!(text.contains(r#"gpu_tenancy_node_gpus{Hostname="n1"} 1"#));
+}
+
+#[test]
+fn allocated_seconds_add_up_to_the_gpus_times_the_time() {
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    let t0 = Instant::now();
+    m.observe(&spec, &status, BTreeMap::from([(1, 1.0)]), &[]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let l = m.ledger();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let total: f64 = l.allocated.values().sum();
+    assert!(
+        total > 3.0 * 0.2 && total <= 3.0 * elapsed + 1e-9,
+        "{total} over {elapsed}s: {l:?}"
+    );
+    let acme = l.allocated[&("acme".to_string(), "MIG")];
+    assert!((acme / total - 3.0 / 7.0 / 3.0).abs() < 1e-9, "{l:?}");
+    // The MPS GPU was busy the whole time, and several tenants share it.
+    let shared = l.used[&("shared".to_string(), "MPS")];
+    assert!((shared - total / 3.0).abs() < 1e-9, "{l:?}");
+}
+
+#[test]
+fn scrubs_and_mig_changes_are_counted() {
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    let events = [
+        GpuEvent::Scrub {
+            gpu: 0,
+            ok: true,
+            seconds: 0.3,
+        },
+        GpuEvent::Scrub {
+            gpu: 0,
+            ok: false,
+            seconds: 0.1,
+        },
+        GpuEvent::Mig {
+            gpu: 0,
+            change: MigChange::CreateInstance,
+        },
+    ];
+    m.observe(&spec, &status, BTreeMap::new(), &events);
+    m.observe(&spec, &status, BTreeMap::new(), &events[..1]);
+    let text = m.encode();
+    assert!(
+        text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="0",result="ok"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="0",result="failed"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpu_tenancy_scrub_duration_seconds_count{Hostname="n1"} 3"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpu_tenancy_mig_changes_total{Hostname="n1",gpu="0",change="create_instance"} 1"#),
+        "{text}"
+    );
+}
