@@ -28,9 +28,26 @@ die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 
 PIDS=()
 cleanup() {
-	# A watch is a subshell with kubectl as its child: stop the child too.
-	for p in "${PIDS[@]}"; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
-	[[ -x "$ROOT/e2e/bin/controlplane" ]] && "$ROOT/e2e/bin/controlplane" down --dir "$DIR/controlplane" >/dev/null 2>&1 || true
+	# Newest first (the watches, the controller, the agents), the control plane last, so nothing
+	# retries against an API server that is gone. A watch is a subshell with kubectl as its
+	# child: stop the child too. Whatever has not ended after 15 s (a loaded machine) is killed.
+	local i p
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+		p="${PIDS[i]}"
+		pkill -P "$p" 2>/dev/null || true
+		kill "$p" 2>/dev/null || true
+	done
+	for _ in $(seq 1 150); do
+		local alive=0
+		for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		((alive)) || break
+		sleep 0.1
+	done
+	for p in "${PIDS[@]}"; do
+		pkill -KILL -P "$p" 2>/dev/null || true
+		kill -KILL "$p" 2>/dev/null || true
+	done
+	[[ -x "$ROOT/e2e/bin/controlplane" ]] && "$ROOT/e2e/bin/controlplane" down --dir "$DIR/controlplane" --timeout 15s >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -184,8 +201,10 @@ fi
 say "running; try: KUBECONFIG=$KUBECONFIG $KUBECTL edit gputenant team-beta   (Ctrl-C stops everything)"
 # kubectl watches one resource type per command ("you may only specify a single resource type"
 # with --watch-only): one watch per kind, each started again when the API server ends its watch.
+DEMO_PID=$$
 watch_kind() {
-	while :; do
+	# Ends with make run even if a stop misses it ($$ is make run's shell in this subshell too).
+	while kill -0 "$DEMO_PID" 2>/dev/null; do
 		k get "$1" --watch-only || true
 		sleep 1
 	done

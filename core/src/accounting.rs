@@ -104,7 +104,7 @@ fn granted(g: &GpuSpec) -> Vec<Holding> {
             .max(1);
             if g.shares.is_empty() {
                 // A spec without share counts: the GPU's tenants hold it in equal parts.
-                out.extend(equal_parts(g, &holding));
+                out.extend(equal_parts(g));
             } else {
                 let mut left = replicas;
                 for s in &g.shares {
@@ -114,14 +114,24 @@ fn granted(g: &GpuSpec) -> Vec<Holding> {
                 }
             }
         }
-        Mode::Exclusive => out.extend(equal_parts(g, &holding)),
+        Mode::Exclusive => out.extend(equal_parts(g)),
     }
     out
 }
 
-fn equal_parts(g: &GpuSpec, holding: &dyn Fn(Option<(u32, String)>, &str, f64) -> Holding) -> Vec<Holding> {
+/// The GPU's tenants hold it in equal parts.
+fn equal_parts(g: &GpuSpec) -> Vec<Holding> {
     let n = g.tenants.len() as f64;
-    g.tenants.iter().map(|t| holding(None, t, 1.0 / n)).collect()
+    g.tenants
+        .iter()
+        .map(|t| Holding {
+            gpu: g.index,
+            instance: None,
+            mode: g.mode.as_str(),
+            tenant: t.clone(),
+            weight: 1.0 / n,
+        })
+        .collect()
 }
 
 /// The `tenant` of a row about a whole GPU (memory, processes, utilization): its one tenant,

@@ -35,8 +35,6 @@ use crate::api::GpuTenant;
 /// Prefix of every metric name.
 pub const PREFIX: &str = "gpu_tenancy_controller";
 
-/// The `Content-Type` of [`Metrics::encode`]'s output.
-
 /// What a write did to an object: the `action` label of `objects_written_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WriteAction {

@@ -65,7 +65,7 @@ async fn agent_metrics_match_what_the_simulator_ran() {
     api.patch(
         &name,
         &PatchParams::apply("e2e-metrics").force(),
-        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "spec": spec})),
+        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": name}, "spec": spec})),
     )
     .await
     .expect("the test writes the GpuNode spec");
