@@ -3,7 +3,7 @@
 CARGO ?= cargo
 E2E_PACKAGE := gpu-tenancy-e2e
 
-.PHONY: help build run run-check test unit lint fmt crds validate plan bench
+.PHONY: help build run run-check rules-check prometheus-rule test unit lint fmt crds validate plan bench
 
 help:
 	@echo "make run       the product on simulated GPUs: control plane, controller, agents, examples/"
@@ -12,6 +12,8 @@ help:
 	@echo "make test      unit, property and integration tests, the e2e suites on a real kube-apiserver"
 	@echo "               (e2e, controller scenarios, short fault scenarios), then make run until all is Ready"
 	@echo "make unit      only the tests that need no control plane"
+	@echo "make rules-check  promtool checks and unit tests of the alerting rules (deploy/prometheus)"
+	@echo "make prometheus-rule  regenerate deploy/prometheus/prometheusrule.yaml from rules.yaml"
 	@echo "make e2e-faults the fault scenarios with 300 s of random kills (FAULTS_SECONDS, FAULTS_SEED)"
 	@echo "make e2e-up    start a local control plane (kube-apiserver + etcd) and print its KUBECONFIG"
 	@echo "make bench     criterion benchmarks (solver, planner)"
@@ -27,7 +29,7 @@ run:
 
 # The last step is `make run` itself: it must come up Ready, keep running, print a change made
 # with kubectl, and stop cleanly on Ctrl-C (e2e/run-check.sh).
-test: unit e2e run-check
+test: unit e2e rules-check run-check
 
 run-check:
 	@e2e/run-check.sh
@@ -36,6 +38,16 @@ run-check:
 unit:
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace --exclude $(E2E_PACKAGE)
+
+# The alerting rules: promtool, built from Prometheus' Go module into e2e/bin/ when missing or
+# stale (e2e/prometheus), checks rules.yaml and the PrometheusRule generated from it, and runs
+# the unit tests in deploy/prometheus/tests.
+rules-check:
+	@e2e/run.sh build-prometheus promtool
+	@deploy/prometheus/rules.sh check e2e/bin/promtool
+
+prometheus-rule:
+	@deploy/prometheus/rules.sh generate
 
 lint:
 	$(CARGO) fmt --all --check

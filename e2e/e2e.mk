@@ -1,6 +1,8 @@
 # End-to-end tests against a real Kubernetes control plane (included by the root Makefile).
 #
 #   make e2e-build   build e2e/bin/controlplane (embedded etcd + kube-apiserver) and e2e/bin/kubectl
+#   make prometheus-build  build e2e/bin/promtool and e2e/bin/prometheus from Prometheus' Go
+#                    module (e2e/prometheus); `make rules-check` builds promtool by itself
 #   make e2e-up      start a control plane in the background; prints `export KUBECONFIG=...`
 #   make e2e-down    stop it
 #   make e2e         run e2e/suite against a fresh control plane, torn down afterwards;
@@ -15,13 +17,16 @@
 E2E_RUN ?= e2e/run.sh
 E2E_ARGS ?=
 
-.PHONY: e2e-build e2e-up e2e-down e2e e2e-faults
+.PHONY: e2e-build e2e-up e2e-down e2e e2e-faults prometheus-build
 
 FAULTS_SECONDS ?= 300
 FAULTS_SEED ?=
 
 e2e-build:
 	@$(E2E_RUN) build
+
+prometheus-build:
+	@$(E2E_RUN) build-prometheus
 
 e2e-up:
 	@$(E2E_RUN) up

@@ -21,6 +21,10 @@
 #                           for GPU_TENANCY_FAULTS_SECONDS (default 300 here: `make e2e-faults`)
 #   e2e/run.sh nvml-check   only NVIDIA's NVML client (go-nvml, go-nvlib) against the simulated
 #                           libnvidia-ml.so (e2e/nvml-check); `test` runs it first
+#   e2e/run.sh build-prometheus [promtool] [prometheus]
+#                           build e2e/bin/promtool and e2e/bin/prometheus (default both; if needed)
+#                           from Prometheus' Go module (e2e/prometheus); `make rules-check` builds
+#                           promtool this way
 #
 # Environment: GPU_TENANCY_E2E_KUBECONFIG (use this cluster, start nothing),
 # GPU_TENANCY_E2E_KUBECTL (kubectl to use instead of e2e/bin/kubectl),
@@ -39,6 +43,7 @@ HELM_RENDER="$BIN_DIR/helm-render"
 HELM_RENDER_SRC="$ROOT/e2e/helm-render"
 GITOPS="$BIN_DIR/gitops"
 GITOPS_SRC="$ROOT/e2e/gitops"
+PROMETHEUS_SRC="$ROOT/e2e/prometheus"
 STATE_DIR="$ROOT/target/e2e"
 GO="${GO:-go}"
 CARGO="${CARGO:-cargo}"
@@ -98,6 +103,44 @@ build() {
 		mv -f "$GITOPS.tmp" "$GITOPS"
 		say "built e2e/bin/gitops in $((SECONDS - gstart))s"
 	fi
+}
+
+# prometheus_release: the Prometheus release e2e/prometheus/go.mod requires, for --version.
+# Prometheus tags its Go module v0.MNN.P for release M.NN.P (v0.316.0 is 3.16.0).
+prometheus_release() {
+	local v mnn
+	v="$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v0\./ { print $2; exit }' "$PROMETHEUS_SRC/go.mod")"
+	[[ "$v" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]] || die "cannot read the github.com/prometheus/prometheus version from e2e/prometheus/go.mod"
+	mnn="${BASH_REMATCH[1]}"
+	printf '%d.%d.%s\n' "$((10#$mnn / 100))" "$((10#$mnn % 100))" "${BASH_REMATCH[2]}"
+}
+
+# build_prometheus [NAME...]: e2e/bin/promtool and/or e2e/bin/prometheus (default both), each
+# if missing or older than e2e/prometheus/go.mod or go.sum, from Prometheus' own module (the
+# `tool` lines of that go.mod). promtool checks and unit-tests deploy/prometheus; the server is
+# there to scrape a local run. Both come from one build of the module's packages: the first
+# tool takes about 10 minutes on 2 cores, the other about 2 more, a rebuild seconds.
+build_prometheus() {
+	command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO') on PATH: promtool is built from Prometheus' Go module; install Go (see e2e/prometheus/go.mod for the version)"
+	(($#)) || set -- promtool prometheus
+	local name release start
+	release="$(prometheus_release)"
+	for name in "$@"; do
+		case "$name" in
+		promtool | prometheus) ;;
+		*) die "build-prometheus: '$name' is neither promtool nor prometheus" ;;
+		esac
+		needs_build "$BIN_DIR/$name" "$PROMETHEUS_SRC" || continue
+		say "building e2e/bin/$name $release from github.com/prometheus/prometheus (the first build of the module takes about 10 minutes; later ones come from the Go build cache) ..."
+		start=$SECONDS
+		mkdir -p "$BIN_DIR"
+		(cd "$PROMETHEUS_SRC" && "$GO" build -trimpath -buildvcs=false \
+			-ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+			-o "$BIN_DIR/$name.tmp" "github.com/prometheus/prometheus/cmd/$name") ||
+			die "building e2e/bin/$name failed (see the Go output above)"
+		mv -f "$BIN_DIR/$name.tmp" "$BIN_DIR/$name"
+		say "built e2e/bin/$name in $((SECONDS - start))s"
+	done
 }
 
 # abs PATH: PATH made absolute relative to the caller's directory (the tests run elsewhere).
@@ -311,8 +354,12 @@ nvml-check)
 	"$CARGO" build -p nvml-sim
 	nvml_check
 	;;
+build-prometheus)
+	shift
+	build_prometheus "$@"
+	;;
 *)
-	echo "usage: e2e/run.sh build|up|down|test|faults|nvml-check [TEST_ARGS...]" >&2
+	echo "usage: e2e/run.sh build|up|down|test|faults|nvml-check|build-prometheus [ARGS...]" >&2
 	exit 2
 	;;
 esac
