@@ -178,6 +178,12 @@ impl AgentMetrics {
         held.holdings = accounting::holdings(spec, &found);
         held.busy = busy;
         self.devices(spec, status, &held.holdings, &held.busy);
+        // Both results exist from the first pass, at 0: an alert on failures sees the first one.
+        for g in &status.gpus {
+            for result in ["ok", "failed"] {
+                self.f.scrubs.get_or_create(&self.scrub_labels(g.index, result));
+            }
+        }
         self.count(events);
         self.ready.send_replace(true);
     }
@@ -275,19 +281,20 @@ impl AgentMetrics {
         ]
     }
 
+    fn scrub_labels(&self, gpu: u32, result: &str) -> Labels {
+        vec![
+            ("Hostname", self.node.clone()),
+            ("gpu", gpu.to_string()),
+            ("result", result.into()),
+        ]
+    }
+
     fn count(&self, events: &[GpuEvent]) {
         for e in events {
             match e {
                 GpuEvent::Scrub { gpu, ok, seconds } => {
                     let result = if *ok { "ok" } else { "failed" };
-                    self.f
-                        .scrubs
-                        .get_or_create(&vec![
-                            ("Hostname", self.node.clone()),
-                            ("gpu", gpu.to_string()),
-                            ("result", result.into()),
-                        ])
-                        .inc();
+                    self.f.scrubs.get_or_create(&self.scrub_labels(*gpu, result)).inc();
                     self.f
                         .scrub_seconds
                         .get_or_create(&vec![("Hostname", self.node.clone())])
