@@ -103,6 +103,9 @@ build() {
 		mv -f "$GITOPS.tmp" "$GITOPS"
 		say "built e2e/bin/gitops in $((SECONDS - gstart))s"
 	fi
+	# promtool and the Prometheus server: the rules' tests, and a real Prometheus scraping the
+	# agents in the controller scenarios (tests/controller/metrics.rs) and behind `report`.
+	build_prometheus
 }
 
 # prometheus_release: the Prometheus release e2e/prometheus/go.mod requires, for --version.

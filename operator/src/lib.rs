@@ -14,5 +14,6 @@ pub mod cli;
 pub mod controller;
 pub mod gpu;
 pub mod migparted;
+pub mod report;
 pub mod runtime;
 pub mod schema;

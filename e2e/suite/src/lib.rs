@@ -13,6 +13,7 @@ pub mod access;
 pub mod auditor;
 pub mod kubelet;
 pub mod procs;
+pub mod prometheus;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -181,7 +181,7 @@ impl AgentMetrics {
         // Both results exist from the first pass, at 0: an alert on failures sees the first one.
         for g in &status.gpus {
             for result in ["ok", "failed"] {
-                self.f.scrubs.get_or_create(&self.scrub_labels(g.index, result));
+                let _ = self.f.scrubs.get_or_create(&self.scrub_labels(g.index, result));
             }
         }
         self.count(events);

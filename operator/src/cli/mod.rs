@@ -11,6 +11,7 @@ pub mod logging;
 mod migparted;
 mod output;
 pub mod plan;
+mod report;
 mod validate;
 
 pub use output::Output;
@@ -89,6 +90,10 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
         paths: Vec<std::path::PathBuf>,
     },
+    /// Showback from Prometheus: per tenant and mode the GPU-hours allocated and used over a
+    /// window, efficiency, units granted and requested; with --plot, allocation and use over
+    /// time. Exit 1 when Prometheus cannot answer, 2 on usage errors.
+    Report(report::ReportArgs),
 }
 
 /// Foreign file formats `import` and `export` understand.
@@ -120,5 +125,6 @@ pub fn run(cli: Cli) -> i32 {
             to: Format::MigParted,
             paths,
         } => migparted::run_export(&paths),
+        Command::Report(args) => report::run(args),
     }
 }

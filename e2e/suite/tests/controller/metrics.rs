@@ -8,8 +8,9 @@
 use crate::observe::*;
 use crate::support::*;
 use gpu_tenancy::api::GpuNode;
-use gpu_tenancy_e2e::Cleanup;
 use gpu_tenancy_e2e::procs::{SimAgent, http_get};
+use gpu_tenancy_e2e::prometheus::PrometheusProcess;
+use gpu_tenancy_e2e::{Cleanup, repo_root};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -45,23 +46,19 @@ async fn scrape(addr: SocketAddr) -> (Instant, BTreeMap<String, f64>, Instant) {
     (before, parse(&body), after)
 }
 
-#[tokio::test]
-async fn agent_metrics_match_what_the_simulator_ran() {
-    let cleanup = Cleanup::new();
-    let client = setup(&cleanup).await;
-    let name = "metrics-0".to_string();
-    let mut agent = SimAgent::start_with(&client, &cleanup, &name, "metrics", 2).await;
+/// An agent on two simulated H100s serving its metrics: GPU 0 in MIG mode with a 3g.40gb of
+/// tenant a (a process using 2000 MiB), GPU 1 tenant b's whole GPU (a process using 1000 MiB and
+/// half its SMs).
+async fn agent_with_work(client: &kube::Client, cleanup: &Cleanup, name: &str) -> (SimAgent, SocketAddr) {
+    let name = name.to_string();
+    let mut agent = SimAgent::start_with(client, cleanup, &name, "metrics", 2).await;
     let addr = agent.serve_metrics();
-    // GPU 0: a 3g.40gb of tenant a at slices 4-7, the rest free; GPU 1: tenant b's whole GPU.
     let spec = json!({"gpus": [
         {"index": 0, "mode": "MIG", "migInstances": [
             {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]},
         {"index": 1, "mode": "Exclusive", "tenants": ["b"]}]});
     let api: Api<GpuNode> = Api::all(client.clone());
-    wait_nodes(&client, std::slice::from_ref(&name), 30, "the agent's GpuNode", |_| {
-        true
-    })
-    .await;
+    wait_nodes(client, std::slice::from_ref(&name), 30, "the agent's GpuNode", |_| true).await;
     api.patch(
         &name,
         &PatchParams::apply("e2e-metrics").force(),
@@ -69,8 +66,7 @@ async fn agent_metrics_match_what_the_simulator_ran() {
     )
     .await
     .expect("the test writes the GpuNode spec");
-    wait_nodes(&client, std::slice::from_ref(&name), 60, "the spec applied", applied).await;
-
+    wait_nodes(client, std::slice::from_ref(&name), 60, "the spec applied", applied).await;
     agent.sim_ctl(&[
         "attach", "--gpu", "0", "--start", "4", "--pid", "501", "--tenant", "a", "--mib", "2000",
     ]);
@@ -87,6 +83,14 @@ async fn agent_metrics_match_what_the_simulator_ran() {
         "--sm-util",
         "50",
     ]);
+    (agent, addr)
+}
+
+#[tokio::test]
+async fn agent_metrics_match_what_the_simulator_ran() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let (_agent, addr) = agent_with_work(&client, &cleanup, "metrics-0").await;
     // Two polls (1 s each): the agent has read the processes and the utilization since.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let (b1, first, a1) = scrape(addr).await;
@@ -148,4 +152,89 @@ async fn agent_metrics_match_what_the_simulator_ran() {
     assert_eq!(delta("gpu_tenancy_used_gpu_seconds_total", &[r#"tenant="a""#]), 0.0);
     let (code, _) = http_get(addr, "/readyz").await.expect("/readyz");
     assert_eq!(code, 200);
+}
+
+/// `gpu-tenancy report` as a person runs it, against a real Prometheus scraping the agent every
+/// second: the window's GPU-hours are 2 GPUs × the window, a's 3/14 of them, b used half of its
+/// own; and the plot is drawn (target/e2e/report.png, to look at).
+#[tokio::test]
+async fn report_from_a_real_prometheus_adds_up() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let (_agent, addr) = agent_with_work(&client, &cleanup, "metrics-1").await;
+    let prom = PrometheusProcess::start("report", &[addr]).await;
+    // Scrapes for longer than the window, so the window lies wholly after the first sample.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let (code, body) = http_get(prom.addr, "/api/v1/query?query=gpu_tenancy_node_gpus")
+        .await
+        .expect("Prometheus answers");
+    assert!(
+        code == 200 && body.contains(r#""value":["#) && body.contains(r#","2"]"#),
+        "{body}"
+    );
+
+    let report = |args: &[&str]| {
+        let out = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"))
+            .args(["report", "--prometheus", &prom.url()])
+            .args(args)
+            .output()
+            .expect("gpu-tenancy report runs");
+        assert!(
+            out.status.success(),
+            "report {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let json: serde_json::Value = serde_json::from_str(&report(&["--since", "15s", "-o", "json"])).expect("JSON");
+    let hours = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN) * 3600.0;
+    let tenant = |t: &str| {
+        json["tenants"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|x| x["tenant"] == t).cloned())
+            .unwrap_or_else(|| panic!("no tenant {t} in {json}"))
+    };
+    // increase() extrapolates each series to the window's edges: within about a scrape (1 s).
+    let total = hours(&json["totalGpuHours"]);
+    assert!(
+        (total - 2.0 * 15.0).abs() <= 2.0 * 1.5,
+        "{total} GPU-s allocated in 15 s on 2 GPUs: {json}"
+    );
+    let a = hours(&tenant("a")["allocatedGpuHours"]);
+    assert!((a / total - 3.0 / 14.0).abs() < 0.02, "a: {a} of {total}");
+    let b = tenant("b");
+    let (b_alloc, b_used) = (hours(&b["allocatedGpuHours"]), hours(&b["usedGpuHours"]));
+    assert!((b_alloc / total - 0.5).abs() < 0.02, "b: {b_alloc} of {total}");
+    assert!((b_used / b_alloc - 0.5).abs() < 0.05, "b used {b_used} of {b_alloc}");
+    assert!((b["efficiency"].as_f64().unwrap() - 0.5).abs() < 0.05, "{b}");
+    assert!(
+        tenant("a")["usedGpuHours"].is_null(),
+        "no utilization on a MIG GPU: {json}"
+    );
+
+    let table = report(&["--since", "15s"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("b ") && l.contains("Exclusive")),
+        "{table}"
+    );
+    assert!(table.lines().all(|l| l.len() <= 100), "fits a terminal:\n{table}");
+    let csv = report(&["--since", "15s", "-o", "csv"]);
+    assert!(csv.starts_with("tenant,mode,allocated_gpu_hours"), "{csv}");
+
+    let png = repo_root().join("target/e2e/report.png");
+    let svg = repo_root().join("target/e2e/report.svg");
+    report(&["--since", "30s", "--plot", png.to_str().unwrap()]);
+    report(&["--since", "30s", "--plot", svg.to_str().unwrap()]);
+    let bytes = std::fs::read(&png).expect("the PNG plot");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+        "{} bytes",
+        bytes.len()
+    );
+    let text = std::fs::read_to_string(&svg).expect("the SVG plot");
+    assert!(
+        text.contains("<svg") && text.contains("b allocated") && text.contains("b busy"),
+        "{}",
+        &text[..200]
+    );
 }

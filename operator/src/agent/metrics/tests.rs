@@ -145,7 +145,10 @@ fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
     assert!(text.contains(r#"gpu_tenancy_node_gpus{Hostname="n1"} 3"#));
     let shares = samples(&text, "gpu_tenancy_device_share_ratio");
     assert!(shares.contains(&r#"gpu_tenancy_device_share_ratio{Hostname="n1",gpu="1",UUID="GPU-1",GPU_I_ID="",GPU_I_PROFILE="",mode="MPS",tenant="beta"} 0.75"#.to_string()), "{shares:?}");
-    assert!(text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="2",result="failed"} 0"#), "failures exported at 0: {text}");
+    assert!(
+        text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="2",result="failed"} 0"#),
+        "failures exported at 0: {text}"
+    );
     assert!(text.trim_end().ends_with("# EOF"));
 }
 

@@ -1,0 +1,237 @@
+//! `gpu-tenancy report`: showback from the agents' and the controller's metrics in Prometheus.
+//! Per tenant and mode the GPU-hours allocated (share-weighted, `core/src/accounting.rs`) and
+//! used (where utilization is known) over a window, the tenant's units granted and requested
+//! now, and (with `--plot`) allocation and use over time per tenant ([`plot`]).
+//!
+//! Figures are Prometheus' `increase()` over the window: it extrapolates each counter to the
+//! window's edges, so a figure can be off by up to about one scrape interval of the series.
+
+pub mod plot;
+pub mod prometheus;
+
+use prometheus::{PromError, Prometheus, Series};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One tenant's allocation and use in one mode.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModeRow {
+    pub mode: String,
+    pub allocated_gpu_hours: f64,
+    /// `None` where no agent reported utilization (MIG instances, backends without it).
+    pub used_gpu_hours: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantRow {
+    pub tenant: String,
+    /// Units granted and requested now, from the leading controller (`None` for `unallocated`,
+    /// `shared` and tenants the controller does not report).
+    pub granted_units: Option<f64>,
+    pub requested_units: Option<f64>,
+    pub modes: Vec<ModeRow>,
+    pub allocated_gpu_hours: f64,
+    pub used_gpu_hours: Option<f64>,
+    /// Used / allocated, over the modes whose use is known.
+    pub efficiency: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The window, in seconds, ending at `end` (unix seconds, the server's clock).
+    pub window_seconds: f64,
+    pub end: f64,
+    pub tenants: Vec<TenantRow>,
+    /// All GPU-hours allocated, `unallocated` included: the fleet's GPUs × the window.
+    pub total_gpu_hours: f64,
+}
+
+/// Allocation and use over time per tenant, for the plot: GPUs (allocated GPU-seconds per second).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    pub allocated: BTreeMap<String, Vec<(f64, f64)>>,
+    pub used: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+/// A Prometheus duration of `--since` (`90s`, `30m`, `24h`, `7d`, `2w`), in seconds.
+pub fn parse_window(s: &str) -> Result<f64, String> {
+    let unit_at = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(unit_at);
+    let n: f64 = n
+        .parse()
+        .map_err(|_| format!("--since {s:?}: not a duration like 30m, 24h or 7d"))?;
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        "w" => 7.0 * 86400.0,
+        _ => return Err(format!("--since {s:?}: the unit must be s, m, h, d or w")),
+    };
+    match n * scale {
+        w if w >= 1.0 => Ok(w),
+        _ => Err(format!("--since {s:?}: the window must be at least 1s")),
+    }
+}
+
+/// The tenants' figures from Prometheus' answers: allocated and used GPU-seconds by (tenant,
+/// mode), units granted and requested by tenant. Pure.
+pub fn assemble(
+    window_seconds: f64,
+    end: f64,
+    allocated: &[prometheus::Sample],
+    used: &[prometheus::Sample],
+    granted: &[prometheus::Sample],
+    requested: &[prometheus::Sample],
+) -> Report {
+    let key = |s: &prometheus::Sample| {
+        (
+            s.labels.get("tenant").cloned().unwrap_or_default(),
+            s.labels.get("mode").cloned().unwrap_or_default(),
+        )
+    };
+    let by_tenant = |v: &[prometheus::Sample]| -> BTreeMap<String, f64> {
+        v.iter()
+            .map(|s| (s.labels.get("tenant").cloned().unwrap_or_default(), s.value))
+            .collect()
+    };
+    let used: BTreeMap<(String, String), f64> = used.iter().map(|s| (key(s), s.value)).collect();
+    let (granted, requested) = (by_tenant(granted), by_tenant(requested));
+    let mut tenants: BTreeMap<String, Vec<ModeRow>> = BTreeMap::new();
+    for s in allocated {
+        let (tenant, mode) = key(s);
+        let used = used.get(&(tenant.clone(), mode.clone())).map(|u| u / 3600.0);
+        tenants.entry(tenant).or_default().push(ModeRow {
+            mode,
+            allocated_gpu_hours: s.value / 3600.0,
+            used_gpu_hours: used,
+        });
+    }
+    // Tenants the controller grants but no agent has allocated anything to yet.
+    for t in granted.keys().chain(requested.keys()) {
+        tenants.entry(t.clone()).or_default();
+    }
+    let rows: Vec<TenantRow> = tenants
+        .into_iter()
+        .map(|(tenant, modes)| {
+            let allocated: f64 = modes.iter().map(|m| m.allocated_gpu_hours).sum();
+            let known: Vec<&ModeRow> = modes.iter().filter(|m| m.used_gpu_hours.is_some()).collect();
+            let used = (!known.is_empty()).then(|| known.iter().filter_map(|m| m.used_gpu_hours).sum::<f64>());
+            let known_allocated: f64 = known.iter().map(|m| m.allocated_gpu_hours).sum();
+            TenantRow {
+                granted_units: granted.get(&tenant).copied(),
+                requested_units: requested.get(&tenant).copied(),
+                efficiency: used.filter(|_| known_allocated > 0.0).map(|u| u / known_allocated),
+                allocated_gpu_hours: allocated,
+                used_gpu_hours: used,
+                modes,
+                tenant,
+            }
+        })
+        .collect();
+    Report {
+        window_seconds,
+        end,
+        total_gpu_hours: rows.iter().map(|t| t.allocated_gpu_hours).sum(),
+        tenants: rows,
+    }
+}
+
+/// The leading controller's tenant gauge (a follower keeps exporting what it last led with).
+fn leader_only(metric: &str) -> String {
+    format!("sum by (tenant) ({metric} and on (job, instance) (gpu_tenancy_controller_is_leader == 1))")
+}
+
+/// Queries Prometheus for the window of `window_seconds` ending now (the server's clock).
+pub async fn report(prom: &Prometheus, window_seconds: f64) -> Result<Report, PromError> {
+    let end = prom.now().await?;
+    let w = format!("{}s", window_seconds.round() as u64);
+    let increase = |m: &str| format!("sum by (tenant, mode) (increase({m}[{w}]))");
+    let allocated = prom
+        .query(&increase("gpu_tenancy_allocated_gpu_seconds_total"), Some(end))
+        .await?;
+    let used = prom
+        .query(&increase("gpu_tenancy_used_gpu_seconds_total"), Some(end))
+        .await?;
+    let granted = prom
+        .query(&leader_only("gpu_tenancy_controller_tenant_granted"), Some(end))
+        .await?;
+    let requested = prom
+        .query(&leader_only("gpu_tenancy_controller_tenant_requested"), Some(end))
+        .await?;
+    Ok(assemble(window_seconds, end, &allocated, &used, &granted, &requested))
+}
+
+/// Allocation and use per tenant over the window, about 200 points: the agents' gauges of each
+/// tenant's share of each GPU and of each GPU's utilization, summed per tenant. Gauges, not the
+/// counters' rates: a rate over a window longer than a series' life ramps up from 0, and a
+/// counter restarting with its agent would dip.
+pub async fn timeline(prom: &Prometheus, window_seconds: f64, end: f64) -> Result<Timeline, PromError> {
+    let step = (window_seconds / 200.0).max(1.0);
+    let start = end - window_seconds;
+    let by_tenant = |v: Vec<Series>| -> BTreeMap<String, Vec<(f64, f64)>> {
+        v.into_iter()
+            .map(|s| (s.labels.get("tenant").cloned().unwrap_or_default(), s.points))
+            .collect()
+    };
+    let allocated = "sum by (tenant) (gpu_tenancy_device_share_ratio)";
+    let used = "sum by (tenant) (gpu_tenancy_device_utilization_ratio)";
+    Ok(Timeline {
+        allocated: by_tenant(prom.query_range(allocated, start, end, step).await?),
+        used: by_tenant(prom.query_range(used, start, end, step).await?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prometheus::Sample;
+    use super::*;
+
+    fn s(labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample {
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            value,
+        }
+    }
+
+    #[test]
+    fn windows_are_prometheus_durations() {
+        assert_eq!(parse_window("90s"), Ok(90.0));
+        assert_eq!(parse_window("30m"), Ok(1800.0));
+        assert_eq!(parse_window("7d"), Ok(604800.0));
+        assert_eq!(parse_window("2w"), Ok(1209600.0));
+        for bad in ["", "7", "d", "1y", "-1h", "0s", "1.5h"] {
+            assert!(parse_window(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tenants_add_their_modes_and_efficiency_counts_only_known_use() {
+        let r = assemble(
+            3600.0,
+            0.0,
+            &[
+                s(&[("tenant", "a"), ("mode", "MIG")], 3600.0),
+                s(&[("tenant", "a"), ("mode", "Exclusive")], 7200.0),
+                s(&[("tenant", "unallocated"), ("mode", "MIG")], 1800.0),
+            ],
+            &[s(&[("tenant", "a"), ("mode", "Exclusive")], 3600.0)],
+            &[s(&[("tenant", "a")], 3.0), s(&[("tenant", "b")], 0.0)],
+            &[s(&[("tenant", "a")], 4.0), s(&[("tenant", "b")], 2.0)],
+        );
+        let a = &r.tenants[0];
+        assert_eq!((a.tenant.as_str(), a.allocated_gpu_hours), ("a", 3.0));
+        assert_eq!(a.used_gpu_hours, Some(1.0));
+        assert_eq!(a.efficiency, Some(0.5), "1 GPU-h used of the 2 whose use is known");
+        assert_eq!((a.granted_units, a.requested_units), (Some(3.0), Some(4.0)));
+        let b = r.tenants.iter().find(|t| t.tenant == "b").unwrap();
+        assert_eq!(
+            (b.allocated_gpu_hours, b.used_gpu_hours, b.efficiency),
+            (0.0, None, None)
+        );
+        assert_eq!(r.total_gpu_hours, 3.5);
+    }
+}
