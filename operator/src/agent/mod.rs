@@ -17,6 +17,7 @@
 
 pub mod device_plugin;
 pub mod dra;
+pub mod pod_resources;
 
 use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use crate::gpu::Gpus;
