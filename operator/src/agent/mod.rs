@@ -7,7 +7,8 @@
 //! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
 //! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
-//! pods that may hold a busy GPU are listed in the status (`evictionRequests`) for the controller
+//! pods that hold a busy GPU (by the kubelet's pod-resources API, [`pod_resources`]; without it,
+//! every pod that may) are listed in the status (`evictionRequests`) for the controller
 //! to evict: an agent cannot be kept to its own node's pods if it may evict (an Eviction names no
 //! node), so it may not; the controller checks each pod's node before it evicts.
 //!
@@ -19,14 +20,13 @@ pub mod device_plugin;
 pub mod dra;
 pub mod pod_resources;
 
-use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
+use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
 use crate::gpu::Gpus;
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::scrub::CudaLib;
 use crate::labels::{CONFIG_STATE, ConfigState};
-use device_plugin::mps::{self as plugin_mps, MpsRoot};
-use device_plugin::{eviction_requests, restart_device_plugin};
+use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -55,6 +55,10 @@ pub struct Options {
     /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
     /// `None` reports nothing (backends without a device plugin).
     pub mps_root: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, read in the device-plugin mode for which pod holds
+    /// which device (condition `PodResources`); `None` reads nothing (backends without a kubelet),
+    /// and evictions go by resource names.
+    pub pod_resources_socket: Option<PathBuf>,
     pub mode: AgentMode,
 }
 
@@ -204,27 +208,11 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     for c in &mut status.conditions {
         c.observed_generation = generation;
     }
-    if let Some(root) = opts.mps_root.as_ref().filter(|_| device_plugin) {
-        let root = MpsRoot(root.clone());
-        let found = plugin_mps::observe(&root);
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-        plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
-    }
-    if device_plugin && node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
-        let busy: Vec<&GpuStatus> = status
-            .gpus
-            .iter()
-            .filter(|g| g.reason == Some(GpuReason::Busy) && node.spec.gpus.iter().any(|s| s.index == g.index))
-            .collect();
-        status.eviction_requests = if busy.is_empty() {
-            vec![]
-        } else {
-            // A failed list keeps the requests last published (nothing asked is better than
-            // nothing known): they are made again on the next pass.
-            eviction_requests(client, opts, &busy)
-                .await
-                .unwrap_or_else(|| prev.as_ref().map(|p| p.eviction_requests.clone()).unwrap_or_default())
-        };
+    if device_plugin {
+        device_plugin::observe(client, opts, &node.spec, prev.as_ref(), &mut status).await;
+    } else {
+        // Not read in DRA mode (its Prepare knows each claim's devices).
+        pod_resources::clear(&mut status);
     }
     // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
     // written here.
