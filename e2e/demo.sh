@@ -82,7 +82,8 @@ node() { # NAME LABELS_JSON SIM_GPUS_YAML
 	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
 	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
 		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
-		"$BIN" agent run --node-name "$name" --poll 5 >"$DIR/agent-$name.log" 2>&1 &
+		"$BIN" agent run --node-name "$name" --poll 5 \
+		--pod-resources-socket "$DIR/pod-resources-$name.sock" >"$DIR/agent-$name.log" 2>&1 &
 	PIDS+=($!)
 	say "node $name: agent started on simulated GPUs (log: target/demo/agent-$name.log)"
 }

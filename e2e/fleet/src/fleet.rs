@@ -315,6 +315,7 @@ impl Fleet {
             device_plugin_namespace: "nvidia-device-plugin".into(),
             device_plugin_selector: "app.kubernetes.io/name=nvidia-device-plugin".into(),
             mps_root: None,
+            pod_resources_socket: None,
             mode: Default::default(),
             metrics: None,
         };

@@ -1,7 +1,10 @@
 //! The kubelet's side of a DRA kubelet plugin, for tests: it asks the registration socket what the
 //! plugin is (as the plugin watcher does), then calls `NodePrepareResources` and
 //! `NodeUnprepareResources` on the socket the plugin named, with the kubelet's own message types
-//! (the generated code of k8s.io/kubelet's .proto files).
+//! (the generated code of k8s.io/kubelet's .proto files). [`pod_resources`]: the kubelet's
+//! pod-resources API, answering what a test says.
+
+pub mod pod_resources;
 
 pub use gpu_tenancy::agent::dra::server::proto::dra::Claim;
 use gpu_tenancy::agent::dra::server::proto::dra::dra_plugin_client::DraPluginClient;

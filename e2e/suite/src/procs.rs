@@ -166,12 +166,22 @@ impl SimAgent {
         &self.dir
     }
 
+    /// Where this agent reads the kubelet's pod-resources API (under [`SimAgent::dir`], never the
+    /// host's kubelet): absent unless a test serves it
+    /// ([`crate::kubelet::pod_resources::PodResourcesServer`]).
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.dir.join("pod-resources/kubelet.sock")
+    }
+
     /// Starts the agent again on the same simulated GPUs and state (killing it first if it
     /// runs), as its DaemonSet would after a crash.
     pub fn restart(&mut self) {
         self.kill();
         let mut cmd = Command::new(binary("gpu-tenancy"));
+        let pod_resources = self.pod_resources_socket();
         cmd.args(["agent", "run", "--node-name", &self.name, "--poll", "1"])
+            .arg("--pod-resources-socket")
+            .arg(&pod_resources)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", kubeconfig_path())

@@ -7,7 +7,8 @@
 //! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
 //! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
-//! pods that may hold a busy GPU are listed in the status (`evictionRequests`) for the controller
+//! pods that hold a busy GPU (by the kubelet's pod-resources API, [`pod_resources`]; without it,
+//! every pod that may) are listed in the status (`evictionRequests`) for the controller
 //! to evict: an agent cannot be kept to its own node's pods if it may evict (an Eviction names no
 //! node), so it may not; the controller checks each pod's node before it evicts.
 //!
@@ -18,15 +19,15 @@
 pub mod device_plugin;
 pub mod dra;
 pub mod metrics;
+pub mod pod_resources;
 
-use crate::api::{BusyGpuPolicy, ConditionSet, GpuNode, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
+use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
 use crate::gpu::Gpus;
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::scrub::CudaLib;
 use crate::labels::{CONFIG_STATE, ConfigState};
-use device_plugin::mps::{self as plugin_mps, MpsRoot};
-use device_plugin::{eviction_requests, restart_device_plugin};
+use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -56,6 +57,10 @@ pub struct Options {
     /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
     /// `None` reports nothing (backends without a device plugin).
     pub mps_root: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, read in the device-plugin mode for which pod holds
+    /// which device (condition `PodResources`); `None` reads nothing (backends without a kubelet),
+    /// and evictions go by resource names.
+    pub pod_resources_socket: Option<PathBuf>,
     pub mode: AgentMode,
     /// Where each pass's GPUs, holdings and events go (`None`: nowhere).
     pub metrics: Option<Arc<metrics::AgentMetrics>>,
@@ -187,23 +192,8 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         },
         dry_run: false,
     };
-    let g = gpus.clone();
-    let prev_for_apply = prev.clone();
-    let want_busy = opts.metrics.is_some();
-    let applied = tokio::task::spawn_blocking(move || {
-        let applied = apply(&*g, &spec, prev_for_apply.as_ref(), &apply_opts)?;
-        let busy: BTreeMap<u32, f64> = match want_busy {
-            true => applied
-                .status
-                .gpus
-                .iter()
-                .filter_map(|s| g.utilization(s.index).map(|u| (s.index, u)))
-                .collect(),
-            false => BTreeMap::new(),
-        };
-        Ok::<_, String>((applied, busy))
-    });
-    let (applied, busy) = match applied.await.map_err(PassError::Stopped)? {
+    let sampled = apply_and_sample(gpus, spec, prev.clone(), apply_opts, opts.metrics.is_some());
+    let (applied, busy) = match sampled.await.map_err(PassError::Stopped)? {
         Ok(applied) => applied,
         Err(e) => {
             // NVML failed for the whole node (a system query, the device count): without this
@@ -221,27 +211,11 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     for c in &mut status.conditions {
         c.observed_generation = generation;
     }
-    if let Some(root) = opts.mps_root.as_ref().filter(|_| device_plugin) {
-        let root = MpsRoot(root.clone());
-        let found = plugin_mps::observe(&root);
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-        plugin_mps::report(&mut status, &node.spec, &root, &found, &now);
-    }
-    if device_plugin && node.spec.busy_gpu_policy == BusyGpuPolicy::Evict {
-        let busy: Vec<&GpuStatus> = status
-            .gpus
-            .iter()
-            .filter(|g| g.reason == Some(GpuReason::Busy) && node.spec.gpus.iter().any(|s| s.index == g.index))
-            .collect();
-        status.eviction_requests = if busy.is_empty() {
-            vec![]
-        } else {
-            // A failed list keeps the requests last published (nothing asked is better than
-            // nothing known): they are made again on the next pass.
-            eviction_requests(client, opts, &busy)
-                .await
-                .unwrap_or_else(|| prev.as_ref().map(|p| p.eviction_requests.clone()).unwrap_or_default())
-        };
+    if device_plugin {
+        device_plugin::observe(client, opts, &node.spec, prev.as_ref(), &mut status).await;
+    } else {
+        // Not read in DRA mode (its Prepare knows each claim's devices).
+        pod_resources::clear(&mut status);
     }
     // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
     // written here.
@@ -270,6 +244,31 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     }
     label_config_state(client, opts, config_state(&status)).await;
     Ok(())
+}
+
+/// Applies `spec` on a blocking thread (NVML calls block) and, for the metrics, reads how busy
+/// each GPU is afterwards.
+fn apply_and_sample<G: Gpus + 'static>(
+    gpus: &Arc<G>,
+    spec: crate::api::GpuNodeSpec,
+    prev: Option<GpuNodeStatus>,
+    apply_opts: ApplyOptions,
+    sample: bool,
+) -> tokio::task::JoinHandle<Result<(crate::gpu::apply::Applied, BTreeMap<u32, f64>), String>> {
+    let g = gpus.clone();
+    tokio::task::spawn_blocking(move || {
+        let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts)?;
+        let busy = match sample {
+            true => applied
+                .status
+                .gpus
+                .iter()
+                .filter_map(|s| g.utilization(s.index).map(|u| (s.index, u)))
+                .collect(),
+            false => BTreeMap::new(),
+        };
+        Ok((applied, busy))
+    })
 }
 
 /// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its

@@ -129,6 +129,12 @@ pub struct RunArgs {
     /// whether the plugin's MPS daemon has started as the GpuNode condition MpsDaemonReady.
     #[arg(long, value_name = "DIR", default_value = crate::agent::device_plugin::mps::DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
+    /// The kubelet's pod-resources socket (the host's /var/lib/kubelet/pod-resources mounted):
+    /// which pod holds which device, so that busyGpuPolicy Evict asks only for the pods holding a
+    /// busy GPU. Unreadable: the GpuNode condition PodResources says why, and every pod asking
+    /// for a busy GPU's resource names is asked for instead.
+    #[arg(long, value_name = "PATH", default_value = crate::agent::pod_resources::DEFAULT_SOCKET)]
+    pod_resources_socket: PathBuf,
     /// How pods reach this node's GPUs: through NVIDIA's device plugin, or through this agent as
     /// a DRA kubelet plugin (driver gpu.gputenancy.io) that binds each device to its tenant.
     #[arg(long, value_enum, default_value_t = AgentModeArg::DevicePlugin)]
@@ -219,6 +225,7 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             device_plugin_namespace: args.device_plugin_namespace,
             device_plugin_selector: args.device_plugin_selector,
             mps_root: Some(args.mps_root),
+            pod_resources_socket: Some(args.pod_resources_socket),
             mode: match args.mode {
                 AgentModeArg::DevicePlugin => crate::agent::AgentMode::DevicePlugin,
                 AgentModeArg::Dra => {

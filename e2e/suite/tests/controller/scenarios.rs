@@ -4,6 +4,7 @@ use crate::observe::{applied, scrub_tainted};
 use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
 use gpu_tenancy::desired::Settings;
+use gpu_tenancy_e2e::kubelet::pod_resources::{ListPodResourcesResponse, PodResourcesServer, pod_holding};
 use gpu_tenancy_e2e::procs::{ControllerProcess, SimAgent, lease_holder, wait_for_leader};
 use gpu_tenancy_e2e::{Cleanup, kubectl_async};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
@@ -504,18 +505,24 @@ spec:
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// A real agent (`gpu-tenancy agent run` on a simulated GPU) under `busyGpuPolicy: Evict`: a GPU to
-/// change still runs a process, so the agent evicts the pod that asks for its resource, leaves the
-/// GPU alone while the process runs, and applies the change once it ends.
+/// A real agent (`gpu-tenancy agent run` on two simulated GPUs) under `busyGpuPolicy: Evict`: a
+/// GPU to change still runs a process, so the agent evicts the pod that holds it (the kubelet's
+/// pod-resources API, played by the test, says which), leaves the GPU alone while the process
+/// runs, and applies the change once it ends. A pod asking for the same resource name on the
+/// other GPU is not evicted; without the API the agent says so in `PodResources`.
 #[tokio::test]
 async fn e_a_busy_gpu_is_evicted_then_changed() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     cleanup.add("GpuPartitionPlan", "busy");
-    let agent = SimAgent::start(&client, &cleanup, "busy-0", "busy").await;
+    let agent = SimAgent::start_with(&client, &cleanup, "busy-0", "busy", 2).await;
     let controller = run_passes(std::sync::Arc::new(start_controller(&client).await));
+    // GPU 0 changes, GPU 1 keeps its 7g.80gb.
     let plan = |profiles: serde_json::Value| {
-        let mut p = mig_plan("busy", profiles);
+        let mut p = mig_plan("busy", profiles.clone());
+        p["spec"]["gpus"] = json!([
+            {"devices": "0", "mode": "MIG", "mig": {"profiles": profiles}},
+            {"devices": "1", "mode": "MIG", "mig": {"profiles": ["7g.80gb"]}}]);
         p["spec"]["rollout"]["busyGpuPolicy"] = json!("Evict");
         p
     };
@@ -529,36 +536,73 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
         .await
         .unwrap();
     let gn: Api<GpuNode> = Api::all(client.clone());
-    let layout_is = |want: &'static str| {
+    let until = |what: &'static str, check: fn(&GpuNode) -> bool| {
         let gn = gn.clone();
         async move {
             let deadline = Instant::now() + Duration::from_secs(90);
             loop {
-                if let Ok(n) = gn.get("busy-0").await {
-                    let s = n.status.unwrap_or_default();
-                    if s.layout.as_deref() == Some(want)
-                        && s.observed_generation == n.metadata.generation
-                        && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                    {
-                        return;
-                    }
+                if let Ok(n) = gn.get("busy-0").await
+                    && check(&n)
+                {
+                    return n;
                 }
-                assert!(Instant::now() < deadline, "busy-0 never applied {want}");
+                assert!(Instant::now() < deadline, "busy-0 never showed {what}");
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
     };
-    layout_is("0:7g.80gb").await;
-    // A workload on the instance, and its pod (bound to the node; there is no kubelet).
+    fn applied(n: &GpuNode, want: &str) -> bool {
+        let s = n.status.clone().unwrap_or_default();
+        s.layout.as_deref() == Some(want)
+            && s.observed_generation == n.metadata.generation
+            && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    }
+    fn pod_resources(n: &GpuNode) -> Option<(String, String)> {
+        let s = n.status.as_ref()?;
+        let c = s.conditions.iter().find(|c| c.type_ == "PodResources")?;
+        Some((c.status.clone(), c.reason.clone()))
+    }
+    let n = until("0:7g.80gb 1:7g.80gb", |n| applied(n, "0:7g.80gb 1:7g.80gb")).await;
+    // No kubelet socket yet: said so, by resource name until it answers.
+    assert_eq!(pod_resources(&n), Some(("False".into(), "Unavailable".into())));
+    let instance_uuid = |n: &GpuNode, gpu: usize| -> String {
+        n.status.as_ref().unwrap().gpus[gpu].instances[0]
+            .uuid
+            .clone()
+            .expect("an instance UUID")
+    };
+    let (on_gpu0, on_gpu1) = (instance_uuid(&n, 0), instance_uuid(&n, 1));
+    // A workload on each GPU's instance, and their pods (bound to the node; there is no kubelet):
+    // both ask for nvidia.com/mig-7g.80gb, which both GPUs serve. The test's kubelet says which
+    // holds which.
+    let kubelet = PodResourcesServer::start(&agent.pod_resources_socket());
+    let mig = "nvidia.com/mig-7g.80gb";
+    kubelet.set(ListPodResourcesResponse {
+        pod_resources: vec![
+            pod_holding("kube-system", "busy-workload", "c", mig, &[&on_gpu0]),
+            pod_holding("kube-system", "other-gpu-workload", "c", mig, &[&on_gpu1]),
+        ],
+    });
+    until("PodResources=True", |n| {
+        pod_resources(n) == Some(("True".into(), "Read".into()))
+    })
+    .await;
     agent.sim_ctl(&["attach", "--gpu", "0", "--start", "0", "--pid", "4242"]);
-    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "busy-workload"}, "spec": {
-        "nodeName": "busy-0",
-        "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}}))
-    .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
-    let _ = pods.delete("busy-workload", &DeleteParams::default()).await;
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    // The new layout: the agent finds the GPU busy and evicts the pod.
+    // No kubelet confirms a graceful deletion here.
+    let at_once = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for name in ["busy-workload", "other-gpu-workload"] {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+            "nodeName": "busy-0",
+            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {mig: "1"}}}]}}))
+        .unwrap();
+        let _ = pods.delete(name, &at_once).await;
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    // The new layout of GPU 0: the agent finds it busy and evicts its pod.
     plans
         .patch(
             "busy",
@@ -568,38 +612,51 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
+    let terminating = |p: &Option<Pod>| p.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some());
     // Evicted: gone, or terminating (no kubelet here confirms the deletion).
-    while pods
-        .get_opt("busy-workload")
-        .await
-        .unwrap()
-        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
-    {
+    loop {
+        let p = pods.get_opt("busy-workload").await.unwrap();
+        if p.is_none() || terminating(&p) {
+            break;
+        }
         assert!(Instant::now() < deadline, "the pod on the busy GPU was not evicted");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let n = gn.get("busy-0").await.unwrap();
-    let g0 = n.status.unwrap().gpus.into_iter().next().unwrap();
+    let status = n.status.unwrap();
     assert_eq!(
-        g0.reason.map(|r| r.as_str()),
+        status.gpus[0].reason.map(|r| r.as_str()),
         Some("Busy"),
         "the GPU is left alone while the process runs"
     );
-    // The process ends: the change goes through.
+    let asked: Vec<&str> = status.eviction_requests.iter().map(|r| r.name.as_str()).collect();
+    assert!(
+        asked.iter().all(|n| *n == "busy-workload"),
+        "only the busy GPU's holder is asked for: {asked:?}"
+    );
+    // The process ends: the change goes through, and the other GPU's pod stayed throughout.
     agent.sim_ctl(&["detach", "--pid", "4242"]);
-    layout_is("0:3g.40gb+3g.40gb").await;
+    until("0:3g.40gb+3g.40gb 1:7g.80gb", |n| {
+        applied(n, "0:3g.40gb+3g.40gb 1:7g.80gb")
+    })
+    .await;
+    let other = pods.get_opt("other-gpu-workload").await.unwrap();
+    assert!(
+        other.is_some() && !terminating(&other),
+        "the pod on the other GPU was evicted: {other:?}"
+    );
+    // The kubelet gone: the agent says so again.
+    drop(kubelet);
+    until("PodResources=False", |n| {
+        pod_resources(n) == Some(("False".into(), "Unavailable".into()))
+    })
+    .await;
     controller.abort();
     drop(agent);
     plans.delete("busy", &DeleteParams::default()).await.ok();
-    let _ = pods
-        .delete(
-            "busy-workload",
-            &DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            },
-        )
-        .await;
+    for name in ["busy-workload", "other-gpu-workload"] {
+        let _ = pods.delete(name, &at_once).await;
+    }
 }
 
 /// A real agent on a simulated GPU: an instance moves from one tenant to another. The node takes

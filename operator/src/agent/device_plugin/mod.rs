@@ -1,76 +1,96 @@
 //! The node agent's device-plugin mode: what it does for NVIDIA's device plugin on its node. It
 //! restarts the plugin's pod after a MIG change (the plugin reads devices only at start), reports
 //! the plugin's MPS daemon ([`mps`]), and lists the pods that hold a busy GPU for the controller to
-//! evict (the plugin cannot say which pod holds which device).
+//! evict ([`evict`]; the plugin cannot say which pod holds which device, the kubelet's
+//! pod-resources API can).
 
+pub mod evict;
 pub mod mps;
 
 use super::Options;
-use crate::api::{EvictionRequest, GpuStatus};
-use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource};
+use super::pod_resources::{self, Holdings};
+use crate::api::{BusyGpuPolicy, EvictionRequest, GpuNodeSpec, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
+use mps::MpsRoot;
 
-/// The device-plugin resource names through which pods reach `gpu` as it is now: its MIG
-/// instances' profiles, or the whole-GPU names.
-fn resource_names(gpu: &GpuStatus) -> Vec<String> {
-    if gpu.instances.is_empty() {
-        vec![RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]
-    } else {
-        gpu.instances.iter().map(|i| mig_resource(&i.profile)).collect()
+/// What the device-plugin mode adds to a pass's status: the plugin's MPS daemon
+/// (`MpsDaemonReady`), whether the kubelet's pod-resources API answers (`PodResources`), and
+/// under `busyGpuPolicy: Evict` the pods to evict from busy GPUs (`evictionRequests`).
+pub async fn observe(
+    client: &Client,
+    opts: &Options,
+    spec: &GpuNodeSpec,
+    prev: Option<&GpuNodeStatus>,
+    status: &mut GpuNodeStatus,
+) {
+    let now = Time(jiff::Timestamp::now());
+    if let Some(root) = &opts.mps_root {
+        let root = MpsRoot(root.clone());
+        let found = mps::observe(&root);
+        mps::report(status, spec, &root, &found, &now);
     }
+    let holdings = match &opts.pod_resources_socket {
+        Some(socket) => {
+            let read = pod_resources::read(socket).await;
+            if let Err(e) = &read {
+                // Said once, when it starts failing; the condition keeps saying it.
+                let was_failing =
+                    prev.is_some_and(|p| condition_status(&p.conditions, pod_resources::CONDITION) == Some(false));
+                if !was_failing {
+                    tracing::warn!(step = e.kind(), error = %e, "cannot read which pod holds which device");
+                }
+            }
+            pod_resources::report(status, socket, &read, &now);
+            read.ok()
+        }
+        None => {
+            pod_resources::clear(status);
+            None
+        }
+    };
+    if spec.busy_gpu_policy != BusyGpuPolicy::Evict {
+        return;
+    }
+    let busy: Vec<u32> = status
+        .gpus
+        .iter()
+        .filter(|g| g.reason == Some(GpuReason::Busy) && spec.gpus.iter().any(|s| s.index == g.index))
+        .map(|g| g.index)
+        .collect();
+    status.eviction_requests = if busy.is_empty() {
+        vec![]
+    } else {
+        // A failed list keeps the requests last published (nothing asked is better than
+        // nothing known): they are made again on the next pass.
+        eviction_requests(client, opts, &status.gpus, &busy, holdings.as_ref())
+            .await
+            .unwrap_or_else(|| prev.map(|p| p.eviction_requests.clone()).unwrap_or_default())
+    };
 }
 
-/// `busyGpuPolicy: Evict`: the pods of this node that ask for a resource of a busy GPU, for the
-/// controller to evict through the Eviction API (so PodDisruptionBudgets hold). Without the
-/// kubelet's pod-resources API the agent cannot tell which pod holds which device, so every pod
-/// on the node asking for that GPU's resource names is listed (a superset, never a miss).
-/// `None` when the pods cannot be listed.
-pub async fn eviction_requests(client: &Client, opts: &Options, busy: &[&GpuStatus]) -> Option<Vec<EvictionRequest>> {
+/// `busyGpuPolicy: Evict`: the pods of this node to evict from the busy GPUs `busy` ([`evict`]
+/// decides which). `None` when the pods cannot be listed.
+pub async fn eviction_requests(
+    client: &Client,
+    opts: &Options,
+    gpus: &[GpuStatus],
+    busy: &[u32],
+    holdings: Option<&Holdings>,
+) -> Option<Vec<EvictionRequest>> {
     let all: Api<Pod> = Api::all(client.clone());
-    let pods = match all
+    match all
         .list(&ListParams::default().fields(&format!("spec.nodeName={}", opts.node)))
         .await
     {
-        Ok(p) => p,
+        Ok(pods) => Some(evict::select(&pods.items, gpus, busy, holdings)),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list this node's pods to ask for their eviction from busy GPUs");
-            return None;
+            None
         }
-    };
-    let mut out = Vec::new();
-    for pod in pods {
-        let Some(spec) = &pod.spec else { continue };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let asked: Vec<&String> = spec
-            .containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .filter_map(|c| c.resources.as_ref())
-            .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
-            .map(|(k, _)| k)
-            .collect();
-        let gpus: Vec<u32> = busy
-            .iter()
-            .filter(|g| resource_names(g).iter().any(|n| asked.contains(&n)))
-            .map(|g| g.index)
-            .collect();
-        if gpus.is_empty() {
-            continue;
-        }
-        out.push(EvictionRequest {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            gpus,
-        });
     }
-    out.sort();
-    Some(out)
 }
 
 /// Deletes the device plugin's pod on this node so its DaemonSet starts one that re-reads the devices.
