@@ -246,6 +246,9 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     Ok(())
 }
 
+/// What an apply did, and how busy each GPU was afterwards (0 to 1, where known).
+type Sampled = (crate::gpu::apply::Applied, BTreeMap<u32, f64>);
+
 /// Applies `spec` on a blocking thread (NVML calls block) and, for the metrics, reads how busy
 /// each GPU is afterwards.
 fn apply_and_sample<G: Gpus + 'static>(
@@ -254,7 +257,7 @@ fn apply_and_sample<G: Gpus + 'static>(
     prev: Option<GpuNodeStatus>,
     apply_opts: ApplyOptions,
     sample: bool,
-) -> tokio::task::JoinHandle<Result<(crate::gpu::apply::Applied, BTreeMap<u32, f64>), String>> {
+) -> tokio::task::JoinHandle<Result<Sampled, String>> {
     let g = gpus.clone();
     tokio::task::spawn_blocking(move || {
         let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts)?;

@@ -98,7 +98,7 @@ pub enum AgentCommand {
     },
     /// Run in the cluster (the DaemonSet): create this node's GpuNode, apply its spec to the GPUs
     /// whenever it changes (and every --poll seconds, to repair drift), publish the status.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -346,7 +346,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
             });
             if all { 0 } else { 1 }
         }
-        AgentCommand::Run(args) => run_in_cluster(args),
+        AgentCommand::Run(args) => run_in_cluster(*args),
         AgentCommand::ScrubCheck {
             device,
             bytes,
