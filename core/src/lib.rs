@@ -17,3 +17,4 @@ pub mod planner;
 pub mod policy;
 pub mod problem;
 pub mod selectors;
+pub mod signals;

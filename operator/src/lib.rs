@@ -7,6 +7,7 @@
 
 pub use gpu_tenancy_core::{
     accounting, api, desired, device_plugin, devices, dra, inventory, labels, mig, planner, policy, problem, selectors,
+    signals,
 };
 
 pub mod agent;

@@ -14,6 +14,10 @@ impl ConditionSet {
     pub const CAPACITY_SHORT: &'static str = "CapacityShort";
     /// On a GpuTenant: whether Kubernetes enforces which GPUs its pods get, or only how many.
     pub const ISOLATED: &'static str = "Isolated";
+    /// On a GpuNode: compute processes on a GPU or MIG instance no tenant is granted.
+    pub const UNGRANTED_USE: &'static str = "UngrantedUse";
+    /// On a GpuNode: an MPS or time-sliced GPU whose memory is nearly all used.
+    pub const SHARED_MEMORY_PRESSURE: &'static str = "SharedMemoryPressure";
 }
 
 /// Sets one condition in a list keyed by `type`. `lastTransitionTime` only moves when the status

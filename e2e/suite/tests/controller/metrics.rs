@@ -152,6 +152,29 @@ async fn agent_metrics_match_what_the_simulator_ran() {
     assert_eq!(delta("gpu_tenancy_used_gpu_seconds_total", &[r#"tenant="a""#]), 0.0);
     let (code, _) = http_get(addr, "/readyz").await.expect("/readyz");
     assert_eq!(code, 200);
+
+    // b's grant goes (its process stays): ungranted use, in a condition and in the metrics that
+    // deploy/prometheus's GpuTenancyUngrantedGpuInUse alerts on.
+    let name = "metrics-0";
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let spec = json!({"gpus": [
+        {"index": 0, "mode": "MIG", "migInstances": [
+            {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]},
+        {"index": 1, "mode": "Exclusive"}]});
+    api.patch(
+        name,
+        &PatchParams::apply("e2e-metrics").force(),
+        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": name}, "spec": spec})),
+    )
+    .await
+    .expect("the test writes the GpuNode spec");
+    wait_nodes(&client, &[name.to_string()], 30, "UngrantedUse on GPU 1", |n| {
+        condition(n, "UngrantedUse").is_some_and(|c| c.status == "True" && c.message.contains("on GPU 1,"))
+    })
+    .await;
+    let (_, now, _) = scrape(addr).await;
+    let unallocated = [r#"gpu="1""#, r#"tenant="unallocated""#];
+    assert_eq!(sum(&now, "gpu_tenancy_device_processes", &unallocated), 1.0);
 }
 
 /// `gpu-tenancy report` as a person runs it, against a real Prometheus scraping the agent every
