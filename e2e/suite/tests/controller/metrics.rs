@@ -260,4 +260,52 @@ async fn report_from_a_real_prometheus_adds_up() {
         "{}",
         &text[..200]
     );
+
+    grafana_panels_return_series(&prom).await;
+}
+
+/// Percent-encodes a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every query of deploy/grafana/gpu-tenancy.json, with Grafana's variables set as a person
+/// viewing all nodes would have them, is accepted by Prometheus, and every one on the agents'
+/// metrics returns series (the controller is not scraped here: its panel's queries must parse).
+async fn grafana_panels_return_series(prom: &PrometheusProcess) {
+    let path = repo_root().join("deploy/grafana/gpu-tenancy.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the dashboard")).expect("JSON");
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("an expr");
+            let q = expr
+                .replace("$node", ".*")
+                .replace("$__rate_interval", "20s")
+                .replace("$__range", "20s");
+            let (code, body) = http_get(prom.addr, &format!("/api/v1/query?query={}", encode(&q)))
+                .await
+                .expect("Prometheus answers");
+            assert_eq!(code, 200, "panel {:?}: {q}: {body}", panel["title"]);
+            let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let empty = answer["data"]["result"].as_array().is_none_or(|r| r.is_empty());
+            assert!(
+                !empty || q.contains("gpu_tenancy_controller_"),
+                "panel {:?} returns no series: {q}",
+                panel["title"]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} queries");
+    let (_, nodes) = http_get(prom.addr, "/api/v1/label/Hostname/values?match[]=gpu_tenancy_node_gpus")
+        .await
+        .expect("Prometheus answers");
+    assert!(nodes.contains("metrics-1"), "the node variable lists the node: {nodes}");
 }
