@@ -47,6 +47,7 @@ struct Families {
     scrubs: Family<Labels, Counter>,
     scrub_seconds: Family<Labels, Histogram>,
     mig_changes: Family<Labels, Counter>,
+    holders: Family<Labels, Gauge>,
 }
 
 /// What the last observation left for the time until the next one.
@@ -93,6 +94,7 @@ impl AgentMetrics {
             scrubs: Family::default(),
             scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
             mig_changes: Family::default(),
+            holders: Family::default(),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -146,6 +148,11 @@ impl AgentMetrics {
             "mig_changes",
             "MIG changes carried out (create_instance, destroy_instance, mig_mode)",
             f.mig_changes.clone(),
+        );
+        r.register(
+            "device_holder_info",
+            "1 for each container holding a GPU, MIG instance or share, by the kubelet's pod-resources API (device-plugin mode); join on UUID and GPU_I_ID for the tenant",
+            f.holders.clone(),
         );
         AgentMetrics {
             node: node.into(),
@@ -310,6 +317,39 @@ impl AgentMetrics {
                         ])
                         .inc();
                 }
+            }
+        }
+    }
+
+    /// Replaces the holder rows: which container holds which device, as the kubelet said this
+    /// pass (`None`: not known, no rows). A device ID the GPUs do not have gets no row.
+    pub fn holders(&self, status: &GpuNodeStatus, holdings: Option<&crate::agent::pod_resources::Holdings>) {
+        let _held = self.lock();
+        self.f.holders.clear();
+        let Some(h) = holdings else { return };
+        for (id, device) in &h.devices {
+            let uuid = crate::agent::pod_resources::DeviceId::parse(id).uuid;
+            let found = status.gpus.iter().find_map(|g| {
+                if g.uuid == uuid {
+                    return Some((g, None));
+                }
+                let i = g.instances.iter().find(|i| i.uuid.as_deref() == Some(uuid))?;
+                Some((g, Some((i.gpu_instance_id.to_string(), i.profile.clone()))))
+            });
+            let Some((g, instance)) = found else { continue };
+            let (id, profile) = instance.unwrap_or_default();
+            for holder in &device.holders {
+                let labels = vec![
+                    ("Hostname", self.node.clone()),
+                    ("gpu", g.index.to_string()),
+                    ("UUID", g.uuid.clone()),
+                    ("GPU_I_ID", id.clone()),
+                    ("GPU_I_PROFILE", profile.clone()),
+                    ("namespace", holder.namespace.clone()),
+                    ("pod", holder.pod.clone()),
+                    ("container", holder.container.clone()),
+                ];
+                self.f.holders.get_or_create(&labels).set(1);
             }
         }
     }

@@ -203,19 +203,21 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         }
     };
     let mut status = applied.status;
-    if let Some(m) = &opts.metrics {
-        m.observe(&node.spec, &status, busy, &applied.events);
-    }
     status.observed_generation = generation;
     // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
     for c in &mut status.conditions {
         c.observed_generation = generation;
     }
-    if device_plugin {
-        device_plugin::observe(client, opts, &node.spec, prev.as_ref(), &mut status).await;
+    let holders = if device_plugin {
+        device_plugin::observe(client, opts, &node.spec, prev.as_ref(), &mut status).await
     } else {
         // Not read in DRA mode (its Prepare knows each claim's devices).
         pod_resources::clear(&mut status);
+        None
+    };
+    if let Some(m) = &opts.metrics {
+        m.observe(&node.spec, &status, busy, &applied.events);
+        m.holders(&status, holders.as_ref());
     }
     // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
     // written here.

@@ -25,7 +25,7 @@ pub async fn observe(
     spec: &GpuNodeSpec,
     prev: Option<&GpuNodeStatus>,
     status: &mut GpuNodeStatus,
-) {
+) -> Option<Holdings> {
     let now = Time(jiff::Timestamp::now());
     if let Some(root) = &opts.mps_root {
         let root = MpsRoot(root.clone());
@@ -52,7 +52,7 @@ pub async fn observe(
         }
     };
     if spec.busy_gpu_policy != BusyGpuPolicy::Evict {
-        return;
+        return holdings;
     }
     let busy: Vec<u32> = status
         .gpus
@@ -69,6 +69,7 @@ pub async fn observe(
             .await
             .unwrap_or_else(|| prev.map(|p| p.eviction_requests.clone()).unwrap_or_default())
     };
+    holdings
 }
 
 /// `busyGpuPolicy: Evict`: the pods of this node to evict from the busy GPUs `busy` ([`evict`]

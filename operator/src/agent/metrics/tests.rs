@@ -229,3 +229,45 @@ fn scrubs_and_mig_changes_are_counted() {
         "{text}"
     );
 }
+
+#[test]
+fn holders_name_the_containers_of_each_device_the_kubelet_reports() {
+    use crate::agent::pod_resources::{HeldDevice, Holder, Holdings};
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    let holder = |ns: &str, pod: &str| Holder {
+        namespace: ns.into(),
+        pod: pod.into(),
+        container: "main".into(),
+    };
+    let device = |resource: &str, holders| HeldDevice {
+        resource: resource.into(),
+        holders,
+    };
+    let h = Holdings {
+        devices: BTreeMap::from([
+            (
+                "MIG-2".to_string(),
+                device("nvidia.com/mig-3g.40gb", vec![holder("acme", "train")]),
+            ),
+            (
+                "GPU-1::2".to_string(),
+                device("nvidia.com/gpu.shared", vec![holder("beta", "serve")]),
+            ),
+            ("GPU-9".to_string(), device("nvidia.com/gpu", vec![holder("x", "gone")])),
+        ]),
+        ..Default::default()
+    };
+    m.holders(&status, Some(&h));
+    let rows = samples(&m.encode(), "gpu_tenancy_device_holder_info");
+    assert_eq!(
+        rows,
+        [
+            r#"gpu_tenancy_device_holder_info{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",namespace="acme",pod="train",container="main"} 1"#,
+            r#"gpu_tenancy_device_holder_info{Hostname="n1",gpu="1",UUID="GPU-1",GPU_I_ID="",GPU_I_PROFILE="",namespace="beta",pod="serve",container="main"} 1"#,
+        ]
+    );
+    m.holders(&status, None);
+    assert!(samples(&m.encode(), "gpu_tenancy_device_holder_info").is_empty());
+}
