@@ -268,9 +268,13 @@ pub async fn setup() -> Cluster {
                 let (u, p) = (u.clone(), probe.clone());
                 async move { create(&u, ns, &p).await }
             },
+            // A tenant's namespace must be under its tenant's rules, not the no-tenant ones
+            // (which refuse the class too, until the tenant's binding reaches the cache).
             |r| {
-                r.as_ref()
-                    .is_err_and(|e| e.contains("may not name device class gpu.nvidia.com"))
+                r.as_ref().is_err_and(|e| {
+                    e.contains("may not name device class gpu.nvidia.com")
+                        && e.contains("belongs to no GpuTenant") == (ns == NONE_NS)
+                })
             },
         )
         .await
