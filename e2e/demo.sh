@@ -7,11 +7,14 @@
 # is no kubelet: the demo creates the Node objects with the labels NVIDIA's GPU feature discovery
 # would set, and on the DRA node a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs) prepares the
 # claims of the pods the scheduler binds there, so the two DRA teams' example pods show which
-# device each got.
+# device each got. A Prometheus (e2e/bin/prometheus, when built) scrapes every agent and the
+# controller every 2 s; simulated processes of each tenant run on devices the plan granted it, and
+# `gpu-tenancy report` shows their GPU-hours and efficiency.
 #
 # GPU_TENANCY_DEMO_EXIT=1: exit after the first complete print, 0 only if all became Ready.
 # Otherwise it keeps running and prints every change of a GpuTenant or GpuNode until Ctrl-C
-# (e2e/run-check.sh, the last step of `make test`, holds it to that).
+# (e2e/run-check.sh, the last step of `make test`, holds it to that). GPU_TENANCY_DEMO_REPORT_AFTER
+# (seconds, default 60): when, after it is running, it prints the report once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -19,12 +22,17 @@ DIR="$ROOT/target/demo"
 BIN="$ROOT/target/debug/gpu-tenancy"
 FAKE_KUBELET="$ROOT/target/debug/fake-kubelet"
 SIM="$ROOT/target/debug/libnvidia_ml_sim.so"
+SIM_CTL="$ROOT/target/debug/sim-ctl"
+PROMETHEUS="$ROOT/e2e/bin/prometheus"
 KUBECTL="$ROOT/e2e/bin/kubectl"
 CARGO="${CARGO:-cargo}"
 TIMEOUT="${GPU_TENANCY_DEMO_TIMEOUT:-180}"
+REPORT_AFTER="${GPU_TENANCY_DEMO_REPORT_AFTER:-60}"
 
 say() { printf '\033[1mdemo:\033[0m %s\n' "$*" >&2; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
+# A port no one listens on now, for a metrics endpoint or Prometheus (the OS picks it).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 PIDS=()
 cleanup() {
@@ -75,14 +83,19 @@ k wait --for condition=established --timeout=60s crd --all >/dev/null
 k create namespace nvidia-device-plugin >/dev/null
 k create namespace gpu-tenancy-system >/dev/null
 
+# Every metrics endpoint (agents, controller), for Prometheus to scrape.
+TARGETS=()
+
 # The fleet of examples/inventory.yaml: name, labels, simulated GPUs.
 node() { # NAME LABELS_JSON SIM_GPUS_YAML
-	local name="$1" labels="$2" gpus="$3"
+	local name="$1" labels="$2" gpus="$3" port
+	port="$(free_port)"
+	TARGETS+=("127.0.0.1:$port")
 	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
 	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
 	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
 		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
-		"$BIN" agent run --node-name "$name" --poll 5 \
+		"$BIN" agent run --node-name "$name" --poll 5 --metrics-addr "127.0.0.1:$port" \
 		--pod-resources-socket "$DIR/pod-resources-$name.sock" >"$DIR/agent-$name.log" 2>&1 &
 	PIDS+=($!)
 	say "node $name: agent started on simulated GPUs (log: target/demo/agent-$name.log)"
@@ -101,8 +114,10 @@ node gpu-h200-2 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"t
 # Kubernetes' own DRA tests do) so the scheduler places pods there, and a fake kubelet prepares
 # their claims.
 node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
-	local name="$1" labels="$2" gpus="$3" count="$4" d="$DIR/dra-$1" now
+	local name="$1" labels="$2" gpus="$3" count="$4" d="$DIR/dra-$1" now port
 	mkdir -p "$d"
+	port="$(free_port)"
+	TARGETS+=("127.0.0.1:$port")
 	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
 	now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	k patch node "$name" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"64","memory":"512Gi","pods":"250"},"allocatable":{"cpu":"64","memory":"512Gi","pods":"250"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"make run fakes this node","lastHeartbeatTime":"'"$now"'","lastTransitionTime":"'"$now"'"}]}}' >/dev/null
@@ -125,7 +140,7 @@ node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
 	} >"$d/mig-minors"
 	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
 		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
-		"$BIN" agent run --node-name "$name" --poll 5 --mode dra \
+		"$BIN" agent run --node-name "$name" --poll 5 --mode dra --metrics-addr "127.0.0.1:$port" \
 		--kubelet-registry-dir "$d/plugins_registry" --kubelet-plugins-dir "$d/plugins" \
 		--state-dir "$d/state" --cdi-dir "$d/cdi" --mig-minors-file "$d/mig-minors" \
 		--mps-pipe-dir "$d/mps-pipe" --mps-log-dir "$d/mps-log" >"$DIR/agent-$name.log" 2>&1 &
@@ -137,8 +152,32 @@ node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
 node_dra gpu-h100-dra-1 '{"gputenancy.io/pool":"dra","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233010DE", count: 2}' 2
 
 say "starting the controller (log: target/demo/controller.log) ..."
-RUST_LOG=info "$BIN" controller --no-leader-election --metrics-addr 127.0.0.1:0 >"$DIR/controller.log" 2>&1 &
+CONTROLLER_PORT="$(free_port)"
+TARGETS+=("127.0.0.1:$CONTROLLER_PORT")
+RUST_LOG=info "$BIN" controller --no-leader-election --metrics-addr "127.0.0.1:$CONTROLLER_PORT" >"$DIR/controller.log" 2>&1 &
 PIDS+=($!)
+
+# Prometheus scraping every agent and the controller, its data in target/demo/prometheus/.
+PROM_URL=
+if [[ -x "$PROMETHEUS" ]]; then
+	PROM_PORT="$(free_port)"
+	PROM_URL="http://127.0.0.1:$PROM_PORT"
+	mkdir -p "$DIR/prometheus"
+	{
+		echo "global: {scrape_interval: 2s, evaluation_interval: 2s}"
+		echo "scrape_configs:"
+		echo "- job_name: gpu-tenancy"
+		echo "  static_configs:"
+		echo "  - targets:"
+		printf '    - "%s"\n' "${TARGETS[@]}"
+	} >"$DIR/prometheus/prometheus.yml"
+	"$PROMETHEUS" --config.file="$DIR/prometheus/prometheus.yml" --storage.tsdb.path="$DIR/prometheus/data" \
+		--web.listen-address="127.0.0.1:$PROM_PORT" >"$DIR/prometheus.log" 2>&1 &
+	PIDS+=($!)
+	say "Prometheus on $PROM_URL scrapes ${#TARGETS[@]} targets (the agents, the controller) every 2s (log: target/demo/prometheus.log)"
+else
+	say "e2e/bin/prometheus is not built (make prometheus-build): running without Prometheus, so without the report"
+fi
 
 say "applying examples/ (policy, tenants, plans, the DRA pool) ..."
 k apply -f examples/policy.yaml -f examples/tenants.yaml -f examples/plans.yaml -f examples/dra/pool.yaml >/dev/null
@@ -196,10 +235,93 @@ k get resourceclaims -A -o custom-columns='NAMESPACE:.metadata.namespace,CLAIM:.
 echo
 k get gpunode gpu-h100-dra-1 -o jsonpath='{range .status.claims[*]}{.device}{"\t"}{.tenant}{"\t"}{.claim}{"\n"}{end}' | awk 'BEGIN {printf "%-16s %-8s %s\n", "DEVICE", "TENANT", "CLAIM"} {printf "%-16s %-8s %s\n", $1, $2, $3}'
 echo
+
+# Simulated work of each tenant on devices its grant holds, for the report: TENANT DEVICE MiB SM%.
+# DEVICE `gpu` is a whole GPU the tenant is granted (Exclusive, MPS or time-sliced; one it holds
+# alone where there is one, since NVML's utilization of a GPU several tenants share goes to
+# `shared`), or a MIG profile: an instance of the tenant's. Each takes the first such device not
+# yet taken on the nodes below, in that order, as their GpuNode specs grant them.
+WORKLOADS=(
+	"team-gamma gpu 60000 95"
+	"team-gamma gpu 50000 75"
+	"acme gpu 40000 30"
+	"acme 3g.40gb 30000 80"
+	"team-beta 2g.20gb 12000 80"
+	"team-beta gpu 9000 60"
+	"team-delta gpu 6000 20"
+	"research gpu 20000 50"
+)
+# Each node's devices, one a line: `NODE gpu INDEX MODE TENANT...` for a GPU (no tenants on a MIG
+# GPU), `NODE mig INDEX START PROFILE TENANT` for each of its MIG instances.
+devices() { # NODE
+	k get gpunode "$1" -o jsonpath='{range .spec.gpus[*]}gpu {.index} {.mode} {.tenants[*]}{"\n"}{range .migInstances[*]}mig {.placement.start} {.profile} {.tenant}{"\n"}{end}{end}' |
+		awk -v node="$1" '$1 == "gpu" {gpu = $2; print node, $0; next} {print node, "mig", gpu, $2, $3, $4}'
+}
+DEVICES="$(for n in gpu-h100-1 gpu-h100-2 gpu-a100-1 gpu-h200-1 gpu-h200-2; do devices "$n"; done)"
+TAKEN="|"
+# The first device of kind DEVICE granted to TENANT and not taken: `NODE GPU START MODE` (START
+# `-` for a whole GPU), nothing if there is none.
+pick() { # TENANT DEVICE
+	awk -v t="$1" -v want="$2" -v taken="$TAKEN" '
+		$2 == "gpu" { key = $1 " " $3 " -" }
+		$2 == "mig" { key = $1 " " $3 " " $4 }
+		index(taken, "|" key "|") { next }
+		want == "gpu" && $2 == "gpu" && $4 != "MIG" {
+			held = 0
+			for (i = 5; i <= NF; i++) if ($i == t) held = 1
+			if (held && NF == 5 && alone == "") alone = key " " $4
+			if (held && any == "") any = key " " $4
+		}
+		want != "gpu" && $2 == "mig" && $5 == want && $6 == t && mig == "" { mig = key " MIG" }
+		END { print (want == "gpu" ? (alone != "" ? alone : any) : mig) }' <<<"$DEVICES"
+}
+say "starting simulated processes on devices the plan granted each tenant (sim-ctl attach) ..."
+started=0
+pid=4101
+printf '%-12s %-12s %-4s %-10s %-12s %-6s %-4s %s\n' NODE TENANT GPU INSTANCE MODE MiB SM% PID
+for w in "${WORKLOADS[@]}"; do
+	read -r tenant want mib sm <<<"$w"
+	read -r node gpu start mode <<<"$(pick "$tenant" "$want")" || true
+	if [[ -z "${node:-}" ]]; then
+		say "no $want of $tenant left to run a process on: skipped"
+		continue
+	fi
+	TAKEN+="$node $gpu $start|"
+	args=(attach --gpu "$gpu" --pid "$pid" --tenant "$tenant" --mib "$mib" --sm-util "$sm")
+	instance=-
+	if [[ "$start" != - ]]; then
+		args+=(--start "$start")
+		instance="$want@$start"
+	fi
+	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$node.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$node.state.json" \
+		"$SIM_CTL" "${args[@]}" || die "sim-ctl ${args[*]} on $node failed"
+	printf '%-12s %-12s %-4s %-10s %-12s %-6s %-4s %s\n' "$node" "$tenant" "$gpu" "$instance" "$mode" "$mib" "$sm" "$pid"
+	started=$((started + 1))
+	pid=$((pid + 1))
+	unset node
+done
+say "$started of ${#WORKLOADS[@]} simulated processes running; they keep their devices busy, so a change that moves one waits (busyGpuPolicy Wait)"
+say "end one with: GPU_TENANCY_SIM_CONFIG=target/demo/sim-NODE.yaml GPU_TENANCY_SIM_STATE=target/demo/sim-NODE.state.json target/debug/sim-ctl detach --pid PID"
+echo
+
+if [[ -n "$PROM_URL" ]]; then
+	for _ in $(seq 1 300); do curl -sf "$PROM_URL/-/ready" >/dev/null 2>&1 && break; sleep 0.1; done
+	curl -sf "$PROM_URL/-/ready" >/dev/null 2>&1 || die "Prometheus is not ready on $PROM_URL (see target/demo/prometheus.log)"
+fi
 if [[ "${GPU_TENANCY_DEMO_EXIT:-}" == 1 ]]; then
 	exit 0
 fi
 say "running; try: KUBECONFIG=$KUBECONFIG $KUBECTL edit gputenant team-beta   (Ctrl-C stops everything)"
+if [[ -n "$PROM_URL" ]]; then
+	REPORT="target/debug/gpu-tenancy report --prometheus $PROM_URL --since 10m --plot target/demo/report.png"
+	say "showback from Prometheus, once it has a minute or so of data: $REPORT   (printed once below in ${REPORT_AFTER}s)"
+	(
+		sleep "$REPORT_AFTER"
+		say "$REPORT"
+		$REPORT || say "the report failed (Prometheus: target/demo/prometheus.log)"
+	) &
+	PIDS+=($!)
+fi
 # kubectl watches one resource type per command ("you may only specify a single resource type"
 # with --watch-only): one watch per kind, each started again when the API server ends its watch.
 DEMO_PID=$$
