@@ -262,6 +262,20 @@ async fn report_from_a_real_prometheus_adds_up() {
     );
 
     grafana_panels_return_series(&prom).await;
+    for q in [
+        "scrape_samples_scraped",
+        "scrape_duration_seconds",
+        "scrape_response_size_bytes",
+    ] {
+        let (_, body) = http_get(prom.addr, &format!("/api/v1/query?query={q}"))
+            .await
+            .expect("Prometheus answers");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        eprintln!(
+            "MEASURE agent scrape (2 GPUs): {q} = {}",
+            v["data"]["result"][0]["value"][1]
+        );
+    }
 }
 
 /// Percent-encodes a query parameter.
