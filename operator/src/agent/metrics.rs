@@ -48,6 +48,7 @@ struct Families {
     scrub_seconds: Family<Labels, Histogram>,
     mig_changes: Family<Labels, Counter>,
     holders: Family<Labels, Gauge>,
+    ungranted: Family<Labels, Gauge>,
 }
 
 /// What the last observation left for the time until the next one.
@@ -95,6 +96,7 @@ impl AgentMetrics {
             scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
             mig_changes: Family::default(),
             holders: Family::default(),
+            ungranted: Family::default(),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -153,6 +155,11 @@ impl AgentMetrics {
             "device_holder_info",
             "1 for each container holding a GPU, MIG instance or share, by the kubelet's pod-resources API (device-plugin mode); join on UUID and GPU_I_ID for the tenant",
             f.holders.clone(),
+        );
+        r.register(
+            "device_ungranted_processes",
+            "Compute processes on a GPU or MIG instance that no grant explains (DRA: no tenant is granted the device; device plugin: no container holds it by the kubelet's pod-resources API); absent where that cannot be told",
+            f.ungranted.clone(),
         );
         AgentMetrics {
             node: node.into(),
@@ -350,6 +357,33 @@ impl AgentMetrics {
                     ("container", holder.container.clone()),
                 ];
                 self.f.holders.get_or_create(&labels).set(1);
+            }
+        }
+    }
+
+    /// Replaces the ungranted-use rows: every device row at its ungranted processes (0 for most),
+    /// none when it cannot be told.
+    pub fn ungranted(&self, status: &GpuNodeStatus, signals: &crate::signals::Signals) {
+        let held = self.lock();
+        self.f.ungranted.clear();
+        let Some(found) = &signals.ungranted else { return };
+        for g in &status.gpus {
+            let mode = held
+                .holdings
+                .iter()
+                .find(|h| h.gpu == g.index)
+                .map_or(accounting::UNPLANNED, |h| h.mode);
+            for row in device_rows(g, &held.holdings) {
+                let id = row.instance.as_ref().map(|(id, _)| *id);
+                let n: u32 = found
+                    .iter()
+                    .filter(|u| u.gpu == g.index && u.gpu_instance_id == id)
+                    .map(|u| u.processes)
+                    .sum();
+                self.f
+                    .ungranted
+                    .get_or_create(&self.device_labels(g, &row, mode))
+                    .set(i64::from(n));
             }
         }
     }

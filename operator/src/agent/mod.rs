@@ -19,6 +19,7 @@
 pub mod device_plugin;
 pub mod dra;
 pub mod metrics;
+pub mod pitfalls;
 pub mod pod_resources;
 
 use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
@@ -215,9 +216,12 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         pod_resources::clear(&mut status);
         None
     };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let signals = pitfalls::report(&mut status, &node.spec, holders.as_ref(), &now);
     if let Some(m) = &opts.metrics {
         m.observe(&node.spec, &status, busy, &applied.events);
         m.holders(&status, holders.as_ref());
+        m.ungranted(&status, &signals);
     }
     // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
     // written here.

@@ -289,50 +289,7 @@ pub fn build(
         generation,
         now,
     );
-    signal_conditions(&mut out, spec, now);
     out
-}
-
-/// `UngrantedUse` and `SharedMemoryPressure` ([`crate::signals`]), each True with the GPUs
-/// concerned, False when none.
-fn signal_conditions(out: &mut GpuNodeStatus, spec: &GpuNodeSpec, now: &Time) {
-    let found = crate::signals::signals(spec, out);
-    let generation = out.observed_generation;
-    let ungranted = !found.ungranted.is_empty();
-    set_condition(
-        &mut out.conditions,
-        ConditionSet::UNGRANTED_USE,
-        ungranted,
-        if ungranted { "ProcessesWithoutGrant" } else { "None" },
-        if ungranted {
-            format!(
-                "compute processes on {}, which no tenant is granted: find them with nvidia-smi and close the way they came in (a namespace exempt from the admission policies, NVIDIA_VISIBLE_DEVICES honoured by the container toolkit, a process on the host)",
-                found.ungranted.join(", ")
-            )
-        } else {
-            String::new()
-        },
-        generation,
-        now,
-    );
-    let pressure = !found.memory_pressure.is_empty();
-    set_condition(
-        &mut out.conditions,
-        ConditionSet::SHARED_MEMORY_PRESSURE,
-        pressure,
-        if pressure { "NearlyFull" } else { "None" },
-        if pressure {
-            format!(
-                "the processes on shared {} use {}% or more of its memory; nothing keeps one tenant's memory from another's there, so the next allocation fails for whoever makes it: lower the tenants' jobs' memory, fewer shares per GPU, or MIG",
-                found.memory_pressure.join(", "),
-                crate::signals::SHARED_MEMORY_PRESSURE_PERCENT
-            )
-        } else {
-            String::new()
-        },
-        generation,
-        now,
-    );
 }
 
 /// Keeps what only the agent knows from the previous status: for the same GPU (UUID) its last

@@ -8,6 +8,7 @@
 use crate::observe::*;
 use crate::support::*;
 use gpu_tenancy::api::GpuNode;
+use gpu_tenancy_e2e::kubelet::pod_resources::{ListPodResourcesResponse, PodResourcesServer, pod_holding};
 use gpu_tenancy_e2e::procs::{SimAgent, http_get};
 use gpu_tenancy_e2e::prometheus::PrometheusProcess;
 use gpu_tenancy_e2e::{Cleanup, repo_root};
@@ -90,7 +91,7 @@ async fn agent_with_work(client: &kube::Client, cleanup: &Cleanup, name: &str) -
 async fn agent_metrics_match_what_the_simulator_ran() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
-    let (_agent, addr) = agent_with_work(&client, &cleanup, "metrics-0").await;
+    let (agent, addr) = agent_with_work(&client, &cleanup, "metrics-0").await;
     // Two polls (1 s each): the agent has read the processes and the utilization since.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let (b1, first, a1) = scrape(addr).await;
@@ -153,28 +154,56 @@ async fn agent_metrics_match_what_the_simulator_ran() {
     let (code, _) = http_get(addr, "/readyz").await.expect("/readyz");
     assert_eq!(code, 200);
 
-    // b's grant goes (its process stays): ungranted use, in a condition and in the metrics that
-    // deploy/prometheus's GpuTenancyUngrantedGpuInUse alerts on.
-    let name = "metrics-0";
+    // Without the kubelet's pod-resources answer the device plugin's node cannot tell whose the
+    // processes are: not known, and no ungranted-use rows.
+    let name = "metrics-0".to_string();
     let api: Api<GpuNode> = Api::all(client.clone());
-    let spec = json!({"gpus": [
-        {"index": 0, "mode": "MIG", "migInstances": [
-            {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]},
-        {"index": 1, "mode": "Exclusive"}]});
-    api.patch(
-        name,
-        &PatchParams::apply("e2e-metrics").force(),
-        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": name}, "spec": spec})),
+    let ungranted =
+        |n: &GpuNode| condition(n, "UngrantedUse").map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    wait_nodes(
+        &client,
+        std::slice::from_ref(&name),
+        30,
+        "UngrantedUse not known",
+        |n| ungranted(n).is_some_and(|(s, r, _)| s == "False" && r == "NotKnown"),
     )
-    .await
-    .expect("the test writes the GpuNode spec");
-    wait_nodes(&client, &[name.to_string()], 30, "UngrantedUse on GPU 1", |n| {
-        condition(n, "UngrantedUse").is_some_and(|c| c.status == "True" && c.message.contains("on GPU 1,"))
+    .await;
+    assert_eq!(
+        sum(&scrape(addr).await.1, "gpu_tenancy_device_ungranted_processes", &[]),
+        0.0
+    );
+    // The kubelet says a's pod holds its instance and b's pod its GPU: every process explained.
+    let status = api.get(&name).await.expect("the GpuNode").status.expect("a status");
+    let gpu1 = status.gpus[1].uuid.clone();
+    let a_mig = status.gpus[0].instances[0].uuid.clone().expect("a MIG device UUID");
+    let kubelet = PodResourcesServer::start(&agent.pod_resources_socket());
+    let a_pod = pod_holding("a", "train", "main", "nvidia.com/mig-3g.40gb", &[&a_mig]);
+    let b_pod = pod_holding("b", "serve", "main", "nvidia.com/gpu", &[&gpu1]);
+    kubelet.set(ListPodResourcesResponse {
+        pod_resources: vec![a_pod.clone(), b_pod],
+    });
+    wait_nodes(&client, std::slice::from_ref(&name), 30, "UngrantedUse False", |n| {
+        ungranted(n).is_some_and(|(s, r, _)| s == "False" && r == "None")
+    })
+    .await;
+    // b's pod ends, its process stays (a process the kubelet gave no device to): ungranted use, in
+    // the condition and in the metric deploy/prometheus's GpuTenancyUngrantedGpuInUse alerts on.
+    kubelet.set(ListPodResourcesResponse {
+        pod_resources: vec![a_pod],
+    });
+    wait_nodes(&client, std::slice::from_ref(&name), 30, "UngrantedUse on GPU 1", |n| {
+        ungranted(n).is_some_and(|(s, _, m)| s == "True" && m.contains("on GPU 1 that"))
     })
     .await;
     let (_, now, _) = scrape(addr).await;
-    let unallocated = [r#"gpu="1""#, r#"tenant="unallocated""#];
-    assert_eq!(sum(&now, "gpu_tenancy_device_processes", &unallocated), 1.0);
+    assert_eq!(
+        sum(&now, "gpu_tenancy_device_ungranted_processes", &[r#"gpu="1""#]),
+        1.0
+    );
+    assert_eq!(
+        sum(&now, "gpu_tenancy_device_ungranted_processes", &[r#"gpu="0""#]),
+        0.0
+    );
 }
 
 /// `gpu-tenancy report` as a person runs it, against a real Prometheus scraping the agent every
