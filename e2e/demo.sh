@@ -40,6 +40,9 @@ cleanup() {
 	# retries against an API server that is gone. A watch is a subshell with kubectl as its
 	# child: stop the child too. Whatever has not ended after 15 s (a loaded machine) is killed.
 	local i p
+	# What the stop did and when, for a stop that takes long (target/demo/stop.log).
+	stoplog() { printf '%s %s\n' "$(date +%T.%N)" "$*" >>"$DIR/stop.log" 2>/dev/null || true; }
+	stoplog "stopping ${#PIDS[@]} processes"
 	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
 		p="${PIDS[i]}"
 		pkill -P "$p" 2>/dev/null || true
@@ -52,10 +55,13 @@ cleanup() {
 		sleep 0.1
 	done
 	for p in "${PIDS[@]}"; do
+		kill -0 "$p" 2>/dev/null && stoplog "still running after 15 s, killed: $p $(ps -o comm= -p "$p" 2>/dev/null)"
 		pkill -KILL -P "$p" 2>/dev/null || true
 		kill -KILL "$p" 2>/dev/null || true
 	done
+	stoplog "processes stopped; stopping the control plane"
 	[[ -x "$ROOT/e2e/bin/controlplane" ]] && "$ROOT/e2e/bin/controlplane" down --dir "$DIR/controlplane" --timeout 15s >/dev/null 2>&1 || true
+	stoplog "stopped"
 }
 trap cleanup EXIT
 trap 'exit 130' INT

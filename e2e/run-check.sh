@@ -24,7 +24,10 @@ mkdir -p "$ROOT/target"
 : >"$LOG"
 # Job control gives the demo a process group of its own, so a stop reaches every child.
 set -m
-e2e/demo.sh >"$LOG" 2>&1 &
+# SIGINT as a terminal gives it: a shell that started this one in the background (a CI runner,
+# nohup ... &) leaves SIGINT ignored, a disposition bash cannot trap again, and Ctrl-C below
+# would then stop nothing.
+env --default-signal=INT e2e/demo.sh >"$LOG" 2>&1 &
 DEMO=$!
 set +m
 stop_demo() { kill -INT -- "-$DEMO" 2>/dev/null || true; }
@@ -92,6 +95,11 @@ trap - EXIT
 kill -INT -- "-$DEMO"
 for _ in $(seq 1 60); do kill -0 "$DEMO" 2>/dev/null || break; sleep 1; done
 if kill -0 "$DEMO" 2>/dev/null; then
+	{
+		echo "--- what make run's stop did (target/demo/stop.log), and its processes still running ---"
+		cat target/demo/stop.log
+		ps -eo pid=,ppid=,pgid=,stat=,etime=,args= | awk -v g="$DEMO" '$3 == g' | cut -c1-200
+	} >&2 2>/dev/null || true
 	kill -KILL -- "-$DEMO" 2>/dev/null || true
 	fail "make run did not stop within 60s of SIGINT"
 fi
