@@ -383,10 +383,15 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
 
 /// Does the spec hand a GPU or instance to tenants the agent has not yet applied (scrubbed for)?
 /// Without a status every binding is pending: an unknown previous owner is a change of hands.
+/// Tenants joining a shared GPU the agent applied to the others hand nothing over
+/// ([`crate::handover`]).
 pub fn handover_pending(spec: &GpuNodeSpec, status: Option<&GpuNodeStatus>) -> bool {
     spec.gpus.iter().any(|want| {
         let got = status.and_then(|s| s.gpus.iter().find(|g| g.index == want.index));
-        let whole = !want.tenants.is_empty() && got.is_none_or(|g| g.applied_tenants != want.tenants);
+        let whole = !want.tenants.is_empty()
+            && got.is_none_or(|g| {
+                crate::handover::gpu_changes_hands(g.applied_mode, &g.applied_tenants, want.mode, &want.tenants)
+            });
         let instances = want.mig_instances.iter().filter(|i| i.tenant.is_some()).any(|i| {
             !got.is_some_and(|g| {
                 g.instances
@@ -469,6 +474,7 @@ mod tests {
             gpus: vec![
                 GpuStatus {
                     index: 0,
+                    applied_mode: Some(Mode::Exclusive),
                     applied_tenants: vec!["a".into()],
                     ..GpuStatus::default()
                 },
@@ -524,7 +530,10 @@ mod tests {
             index: 0,
             ..GpuStatus::default()
         };
-        assert_eq!(node_gpu(&status, Some(&spec)).shares, BTreeMap::from([("t1".into(), 5)]));
+        assert_eq!(
+            node_gpu(&status, Some(&spec)).shares,
+            BTreeMap::from([("t1".into(), 5)])
+        );
         assert!(node_gpu(&status, None).shares.is_empty(), "no spec: counts not known");
     }
 

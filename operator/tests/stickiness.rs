@@ -376,6 +376,21 @@ proptest! {
                 .collect();
             let counted: BTreeSet<Unit> = moves.iter().map(|m| m.0.clone()).collect();
             prop_assert_eq!(&listed, &counted);
+            // Tenants joining a shared GPU whose tenants all stay, in the same mode, are no change
+            // of hands (core/src/handover.rs): listed without a scrub. Every other change of a GPU
+            // used whole is scrubbed (no tier of the examples' policy says Never).
+            let (now_units, planned_units) = (units_now(&f.nodes), units_of(&next.nodes));
+            for c in next.changes.iter().filter(|c| c.placement.is_none()) {
+                let unit = (c.node.clone(), c.gpu, None);
+                let mode = |u: &BTreeMap<Unit, (Kind, Vec<String>)>| u.get(&unit).map(|(k, _)| k.0);
+                let stays = c.old_tenants.iter().all(|t| c.new_tenants.contains(t));
+                let join = stays
+                    && !c.old_tenants.is_empty()
+                    && mode(&now_units) == mode(&planned_units)
+                    && mode(&planned_units).is_some_and(|m| m.is_shared());
+                prop_assert_eq!(c.scrub, !join, "{:?}", c);
+                prop_assert!(!(join && c.may_evict), "{:?}", c);
+            }
             // A removal or a smaller request shrinks no one else's MIG or whole-GPU grant: the fair
             // share's rounding is house-monotone (D'Hondt), so freed capacity never rounds anyone
             // down. Not checked on shared GPUs: there a tier rule can keep units from a tenant, the
