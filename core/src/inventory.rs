@@ -44,6 +44,10 @@ pub struct InventoryCurrentGpu {
     /// Tenants whose pods use the whole GPU now (MPS, TimeSlicing, Exclusive).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<String>,
+    /// On an MPS or time-sliced GPU, how many shares each tenant holds now (as a GpuNode spec's
+    /// `shares`); a tenant listed in `tenants` without a count holds at least one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<crate::api::TenantShares>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -114,6 +118,9 @@ pub struct NodeGpu {
     pub mode: Option<Mode>,
     /// Tenants bound to the whole GPU now (MPS, TimeSlicing, Exclusive), sorted.
     pub tenants: Vec<String>,
+    /// On an MPS or time-sliced GPU, the shares each tenant of `tenants` holds now, where known
+    /// (the GpuNode spec's `shares`): the next pass keeps these counts (DESIGN.md §4, invariant 4).
+    pub shares: BTreeMap<String, u32>,
     /// Memory per MIG profile as the driver reports it (name → MiB); preferred over the tables.
     pub profile_memory_mib: BTreeMap<String, u64>,
 }
@@ -254,8 +261,10 @@ impl InventoryFile {
                 };
                 gpu.mode = Some(cur.mode);
                 gpu.tenants = cur.tenants.clone();
+                gpu.tenants.extend(cur.shares.iter().map(|s| s.tenant.clone()));
                 gpu.tenants.sort();
                 gpu.tenants.dedup();
+                gpu.shares = cur.shares.iter().map(|s| (s.tenant.clone(), s.count)).collect();
                 for (i, inst) in cur.instances.iter().enumerate() {
                     let Some(placement) = parse_placement(&inst.placement) else {
                         errors.push(format!(
@@ -341,6 +350,7 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
         Some(s) => {
             gpu.mode = Some(s.mode);
             gpu.tenants = s.tenants.clone();
+            gpu.shares = s.shares.iter().map(|x| (x.tenant.clone(), x.count)).collect();
             for i in &s.mig_instances {
                 gpu.instances.push(crate::mig::ExistingInstance {
                     profile: i.profile.clone(),
@@ -373,10 +383,15 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
 
 /// Does the spec hand a GPU or instance to tenants the agent has not yet applied (scrubbed for)?
 /// Without a status every binding is pending: an unknown previous owner is a change of hands.
+/// Tenants joining a shared GPU the agent applied to the others hand nothing over
+/// ([`crate::handover`]).
 pub fn handover_pending(spec: &GpuNodeSpec, status: Option<&GpuNodeStatus>) -> bool {
     spec.gpus.iter().any(|want| {
         let got = status.and_then(|s| s.gpus.iter().find(|g| g.index == want.index));
-        let whole = !want.tenants.is_empty() && got.is_none_or(|g| g.applied_tenants != want.tenants);
+        let whole = !want.tenants.is_empty()
+            && got.is_none_or(|g| {
+                crate::handover::gpu_changes_hands(g.applied_mode, &g.applied_tenants, want.mode, &want.tenants)
+            });
         let instances = want.mig_instances.iter().filter(|i| i.tenant.is_some()).any(|i| {
             !got.is_some_and(|g| {
                 g.instances
@@ -459,6 +474,7 @@ mod tests {
             gpus: vec![
                 GpuStatus {
                     index: 0,
+                    applied_mode: Some(Mode::Exclusive),
                     applied_tenants: vec!["a".into()],
                     ..GpuStatus::default()
                 },
@@ -483,6 +499,42 @@ mod tests {
         assert!(!handover_pending(&spec, Some(&status)));
         status.gpus[0].applied_tenants = vec![];
         assert!(handover_pending(&spec, Some(&status)));
+    }
+
+    /// The share counts of a shared GPU come back as the planner's previous state, from the file's
+    /// `current` and from the GpuNode spec the controller wrote.
+    #[test]
+    fn share_counts_are_read_back() {
+        let file: InventoryFile = serde_saphyr::from_str(
+            "nodes:\n- name: a\n  gpus:\n  - {model: A100-40GB, count: 2}\n  current:\n  - {gpu: 1, mode: MPS, shares: [{tenant: t1, count: 3}, {tenant: t2, count: 1}]}\n",
+        )
+        .unwrap();
+        let nodes = file.resolve().unwrap();
+        let g = &nodes[0].gpus[1];
+        assert_eq!(g.tenants, ["t1", "t2"], "a tenant with shares uses the GPU");
+        assert_eq!(g.shares, BTreeMap::from([("t1".into(), 3), ("t2".into(), 1)]));
+        let spec = GpuSpec {
+            index: 0,
+            mode: Mode::Mps,
+            mig_instances: vec![],
+            mps: None,
+            time_slicing: None,
+            tenants: vec!["t1".into()],
+            shares: vec![crate::api::TenantShares {
+                tenant: "t1".into(),
+                count: 5,
+            }],
+            scrub: Default::default(),
+        };
+        let status = GpuStatus {
+            index: 0,
+            ..GpuStatus::default()
+        };
+        assert_eq!(
+            node_gpu(&status, Some(&spec)).shares,
+            BTreeMap::from([("t1".into(), 5)])
+        );
+        assert!(node_gpu(&status, None).shares.is_empty(), "no spec: counts not known");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod desired;
 pub mod device_plugin;
 pub mod devices;
 pub mod dra;
+pub mod handover;
 pub mod inventory;
 pub mod labels;
 pub mod mig;

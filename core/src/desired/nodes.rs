@@ -119,11 +119,13 @@ pub fn render(
 }
 
 /// Does `new` hand some GPU or instance of `old` to a tenant that did not have it? (Freeing a unit
-/// hands it to nobody: the scrub comes when someone gets it.)
+/// hands it to nobody: the scrub comes when someone gets it. Joining a shared GPU the others keep
+/// hands nothing over: [`crate::handover`].)
 fn hands_over(old: &crate::api::GpuNodeSpec, new: &crate::api::GpuNodeSpec) -> bool {
     new.gpus.iter().any(|n| {
         let o = old.gpus.iter().find(|o| o.index == n.index);
-        let gpu = n.tenants.iter().any(|t| o.is_none_or(|o| !o.tenants.contains(t)));
+        let gpu = n.tenants.iter().any(|t| o.is_none_or(|o| !o.tenants.contains(t)))
+            && o.is_none_or(|o| crate::handover::gpu_changes_hands(Some(o.mode), &o.tenants, n.mode, &n.tenants));
         let instances = n.mig_instances.iter().filter(|i| i.tenant.is_some()).any(|i| {
             !o.is_some_and(|o| {
                 o.mig_instances
@@ -228,4 +230,50 @@ pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &T
         );
     }
     tenants
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hands_over;
+    use crate::api::{GpuNodeSpec, GpuSpec, Mode};
+
+    fn spec(mode: Mode, tenants: &[&str]) -> GpuNodeSpec {
+        GpuNodeSpec {
+            gpus: vec![GpuSpec {
+                index: 0,
+                mode,
+                mig_instances: vec![],
+                mps: None,
+                time_slicing: None,
+                tenants: tenants.iter().map(|t| t.to_string()).collect(),
+                shares: vec![],
+                scrub: Default::default(),
+            }],
+            ..GpuNodeSpec::default()
+        }
+    }
+
+    /// The `scrub-pending` taint follows the change of hands: a tenant joining a shared GPU whose
+    /// tenants stay takes nothing over, so its node is not tainted; a new tenant where the old one
+    /// goes, on a GPU nobody used, on an exclusive GPU or in another mode is.
+    #[test]
+    fn a_join_on_a_shared_gpu_hands_nothing_over() {
+        for mode in [Mode::Mps, Mode::TimeSlicing] {
+            assert!(!hands_over(&spec(mode, &["a"]), &spec(mode, &["a", "b"])), "{mode}");
+            assert!(
+                !hands_over(&spec(mode, &["a", "b"]), &spec(mode, &["a"])),
+                "{mode}: freeing"
+            );
+            assert!(hands_over(&spec(mode, &["a"]), &spec(mode, &["b"])), "{mode}");
+            assert!(hands_over(&spec(mode, &[]), &spec(mode, &["a"])), "{mode}");
+        }
+        assert!(hands_over(
+            &spec(Mode::Exclusive, &["a"]),
+            &spec(Mode::Exclusive, &["a", "b"])
+        ));
+        assert!(hands_over(
+            &spec(Mode::Mps, &["a"]),
+            &spec(Mode::TimeSlicing, &["a", "b"])
+        ));
+    }
 }

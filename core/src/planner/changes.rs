@@ -4,6 +4,7 @@
 
 use super::nodes::NodeDesired;
 use crate::api::{GpuTenant, MigInstanceSpec, Mode, Placement, ScrubMemory};
+use crate::handover::gpu_changes_hands;
 use crate::inventory::{AppliedState, NodeGpu};
 use crate::policy::TenantProfile;
 use kube::ResourceExt;
@@ -26,7 +27,9 @@ pub struct BindingChange {
     /// Tenants bound to it in the plan, sorted.
     pub new_tenants: Vec<String>,
     pub reason: ChangeReason,
-    /// The agent clears its memory before the new tenants get it (the GPU's `scrub` is not `Never`).
+    /// The agent clears its memory before the new tenants get it: the GPU's `scrub` is not `Never`
+    /// and the GPU changes hands (tenants joining a shared GPU whose tenants stay do not:
+    /// [`crate::handover`]).
     pub scrub: bool,
     /// A tenant loses it and may still run pods there: they are evicted or waited for, as the plan's
     /// `busyGpuPolicy` says.
@@ -313,7 +316,9 @@ pub fn binding_changes(nodes: &[NodeDesired], tenants: &[GpuTenant], valid: &[Te
                 profile: d.instance.map(|(p, _)| p.to_string()),
                 placement: d.instance.map(|(_, at)| at),
                 reason: reason(&d),
-                scrub: spec.is_some_and(|s| s.scrub != ScrubMemory::Never),
+                // Tenants joining a shared GPU whose tenants stay hand nothing over: no scrub.
+                scrub: spec.is_some_and(|s| s.scrub != ScrubMemory::Never)
+                    && (d.instance.is_some() || gpu_changes_hands(Some(d.old_kind.0), &d.old, d.new_kind.0, &d.new)),
                 may_evict: d.leaving().next().is_some(),
                 old_tenants: d.old.iter().map(|t| t.to_string()).collect(),
                 new_tenants: d.new.iter().map(|t| t.to_string()).collect(),

@@ -91,6 +91,9 @@ pub struct Report {
     pub tenant_change_objects: Vec<String>,
     /// Tenants whose grants the change moved (lost and gained), the edited one included.
     pub tenant_change_moved_grants: BTreeMap<String, serde_json::Value>,
+    /// Units (instances, GPUs, shares) of the other tenants' grants the change moved
+    /// ([`cluster::moved_units`]): 0, or the run fails (DESIGN.md §4, invariant 4).
+    pub tenant_change_others_moved_units: u32,
     pub rollout: Rollout,
     pub failures: Vec<String>,
 }
@@ -294,7 +297,13 @@ pub async fn run(
     report.tenant_change = converge("tenant change", fleet, ctl, &m, opts).await?;
     let after = cluster::versions(harness).await?;
     report.tenant_change_objects = cluster::changed(&before, &after);
-    report.tenant_change_moved_grants = cluster::moved_grants(&grants_before, &cluster::grants(harness).await?);
+    let grants_after = cluster::grants(harness).await?;
+    report.tenant_change_moved_grants = cluster::moved_grants(&grants_before, &grants_after);
+    report.tenant_change_others_moved_units = grants_after
+        .iter()
+        .filter(|(t, _)| **t != tenant)
+        .map(|(t, g)| cluster::moved_units(grants_before.get(t), Some(g)))
+        .sum();
 
     report.rollout = rollout(fleet, harness, ctl, opts).await?;
     report.failures = failures(&report);
@@ -411,6 +420,12 @@ pub fn failures(r: &Report) -> Vec<String> {
             r.idle.controller_writes, r.idle.controller_writes_by_kind
         ));
     }
+    if r.tenant_change_others_moved_units > 0 {
+        out.push(format!(
+            "tenant change: {} units of other tenants' grants moved: {:?}",
+            r.tenant_change_others_moved_units, r.tenant_change_moved_grants
+        ));
+    }
     if r.idle.agent_writes > 0 {
         out.push(format!(
             "idle: the agents wrote {} times with nothing changed: {:?}",
@@ -498,6 +513,10 @@ pub fn table(r: &Report) -> String {
     for o in &r.tenant_change_objects {
         line("", o.clone());
     }
+    line(
+        "tenant change: units moved of other tenants",
+        format!("{}", r.tenant_change_others_moved_units),
+    );
     for (t, m) in &r.tenant_change_moved_grants {
         line(&format!("tenant change: grants moved of {t}"), m.to_string());
     }

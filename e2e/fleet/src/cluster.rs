@@ -139,6 +139,43 @@ pub async fn grants(client: &Client) -> Result<BTreeMap<String, Value>, String> 
         .collect())
 }
 
+/// Units of one tenant's grants (a GpuTenant status's `grants`) that moved: per kind (mode and
+/// MIG profile), the units given up on one GPU or instance while as many were taken on another
+/// (`min(lost, gained)`; a grant that only grows or only shrinks moves none). MPS and
+/// time-slicing grants count their shares.
+pub fn moved_units(before: Option<&Value>, after: Option<&Value>) -> u32 {
+    type Kind = (String, String);
+    type Units = BTreeMap<Kind, BTreeMap<(String, u64, String), u64>>;
+    let units = |v: Option<&Value>| {
+        let mut out = Units::new();
+        for g in v.and_then(Value::as_array).into_iter().flatten() {
+            let s = |k: &str| g.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+            let kind = (s("mode"), s("profile"));
+            let at = (
+                s("node"),
+                g.get("gpu").and_then(Value::as_u64).unwrap_or(0),
+                s("placement"),
+            );
+            *out.entry(kind).or_default().entry(at).or_default() += g.get("count").and_then(Value::as_u64).unwrap_or(1);
+        }
+        out
+    };
+    let (b, a) = (units(before), units(after));
+    let none = BTreeMap::new();
+    let mut moved = 0;
+    for kind in b.keys().chain(a.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let (bk, ak) = (b.get(kind).unwrap_or(&none), a.get(kind).unwrap_or(&none));
+        let (mut lost, mut gained) = (0, 0);
+        for at in bk.keys().chain(ak.keys()).collect::<std::collections::BTreeSet<_>>() {
+            let (x, y) = (bk.get(at).copied().unwrap_or(0), ak.get(at).copied().unwrap_or(0));
+            lost += x.saturating_sub(y);
+            gained += y.saturating_sub(x);
+        }
+        moved += lost.min(gained);
+    }
+    moved as u32
+}
+
 /// Tenants whose grants differ, with the grants each lost and gained.
 pub fn moved_grants(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
     let list = |v: Option<&Value>| v.and_then(|v| v.as_array().cloned()).unwrap_or_default();

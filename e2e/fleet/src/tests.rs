@@ -216,6 +216,33 @@ fn the_generated_fleet_plans_without_problems() {
     );
 }
 
+/// The bench's count of other tenants' moved units: shares count one by one, a grant that only
+/// grows or shrinks moves nothing, a share given up here and taken there moves one.
+#[test]
+fn moved_units_count_what_changed_place() {
+    use crate::cluster::moved_units;
+    let g = |gpu: u32, count: u32| json!({"node": "n1", "gpu": gpu, "mode": "MPS", "count": count});
+    let mig = |placement: &str| json!({"node": "n1", "gpu": 0, "mode": "MIG", "profile": "1g.10gb", "placement": placement, "count": 1});
+    let before = json!([g(0, 2), g(1, 2), mig("0:1")]);
+    assert_eq!(moved_units(Some(&before), Some(&before)), 0);
+    assert_eq!(
+        moved_units(Some(&before), Some(&json!([g(0, 3), g(1, 2), mig("0:1")]))),
+        0,
+        "grew"
+    );
+    assert_eq!(
+        moved_units(Some(&before), Some(&json!([g(0, 2), mig("0:1")]))),
+        0,
+        "shrank"
+    );
+    assert_eq!(
+        moved_units(Some(&before), Some(&json!([g(0, 3), g(1, 1), mig("0:1")]))),
+        1
+    );
+    assert_eq!(moved_units(Some(&before), Some(&json!([g(0, 4), mig("1:1")]))), 3);
+    assert_eq!(moved_units(None, Some(&before)), 0, "a new tenant");
+}
+
 #[test]
 fn api_paths_are_counted_by_resource() {
     use crate::fleet::resource_of;

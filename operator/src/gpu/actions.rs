@@ -8,6 +8,7 @@
 
 use crate::api::GpuReason;
 use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory};
+use crate::handover::gpu_changes_hands;
 use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
 use std::fmt;
 
@@ -421,13 +422,13 @@ pub fn known_owner(record: Option<&MigInstanceStatus>, now: &MigInstanceStatus, 
     })
 }
 
-/// Whether `prev` (from the previous status) shows the GPU `o` handed whole to `g`'s tenants in
-/// `g`'s mode: the same GPU (UUID) and a finished hand-over.
+/// Whether `prev` (from the previous status) shows the GPU `o` handed whole, in `g`'s mode, to
+/// `g`'s tenants, or to some of them that the others only join on a shared GPU (no change of
+/// hands: [`crate::handover`]): the same GPU (UUID) and a finished hand-over.
 pub fn known_gpu_owner(prev: Option<&GpuStatus>, o: &GpuStatus, g: &GpuSpec) -> bool {
     prev.is_some_and(|p| {
         p.uuid == o.uuid
-            && p.applied_mode == Some(g.mode)
-            && p.applied_tenants == g.tenants
+            && !gpu_changes_hands(p.applied_mode, &p.applied_tenants, g.mode, &g.tenants)
             && handed_over(p.last_scrub.as_ref())
     })
 }
@@ -458,7 +459,8 @@ fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Do
     let cm_change = o.compute_mode.as_deref() != Some(want_cm);
     let reconfigured = cm_change || done.touched.contains(&(g.index, ScrubTarget::Gpu));
     // Fails closed (DESIGN.md §4.3): without a record of handing this GPU to these tenants in
-    // this mode, the previous owner is unknown, and that is a change of hands.
+    // this mode (or to some of them, that the others join), the previous owner is unknown, and
+    // that is a change of hands.
     let changed = !known_gpu_owner(prev, o, g);
     let needed = match g.scrub {
         ScrubMemory::Never => false,

@@ -376,8 +376,8 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
         message.push(format!("done: {}", done.join(", ")));
     }
     if applied {
-        let owner_changed =
-            o.applied_mode != Some(g.mode) || o.applied_tenants != g.tenants || !handed_over(o.last_scrub.as_ref());
+        let owner_changed = crate::handover::gpu_changes_hands(o.applied_mode, &o.applied_tenants, g.mode, &g.tenants)
+            || !handed_over(o.last_scrub.as_ref());
         if g.mode != crate::api::Mode::Mig && g.scrub == ScrubMemory::Never && owner_changed {
             o.last_scrub = skipped(g.tenants.first());
         }

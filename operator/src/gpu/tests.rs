@@ -413,6 +413,108 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     );
 }
 
+/// Tenants joining a shared GPU whose tenants stay (DESIGN.md §4.3, `core/src/handover.rs`): no
+/// scrub and no wait for the running tenant's processes, in either shared mode and under every
+/// scrub policy. A tenant leaving, an exclusive GPU, a mode change or a record the agent cannot
+/// trust (another GPU, no finished hand-over, no record at all) still scrub, and wait while
+/// processes run.
+#[test]
+fn a_tenant_joining_a_shared_gpu_is_no_change_of_hands() {
+    let busy = |o: &mut GpuStatus| {
+        o.processes = vec![ProcessStatus {
+            pid: 42,
+            ..Default::default()
+        }]
+    };
+    for (mode, cm) in [(Mode::Mps, "ExclusiveProcess"), (Mode::TimeSlicing, "Default")] {
+        let mut o = gpu(0, "H100-80GB", false);
+        o.compute_mode = Some(cm.into());
+        busy(&mut o);
+        let spec = |tenants: &[&str], scrub| GpuSpec {
+            mps: (mode == Mode::Mps).then(|| MpsSettings {
+                max_clients: 4,
+                ..Default::default()
+            }),
+            time_slicing: (mode == Mode::TimeSlicing).then_some(TimeSlicingSettings { replicas: 4 }),
+            scrub,
+            ..whole(0, mode, tenants)
+        };
+        let mut prev = recorded(&o);
+        prev.applied_mode = Some(mode);
+        prev.applied_tenants = vec!["a".into()];
+        for scrub in [ScrubMemory::OnTenantChange, ScrubMemory::Always] {
+            let p = plan_gpu(&o, &spec(&["a", "b"], scrub), Some(&prev), &none());
+            assert!(p.actions.is_empty() && p.blocked.is_none(), "{mode}: b joins a: {p:?}");
+            let p = plan_gpu(&o, &spec(&["a", "b", "c"], scrub), Some(&prev), &none());
+            assert!(
+                p.actions.is_empty() && p.blocked.is_none(),
+                "{mode}: b and c join a: {p:?}"
+            );
+        }
+        let on_change = |t: &[&str]| spec(t, ScrubMemory::OnTenantChange);
+        let blocked = |p: super::actions::GpuPlan| p.blocked.map(|b| b.reason);
+        // a leaves while b stays, or b comes as a goes: a change of hands, and a's processes run.
+        let mut both = prev.clone();
+        both.applied_tenants = vec!["a".into(), "b".into()];
+        assert_eq!(
+            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&both), &none())),
+            Some(GpuReason::Busy)
+        );
+        assert_eq!(
+            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&prev), &none())),
+            Some(GpuReason::Busy)
+        );
+        // Nothing to trust: no record, another GPU at this index, a failed or missing scrub record,
+        // a GPU handed to nobody, another mode before.
+        let untrusted = [
+            None,
+            Some(GpuStatus {
+                uuid: "GPU-other".into(),
+                ..prev.clone()
+            }),
+            Some(GpuStatus {
+                last_scrub: None,
+                ..prev.clone()
+            }),
+            Some(GpuStatus {
+                last_scrub: Some(ScrubRecord {
+                    result: ScrubResult::Failed,
+                    ..Default::default()
+                }),
+                ..prev.clone()
+            }),
+            Some(GpuStatus {
+                applied_tenants: vec![],
+                ..prev.clone()
+            }),
+            Some(GpuStatus {
+                applied_mode: Some(if mode == Mode::Mps {
+                    Mode::TimeSlicing
+                } else {
+                    Mode::Mps
+                }),
+                ..prev.clone()
+            }),
+        ];
+        for p in &untrusted {
+            let plan = plan_gpu(&o, &on_change(&["a", "b"]), p.as_ref(), &none());
+            assert_eq!(blocked(plan), Some(GpuReason::Busy), "{mode}: {p:?}");
+        }
+        // Idle, the same joins with an untrusted record scrub, for the joining set.
+        o.processes.clear();
+        let plan = plan_gpu(&o, &on_change(&["a", "b"]), None, &none());
+        assert!(plan.actions.iter().any(|a| a.is_scrub()), "{mode}: {plan:?}");
+    }
+    // An exclusive GPU is never joined: a second tenant there is a change of hands.
+    let mut o = gpu(0, "H100-80GB", false);
+    busy(&mut o);
+    let mut prev = recorded(&o);
+    prev.applied_mode = Some(Mode::Exclusive);
+    prev.applied_tenants = vec!["a".into()];
+    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a", "b"]), Some(&prev), &none());
+    assert_eq!(p.blocked.map(|b| b.reason), Some(GpuReason::Busy));
+}
+
 /// An instance created earlier in this run (round 1) and found with a process in round 2 (the
 /// device plugin, or anyone, got it first): not scrubbed under that process, Busy.
 #[test]

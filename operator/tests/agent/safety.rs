@@ -317,3 +317,53 @@ fn a_gpu_nvml_cannot_read_is_unreadable_left_alone_and_the_others_carry_on() {
         assert!(sim.leaks(run.status()).is_empty(), "{:?}", sim.leaks(run.status()));
     }
 }
+
+fn time_sliced(tenants: &[&str]) -> String {
+    gpus(&[format!(
+        "  - {{index: 0, mode: TimeSlicing, timeSlicing: {{replicas: 4}}, tenants: [{}], scrub: OnTenantChange}}\n",
+        tenants.join(", ")
+    )])
+}
+
+/// A tenant joining a shared GPU while its tenant's process runs (`core/src/handover.rs`): applied
+/// at once, no scrub, no wait. The running tenant leaving is a change of hands: Busy until its
+/// process ends. And without the agent's own record of the GPU, the same join is an unknown owner.
+#[test]
+fn a_tenant_joins_a_shared_gpu_without_a_scrub_but_a_leaving_one_waits() {
+    let sim = Sim::new("join-shared", &[H100]);
+    assert_eq!(sim.apply(&time_sliced(&["alpha"])).code(), Some(0));
+    let scrubbed = sim.scrubs().len();
+    ctl::attach(
+        &sim.paths,
+        &ctl::Attach {
+            gpu: 0,
+            pid: 777,
+            tenant: Some("alpha".into()),
+            used_mib: 100,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Without a record (no --status): who had the GPU is unknown, so beta's join waits.
+    let run = sim.apply_args(&time_sliced(&["alpha", "beta"]), &["--no-mps"]);
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    assert_eq!(run.status().gpus[0].reason.map(|r| r.as_str()), Some("Busy"));
+    // With it: beta joins alpha at once.
+    let run = sim.apply(&time_sliced(&["alpha", "beta"]));
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!((g.applied, g.reason), (Some(true), None));
+    assert_eq!(g.applied_tenants, ["alpha", "beta"]);
+    assert_eq!(sim.scrubs().len(), scrubbed, "no scrub for a join");
+    // alpha leaves while its process runs: a change of hands, which waits.
+    let run = sim.apply(&time_sliced(&["beta"]));
+    assert_eq!(run.code(), Some(1), "{}", run.stdout());
+    let g = &run.status().gpus[0];
+    assert_eq!((g.applied, g.reason.map(|r| r.as_str())), (Some(false), Some("Busy")));
+    assert_eq!(g.applied_tenants, ["alpha", "beta"]);
+    ctl::detach(&sim.paths, 777).unwrap();
+    let run = sim.apply(&time_sliced(&["beta"]));
+    assert_eq!(run.code(), Some(0), "{}", run.stdout());
+    assert_eq!(sim.scrubs().len(), scrubbed + 1, "alpha's leaving is scrubbed");
+    assert_eq!(run.status().gpus[0].applied_tenants, ["beta"]);
+}

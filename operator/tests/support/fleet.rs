@@ -209,7 +209,8 @@ fn draw_tenant(rng: &mut Lcg, i: usize) -> GpuTenant {
     )
 }
 
-/// The nodes as they run once `planned` is applied: each GPU's mode, whole-GPU tenants and MIG
+/// The nodes as they run once `planned` is applied: each GPU's mode, whole-GPU tenants with their
+/// share counts and MIG
 /// instances with their tenants, from its GpuNode spec (what the planner reads back in a cluster).
 /// GPUs a spec does not list are taken as empty.
 pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInventory> {
@@ -220,6 +221,7 @@ pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInv
             for g in &mut n.gpus {
                 g.mode = None;
                 g.tenants.clear();
+                g.shares.clear();
                 g.instances.clear();
                 g.instance_tenants.clear();
             }
@@ -231,6 +233,7 @@ pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInv
                 g.mode = Some(s.mode);
                 if s.mode != Mode::Mig {
                     g.tenants = s.tenants.clone();
+                    g.shares = s.shares.iter().map(|x| (x.tenant.clone(), x.count)).collect();
                 }
                 for i in &s.mig_instances {
                     g.instances.push(ExistingInstance {

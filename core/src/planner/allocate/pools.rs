@@ -90,8 +90,12 @@ pub(super) fn build_pools(
                         partial: HashMap::new(),
                     });
                     if let Pool::Shared { gpus, .. } = pool {
-                        let now = current_for(&key).map_or(&none, |c| &c.gpus[n][g].whole);
-                        hold(&mut held, &key, now, (gpus.len(), 0));
+                        // Each holder with its share count: the next pass keeps as many.
+                        let now = current_for(&key).map(|c| &c.gpus[n][g]);
+                        for (t, h) in now.map_or(&none, |h| &h.whole).iter().enumerate() {
+                            let count = now.and_then(|h| h.shares.get(t)).copied().unwrap_or(0);
+                            hold(&mut held, &key, std::slice::from_ref(h), (gpus.len(), count));
+                        }
                         gpus.push(SharedGpu {
                             at,
                             setting,

@@ -81,6 +81,8 @@ pub(super) struct Current {
 pub(super) struct GpuHolders {
     /// Tenants of the GPU used whole in its planned mode.
     pub whole: Vec<String>,
+    /// On a shared GPU, the shares each of `whole` holds (0: not known, at least one).
+    pub shares: Vec<u32>,
     /// Tenant of each planned MIG instance.
     pub instances: Vec<Option<String>>,
 }
@@ -96,8 +98,10 @@ impl Current {
                     .iter()
                     .map(|spec| {
                         let inv = &node.inventory.gpus[spec.index as usize];
+                        let whole = whole_holders(inv, spec.mode).to_vec();
                         GpuHolders {
-                            whole: whole_holders(inv, spec.mode).to_vec(),
+                            shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
+                            whole,
                             instances: spec
                                 .mig_instances
                                 .iter()
@@ -123,6 +127,12 @@ impl Current {
                             vec![]
                         } else {
                             spec.tenants.clone()
+                        },
+                        shares: if spec.mode == Mode::Mig {
+                            vec![]
+                        } else {
+                            let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
+                            spec.tenants.iter().map(count).collect()
                         },
                         instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
                     })
@@ -260,9 +270,12 @@ impl Allocator<'_, '_> {
         self.count(t, r, key, kept);
     }
 
-    /// One share on each shared GPU the tenant holds (the rest is spread later), as long as the
-    /// GPUs left can still serve every other tier as many GPUs as the blind pass gave it ([`may_open`]):
-    /// GPUs serve one tier each, so a tier that keeps too many leaves another too few.
+    /// The shares the tenant holds on each shared GPU, up to its amount (where it holds more, the
+    /// GPUs where it holds the most first, so a shrinking grant leaves GPUs rather than thins
+    /// them; where the count is not known, one share, the rest spread later), as long as the GPUs
+    /// left can still serve every other tier as many GPUs as the blind pass gave it ([`may_open`]):
+    /// GPUs serve one tier each, so a tier that keeps too many leaves another too few. Keeping the
+    /// counts, not only the GPUs, is what keeps another tenant's change from moving these shares.
     #[allow(clippy::too_many_arguments)]
     fn keep_shares(
         &mut self,
@@ -282,8 +295,11 @@ impl Allocator<'_, '_> {
         };
         let none = GpuUsers::new();
         let quota = quota.unwrap_or(&none);
-        for &(i, _) in units {
-            if self.have(t, r, key) >= n {
+        let mut units = units.to_vec();
+        units.sort_by_key(|&(i, count)| (std::cmp::Reverse(count), i));
+        for (i, count) in units {
+            let have = self.have(t, r, key);
+            if have >= n {
                 break;
             }
             let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
@@ -293,7 +309,7 @@ impl Allocator<'_, '_> {
             if opens && !may_open(&who, quota, opened, gpus.len() as u32) {
                 continue;
             }
-            let got = self.try_gpu(t, r, key, i, 1, &mut false);
+            let got = self.try_gpu(t, r, key, i, count.max(1).min(n - have), &mut false);
             if got > 0 && opens {
                 *opened.entry(who.clone()).or_default() += 1;
             }

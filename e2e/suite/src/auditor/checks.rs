@@ -68,11 +68,13 @@ pub struct Finding {
 
 /// An instance as last reported: its tenant, MIG device UUID and scrub record.
 type InstanceSeen = (Option<String>, Option<String>, Option<ScrubRecord>);
+/// A GPU used whole as last seen: applied tenants, last scrub, applied mode.
+type GpuSeen = (BTreeSet<String>, Option<ScrubRecord>, Option<Mode>);
 
 /// What the auditor remembers of each GPU and instance between snapshots, to see hand-overs.
 #[derive(Default)]
 pub struct History {
-    gpus: BTreeMap<(String, u32), (BTreeSet<String>, Option<ScrubRecord>)>,
+    gpus: BTreeMap<(String, u32), GpuSeen>,
     instances: BTreeMap<(String, u32, u32), InstanceSeen>,
     seen_nodes: BTreeSet<String>,
 }
@@ -337,9 +339,19 @@ fn hand_overs(n: &GpuNode, history: &mut History, out: &mut Vec<Finding>) {
         let policy = n.spec.gpus.iter().find(|s| s.index == g.index).map(|s| s.scrub);
         let now: BTreeSet<String> = g.applied_tenants.iter().cloned().collect();
         let key = (name.clone(), g.index);
-        if let Some((before, rec_before)) = history.gpus.get(&key)
+        // Tenants joining an MPS or time-sliced GPU whose tenants all stay, in the same mode, are
+        // no change of hands (README, "How the planner decides", 4): nothing to scrub for. That
+        // they may share it at all is the tier check's (`tiers_of_gpu`, on the applied tenants).
+        let joined = |before: &BTreeSet<String>, mode_before: &Option<Mode>| {
+            !before.is_empty()
+                && before.is_subset(&now)
+                && *mode_before == g.applied_mode
+                && matches!(g.applied_mode, Some(Mode::Mps | Mode::TimeSlicing))
+        };
+        if let Some((before, rec_before, mode_before)) = history.gpus.get(&key)
             && !baseline
             && now.iter().any(|t| !before.contains(t))
+            && !joined(before, mode_before)
             && let Err(why) = scrubbed_for(g.last_scrub.as_ref(), rec_before.as_ref(), &now, policy)
         {
             out.push(f(
@@ -352,7 +364,7 @@ fn hand_overs(n: &GpuNode, history: &mut History, out: &mut Vec<Finding>) {
                 ),
             ));
         }
-        history.gpus.insert(key, (now, g.last_scrub.clone()));
+        history.gpus.insert(key, (now, g.last_scrub.clone(), g.applied_mode));
         for i in &g.instances {
             let key = (name.clone(), g.index, i.placement.start);
             let before = history.instances.get(&key);
