@@ -322,9 +322,16 @@ if [[ -n "$PROM_URL" ]]; then
 	REPORT="target/debug/gpu-tenancy report --prometheus $PROM_URL --since 10m --plot target/demo/report.png"
 	say "showback from Prometheus, once it has a minute or so of data: $REPORT   (printed once below in ${REPORT_AFTER}s)"
 	(
-		sleep "$REPORT_AFTER"
+		# Waited for in the background, as in watch_kind: a stop takes the sleep or the report along.
+		child=
+		trap 'kill "$child" 2>/dev/null; exit 0' TERM
+		sleep "$REPORT_AFTER" &
+		child=$!
+		wait "$child"
 		say "$REPORT"
-		$REPORT || say "the report failed (Prometheus: target/demo/prometheus.log)"
+		$REPORT &
+		child=$!
+		wait "$child" || say "the report failed (Prometheus: target/demo/prometheus.log)"
 	) &
 	PIDS+=($!)
 fi
@@ -332,10 +339,18 @@ fi
 # with --watch-only): one watch per kind, each started again when the API server ends its watch.
 DEMO_PID=$$
 watch_kind() {
-	# Ends with make run even if a stop misses it ($$ is make run's shell in this subshell too).
+	# Its children run in the background and are waited for, so a stop (TERM) reaches this loop
+	# at once and it takes its child along: none is left behind, whatever the loop was doing. It
+	# also ends with make run if a stop misses it ($$ is make run's shell in this subshell too).
+	local child=
+	trap 'kill "$child" 2>/dev/null; exit 0' TERM
 	while kill -0 "$DEMO_PID" 2>/dev/null; do
-		k get "$1" --watch-only || true
-		sleep 1
+		k get "$1" --watch-only &
+		child=$!
+		wait "$child" || true
+		sleep 1 &
+		child=$!
+		wait "$child" || true
 	done
 }
 watch_kind gputenants &
