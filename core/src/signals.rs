@@ -94,11 +94,7 @@ impl Explains<'_> {
     }
 }
 
-fn ungranted(
-    g: &GpuStatus,
-    holdings: &[accounting::Holding],
-    explained: &Explains,
-) -> Vec<Ungranted> {
+fn ungranted(g: &GpuStatus, holdings: &[accounting::Holding], explained: &Explains) -> Vec<Ungranted> {
     let mig = g.mig_mode.is_some_and(|m| m.current) && !g.instances.is_empty();
     if !mig {
         let processes = g.processes.len() as u32;

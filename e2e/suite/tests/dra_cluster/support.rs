@@ -279,6 +279,35 @@ pub async fn setup() -> Cluster {
         )
         .await
         .unwrap_err();
+        // And no longer under the no-tenant rules: a namespace moving to its tenant's rules is
+        // under both for a moment (fail closed), which refuses its own classes too. A claim of
+        // its own class, dry-run, is admitted once only its tenant's rules apply.
+        if ns != NONE_NS {
+            let kind = if ns == "dra-c" { "gpu" } else { "mig-1g.10gb" };
+            let own = claim_body("probe-own", &class(ns, kind), 1, json!({}));
+            eventually(
+                &format!("namespace {ns} under its tenant's claims rules only"),
+                || {
+                    let (u, p) = (u.clone(), own.clone());
+                    async move {
+                        Api::<ResourceClaim>::namespaced(u, ns)
+                            .create(
+                                &PostParams {
+                                    dry_run: true,
+                                    ..Default::default()
+                                },
+                                &serde_json::from_value(p).unwrap(),
+                            )
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }
+                },
+                |r| r.is_ok(),
+            )
+            .await
+            .unwrap();
+        }
         users.insert(ns, u);
     }
     Cluster {
