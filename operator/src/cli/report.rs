@@ -79,14 +79,7 @@ fn table(r: &Report) {
         hours(r.total_gpu_hours)
     );
     super::output::print_table(
-        &[
-            "TENANT",
-            "MODE",
-            "ALLOCATED GPU-h",
-            "USED GPU-h",
-            "EFFICIENCY",
-            "GRANTED/REQUESTED",
-        ],
+        &["TENANT", "MODE", "ALLOC GPU-h", "USED GPU-h", "EFFIC", "GRANTED/REQ"],
         &rows,
     );
 }

@@ -269,7 +269,10 @@ async fn report_from_a_real_prometheus_adds_up() {
         table.lines().any(|l| l.starts_with("b ") && l.contains("Exclusive")),
         "{table}"
     );
-    assert!(table.lines().all(|l| l.len() <= 100), "fits a terminal:\n{table}");
+    assert!(
+        table.lines().all(|l| l.len() <= 80),
+        "fits an 80-column terminal:\n{table}"
+    );
     let csv = report(&["--since", "15s", "-o", "csv"]);
     assert!(csv.starts_with("tenant,mode,allocated_gpu_hours"), "{csv}");
 
