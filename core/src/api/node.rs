@@ -22,9 +22,10 @@ use serde::{Deserialize, Serialize};
     status = "GpuNodeStatus",
     printcolumn = r#"{"name":"Plan","type":"string","jsonPath":".spec.plan","description":"GpuPartitionPlan that governs this node"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount","description":"GPUs the agent found"}"#,
-    printcolumn = r#"{"name":"Layout","type":"string","jsonPath":".status.layout","description":"Per-GPU mode and MIG instances as applied"}"#,
+    printcolumn = r#"{"name":"Layout","type":"string","jsonPath":".status.layout","description":"The GPUs grouped by what they run, e.g. 4×[3g.40gb+2×2g.20gb] 4×MPS"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Placement","type":"string","priority":1,"jsonPath":".status.gpuLayout","description":"Per GPU its MIG instances as placed or its applied mode (-o wide)"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GpuNodeSpec {
@@ -130,9 +131,14 @@ pub struct GpuNodeStatus {
     pub driver: Option<DriverInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_count: Option<u32>,
-    /// One line for `kubectl get`: per GPU its mode or MIG instances, e.g. `0:3g.40gb+2g.20gb 1:MPS`.
+    /// The `kubectl get` column: the GPUs grouped by what they run, short at any GPU count, e.g.
+    /// `4×[3g.40gb+2×2g.20gb] 2×[7×1g.10gb] 2×Exclusive`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// Per GPU its MIG instances as placed or its applied mode, e.g. `0:3g.40gb+2g.20gb 1:MPS`
+    /// (`kubectl get -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layout: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

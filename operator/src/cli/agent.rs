@@ -276,7 +276,8 @@ pub fn run(cmd: AgentCommand) -> i32 {
             let result = NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
             match result {
                 Ok(mut s) => {
-                    s.layout = Some(crate::gpu::status::layout(&s, &GpuNodeSpec::default()));
+                    s.layout = Some(crate::gpu::status::layout_summary(&s));
+                    s.gpu_layout = Some(crate::gpu::status::gpu_layout_line(&s));
                     print(&s, output, || gpu_output::discover_table(&s));
                     0
                 }

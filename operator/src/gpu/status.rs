@@ -176,7 +176,8 @@ pub fn build(
             });
         }
     }
-    out.layout = Some(layout(&out, spec));
+    out.layout = Some(layout_summary(&out));
+    out.gpu_layout = Some(gpu_layout_line(&out));
     out.mps = mps;
     out.conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
     let not_applied: Vec<&GpuStatus> = out.gpus.iter().filter(|g| g.applied == Some(false)).collect();
@@ -410,30 +411,73 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
     o.message = (!message.is_empty()).then(|| message.join("; "));
 }
 
-/// `0:3g.40gb+2g.20gb 1:MPS 2:-`: per GPU its MIG instances or applied mode.
-pub fn layout(status: &GpuNodeStatus, spec: &GpuNodeSpec) -> String {
+/// What one GPU runs, for the layout lines: its MIG instances (`3g.40gb+2g.20gb`, as placed),
+/// `MIG(empty)`, its applied mode, or `-`.
+fn gpu_layout(g: &GpuStatus) -> String {
+    if g.mig_mode.is_some_and(|m| m.current) {
+        if g.instances.is_empty() {
+            "MIG(empty)".to_string()
+        } else {
+            g.instances
+                .iter()
+                .map(|i| i.profile.as_str())
+                .collect::<Vec<_>>()
+                .join("+")
+        }
+    } else {
+        g.applied_mode.map_or_else(|| "-".into(), |m| m.to_string())
+    }
+}
+
+/// `0:3g.40gb+2g.20gb 1:MPS 2:-`: per GPU its MIG instances or applied mode (`status.gpuLayout`,
+/// `kubectl get -o wide`). Over 250 characters on an 8-GPU node of small instances.
+pub fn gpu_layout_line(status: &GpuNodeStatus) -> String {
     status
         .gpus
         .iter()
-        .map(|g| {
-            let what = if g.mig_mode.is_some_and(|m| m.current) {
-                if g.instances.is_empty() {
-                    "MIG(empty)".to_string()
-                } else {
-                    g.instances
-                        .iter()
-                        .map(|i| i.profile.as_str())
-                        .collect::<Vec<_>>()
-                        .join("+")
-                }
-            } else {
-                match (g.applied_mode, spec.gpus.iter().any(|s| s.index == g.index)) {
-                    (Some(m), _) => m.to_string(),
-                    (None, _) => "-".into(),
-                }
-            };
-            format!("{}:{what}", g.index)
-        })
+        .map(|g| format!("{}:{}", g.index, gpu_layout(g)))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `4×[3g.40gb+2×2g.20gb] 2×[7×1g.10gb] 2×Exclusive`: the node's GPUs grouped by what they run
+/// (`status.layout`, the `kubectl get gpunodes` column), so it stays short at any GPU count.
+/// Within a MIG GPU equal profiles are counted, largest first (a summary, not the placement:
+/// that is `gpu_layout_line`); groups keep the order of their first GPU; no `1×`.
+pub fn layout_summary(status: &GpuNodeStatus) -> String {
+    let mut groups: Vec<(String, usize)> = Vec::new();
+    for g in &status.gpus {
+        let what = if g.mig_mode.is_some_and(|m| m.current) && !g.instances.is_empty() {
+            format!("[{}]", counted_profiles(g))
+        } else {
+            gpu_layout(g)
+        };
+        match groups.iter_mut().find(|(w, _)| *w == what) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((what, 1)),
+        }
+    }
+    groups
+        .iter()
+        .map(|(what, n)| if *n == 1 { what.clone() } else { format!("{n}×{what}") })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `3g.40gb+2×2g.20gb`: a MIG GPU's instances counted by profile, more compute slices first
+/// (`3g` before `2g`; the name breaks ties), so GPUs cut alike read alike whatever the order
+/// their instances were placed in.
+fn counted_profiles(g: &GpuStatus) -> String {
+    let mut counts: BTreeMap<(std::cmp::Reverse<u32>, &str), usize> = BTreeMap::new();
+    for i in &g.instances {
+        let slices = i.profile.split('g').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        *counts
+            .entry((std::cmp::Reverse(slices), i.profile.as_str()))
+            .or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|((_, p), n)| if *n == 1 { (*p).to_string() } else { format!("{n}×{p}") })
+        .collect::<Vec<_>>()
+        .join("+")
 }

@@ -553,7 +553,7 @@ async fn e_a_busy_gpu_is_evicted_then_changed() {
     };
     fn applied(n: &GpuNode, want: &str) -> bool {
         let s = n.status.clone().unwrap_or_default();
-        s.layout.as_deref() == Some(want)
+        s.gpu_layout.as_deref() == Some(want)
             && s.observed_generation == n.metadata.generation
             && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
     }

@@ -152,24 +152,42 @@ async fn examples_apply_and_kubectl_get_prints_the_printer_columns() {
 /// `kubectl get <resource> <name>` as header → cell. Columns start where their header word starts
 /// (kubectl aligns them), so a cell may hold spaces (a GpuNode's layout does).
 async fn printed_row(resource: &str, name: &str) -> BTreeMap<String, String> {
-    let out = kubectl_async(vec!["get".into(), resource.into(), name.into()])
-        .await
-        .ok();
+    printed_row_with(resource, name, &[]).await
+}
+
+/// The cells of `kubectl get RESOURCE NAME [FLAGS]`, by header. Columns are found by character,
+/// not byte: kubectl pads cells by runes, and a layout holds `×`.
+async fn printed_row_with(resource: &str, name: &str, flags: &[&str]) -> BTreeMap<String, String> {
+    let mut args: Vec<String> = vec!["get".into(), resource.into(), name.into()];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let out = kubectl_async(args).await.ok();
     let mut lines = out.lines();
-    let header = lines.next().unwrap_or_default();
-    let row = lines
+    let header: Vec<char> = lines.next().unwrap_or_default().chars().collect();
+    let row: Vec<char> = lines
         .next()
-        .unwrap_or_else(|| panic!("`kubectl get {resource} {name}` printed no row:\n{out}"));
-    let starts: Vec<(usize, &str)> = header
-        .char_indices()
-        .filter(|&(i, c)| c != ' ' && (i == 0 || header.as_bytes()[i - 1] == b' '))
-        .map(|(i, _)| (i, header[i..].split(' ').next().unwrap()))
+        .unwrap_or_else(|| panic!("`kubectl get {resource} {name}` printed no row:\n{out}"))
+        .chars()
         .collect();
+    let starts: Vec<usize> = (0..header.len())
+        .filter(|&i| header[i] != ' ' && (i == 0 || header[i - 1] == ' '))
+        .collect();
+    let text = |v: &[char], from: usize, to: usize| -> String {
+        v.get(from.min(v.len())..to.min(v.len()))
+            .unwrap_or_default()
+            .iter()
+            .collect::<String>()
+            .trim()
+            .to_owned()
+    };
     let mut cells = BTreeMap::new();
-    for (k, &(start, word)) in starts.iter().enumerate() {
-        let end = starts.get(k + 1).map_or(row.len(), |&(s, _)| s).min(row.len());
-        let cell = row.get(start.min(row.len())..end).unwrap_or_default().trim();
-        cells.insert(word.to_owned(), cell.to_owned());
+    for (k, &start) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).copied().unwrap_or(usize::MAX);
+        let word = text(&header, start, header.len())
+            .split(' ')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        cells.insert(word, text(&row, start, end));
     }
     cells
 }
@@ -272,7 +290,8 @@ async fn kubectl_get_prints_the_status_values_in_the_columns() {
         &node,
         serde_json::json!({
             "gpuCount": 4,
-            "layout": "0:3g.40gb+2g.20gb 1:MPS 2:TimeSlicing 3:Exclusive",
+            "layout": "[3g.40gb+2×2g.20gb] MPS 2×Exclusive",
+            "gpuLayout": "0:3g.40gb+2g.20gb+2g.20gb 1:MPS 2:Exclusive 3:Exclusive",
             "conditions": ready("True")
         }),
     )
@@ -321,7 +340,7 @@ async fn kubectl_get_prints_the_status_values_in_the_columns() {
                 ("NAME", &node),
                 ("PLAN", "h100-mixed"),
                 ("GPUS", "4"),
-                ("LAYOUT", "0:3g.40gb+2g.20gb 1:MPS 2:TimeSlicing 3:Exclusive"),
+                ("LAYOUT", "[3g.40gb+2×2g.20gb] MPS 2×Exclusive"),
                 ("READY", "True"),
             ]),
         ),
@@ -339,4 +358,14 @@ async fn kubectl_get_prints_the_status_values_in_the_columns() {
             "`kubectl get {resource} {name}`: printed cells vs the status written"
         );
     }
+    // `-o wide` adds each GPU's placement after the short layout.
+    let wide = printed_row_with("gpunodes", &node, &["-o", "wide"]).await;
+    assert_eq!(
+        (wide.get("LAYOUT"), wide.get("PLACEMENT")),
+        (
+            Some(&"[3g.40gb+2×2g.20gb] MPS 2×Exclusive".to_string()),
+            Some(&"0:3g.40gb+2g.20gb+2g.20gb 1:MPS 2:Exclusive 3:Exclusive".to_string())
+        ),
+        "`kubectl get gpunodes {node} -o wide`: {wide:?}"
+    );
 }

@@ -45,7 +45,10 @@ fn status_records_hands_only_once_applied() {
         (Some(true), vec!["b".to_string()])
     );
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(true));
-    assert_eq!(s.layout.as_deref(), Some("0:Exclusive"));
+    assert_eq!(
+        (s.layout.as_deref(), s.gpu_layout.as_deref()),
+        (Some("Exclusive"), Some("0:Exclusive"))
+    );
 }
 
 /// Until its scrub, an instance keeps its old tenant, its GPU is not applied (`ScrubPending`, or
@@ -270,4 +273,67 @@ fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
         ..Default::default()
     };
     assert!(crate::gpu::status::drift(&now, &changed, Some(&prev)).is_empty());
+}
+
+/// The `kubectl get gpunodes` column of an 8-GPU node is the short form (its own example,
+/// not this code's output), whatever order each GPU's instances were placed in; the per-GPU line
+/// keeps every instance as placed.
+#[test]
+fn the_layout_column_groups_gpus_alike() {
+    let instance = |profile: &str| crate::api::MigInstanceStatus {
+        profile: profile.into(),
+        ..Default::default()
+    };
+    let mig = |i: u32, profiles: &[&str]| GpuStatus {
+        index: i,
+        mig_mode: Some(crate::api::MigModeStatus {
+            current: true,
+            pending: false,
+        }),
+        instances: profiles.iter().map(|p| instance(p)).collect(),
+        ..Default::default()
+    };
+    let exclusive = |i: u32| GpuStatus {
+        index: i,
+        applied_mode: Some(Mode::Exclusive),
+        ..Default::default()
+    };
+    let small = ["1g.10gb"; 7];
+    let status = GpuNodeStatus {
+        gpus: vec![
+            mig(0, &["3g.40gb", "2g.20gb", "2g.20gb"]),
+            mig(1, &["2g.20gb", "3g.40gb", "2g.20gb"]),
+            mig(2, &["2g.20gb", "2g.20gb", "3g.40gb"]),
+            mig(3, &["3g.40gb", "2g.20gb", "2g.20gb"]),
+            mig(4, &small),
+            mig(5, &small),
+            exclusive(6),
+            exclusive(7),
+        ],
+        ..Default::default()
+    };
+    assert_eq!(
+        crate::gpu::status::layout_summary(&status),
+        "4×[3g.40gb+2×2g.20gb] 2×[7×1g.10gb] 2×Exclusive"
+    );
+    let line = crate::gpu::status::gpu_layout_line(&status);
+    assert!(
+        line.starts_with("0:3g.40gb+2g.20gb+2g.20gb 1:2g.20gb+3g.40gb+2g.20gb "),
+        "{line}"
+    );
+    assert!(line.ends_with(" 6:Exclusive 7:Exclusive"), "{line}");
+
+    // One of a kind has no count; an empty MIG GPU and a GPU with nothing applied say so.
+    let odd = GpuNodeStatus {
+        gpus: vec![
+            mig(0, &["7g.80gb"]),
+            mig(1, &[]),
+            GpuStatus {
+                index: 2,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    assert_eq!(crate::gpu::status::layout_summary(&odd), "[7g.80gb] MIG(empty) -");
 }
