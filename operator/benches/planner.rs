@@ -1,4 +1,5 @@
-//! The full plan of a generated fleet: 5,000 nodes x 8 GPUs, 2,000 tenants.
+//! The full plan of a generated fleet: 5,000 nodes x 8 GPUs with 2,000 tenants, and ten times
+//! that (50,000 nodes, 20,000 tenants): the ratio of the two is how far from linear it grows.
 
 #[path = "../tests/support/fleet.rs"]
 mod support;
@@ -9,20 +10,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {
-    let f = support::fleet(5000, 8, 2000, 42);
     let now = Time(jiff::Timestamp::from_second(0).unwrap());
     let exempt = Default::default();
-    let input = PlanInput {
-        policies: &f.policies,
-        tenants: &f.tenants,
-        plans: &f.plans,
-        nodes: &f.nodes,
-    };
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
-    group.bench_function("fleet_5000x8_2000_tenants", |b| {
-        b.iter(|| black_box(plan(black_box(&input), &exempt, &now)))
-    });
+    for (nodes, tenants) in [(5000, 2000), (50_000, 20_000)] {
+        let f = support::fleet(nodes, 8, tenants, 42);
+        let input = PlanInput {
+            policies: &f.policies,
+            tenants: &f.tenants,
+            plans: &f.plans,
+            nodes: &f.nodes,
+        };
+        group.bench_function(format!("fleet_{nodes}x8_{tenants}_tenants"), |b| {
+            b.iter(|| black_box(plan(black_box(&input), &exempt, &now)))
+        });
+    }
     group.finish();
 }
 

@@ -9,6 +9,9 @@ use std::collections::HashMap;
 struct KindSchema {
     schema: Value,
     structural: jsonschema::Validator,
+    /// The CEL rules compiled once: compiling them per object was a tenth of `plan`'s time on
+    /// 20,000 tenants.
+    cel: kube_cel::CompiledSchema,
 }
 
 /// Validators for the four kinds, built once from the generated CRDs.
@@ -34,7 +37,15 @@ impl SchemaChecker {
                 .expect("every CRD has a schema");
             let structural = jsonschema::validator_for(&openapi_to_jsonschema(&schema))
                 .expect("the generated CRD schema is valid JSON Schema");
-            kinds.insert(crd.spec.names.kind.clone(), KindSchema { schema, structural });
+            let cel = kube_cel::compile_schema(&schema);
+            kinds.insert(
+                crd.spec.names.kind.clone(),
+                KindSchema {
+                    schema,
+                    structural,
+                    cel,
+                },
+            );
         }
         SchemaChecker { kinds }
     }
@@ -50,7 +61,7 @@ impl SchemaChecker {
         }
         // CEL rules assume a structurally valid object; like the API server, only run them then.
         if out.is_empty()
-            && let Err(errors) = kube_cel::validate(&k.schema, object, None)
+            && let Err(errors) = kube_cel::validate_compiled(&k.cel, object, None)
         {
             for e in errors.into_vec() {
                 out.push((e.field_path.trim_start_matches('.').to_string(), e.message));

@@ -130,6 +130,8 @@ pub struct Desired {
     pub namespace_rules: NamespaceRules,
     /// Per GPU or MIG instance whose tenant changes: old and new tenant, why, scrub and eviction.
     pub changes: Vec<BindingChange>,
+    /// Not written when empty: `plan -o json` prints its own, which name their files.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<Problem>,
 }
 

@@ -19,6 +19,7 @@ use super::nodes::NodeDesired;
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
+use exclusive::{Domain, ExclusivePool};
 use pools::build_pools;
 use std::collections::{BTreeMap, HashMap};
 use sticky::{Amounts, Current, Placings, Step};
@@ -62,6 +63,15 @@ impl Family {
 /// (node position, GPU position in the node's spec list).
 type GpuRef = (u32, u32);
 
+/// A unit a tenant received, by position: a pass that is not kept never builds its grants.
+#[derive(Clone, Copy, Debug)]
+enum Unit {
+    /// A MIG instance: its GPU and its position in the GPU's instance list.
+    Instance(GpuRef, u32),
+    /// An exclusive GPU.
+    Gpu(GpuRef),
+}
+
 /// Capacity of one kind, open (no tenants) or dedicated to the tenants listed.
 type PoolKey = (Family, Vec<String>);
 
@@ -87,14 +97,6 @@ struct MigPool {
     free: usize,
 }
 
-struct Domain {
-    node: u32,
-    /// GPU positions still free (nobody holds them now first, when placing from current bindings).
-    free: Vec<u32>,
-    /// Tenant of each GPU taken from this domain, so a tenant's later GPUs join its first ones.
-    users: Vec<usize>,
-}
-
 struct SharedGpu {
     at: GpuRef,
     /// maxClients or replicas of the plan.
@@ -111,7 +113,7 @@ struct SharedGpu {
 
 enum Pool {
     Mig(MigPool),
-    Exclusive(Vec<Domain>),
+    Exclusive(ExclusivePool),
     Shared {
         gpus: Vec<SharedGpu>,
         /// GPUs before this index are all in use.
@@ -127,7 +129,7 @@ impl Pool {
     fn free(&self, family: &Family, headroom_percent: u32) -> u64 {
         match self {
             Pool::Mig(p) => p.free as u64,
-            Pool::Exclusive(d) => d.iter().map(|d| d.free.len() as u64).sum(),
+            Pool::Exclusive(p) => p.free_gpus(),
             Pool::Shared { gpus, .. } => gpus
                 .iter()
                 .filter(|g| !g.locked)
@@ -182,7 +184,8 @@ struct TenantState {
     remaining: Vec<u32>,
     granted: Vec<u32>,
     memory_mib: u64,
-    grants: Vec<Grant>,
+    /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
+    units: Vec<Unit>,
     /// Shares per shared GPU, merged into one grant each at the end.
     shares: BTreeMap<(Family, Vec<String>, usize), u32>,
     /// Per request: the reason it is short, if it is.
@@ -212,50 +215,87 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
+    // One copy of the nodes for every pass, reset between them: cloning 400,000 GPU specs per
+    // pass (and dropping them) cost as much as a pass.
+    let mut work = nodes.to_vec();
     // How much each tenant gets: blind to what runs now.
-    let mut blind_nodes = nodes.to_vec();
-    let mut blind = Allocator::new(tenants, &mut blind_nodes, None);
-    for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
-        blind.serve_level(level);
-    }
-    let amounts = blind.amounts();
+    let amounts = blind_pass(tenants, &mut work, &order).into_amounts();
     // Which units: from the current bindings. A pool where the units kept leave no room for
     // some amount (shared GPUs: co-location splits them by tier) is placed again with less
     // stickiness: kept level by level, then as the blind pass placed it.
     let now = Current::from_inventory(nodes);
     let mut placings = Placings::new();
-    let (first, first_grants) = loop {
-        let mut trial = nodes.to_vec();
-        match sticky::place(tenants, &mut trial, &now, &placings, &amounts, &order) {
-            Ok(grants) => break (trial, grants),
+    loop {
+        reset(&mut work, nodes);
+        match sticky::place(tenants, &mut work, &now, &placings, &amounts, &order) {
+            Ok(_) => break,
             Err(failed) => {
                 for key in failed {
                     let p = placings.entry(key).or_default();
                     match p.less_sticky() {
                         Some(less) => *p = less,
                         // Only with memory limits, which tie pools together.
-                        None => {
-                            let grants = blind.finish();
-                            adopt(nodes, blind_nodes);
-                            return grants;
-                        }
+                        None => return as_blind(tenants, nodes, work, &order),
                     }
                 }
             }
         }
-    };
+    }
     // Once more from that result, every unit kept: shares over shared GPUs are then split as the
     // next plan would split them (feeding the output back changes nothing).
-    let placed = Current::from_plan(&first);
-    let mut second = nodes.to_vec();
-    match sticky::place(tenants, &mut second, &placed, &Placings::new(), &amounts, &order) {
-        Ok(grants) => {
-            adopt(nodes, second);
-            grants
-        }
+    let placed = Current::from_plan(&work);
+    reset(&mut work, nodes);
+    let kept = match sticky::place(tenants, &mut work, &placed, &Placings::new(), &amounts, &order) {
+        Ok(kept) => kept,
         Err(_) => {
-            adopt(nodes, first);
-            first_grants
+            // The first placement again (the same inputs place the same).
+            reset(&mut work, nodes);
+            match sticky::place(tenants, &mut work, &now, &placings, &amounts, &order) {
+                Ok(kept) => kept,
+                Err(_) => return as_blind(tenants, nodes, work, &order),
+            }
+        }
+    };
+    adopt(nodes, work);
+    kept.grants(tenants, nodes)
+}
+
+/// The pass that decides how much each tenant gets, blind to what runs now.
+fn blind_pass<'n, 'a>(
+    tenants: &'n [TenantProfile],
+    nodes: &'n mut [NodeDesired<'a>],
+    order: &[usize],
+) -> Allocator<'n, 'a> {
+    let mut blind = Allocator::new(tenants, nodes, None);
+    for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
+        blind.serve_level(level);
+    }
+    blind
+}
+
+/// The blind pass's placement, where no placing from current bindings gives its amounts.
+fn as_blind(
+    tenants: &[TenantProfile],
+    nodes: &mut [NodeDesired],
+    mut work: Vec<NodeDesired>,
+    order: &[usize],
+) -> BTreeMap<String, TenantGrants> {
+    reset(&mut work, nodes);
+    let placed = blind_pass(tenants, &mut work, order).finish();
+    adopt(nodes, work);
+    placed.grants(tenants, nodes)
+}
+
+/// Undoes a pass on `work`: every binding back to `from`'s (a pass changes only those), keeping
+/// the allocations.
+fn reset(work: &mut [NodeDesired], from: &[NodeDesired]) {
+    for (w, f) in work.iter_mut().zip(from) {
+        for (wg, fg) in w.gpus.iter_mut().zip(&f.gpus) {
+            wg.tenants.clone_from(&fg.tenants);
+            wg.shares.clone_from(&fg.shares);
+            for (wi, fi) in wg.mig_instances.iter_mut().zip(&fg.mig_instances) {
+                wi.tenant.clone_from(&fi.tenant);
+            }
         }
     }
 }
@@ -281,7 +321,7 @@ impl<'n, 'a> Allocator<'n, 'a> {
                 remaining: t.requests.iter().map(|r| r.count).collect(),
                 granted: vec![0; t.requests.len()],
                 memory_mib: 0,
-                grants: vec![],
+                units: vec![],
                 shares: BTreeMap::new(),
                 why: vec![None; t.requests.len()],
                 by_pool: BTreeMap::new(),
@@ -415,17 +455,18 @@ impl Allocator<'_, '_> {
     }
 
     /// What this pass decided, for the placing pass.
-    fn amounts(&self) -> Amounts {
+    fn into_amounts(mut self) -> Amounts {
+        let shared_gpus = self
+            .pools
+            .keys()
+            .filter(|k| matches!(k.0, Family::Shared(_)))
+            .map(|k| (k.clone(), self.gpu_users(k)))
+            .collect();
         Amounts {
-            targets: self.state.iter().map(|s| s.by_pool.clone()).collect(),
-            log: self.log.clone(),
-            why: self.state.iter().map(|s| s.why.clone()).collect(),
-            shared_gpus: self
-                .pools
-                .keys()
-                .filter(|k| matches!(k.0, Family::Shared(_)))
-                .map(|k| (k.clone(), self.gpu_users(k)))
-                .collect(),
+            targets: self.state.iter_mut().map(|s| std::mem::take(&mut s.by_pool)).collect(),
+            log: std::mem::take(&mut self.log),
+            why: self.state.iter_mut().map(|s| std::mem::take(&mut s.why)).collect(),
+            shared_gpus,
         }
     }
 
@@ -483,20 +524,9 @@ impl Allocator<'_, '_> {
     }
 
     fn bind_instance(&mut self, t: usize, (node, gpu): GpuRef, inst: u32) {
-        let nd = &mut self.nodes[node as usize];
-        let spec = &mut nd.gpus[gpu as usize];
-        let instance = &mut spec.mig_instances[inst as usize];
-        instance.tenant = Some(self.tenants[t].name.clone());
-        self.state[t].grants.push(Grant {
-            node: nd.inventory.name.clone(),
-            gpu: spec.index,
-            gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
-            mode: Mode::Mig,
-            profile: Some(instance.profile.clone()),
-            placement: Some(instance.placement.to_string()),
-            instance_uuid: None,
-            count: 1,
-        });
+        let spec = &mut self.nodes[node as usize].gpus[gpu as usize];
+        spec.mig_instances[inst as usize].tenant = Some(self.tenants[t].name.clone());
+        self.state[t].units.push(Unit::Instance((node, gpu), inst));
     }
 
     fn bind_whole(&mut self, t: usize, (node, gpu): GpuRef, mode: Mode, count: u32) {
@@ -516,16 +546,7 @@ impl Allocator<'_, '_> {
             }
         }
         if mode == Mode::Exclusive {
-            self.state[t].grants.push(Grant {
-                node: nd.inventory.name.clone(),
-                gpu: spec.index,
-                gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
-                mode,
-                profile: None,
-                placement: None,
-                instance_uuid: None,
-                count,
-            });
+            self.state[t].units.push(Unit::Gpu((node, gpu)));
         }
     }
 }

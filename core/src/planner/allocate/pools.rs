@@ -3,7 +3,7 @@
 //! pass places from the current bindings.
 
 use super::sticky::{Current, Placing, Placings};
-use super::{Domain, Family, MigPool, Pool, PoolKey, SharedGpu};
+use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
 use crate::planner::nodes::NodeDesired;
 use std::collections::{BTreeMap, HashMap};
@@ -112,20 +112,18 @@ pub(super) fn build_pools(
         }
         for ((ded, _numa), mut free) in domains {
             let key = (Family::Exclusive, ded);
-            let pool = pools.entry(key.clone()).or_insert_with(|| Pool::Exclusive(vec![]));
-            if let Pool::Exclusive(d) = pool {
+            let pool = pools
+                .entry(key.clone())
+                .or_insert_with(|| Pool::Exclusive(ExclusivePool::default()));
+            if let Pool::Exclusive(p) = pool {
                 if let Some(c) = current_for(&key) {
                     for &g in &free {
-                        hold(&mut held, &key, &c.gpus[n][g as usize].whole, (d.len(), g));
+                        hold(&mut held, &key, &c.gpus[n][g as usize].whole, (p.len(), g));
                     }
                     // Free GPUs first: a new grant hands over no GPU it does not have to.
                     free.sort_by_key(|&g| (!c.gpus[n][g as usize].whole.is_empty(), g));
                 }
-                d.push(Domain {
-                    node: n as u32,
-                    free,
-                    users: vec![],
-                });
+                p.push(Domain { node: n as u32, free });
             }
         }
     }

@@ -1,51 +1,56 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
-use super::{Allocator, Family, Pool, Shortfall, TenantGrants};
+use super::{Allocator, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode, ScrubMemory};
 use crate::planner::changes::scrub_policies;
+use crate::planner::nodes::NodeDesired;
+use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, HashMap};
 
+/// What a pass placed, by position: the grants are built ([`Placed::grants`]) only for the pass
+/// kept, on the nodes it placed.
+pub(super) struct Placed {
+    tenants: Vec<PlacedTenant>,
+}
+
+struct PlacedTenant {
+    units: Vec<Unit>,
+    /// (GPU, mode, shares) per shared GPU.
+    shares: Vec<(GpuRef, Mode, u32)>,
+    allocation: Vec<AllocationSummary>,
+    memory_mib: u64,
+    shortfalls: Vec<String>,
+}
+
 impl Allocator<'_, '_> {
-    pub(super) fn finish(mut self) -> BTreeMap<String, TenantGrants> {
-        // Shares become one grant per GPU.
+    pub(super) fn finish(mut self) -> Placed {
+        let mut placed = Vec::with_capacity(self.tenants.len());
         for t in 0..self.tenants.len() {
-            let shares = std::mem::take(&mut self.state[t].shares);
-            for ((family, ded, i), count) in shares {
-                let Some(Pool::Shared { gpus, .. }) = self.pools.get(&(family.clone(), ded)) else {
-                    continue;
-                };
-                let (node, gpu) = gpus[i].at;
-                let nd = &self.nodes[node as usize];
-                let spec = &nd.gpus[gpu as usize];
-                self.state[t].grants.push(Grant {
-                    node: nd.inventory.name.clone(),
-                    gpu: spec.index,
-                    gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
-                    mode: if let Family::Shared(m) = family { m } else { Mode::Mps },
-                    profile: None,
-                    placement: None,
-                    instance_uuid: None,
-                    count,
-                });
-            }
+            let shares = std::mem::take(&mut self.state[t].shares)
+                .into_iter()
+                .filter_map(|((family, ded, i), count)| {
+                    let Some(Pool::Shared { gpus, .. }) = self.pools.get(&(family.clone(), ded)) else {
+                        return None;
+                    };
+                    let mode = if let Family::Shared(m) = family { m } else { Mode::Mps };
+                    Some((gpus[i].at, mode, count))
+                })
+                .collect();
+            placed.push(PlacedTenant {
+                units: std::mem::take(&mut self.state[t].units),
+                shares,
+                allocation: vec![],
+                memory_mib: 0,
+                shortfalls: vec![],
+            });
         }
-        // Scrub policy per GPU: the strictest of the tenants it serves and of those it is taken
-        // from, unknown previous owners counting as `Always` (the rule: `changes::scrub_policies`).
-        let scrub_of: HashMap<&str, ScrubMemory> = self.tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
         for node in self.nodes.iter_mut() {
             for gpu in &mut node.gpus {
                 gpu.tenants.sort();
             }
-            let scrub = scrub_policies(node, &scrub_of);
-            for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
-                gpu.scrub = s;
-            }
         }
-        let mut out = BTreeMap::new();
         for (t, tenant) in self.tenants.iter().enumerate() {
             let s = &mut self.state[t];
-            let mut grants = std::mem::take(&mut s.grants);
-            grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
             let allocation = tenant
                 .requests
                 .iter()
@@ -84,13 +89,67 @@ impl Allocator<'_, '_> {
                     }
                 })
                 .collect();
+            let p = &mut placed[t];
+            p.allocation = allocation;
+            p.memory_mib = s.memory_mib;
+            p.shortfalls = shortfalls;
+        }
+        Placed { tenants: placed }
+    }
+}
+
+impl Placed {
+    /// The grants of the pass kept, on the nodes it placed; sets each GPU's scrub policy: the
+    /// strictest of the tenants it serves and of those it is taken from, unknown previous owners
+    /// counting as `Always` (the rule: `changes::scrub_policies`).
+    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMap<String, TenantGrants> {
+        let scrub_of: HashMap<&str, ScrubMemory> = tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
+        for node in nodes.iter_mut() {
+            let scrub = scrub_policies(node, &scrub_of);
+            for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
+                gpu.scrub = s;
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (tenant, p) in tenants.iter().zip(self.tenants) {
+            let whole = |(node, gpu): GpuRef, mode: Mode, count: u32| {
+                let nd = &nodes[node as usize];
+                let spec = &nd.gpus[gpu as usize];
+                Grant {
+                    node: nd.inventory.name.clone(),
+                    gpu: spec.index,
+                    gpu_uuid: nd.inventory.gpus[spec.index as usize].uuid.clone(),
+                    mode,
+                    profile: None,
+                    placement: None,
+                    instance_uuid: None,
+                    count,
+                }
+            };
+            let mut grants: Vec<Grant> = p
+                .units
+                .iter()
+                .map(|&u| match u {
+                    Unit::Gpu(at) => whole(at, Mode::Exclusive, 1),
+                    Unit::Instance(at, i) => {
+                        let instance = &nodes[at.0 as usize].gpus[at.1 as usize].mig_instances[i as usize];
+                        Grant {
+                            profile: Some(instance.profile.clone()),
+                            placement: Some(instance.placement.to_string()),
+                            ..whole(at, Mode::Mig, 1)
+                        }
+                    }
+                })
+                .chain(p.shares.iter().map(|&(at, mode, count)| whole(at, mode, count)))
+                .collect();
+            grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
             out.insert(
                 tenant.name.clone(),
                 TenantGrants {
                     grants,
-                    allocation,
-                    memory_mib: s.memory_mib,
-                    shortfalls,
+                    allocation: p.allocation,
+                    memory_mib: p.memory_mib,
+                    shortfalls: p.shortfalls,
                 },
             );
         }

@@ -13,7 +13,8 @@
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
-use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets, TenantGrants};
+use super::report::Placed;
+use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, Mode, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
 use crate::planner::changes::{instance_holder, whole_holders};
@@ -152,15 +153,17 @@ pub(super) fn place(
     placings: &Placings,
     amounts: &Amounts,
     order: &[usize],
-) -> Result<BTreeMap<String, TenantGrants>, Vec<PoolKey>> {
+) -> Result<Placed, Vec<PoolKey>> {
     let mut a = Allocator::new(tenants, nodes, Some((current, placings)));
     let placing = |key: &PoolKey| placings.get(key).copied().unwrap_or_default();
     a.keep(amounts, order, |key| placing(key) == Placing::KeepFirst);
     let mut log = amounts.log.iter().peekable();
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         a.keep(amounts, level, |key| placing(key) == Placing::ByLevel);
-        // The blind pass served levels in order, so its log runs level by level too.
-        while let Some(s) = log.next_if(|s| level.contains(&s.t)) {
+        // The blind pass served levels in order, so its log runs level by level too. (By
+        // priority, not `level.contains`: one level may hold every tenant of the fleet.)
+        let priority = tenants[level[0]].priority;
+        while let Some(s) = log.next_if(|s| tenants[s.t].priority == priority) {
             if placing(&s.key) == Placing::Blind {
                 a.take_from(s.t, s.r, &s.key, s.asked);
                 continue;
@@ -361,10 +364,10 @@ impl Allocator<'_, '_> {
             if kept == n {
                 break;
             }
-            let Some(Pool::Exclusive(domains)) = self.pools.get(key) else {
+            let Some(Pool::Exclusive(pool)) = self.pools.get(key) else {
                 return;
             };
-            if !domains[d].free.contains(&gpu) {
+            if !pool.domain(d).free.contains(&gpu) {
                 continue;
             }
             if !self.take_gpu(t, r, key, d, gpu) {
