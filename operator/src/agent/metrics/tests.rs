@@ -5,6 +5,14 @@ use crate::api::{
 };
 use crate::gpu::status::MigChange;
 
+/// Whole GPUs' utilization only.
+fn gpus_busy(gpus: BTreeMap<u32, f64>) -> Busy {
+    Busy {
+        gpus,
+        ..Default::default()
+    }
+}
+
 /// The scraped lines of one metric, sorted.
 fn samples(text: &str, name: &str) -> Vec<String> {
     let mut v: Vec<String> = text
@@ -123,7 +131,7 @@ fn node() -> (GpuNodeSpec, GpuNodeStatus) {
 fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
-    m.observe(&spec, &status, BTreeMap::from([(1, 0.5), (2, 0.0)]), &[]);
+    m.observe(&spec, &status, gpus_busy(BTreeMap::from([(1, 0.5), (2, 0.0)])), &[]);
     let text = m.encode();
     assert_eq!(
         samples(&text, "gpu_tenancy_device_memory_used_bytes"),
@@ -156,9 +164,9 @@ fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
 fn a_gpu_that_goes_leaves_no_series() {
     let m = AgentMetrics::new("n1");
     let (spec, mut status) = node();
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     status.gpus.truncate(1);
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     let text = m.encode();
     let stale: Vec<&str> = text
         .lines()
@@ -173,7 +181,7 @@ fn allocated_seconds_add_up_to_the_gpus_times_the_time() {
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
     let t0 = Instant::now();
-    m.observe(&spec, &status, BTreeMap::from([(1, 1.0)]), &[]);
+    m.observe(&spec, &status, gpus_busy(BTreeMap::from([(1, 1.0)])), &[]);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let l = m.ledger();
     let elapsed = t0.elapsed().as_secs_f64();
@@ -209,8 +217,8 @@ fn scrubs_and_mig_changes_are_counted() {
             change: MigChange::CreateInstance,
         },
     ];
-    m.observe(&spec, &status, BTreeMap::new(), &events);
-    m.observe(&spec, &status, BTreeMap::new(), &events[..1]);
+    m.observe(&spec, &status, Busy::default(), &events);
+    m.observe(&spec, &status, Busy::default(), &events[..1]);
     let text = m.encode();
     assert!(
         text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="0",result="ok"} 2"#),
@@ -235,7 +243,7 @@ fn holders_name_the_containers_of_each_device_the_kubelet_reports() {
     use crate::agent::pod_resources::{HeldDevice, Holder, Holdings};
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     let holder = |ns: &str, pod: &str| Holder {
         namespace: ns.into(),
         pod: pod.into(),
