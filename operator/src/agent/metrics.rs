@@ -47,6 +47,7 @@ struct Families {
     allocated: Family<Labels, FloatCounter>,
     used: Family<Labels, FloatCounter>,
     namespace_allocated: Family<Labels, FloatCounter>,
+    busy_gpus: Family<Labels, FloatGauge>,
     scrubs: Family<Labels, Counter>,
     scrub_seconds: Family<Labels, Histogram>,
     mig_changes: Family<Labels, Counter>,
@@ -98,6 +99,7 @@ impl AgentMetrics {
             allocated: Family::default(),
             used: Family::default(),
             namespace_allocated: Family::default(),
+            busy_gpus: Family::default(),
             scrubs: Family::default(),
             scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
             mig_changes: Family::default(),
@@ -144,6 +146,11 @@ impl AgentMetrics {
             "used_gpu_seconds",
             "GPU-seconds busy (utilization × time) where NVML reports utilization (a MIG instance's weighted by its part of the GPU); on an MPS or time-sliced GPU split by its processes' samples (tenant unattributed for processes of no known tenant's pod), else tenant shared where several tenants share it",
             f.used.clone(),
+        );
+        r.register(
+            "busy_gpus",
+            "GPUs busy now per tenant and mode, at the last pass's reading: the rate used_gpu_seconds advances at (for plots: a gauge needs no rate window)",
+            f.busy_gpus.clone(),
         );
         r.register(
             "namespace_allocated_gpu_seconds",
@@ -202,6 +209,13 @@ impl AgentMetrics {
         let found: Vec<u32> = status.gpus.iter().map(|g| g.index).collect();
         held.holdings = accounting::holdings(spec, &found);
         held.busy = busy;
+        // One second of the reading is what each tenant keeps busy, in GPUs.
+        let mut now = Ledger::default();
+        now.use_busy(&held.holdings, &held.busy, 1.0);
+        self.f.busy_gpus.clear();
+        for ((tenant, mode), gpus) in &now.used {
+            self.f.busy_gpus.get_or_create(&self.account(tenant, mode)).set(*gpus);
+        }
         self.devices(spec, status, &held.holdings, &held.busy);
         // Both results exist from the first pass, at 0: an alert on failures sees the first one.
         for g in &status.gpus {

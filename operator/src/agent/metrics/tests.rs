@@ -160,6 +160,62 @@ fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
     assert!(text.trim_end().ends_with("# EOF"));
 }
 
+/// GPM's figure for the 3g.40gb goes in its utilization row and, weighted by 3/7, into acme's
+/// busy GPUs; the MPS GPU's busy time divides as its processes' samples said; the namespaces'
+/// holdings count from the moment they are told.
+#[test]
+fn instances_have_utilization_where_gpm_gives_it_and_samples_split_shared_gpus() {
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    let busy = Busy {
+        gpus: BTreeMap::from([(1, 0.8)]),
+        instances: BTreeMap::from([((0, 4), 0.7)]),
+        split: BTreeMap::from([(
+            1,
+            BTreeMap::from([("beta".to_string(), 0.5), ("unattributed".to_string(), 0.5)]),
+        )]),
+    };
+    m.observe(&spec, &status, busy, &[]);
+    m.namespaces(BTreeMap::from([(
+        ("acme".to_string(), "acme-train".to_string()),
+        3.0 / 7.0,
+    )]));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let text = m.encode();
+    assert!(
+        text.contains(r#"gpu_tenancy_device_utilization_ratio{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",mode="MIG",tenant="acme"} 0.7"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"gpu_tenancy_device_utilization_ratio{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="13""#),
+        "no GPM figure for it: {text}"
+    );
+    let busy_gpus = samples(&text, "gpu_tenancy_busy_gpus");
+    assert_eq!(
+        busy_gpus,
+        [
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="acme",mode="MIG"} 0.3"#,
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="beta",mode="MPS"} 0.4"#,
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="unattributed",mode="MPS"} 0.4"#,
+        ],
+        "{text}"
+    );
+    let l = m.ledger();
+    let acme_ns = l.namespaces[&("acme".to_string(), "acme-train".to_string())];
+    let acme = l.allocated[&("acme".to_string(), "MIG")];
+    assert!(acme_ns > 0.0 && acme_ns <= acme + 1e-12, "{l:?}");
+    let used = |t: &str, mode: &'static str| l.used.get(&(t.to_string(), mode)).copied().unwrap_or(0.0);
+    assert!(
+        (used("beta", "MPS") - used("unattributed", "MPS")).abs() < 1e-12,
+        "{l:?}"
+    );
+    assert!(
+        (used("acme", "MIG") / acme - 0.7).abs() < 1e-9,
+        "efficiency = GPM's figure: {l:?}"
+    );
+    assert_eq!(used("shared", "MPS"), 0.0);
+}
+
 #[test]
 fn a_gpu_that_goes_leaves_no_series() {
     let m = AgentMetrics::new("n1");
