@@ -107,26 +107,36 @@ fn pod_uid(proc_root: &Path, pid: u32) -> Option<String> {
     attribution::pod_uid_from_cgroup(&text)
 }
 
-/// The PIDs whose tenants [`busy`] needs: those sampled on MPS and time-sliced GPUs.
-pub fn sampled_pids(spec: &GpuNodeSpec, usage: &Usage) -> BTreeSet<u32> {
+/// The PIDs whose tenants [`busy`] needs: those sampled on the GPUs it splits.
+pub fn sampled_pids(spec: &GpuNodeSpec, status: &GpuNodeStatus, usage: &Usage) -> BTreeSet<u32> {
+    let split = split_gpus(spec, status);
     usage
         .processes
         .iter()
-        .filter(|(gpu, _)| shared(spec, **gpu))
+        .filter(|(gpu, _)| split.contains(gpu))
         .flat_map(|(_, s)| s.iter().map(|s| s.pid))
         .collect()
 }
 
-fn shared(spec: &GpuNodeSpec, gpu: u32) -> bool {
+/// The GPUs whose busy time is split by their processes: MPS and time-sliced GPUs whose shares
+/// several tenants hold. A GPU one tenant holds keeps its busy time to that tenant, as a whole
+/// GPU's: the device plugin hands its replicas to that tenant's pods only, and a process of
+/// anyone else on it is what `UngrantedUse` reports.
+fn split_gpus(spec: &GpuNodeSpec, status: &GpuNodeStatus) -> BTreeSet<u32> {
+    let found: Vec<u32> = status.gpus.iter().map(|g| g.index).collect();
+    let holdings = crate::accounting::holdings(spec, &found);
     spec.gpus
         .iter()
-        .any(|g| g.index == gpu && matches!(g.mode, Mode::Mps | Mode::TimeSlicing))
+        .filter(|g| matches!(g.mode, Mode::Mps | Mode::TimeSlicing))
+        .filter(|g| crate::accounting::gpu_tenant(&holdings, g.index) == crate::accounting::SHARED)
+        .map(|g| g.index)
+        .collect()
 }
 
 /// The accounting's view of a reading: the GPUs' and instances' utilization, instances by their
-/// first memory slice (how the spec names them), and on MPS and time-sliced GPUs the split of the
-/// busy time between tenants by the processes' samples (`tenant_of` each sampled PID's tenant).
-/// Pure.
+/// first memory slice (how the spec names them), and on MPS and time-sliced GPUs several tenants
+/// share the split of the busy time between them by the processes' samples (`tenant_of` each
+/// sampled PID's tenant). Pure.
 pub fn busy(
     spec: &GpuNodeSpec,
     status: &GpuNodeStatus,
@@ -142,10 +152,11 @@ pub fn busy(
             Some(((gpu, i.placement.start), ratio))
         })
         .collect();
+    let split_gpus = split_gpus(spec, status);
     let split = usage
         .processes
         .iter()
-        .filter(|(gpu, _)| shared(spec, **gpu))
+        .filter(|(gpu, _)| split_gpus.contains(gpu))
         .filter_map(|(&gpu, samples)| Some((gpu, attribution::split(samples, tenant_of)?)))
         .collect();
     Busy {
@@ -262,7 +273,7 @@ mod tests {
                 vec![ProcessSample { pid: 7, sm: 0.4 }, ProcessSample { pid: 8, sm: 0.2 }],
             )]),
         };
-        assert_eq!(sampled_pids(&spec, &usage), BTreeSet::from([7, 8]));
+        assert_eq!(sampled_pids(&spec, &status(), &usage), BTreeSet::from([7, 8]));
         let tenant_of = BTreeMap::from([(7, Some("a".to_string())), (8, None)]);
         let b = busy(&spec, &status(), &usage, &tenant_of);
         assert_eq!(
@@ -272,10 +283,12 @@ mod tests {
         );
         let split = &b.split[&0];
         assert!((split["a"] - 2.0 / 3.0).abs() < 1e-12 && (split["unattributed"] - 1.0 / 3.0).abs() < 1e-12);
-        // The same GPU used whole: its one tenant's, no split.
+        // The same GPU used whole, or time-sliced for one tenant alone: its one tenant's, no split.
+        spec.gpus[0].tenants = vec!["a".into()];
+        assert!(busy(&spec, &status(), &usage, &tenant_of).split.is_empty());
+        assert!(sampled_pids(&spec, &status(), &usage).is_empty());
         spec.gpus[0].mode = Mode::Exclusive;
         assert!(busy(&spec, &status(), &usage, &tenant_of).split.is_empty());
-        assert!(sampled_pids(&spec, &usage).is_empty());
     }
 
     #[test]

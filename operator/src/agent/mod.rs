@@ -299,7 +299,7 @@ async fn attribute(
             BTreeMap::new(),
         );
     };
-    let pids = attribution::sampled_pids(spec, &usage);
+    let pids = attribution::sampled_pids(spec, status, &usage);
     let tenant_of = match pids.is_empty() {
         true => BTreeMap::new(),
         false => a.tenants_of(client, &opts.node, &pids).await,

@@ -132,8 +132,9 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
             used_gpu_hours: used,
         });
     }
-    // Use with no allocation: `unattributed`, whose busy time no tenant's pod made.
-    for ((tenant, mode), u) in used {
+    // Use with no allocation: `unattributed`, whose busy time no tenant's pod made (a series at
+    // 0 says nothing worth a row).
+    for ((tenant, mode), u) in used.into_iter().filter(|(_, u)| *u > 0.0) {
         tenants.entry(tenant).or_default().push(ModeRow {
             mode,
             allocated_gpu_hours: 0.0,
@@ -272,6 +273,7 @@ mod tests {
                 used: vec![
                     s(&[("tenant", "a"), ("mode", "Exclusive")], 3600.0),
                     s(&[("tenant", "unattributed"), ("mode", "TimeSlicing")], 900.0),
+                    s(&[("tenant", "shared"), ("mode", "MPS")], 0.0),
                 ],
                 namespaces: vec![
                     s(&[("tenant", "a"), ("namespace", "a-small")], 1800.0),

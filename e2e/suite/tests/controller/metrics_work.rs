@@ -54,6 +54,19 @@ pub struct Work {
     pub ns_b: String,
 }
 
+/// The pods go when the node does, at once: with no kubelet to confirm a graceful deletion they
+/// would stay, and their namespaces (deleted by the test's cleanup, dropped after this) with them.
+impl Drop for Work {
+    fn drop(&mut self) {
+        for ns in [&self.ns_a, &self.ns_b] {
+            let out = gpu_tenancy_e2e::kubectl(["delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0"]);
+            if !out.success {
+                eprintln!("{}: {}", out.command, out.stderr);
+            }
+        }
+    }
+}
+
 /// Tenant `name` listing only `namespace`, which is created (again, once an earlier run's is gone).
 async fn tenant_with_namespace(client: &Client, cleanup: &Cleanup, name: &str, namespace: &str) {
     cleanup.add("GpuTenant", name);
