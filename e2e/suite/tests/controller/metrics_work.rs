@@ -101,25 +101,41 @@ async fn tenant_with_namespace(client: &Client, cleanup: &Cleanup, name: &str, n
     panic!("namespace {namespace} of an earlier run is still terminating");
 }
 
-/// A pod of `node` in `namespace` (never run: there is no kubelet), its UID. Retried while the
-/// namespace's default service account does not exist yet (its controller makes it).
+/// A pod of `node` in `namespace` (never run: there is no kubelet), its UID. Created without a
+/// node and then bound to it, as the scheduler binds pods (`pods/binding`): the admission rules an
+/// earlier scenario's controller left refuse pods that name their node themselves. Retried while
+/// the namespace's default service account does not exist yet (its controller makes it).
 async fn pod_on(client: &Client, namespace: &str, name: &str, node: &str) -> String {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"nodeName": node,
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
         "containers": [{"name": "main", "image": "registry.invalid/cuda:12"}]}}))
     .expect("a Pod");
     let mut last = String::new();
     for _ in 0..100 {
-        match api.create(&PostParams::default(), &pod).await {
-            Ok(p) => return p.uid().expect("a UID"),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                return api.get(name).await.expect("the pod").uid().expect("a UID");
+        let created = match api.create(&PostParams::default(), &pod).await {
+            Ok(p) => Ok(p),
+            Err(kube::Error::Api(e)) if e.code == 409 => api.get(name).await,
+            Err(e) => Err(e),
+        };
+        match created {
+            Ok(p) if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) => {
+                return p.uid().expect("a UID");
+            }
+            Ok(_) => {
+                let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+                if let Err(e) = api
+                    .create_subresource::<_, serde_json::Value>("binding", name, &PostParams::default(), &binding)
+                    .await
+                {
+                    last = format!("binding: {e}");
+                }
             }
             Err(e) => last = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("creating pod {namespace}/{name}: {last}");
+    panic!("creating pod {namespace}/{name} on {node}: {last}");
 }
 
 /// Starts the node of this module's header, its spec applied and its processes running.
