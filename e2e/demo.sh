@@ -99,10 +99,13 @@ node() { # NAME LABELS_JSON SIM_GPUS_YAML
 	TARGETS+=("127.0.0.1:$port")
 	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
 	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
+	# --proc-root: the simulated PIDs are no processes of this machine; a tree of its own (empty:
+	# there are no pods) keeps the agent from reading another process's cgroup for one.
 	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
 		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
 		"$BIN" agent run --node-name "$name" --poll 5 --metrics-addr "127.0.0.1:$port" \
-		--pod-resources-socket "$DIR/pod-resources-$name.sock" >"$DIR/agent-$name.log" 2>&1 &
+		--pod-resources-socket "$DIR/pod-resources-$name.sock" --proc-root "$DIR/proc-$name" \
+		>"$DIR/agent-$name.log" 2>&1 &
 	PIDS+=($!)
 	say "node $name: agent started on simulated GPUs (log: target/demo/agent-$name.log)"
 }
@@ -149,7 +152,8 @@ node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
 		"$BIN" agent run --node-name "$name" --poll 5 --mode dra --metrics-addr "127.0.0.1:$port" \
 		--kubelet-registry-dir "$d/plugins_registry" --kubelet-plugins-dir "$d/plugins" \
 		--state-dir "$d/state" --cdi-dir "$d/cdi" --mig-minors-file "$d/mig-minors" \
-		--mps-pipe-dir "$d/mps-pipe" --mps-log-dir "$d/mps-log" >"$DIR/agent-$name.log" 2>&1 &
+		--mps-pipe-dir "$d/mps-pipe" --mps-log-dir "$d/mps-log" --proc-root "$DIR/proc-$name" \
+		>"$DIR/agent-$name.log" 2>&1 &
 	PIDS+=($!)
 	"$FAKE_KUBELET" "$name" "$d" >"$DIR/kubelet-$name.log" 2>&1 &
 	PIDS+=($!)

@@ -15,11 +15,18 @@ use crate::api::{GpuNodeSpec, GpuSpec, Mode};
 use crate::mig::COMPUTE_SLICES;
 use std::collections::BTreeMap;
 
-/// The holder of what no tenant is granted. A GpuTenant cannot take this name (its CRD refuses it).
+/// The holder of what no tenant is granted. A GpuTenant cannot take this name (the policy check refuses it).
 pub const UNALLOCATED: &str = "unallocated";
 /// The `tenant` of a device row (memory, processes, utilization) on a GPU whose shares several
 /// tenants hold: the row cannot be split between them. A GpuTenant cannot take this name either.
 pub const SHARED: &str = "shared";
+/// The `tenant` of busy time on an MPS or time-sliced GPU spent by processes whose pod or tenant
+/// could not be told (a host process, a pod this node's agent does not know, a namespace no
+/// tenant lists alone: [`crate::attribution`]). A GpuTenant cannot take this name either.
+pub const UNATTRIBUTED: &str = "unattributed";
+
+/// The names the showback gives what is no tenant's, which GpuTenants may not take.
+pub const RESERVED: [&str; 3] = [UNALLOCATED, SHARED, UNATTRIBUTED];
 
 /// The `mode` of a GPU no GpuNode spec covers.
 pub const UNPLANNED: &str = "Unplanned";
@@ -148,11 +155,27 @@ pub fn gpu_tenant(holdings: &[Holding], gpu: u32) -> &str {
     }
 }
 
-/// Allocated and used GPU-seconds by (tenant, mode), added up over time.
+/// How busy a node's devices were at the last reading, where NVML tells.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Busy {
+    /// Whole GPUs (not in MIG mode): utilization, 0 to 1 (`nvmlDeviceGetUtilizationRates`).
+    pub gpus: BTreeMap<u32, f64>,
+    /// MIG instances by (GPU, first memory slice): the instance's utilization, 0 to 1 (GPM, on
+    /// GPUs that have it).
+    pub instances: BTreeMap<(u32, u32), f64>,
+    /// MPS and time-sliced GPUs whose processes' samples say whose the busy time was: each
+    /// tenant's fraction of it (adding up to 1; [`UNATTRIBUTED`] for what no tenant's).
+    pub split: BTreeMap<u32, BTreeMap<String, f64>>,
+}
+
+/// Allocated and used GPU-seconds by (tenant, mode), added up over time, and the allocated ones
+/// of each tenant's namespaces.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ledger {
     pub allocated: BTreeMap<(String, &'static str), f64>,
     pub used: BTreeMap<(String, &'static str), f64>,
+    /// (tenant, namespace): the part of the tenant's allocation its pods in that namespace hold.
+    pub namespaces: BTreeMap<(String, String), f64>,
 }
 
 impl Ledger {
@@ -163,16 +186,44 @@ impl Ledger {
         }
     }
 
-    /// Adds `seconds` of use: `busy` is each GPU's utilization (0 to 1) where NVML reports it
-    /// (whole GPUs; not a GPU in MIG mode). A GPU's busy time goes to its one tenant; on a GPU
-    /// several tenants share, to [`SHARED`] (NVML's device utilization does not say whose it was).
-    pub fn use_gpus(&mut self, holdings: &[Holding], busy: &BTreeMap<u32, f64>, seconds: f64) {
-        for (&gpu, &ratio) in busy {
+    /// Adds `seconds` of the namespaces' holdings ([`crate::attribution::namespace_holdings`]).
+    pub fn allocate_namespaces(&mut self, held: &BTreeMap<(String, String), f64>, seconds: f64) {
+        for (k, w) in held {
+            *self.namespaces.entry(k.clone()).or_default() += w * seconds;
+        }
+    }
+
+    /// Adds `seconds` of use, where `busy` knows it. A whole GPU's busy time goes to its one
+    /// tenant, or divides by `busy.split` where its processes' samples say whose it was; else, on
+    /// a GPU several tenants share, to [`SHARED`] (NVML's device utilization does not say whose
+    /// it was). A MIG instance's busy time, weighted by its part of the GPU, to its tenant.
+    pub fn use_busy(&mut self, holdings: &[Holding], busy: &Busy, seconds: f64) {
+        for (&gpu, &ratio) in &busy.gpus {
             let Some(mode) = holdings.iter().find(|h| h.gpu == gpu).map(|h| h.mode) else {
                 continue;
             };
-            let tenant = gpu_tenant(holdings, gpu).to_string();
-            *self.used.entry((tenant, mode)).or_default() += ratio.clamp(0.0, 1.0) * seconds;
+            let gpu_seconds = ratio.clamp(0.0, 1.0) * seconds;
+            match busy.split.get(&gpu) {
+                Some(split) => {
+                    for (tenant, part) in split {
+                        *self.used.entry((tenant.clone(), mode)).or_default() += part * gpu_seconds;
+                    }
+                }
+                None => {
+                    let tenant = gpu_tenant(holdings, gpu).to_string();
+                    *self.used.entry((tenant, mode)).or_default() += gpu_seconds;
+                }
+            }
+        }
+        for (&(gpu, start), &ratio) in &busy.instances {
+            let Some(h) = holdings
+                .iter()
+                .find(|h| h.gpu == gpu && h.instance.as_ref().is_some_and(|(s, _)| *s == start))
+            else {
+                continue;
+            };
+            let gpu_seconds = ratio.clamp(0.0, 1.0) * h.weight * seconds;
+            *self.used.entry((h.tenant.clone(), h.mode)).or_default() += gpu_seconds;
         }
     }
 }
@@ -305,10 +356,42 @@ mod tests {
         ts.tenants = vec!["a".into(), "b".into()];
         let h = holdings(&spec(vec![ex, ts, mig(2, &[("7g.80gb", 0, Some("c"))])]), &[0, 1, 2]);
         let mut l = Ledger::default();
-        l.use_gpus(&h, &BTreeMap::from([(0, 0.5), (1, 1.0)]), 10.0);
+        let busy = Busy {
+            gpus: BTreeMap::from([(0, 0.5), (1, 1.0)]),
+            ..Default::default()
+        };
+        l.use_busy(&h, &busy, 10.0);
         assert_eq!(l.used.get(&("gamma".into(), "Exclusive")), Some(&5.0));
         assert_eq!(l.used.get(&(SHARED.into(), "TimeSlicing")), Some(&10.0));
         assert_eq!(l.used.len(), 2, "nothing known of the MIG GPU: {:?}", l.used);
+    }
+
+    #[test]
+    fn samples_split_a_shared_gpu_and_an_instance_counts_its_part_of_the_gpu() {
+        let mut ts = gpu(1, Mode::TimeSlicing);
+        ts.tenants = vec!["a".into(), "b".into()];
+        let s = spec(vec![
+            ts,
+            mig(2, &[("3g.40gb", 4, Some("c")), ("2g.20gb", 0, Some("d"))]),
+        ]);
+        let h = holdings(&s, &[1, 2]);
+        let busy = Busy {
+            gpus: BTreeMap::from([(1, 0.8)]),
+            instances: BTreeMap::from([((2, 4), 0.7)]),
+            split: BTreeMap::from([(
+                1,
+                BTreeMap::from([("a".to_string(), 0.75), (UNATTRIBUTED.to_string(), 0.25)]),
+            )]),
+        };
+        let mut l = Ledger::default();
+        l.use_busy(&h, &busy, 10.0);
+        let used = |t: &str, m: &'static str| l.used.get(&(t.to_string(), m)).copied();
+        assert_eq!(used("a", "TimeSlicing"), Some(6.0));
+        assert_eq!(used(UNATTRIBUTED, "TimeSlicing"), Some(2.0));
+        assert_eq!(used(SHARED, "TimeSlicing"), None, "the samples said whose it was");
+        // 70% of a 3g instance for 10 s: 0.7 × 3/7 × 10 GPU-seconds; d's instance unknown.
+        assert!((used("c", "MIG").unwrap() - 3.0).abs() < 1e-12, "{:?}", l.used);
+        assert_eq!(used("d", "MIG"), None);
     }
 
     fn arb_gpu(index: u32) -> impl Strategy<Value = GpuSpec> {

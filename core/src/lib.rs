@@ -6,6 +6,7 @@
 
 pub mod accounting;
 pub mod api;
+pub mod attribution;
 pub mod desired;
 pub mod device_plugin;
 pub mod devices;

@@ -67,11 +67,11 @@ pub fn check_tenants(
         let mut problems = Vec::new();
         let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
 
-        if [crate::accounting::UNALLOCATED, crate::accounting::SHARED].contains(&name.as_str()) {
+        if crate::accounting::RESERVED.contains(&name.as_str()) {
             problems.push(problem(
                 "metadata.name".into(),
                 format!(
-                    "the name {name:?} is reserved: the agents' showback metrics use it for what no tenant (unallocated) or several tenants (shared) hold; name the tenant otherwise"
+                    "the name {name:?} is reserved: the agents' showback metrics use it for what no tenant (unallocated) or several tenants (shared) hold, and for use no tenant's pod can be told to have made (unattributed); name the tenant otherwise"
                 ),
             ));
         }

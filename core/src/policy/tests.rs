@@ -171,12 +171,16 @@ fn exempt_namespaces_and_two_shared_modes_are_refused() {
 
 #[test]
 fn the_showback_names_are_reserved() {
-    let mut tenants = [tenant("unallocated", "internal"), tenant("shared", "internal")];
+    let mut tenants = [
+        tenant("unallocated", "internal"),
+        tenant("shared", "internal"),
+        tenant("unattributed", "internal"),
+    ];
     for t in &mut tenants {
         t.spec.policy_ref = "default".into();
     }
     let check = check_tenants(&[policy("default")], &tenants, &none());
-    for name in ["unallocated", "shared"] {
+    for name in ["unallocated", "shared", "unattributed"] {
         let problems = &check.invalid[name];
         assert!(
             problems

@@ -318,6 +318,7 @@ impl Fleet {
             pod_resources_socket: None,
             mode: Default::default(),
             metrics: None,
+            attribution: None,
         };
         let client = self.agents.clone();
         let mut stop = self.shutdown.subscribe();

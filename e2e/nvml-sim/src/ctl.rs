@@ -2,7 +2,7 @@
 //! on its own (workloads start and stop, the machine reboots) and fault injection.
 
 use crate::nvml::error_code;
-use crate::state::{Fault, LogEntry, Paths, SimProcess, SimState, read, update};
+use crate::state::{Fault, LogEntry, Paths, SimProcess, SimState, now_us, read, update};
 
 /// Where a process runs: a whole GPU, or the GPU instance at a memory-slice start.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +33,8 @@ pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
             ),
         };
         let (gi_id, ci) = (gi.map(|x| x.id), gi.and_then(|x| x.cis.first().map(|c| c.id)));
+        // GPM counts busy time at the processes that ran until now.
+        g.checkpoint_gpm(now_us());
         if let Some(t) = &a.tenant {
             let r = g.slices_of(gi_id);
             for s in &mut g.dirty[r] {
@@ -55,7 +57,11 @@ pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
 pub fn detach(paths: &Paths, pid: u32) -> Result<(), String> {
     update(paths, |st| {
         let mut found = false;
+        let now = now_us();
         for g in &mut st.gpus {
+            if g.processes.iter().any(|p| p.pid == pid) {
+                g.checkpoint_gpm(now);
+            }
             let before = g.processes.len();
             g.processes.retain(|p| p.pid != pid);
             found |= g.processes.len() != before;

@@ -118,6 +118,32 @@ pub struct SimGpu {
     pub processes: Vec<SimProcess>,
     /// Per memory slice: the tenant whose data it still holds (the whole GPU is all 8 slices).
     pub dirty: Vec<Option<String>>,
+    /// GPM's counters (Hopper and later): SM-busy time integrated from the processes' `sm_util`.
+    #[serde(default)]
+    pub gpm: GpmCounters,
+}
+
+/// SM-busy time so far, in percent × microseconds, of the whole GPU and of each GPU instance, as
+/// of `at_us` (wall clock). Between two changes of the processes the busy rate is constant, so a
+/// counter now is its value at `at_us` plus the rate × the time since: a reading writes nothing,
+/// and every change of the processes first brings the counters up to that moment
+/// ([`SimGpu::checkpoint_gpm`]). GPM samples are two readings of these; the metrics their
+/// difference over the time between them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct GpmCounters {
+    pub at_us: u64,
+    pub gpu: f64,
+    /// By GPU instance ID.
+    #[serde(default)]
+    pub gis: std::collections::BTreeMap<u32, f64>,
+}
+
+/// The wall clock in microseconds since the Unix epoch: NVML's sample timestamps are CPU time in
+/// microseconds.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -201,6 +227,59 @@ impl SimGpu {
 
     pub fn gi(&self, id: u32) -> Option<&SimGi> {
         self.gis.iter().find(|g| g.id == id)
+    }
+
+    /// GPM (GPU Performance Monitoring) is on Hopper and later: compute capability 9.0 and up
+    /// (nvml.h: "For Hopper or newer fully supported devices").
+    pub fn has_gpm(&self) -> bool {
+        self.model().compute_capability.0 >= 9
+    }
+
+    /// Percent of the SMs busy now: of GPU instance `gi`, the sum of its processes' `sm_util`
+    /// (capped at 100); of the whole GPU without MIG, all its processes'; of a GPU in MIG mode,
+    /// its instances' rates weighted by their compute slices of 7.
+    pub fn busy_percent(&self, gi: Option<u32>) -> f64 {
+        let sum = |f: &dyn Fn(&SimProcess) -> bool| -> f64 {
+            let s: u32 = self.processes.iter().filter(|p| f(p)).map(|p| p.sm_util).sum();
+            f64::from(s.min(100))
+        };
+        match gi {
+            Some(id) => sum(&|p| p.gi == Some(id)),
+            None if self.mig_current => self
+                .gis
+                .iter()
+                .map(|g| {
+                    let slices = Shape::from_profile_id(g.profile_id).map_or(0, |s| s.info().compute_slices);
+                    sum(&|p| p.gi == Some(g.id)) * f64::from(slices) / f64::from(mig::COMPUTE_SLICES)
+                })
+                .sum(),
+            None => sum(&|_| true),
+        }
+    }
+
+    /// The GPM counter of the whole GPU (`None`) or a GPU instance at `now` (microseconds).
+    pub fn gpm_counter(&self, gi: Option<u32>, now: u64) -> f64 {
+        let since = now.saturating_sub(self.gpm.at_us) as f64;
+        let stored = match gi {
+            None => self.gpm.gpu,
+            Some(id) => self.gpm.gis.get(&id).copied().unwrap_or(0.0),
+        };
+        stored + self.busy_percent(gi) * since
+    }
+
+    /// Brings the GPM counters up to `now`, at the processes as they are: call before the
+    /// processes change. Counters of instances that are gone are dropped.
+    pub fn checkpoint_gpm(&mut self, now: u64) {
+        if self.gpm.at_us == 0 {
+            self.gpm.at_us = now;
+        }
+        let gpu = self.gpm_counter(None, now);
+        let gis = self
+            .gis
+            .iter()
+            .map(|g| (g.id, self.gpm_counter(Some(g.id), now)))
+            .collect();
+        self.gpm = GpmCounters { at_us: now, gpu, gis };
     }
 
     /// Memory of a GPU instance: what the driver reports for its profile on this model (the
@@ -318,6 +397,7 @@ impl SimState {
                     gis: Vec::new(),
                     processes: Vec::new(),
                     dirty: vec![None; mig::MEMORY_SLICES as usize],
+                    gpm: GpmCounters::default(),
                 });
             }
         }
@@ -385,7 +465,9 @@ impl SimState {
     /// A node reboot: instances and processes are gone, pending MIG modes take effect, compute
     /// modes go back to Default. Memory contents are not cleared (nothing guarantees that).
     pub fn reboot(&mut self) {
+        let now = now_us();
         for g in &mut self.gpus {
+            g.checkpoint_gpm(now);
             g.gis.clear();
             g.processes.clear();
             g.mig_current = g.mig_pending;

@@ -501,3 +501,6 @@ fn utilization_sums_the_processes_and_is_not_supported_with_mig() {
         INVALID_ARGUMENT
     );
 }
+
+#[path = "nvml_answers/utilization.rs"]
+mod utilization_samples;

@@ -173,6 +173,21 @@ impl SimAgent {
         self.dir.join("pod-resources/kubelet.sock")
     }
 
+    /// The agent's `--proc-root` (under [`SimAgent::dir`], never this machine's `/proc`: the
+    /// simulated PIDs are no processes here). Empty unless a test writes processes into it
+    /// ([`SimAgent::fake_process`]).
+    pub fn proc_root(&self) -> PathBuf {
+        self.dir.join("proc")
+    }
+
+    /// Makes PID `pid` a process in the agent's `--proc-root` whose `/proc/<pid>/cgroup` reads
+    /// `cgroup`, as the kernel would show a container's (or a host process's) to the agent.
+    pub fn fake_process(&self, pid: u32, cgroup: &str) {
+        let dir = self.proc_root().join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(dir.join("cgroup"), cgroup).unwrap_or_else(|e| panic!("writing {}/cgroup: {e}", dir.display()));
+    }
+
     /// Starts the agent again on the same simulated GPUs and state (killing it first if it
     /// runs), as its DaemonSet would after a crash.
     pub fn restart(&mut self) {
@@ -182,6 +197,8 @@ impl SimAgent {
         cmd.args(["agent", "run", "--node-name", &self.name, "--poll", "1"])
             .arg("--pod-resources-socket")
             .arg(&pod_resources)
+            .arg("--proc-root")
+            .arg(self.proc_root())
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", kubeconfig_path())

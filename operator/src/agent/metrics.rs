@@ -9,10 +9,12 @@
 //! for the whole GPU (as dcgm-exporter's MIG rows), so a sum over rows counts each byte once.
 //!
 //! Cardinality per node: device rows ≤ GPUs × 7 (MIG) × the few device metrics; share rows ≤
-//! GPUs × (tenants per GPU + 1); accounting rows ≤ (tenants on the node + 1) × 5 modes; scrub and
-//! MIG rows ≤ GPUs × 2 and GPUs × 3. No pod, PID or claim label: those grow without bound.
+//! GPUs × (tenants per GPU + 1); accounting rows ≤ (tenants on the node + 3 reserved names) × 5
+//! modes; namespace rows ≤ the namespaces the node's tenants list; scrub and MIG rows ≤ GPUs × 2
+//! and GPUs × 3. No PID label anywhere, and pod labels only on the holder info: those grow
+//! without bound.
 
-use crate::accounting::{self, Holding, Ledger};
+use crate::accounting::{self, Busy, Holding, Ledger};
 use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuStatus};
 use crate::gpu::status::GpuEvent;
 use crate::runtime::http::Exposition;
@@ -44,6 +46,8 @@ struct Families {
     node_gpus: Family<Labels, Gauge>,
     allocated: Family<Labels, FloatCounter>,
     used: Family<Labels, FloatCounter>,
+    namespace_allocated: Family<Labels, FloatCounter>,
+    busy_gpus: Family<Labels, FloatGauge>,
     scrubs: Family<Labels, Counter>,
     scrub_seconds: Family<Labels, Histogram>,
     mig_changes: Family<Labels, Counter>,
@@ -55,7 +59,9 @@ struct Families {
 #[derive(Default)]
 struct Held {
     holdings: Vec<Holding>,
-    busy: BTreeMap<u32, f64>,
+    busy: Busy,
+    /// (tenant, namespace) → the part of a GPU the namespace's pods hold of the tenant's.
+    namespaces: BTreeMap<(String, String), f64>,
     /// Since when `holdings` and `busy` are counted; `None` before the first observation.
     since: Option<Instant>,
     ledger: Ledger,
@@ -92,6 +98,8 @@ impl AgentMetrics {
             node_gpus: Family::default(),
             allocated: Family::default(),
             used: Family::default(),
+            namespace_allocated: Family::default(),
+            busy_gpus: Family::default(),
             scrubs: Family::default(),
             scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
             mig_changes: Family::default(),
@@ -113,7 +121,7 @@ impl AgentMetrics {
         );
         r.register_with_unit(
             "device_utilization",
-            "Fraction of the last sample period a kernel ran on the GPU (nvmlDeviceGetUtilizationRates); none for MIG instances, where NVML does not report it",
+            "Fraction of the time work ran on the GPU (nvmlDeviceGetUtilizationRates, its last sample period) or MIG instance (GPM's GRAPHICS_UTIL since the previous pass, Hopper and later); absent where NVML does not report it",
             Unit::Other("ratio".into()),
             f.utilization.clone(),
         );
@@ -136,8 +144,18 @@ impl AgentMetrics {
         );
         r.register(
             "used_gpu_seconds",
-            "GPU-seconds busy (utilization × time) where NVML reports utilization; on a GPU several tenants share, tenant shared",
+            "GPU-seconds busy (utilization × time) where NVML reports utilization (a MIG instance's weighted by its part of the GPU); on an MPS or time-sliced GPU split by its processes' samples (tenant unattributed for processes of no known tenant's pod), else tenant shared where several tenants share it",
             f.used.clone(),
+        );
+        r.register(
+            "busy_gpus",
+            "GPUs busy now per tenant and mode, at the last pass's reading: the rate used_gpu_seconds advances at (for plots: a gauge needs no rate window)",
+            f.busy_gpus.clone(),
+        );
+        r.register(
+            "namespace_allocated_gpu_seconds",
+            "GPU-seconds granted to a tenant that pods of one of its namespaces hold, by the kubelet's pod-resources API (device-plugin mode), share-weighted as allocated_gpu_seconds",
+            f.namespace_allocated.clone(),
         );
         r.register("scrubs", "Memory scrubs, by result (ok, failed)", f.scrubs.clone());
         r.register_with_unit(
@@ -183,14 +201,21 @@ impl AgentMetrics {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes a pass's result: the spec applied, the GPUs as published, how busy each GPU was
+    /// Takes a pass's result: the spec applied, the GPUs as published, how busy the devices were
     /// (where known) and what the apply did.
-    pub fn observe(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, busy: BTreeMap<u32, f64>, events: &[GpuEvent]) {
+    pub fn observe(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, busy: Busy, events: &[GpuEvent]) {
         let mut held = self.lock();
         self.advance(&mut held, Instant::now());
         let found: Vec<u32> = status.gpus.iter().map(|g| g.index).collect();
         held.holdings = accounting::holdings(spec, &found);
         held.busy = busy;
+        // One second of the reading is what each tenant keeps busy, in GPUs.
+        let mut now = Ledger::default();
+        now.use_busy(&held.holdings, &held.busy, 1.0);
+        self.f.busy_gpus.clear();
+        for ((tenant, mode), gpus) in &now.used {
+            self.f.busy_gpus.get_or_create(&self.account(tenant, mode)).set(*gpus);
+        }
         self.devices(spec, status, &held.holdings, &held.busy);
         // Both results exist from the first pass, at 0: an alert on failures sees the first one.
         for g in &status.gpus {
@@ -211,15 +236,27 @@ impl AgentMetrics {
         let seconds = now.saturating_duration_since(since).as_secs_f64();
         let mut step = Ledger::default();
         step.allocate(&held.holdings, seconds);
-        step.use_gpus(&held.holdings, &held.busy, seconds);
+        step.use_busy(&held.holdings, &held.busy, seconds);
+        step.allocate_namespaces(&held.namespaces, seconds);
         for ((tenant, mode), v) in &step.allocated {
             self.f.allocated.get_or_create(&self.account(tenant, mode)).inc_by(*v);
         }
         for ((tenant, mode), v) in &step.used {
             self.f.used.get_or_create(&self.account(tenant, mode)).inc_by(*v);
         }
+        for ((tenant, namespace), v) in &step.namespaces {
+            let labels = vec![
+                ("Hostname", self.node.clone()),
+                ("tenant", tenant.clone()),
+                ("namespace", namespace.clone()),
+            ];
+            self.f.namespace_allocated.get_or_create(&labels).inc_by(*v);
+        }
         for (k, v) in step.allocated {
             *held.ledger.allocated.entry(k).or_default() += v;
+        }
+        for (k, v) in step.namespaces {
+            *held.ledger.namespaces.entry(k).or_default() += v;
         }
         for (k, v) in step.used {
             *held.ledger.used.entry(k).or_default() += v;
@@ -235,7 +272,7 @@ impl AgentMetrics {
     }
 
     /// Replaces the device rows: GPUs and instances that are gone leave no series behind.
-    fn devices(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, holdings: &[Holding], busy: &BTreeMap<u32, f64>) {
+    fn devices(&self, spec: &GpuNodeSpec, status: &GpuNodeStatus, holdings: &[Holding], busy: &Busy) {
         let f = &self.f;
         for family in [&f.memory_used, &f.memory_total, &f.utilization, &f.share] {
             family.clear();
@@ -256,9 +293,15 @@ impl AgentMetrics {
                 f.memory_used.get_or_create(&labels).set(row.used_mib as f64 * MIB);
                 f.memory_total.get_or_create(&labels).set(row.total_mib as f64 * MIB);
                 f.processes.get_or_create(&labels).set(row.processes as i64);
-                if row.instance.is_none()
-                    && let Some(b) = busy.get(&g.index)
-                {
+                let ratio = match &row.instance {
+                    None => busy.gpus.get(&g.index),
+                    Some((id, _)) => g
+                        .instances
+                        .iter()
+                        .find(|i| i.gpu_instance_id == *id)
+                        .and_then(|i| busy.instances.get(&(g.index, i.placement.start))),
+                };
+                if let Some(b) = ratio {
                     f.utilization.get_or_create(&labels).set(*b);
                 }
             }
@@ -359,6 +402,14 @@ impl AgentMetrics {
                 self.f.holders.get_or_create(&labels).set(1);
             }
         }
+    }
+
+    /// Replaces what each tenant's namespaces hold ([`crate::attribution::namespace_holdings`]),
+    /// counted from now on.
+    pub fn namespaces(&self, held: BTreeMap<(String, String), f64>) {
+        let mut h = self.lock();
+        self.advance(&mut h, Instant::now());
+        h.namespaces = held;
     }
 
     /// Replaces the ungranted-use rows: every device row at its ungranted processes (0 for most),

@@ -16,6 +16,7 @@
 //! simulated fleet (`e2e/fleet`) runs this very loop for each of its nodes: [`run`] is the
 //! production agent (NVML, a watch on its own GpuNode), [`run_node`] the loop itself.
 
+pub mod attribution;
 pub mod device_plugin;
 pub mod dra;
 pub mod metrics;
@@ -65,6 +66,9 @@ pub struct Options {
     pub mode: AgentMode,
     /// Where each pass's GPUs, holdings and events go (`None`: nowhere).
     pub metrics: Option<Arc<metrics::AgentMetrics>>,
+    /// Whose processes keep MPS and time-sliced GPUs busy, and which namespaces hold the
+    /// tenants' devices, for the metrics (`None`: not told; a shared GPU's use stays `shared`).
+    pub attribution: Option<Arc<attribution::Attribution>>,
 }
 
 /// How pods reach this node's GPUs.
@@ -194,7 +198,7 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         dry_run: false,
     };
     let sampled = apply_and_sample(gpus, spec, prev.clone(), apply_opts, opts.metrics.is_some());
-    let (applied, busy) = match sampled.await.map_err(PassError::Stopped)? {
+    let (applied, usage) = match sampled.await.map_err(PassError::Stopped)? {
         Ok(applied) => applied,
         Err(e) => {
             // NVML failed for the whole node (a system query, the device count): without this
@@ -219,7 +223,9 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
     let signals = pitfalls::report(&mut status, &node.spec, holders.as_ref(), &now);
     if let Some(m) = &opts.metrics {
+        let (busy, namespaces) = attribute(client, opts, &node.spec, &status, usage, holders.as_ref()).await;
         m.observe(&node.spec, &status, busy, &applied.events);
+        m.namespaces(namespaces);
         m.holders(&status, holders.as_ref());
         m.ungranted(&status, &signals);
     }
@@ -252,11 +258,11 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     Ok(())
 }
 
-/// What an apply did, and how busy each GPU was afterwards (0 to 1, where known).
-type Sampled = (crate::gpu::apply::Applied, BTreeMap<u32, f64>);
+/// What an apply did, and how busy the devices were afterwards (where known).
+type Sampled = (crate::gpu::apply::Applied, crate::gpu::Usage);
 
 /// Applies `spec` on a blocking thread (NVML calls block) and, for the metrics, reads how busy
-/// each GPU is afterwards.
+/// the devices are afterwards.
 fn apply_and_sample<G: Gpus + 'static>(
     gpus: &Arc<G>,
     spec: crate::api::GpuNodeSpec,
@@ -267,17 +273,41 @@ fn apply_and_sample<G: Gpus + 'static>(
     let g = gpus.clone();
     tokio::task::spawn_blocking(move || {
         let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts)?;
-        let busy = match sample {
-            true => applied
-                .status
-                .gpus
-                .iter()
-                .filter_map(|s| g.utilization(s.index).map(|u| (s.index, u)))
-                .collect(),
-            false => BTreeMap::new(),
+        let usage = match sample {
+            true => g.usage(&applied.status),
+            false => Default::default(),
         };
-        Ok((applied, busy))
+        Ok((applied, usage))
     })
+}
+
+/// The accounting's view of a pass's reading ([`attribution::busy`]) and what each tenant's
+/// namespaces hold of its devices. Without [`Options::attribution`] nothing is attributed: the
+/// processes' samples are dropped (a shared GPU's use stays `shared`) and no namespace is told.
+async fn attribute(
+    client: &Client,
+    opts: &Options,
+    spec: &crate::api::GpuNodeSpec,
+    status: &GpuNodeStatus,
+    mut usage: crate::gpu::Usage,
+    holders: Option<&pod_resources::Holdings>,
+) -> (crate::accounting::Busy, BTreeMap<(String, String), f64>) {
+    let Some(a) = &opts.attribution else {
+        usage.processes.clear();
+        return (
+            attribution::busy(spec, status, &usage, &BTreeMap::new()),
+            BTreeMap::new(),
+        );
+    };
+    let pids = attribution::sampled_pids(spec, status, &usage);
+    let tenant_of = match pids.is_empty() {
+        true => BTreeMap::new(),
+        false => a.tenants_of(client, &opts.node, &pids).await,
+    };
+    let found: Vec<u32> = status.gpus.iter().map(|g| g.index).collect();
+    let holdings = crate::accounting::holdings(spec, &found);
+    let namespaces = attribution::namespaces(spec, &holdings, status, holders, |ns| a.owner(ns));
+    (attribution::busy(spec, status, &usage, &tenant_of), namespaces)
 }
 
 /// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its

@@ -135,6 +135,11 @@ pub struct RunArgs {
     /// for a busy GPU's resource names is asked for instead.
     #[arg(long, value_name = "PATH", default_value = crate::agent::pod_resources::DEFAULT_SOCKET)]
     pod_resources_socket: PathBuf,
+    /// The host's /proc (the agent runs in the host's PID namespace): NVML names host PIDs, and
+    /// `<proc root>/<pid>/cgroup` says which pod a process of an MPS or time-sliced GPU is in, so
+    /// that its busy time goes to its pod's tenant (or `unattributed` when it cannot be told).
+    #[arg(long, value_name = "DIR", default_value = crate::agent::attribution::DEFAULT_PROC_ROOT)]
+    proc_root: PathBuf,
     /// How pods reach this node's GPUs: through NVIDIA's device plugin, or through this agent as
     /// a DRA kubelet plugin (driver gpu.gputenancy.io) that binds each device to its tenant.
     #[arg(long, value_enum, default_value_t = AgentModeArg::DevicePlugin)]
@@ -216,8 +221,10 @@ fn run_in_cluster(args: RunArgs) -> i32 {
                 crate::runtime::client::shutdown_signal(),
             ));
         }
+        let attribution = crate::agent::attribution::Attribution::start(client.clone(), args.proc_root);
         let opts = crate::agent::Options {
             metrics: Some(metrics),
+            attribution: Some(std::sync::Arc::new(attribution)),
             node: args.node_name,
             nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
             cuda_lib: args.cuda_lib,

@@ -82,6 +82,38 @@ fn table(r: &Report) {
         &["TENANT", "MODE", "ALLOC GPU-h", "USED GPU-h", "EFFIC", "GRANTED/REQ"],
         &rows,
     );
+    top_namespaces(r);
+}
+
+/// Namespaces shown per tenant in the table (all of them are in the JSON and CSV).
+const TOP_NAMESPACES: usize = 3;
+/// Longer namespace names are cut in the table, so it stays within 80 columns.
+const NAMESPACE_COLUMN: usize = 32;
+
+/// Each tenant's top namespaces: the GPU-hours its pods there held, and their part of the
+/// tenant's allocation (the rest no pod held).
+fn top_namespaces(r: &Report) {
+    let mut rows = Vec::new();
+    for t in r.tenants.iter().filter(|t| !t.namespaces.is_empty()) {
+        for (i, n) in t.namespaces.iter().take(TOP_NAMESPACES).enumerate() {
+            let name = match n.namespace.len() > NAMESPACE_COLUMN {
+                true => format!("{}...", &n.namespace[..NAMESPACE_COLUMN - 3]),
+                false => n.namespace.clone(),
+            };
+            let part = (t.allocated_gpu_hours > 0.0).then(|| n.allocated_gpu_hours / t.allocated_gpu_hours);
+            rows.push(vec![
+                if i == 0 { t.tenant.clone() } else { String::new() },
+                name,
+                hours(n.allocated_gpu_hours),
+                opt(part, |p| format!("{:.0}%", p * 100.0)),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    println!("\nTop namespaces: the GPU-hours their pods held (the kubelet's pod-resources)");
+    super::output::print_table(&["TENANT", "NAMESPACE", "HELD GPU-h", "OF ALLOC"], &rows);
 }
 
 fn humanize(seconds: f64) -> String {
@@ -94,8 +126,10 @@ fn humanize(seconds: f64) -> String {
     }
 }
 
+/// One line per tenant and mode, then one per tenant and namespace (mode empty, its GPU-hours
+/// held in `allocated_gpu_hours`).
 fn csv(r: &Report) {
-    println!("tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency");
+    println!("tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency,namespace");
     for t in &r.tenants {
         for m in &t.modes {
             let eff = match (m.used_gpu_hours, m.allocated_gpu_hours) {
@@ -103,12 +137,15 @@ fn csv(r: &Report) {
                 _ => String::new(),
             };
             println!(
-                "{},{},{:.4},{},{eff}",
+                "{},{},{:.4},{},{eff},",
                 t.tenant,
                 m.mode,
                 m.allocated_gpu_hours,
                 m.used_gpu_hours.map(|u| format!("{u:.4}")).unwrap_or_default()
             );
+        }
+        for n in &t.namespaces {
+            println!("{},,{:.4},,,{}", t.tenant, n.allocated_gpu_hours, n.namespace);
         }
     }
 }

@@ -11,6 +11,8 @@ use super::actions::Action;
 use super::scrub::ScrubReport;
 use crate::api::GpuNodeStatus;
 use crate::api::GpuReason;
+use crate::attribution::ProcessSample;
+use std::collections::BTreeMap;
 
 /// A node's GPUs as one apply sees them. Implementations are called from a blocking thread.
 pub trait Gpus: Send + Sync {
@@ -21,12 +23,27 @@ pub trait Gpus: Send + Sync {
     fn execute(&self, action: &Action) -> Result<(), ActionError>;
     /// Zeroes and verifies all free memory of `device` (a GPU or MIG device UUID).
     fn scrub(&self, device: &str) -> Result<ScrubReport, String>;
-    /// How busy GPU `index` is now, 0 to 1, for the agent's metrics; `None` where it is not known
-    /// (NVML does not report it for a GPU in MIG mode, or the call failed). Never published in the
-    /// GpuNode: it changes every second. Backends without the notion report nothing.
-    fn utilization(&self, _index: u32) -> Option<f64> {
-        None
+    /// How busy the GPUs of `status` (as just discovered) are now, for the agent's metrics, where
+    /// the backend can tell ([`Usage`]). Never published in the GpuNode: it changes every second.
+    /// Backends without the notion report nothing.
+    fn usage(&self, _status: &GpuNodeStatus) -> Usage {
+        Usage::default()
     }
+}
+
+/// How busy a node's devices are, where NVML reports it; what it does not report is absent.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// Whole GPUs not in MIG mode: utilization, 0 to 1 (`nvmlDeviceGetUtilizationRates`' `gpu`,
+    /// the part of the last sample period a kernel ran).
+    pub gpus: BTreeMap<u32, f64>,
+    /// MIG instances by (GPU index, GPU instance ID): the part of the time since the previous
+    /// reading any work was active on the instance, 0 to 1 (GPM's `GRAPHICS_UTIL`; Hopper and
+    /// later, from the second reading on).
+    pub instances: BTreeMap<(u32, u32), f64>,
+    /// GPUs not in MIG mode: their processes' samples newer than the previous reading (empty:
+    /// none was busy since), where NVML reports them (`nvmlDeviceGetProcessUtilization`).
+    pub processes: BTreeMap<u32, Vec<ProcessSample>>,
 }
 
 /// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.

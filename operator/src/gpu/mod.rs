@@ -15,7 +15,7 @@ pub mod nvml;
 pub mod scrub;
 pub mod status;
 
-pub use backend::{ActionError, Gpus};
+pub use backend::{ActionError, Gpus, Usage};
 
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@
 //! the mutations in [`execute`].
 
 mod execute;
+mod usage;
 
 pub use super::ActionError;
 
@@ -42,6 +43,14 @@ struct Ci {
 pub struct NvmlGpus {
     nvml: Nvml,
     cuda: CudaLib,
+    /// GPM samples and per-process sample timestamps kept between readings ([`usage`]).
+    usage: std::sync::Mutex<usage::UsageMemory>,
+}
+
+impl Drop for NvmlGpus {
+    fn drop(&mut self) {
+        self.free_usage();
+    }
 }
 
 fn err(what: &str, e: NvmlError) -> String {
@@ -89,6 +98,7 @@ impl NvmlGpus {
                     return Ok(NvmlGpus {
                         nvml,
                         cuda: CudaLib::default(),
+                        usage: Default::default(),
                     });
                 }
                 Err(NvmlError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
@@ -107,8 +117,9 @@ impl NvmlGpus {
     }
 
     /// Scrubs load CUDA from `cuda` (the system's `libcuda.so.1` by default).
-    pub fn with_cuda(self, cuda: CudaLib) -> NvmlGpus {
-        NvmlGpus { cuda, ..self }
+    pub fn with_cuda(mut self, cuda: CudaLib) -> NvmlGpus {
+        self.cuda = cuda;
+        self
     }
 
     fn lib(&self) -> &NvmlLib {
@@ -459,17 +470,8 @@ impl super::Gpus for NvmlGpus {
         scrub::run(device, Amount::AllFree, &self.cuda)
     }
 
-    /// `nvmlDeviceGetUtilizationRates`' `gpu`: the percent of the last sample period in which a
-    /// kernel ran. NOT_SUPPORTED on a GPU in MIG mode (nvml.h), so MIG instances have none.
-    fn utilization(&self, index: u32) -> Option<f64> {
-        let dev = self.nvml.device_by_index(index).ok()?;
-        match dev.utilization_rates() {
-            Ok(u) => Some(f64::from(u.gpu.min(100)) / 100.0),
-            Err(NvmlError::NotSupported) => None,
-            Err(e) => {
-                tracing::debug!(gpu = index, error = %e, "nvmlDeviceGetUtilizationRates failed");
-                None
-            }
-        }
+    /// Device utilization, per-process samples and GPM per MIG instance ([`usage`]).
+    fn usage(&self, status: &GpuNodeStatus) -> crate::gpu::Usage {
+        self.read_usage(status)
     }
 }

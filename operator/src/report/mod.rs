@@ -1,7 +1,8 @@
 //! `gpu-tenancy report`: showback from the agents' and the controller's metrics in Prometheus.
 //! Per tenant and mode the GPU-hours allocated (share-weighted, `core/src/accounting.rs`) and
 //! used (where utilization is known) over a window, the tenant's units granted and requested
-//! now, and (with `--plot`) allocation and use over time per tenant ([`plot`]).
+//! now, its top namespaces (the GPU-hours its pods there held, by the kubelet), and (with
+//! `--plot`) allocation and use over time per tenant ([`plot`]).
 //!
 //! Figures are Prometheus' `increase()` over the window: it extrapolates each counter to the
 //! window's edges, so a figure can be off by up to about one scrape interval of the series.
@@ -23,6 +24,14 @@ pub struct ModeRow {
     pub used_gpu_hours: Option<f64>,
 }
 
+/// The GPU-hours of a tenant's allocation its pods in one namespace held.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceRow {
+    pub namespace: String,
+    pub allocated_gpu_hours: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantRow {
@@ -36,6 +45,9 @@ pub struct TenantRow {
     pub used_gpu_hours: Option<f64>,
     /// Used / allocated, over the modes whose use is known.
     pub efficiency: Option<f64>,
+    /// Its namespaces by the GPU-hours their pods held, most first (device-plugin mode, where the
+    /// agents read the kubelet's pod-resources API; what no pod held is in no namespace).
+    pub namespaces: Vec<NamespaceRow>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -77,16 +89,26 @@ pub fn parse_window(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The tenants' figures from Prometheus' answers: allocated and used GPU-seconds by (tenant,
-/// mode), units granted and requested by tenant. Pure.
-pub fn assemble(
-    window_seconds: f64,
-    end: f64,
-    allocated: &[prometheus::Sample],
-    used: &[prometheus::Sample],
-    granted: &[prometheus::Sample],
-    requested: &[prometheus::Sample],
-) -> Report {
+/// Prometheus' answers the report is made of: GPU-seconds by (tenant, mode) allocated and used,
+/// by (tenant, namespace) held, units granted and requested by tenant.
+#[derive(Clone, Debug, Default)]
+pub struct Answers {
+    pub allocated: Vec<prometheus::Sample>,
+    pub used: Vec<prometheus::Sample>,
+    pub namespaces: Vec<prometheus::Sample>,
+    pub granted: Vec<prometheus::Sample>,
+    pub requested: Vec<prometheus::Sample>,
+}
+
+/// The tenants' figures from Prometheus' answers. Pure.
+pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
+    let Answers {
+        allocated,
+        used,
+        namespaces,
+        granted,
+        requested,
+    } = a;
     let key = |s: &prometheus::Sample| {
         (
             s.labels.get("tenant").cloned().unwrap_or_default(),
@@ -98,17 +120,37 @@ pub fn assemble(
             .map(|s| (s.labels.get("tenant").cloned().unwrap_or_default(), s.value))
             .collect()
     };
-    let used: BTreeMap<(String, String), f64> = used.iter().map(|s| (key(s), s.value)).collect();
+    let mut used: BTreeMap<(String, String), f64> = used.iter().map(|s| (key(s), s.value)).collect();
     let (granted, requested) = (by_tenant(granted), by_tenant(requested));
     let mut tenants: BTreeMap<String, Vec<ModeRow>> = BTreeMap::new();
     for s in allocated {
         let (tenant, mode) = key(s);
-        let used = used.get(&(tenant.clone(), mode.clone())).map(|u| u / 3600.0);
+        let used = used.remove(&(tenant.clone(), mode.clone())).map(|u| u / 3600.0);
         tenants.entry(tenant).or_default().push(ModeRow {
             mode,
             allocated_gpu_hours: s.value / 3600.0,
             used_gpu_hours: used,
         });
+    }
+    // Use with no allocation: `unattributed`, whose busy time no tenant's pod made (a series at
+    // 0 says nothing worth a row).
+    for ((tenant, mode), u) in used.into_iter().filter(|(_, u)| *u > 0.0) {
+        tenants.entry(tenant).or_default().push(ModeRow {
+            mode,
+            allocated_gpu_hours: 0.0,
+            used_gpu_hours: Some(u / 3600.0),
+        });
+    }
+    let mut held: BTreeMap<String, Vec<NamespaceRow>> = BTreeMap::new();
+    for s in namespaces.iter().filter(|s| s.value > 0.0) {
+        let tenant = s.labels.get("tenant").cloned().unwrap_or_default();
+        held.entry(tenant).or_default().push(NamespaceRow {
+            namespace: s.labels.get("namespace").cloned().unwrap_or_default(),
+            allocated_gpu_hours: s.value / 3600.0,
+        });
+    }
+    for v in held.values_mut() {
+        v.sort_by(|a, b| b.allocated_gpu_hours.total_cmp(&a.allocated_gpu_hours));
     }
     // Tenants the controller grants but no agent has allocated anything to yet.
     for t in granted.keys().chain(requested.keys()) {
@@ -122,6 +164,7 @@ pub fn assemble(
             let used = (!known.is_empty()).then(|| known.iter().filter_map(|m| m.used_gpu_hours).sum::<f64>());
             let known_allocated: f64 = known.iter().map(|m| m.allocated_gpu_hours).sum();
             TenantRow {
+                namespaces: held.remove(&tenant).unwrap_or_default(),
                 granted_units: granted.get(&tenant).copied(),
                 requested_units: requested.get(&tenant).copied(),
                 efficiency: used.filter(|_| known_allocated > 0.0).map(|u| u / known_allocated),
@@ -149,24 +192,32 @@ fn leader_only(metric: &str) -> String {
 pub async fn report(prom: &Prometheus, window_seconds: f64) -> Result<Report, PromError> {
     let end = prom.now().await?;
     let w = format!("{}s", window_seconds.round() as u64);
-    let increase = |m: &str| format!("sum by (tenant, mode) (increase({m}[{w}]))");
-    let allocated = prom
-        .query(&increase("gpu_tenancy_allocated_gpu_seconds_total"), Some(end))
-        .await?;
-    let used = prom
-        .query(&increase("gpu_tenancy_used_gpu_seconds_total"), Some(end))
-        .await?;
-    let granted = prom
-        .query(&leader_only("gpu_tenancy_controller_tenant_granted"), Some(end))
-        .await?;
-    let requested = prom
-        .query(&leader_only("gpu_tenancy_controller_tenant_requested"), Some(end))
-        .await?;
-    Ok(assemble(window_seconds, end, &allocated, &used, &granted, &requested))
+    let increase = |m: &str, by: &str| format!("sum by (tenant, {by}) (increase({m}[{w}]))");
+    let answers = Answers {
+        allocated: prom
+            .query(&increase("gpu_tenancy_allocated_gpu_seconds_total", "mode"), Some(end))
+            .await?,
+        used: prom
+            .query(&increase("gpu_tenancy_used_gpu_seconds_total", "mode"), Some(end))
+            .await?,
+        namespaces: prom
+            .query(
+                &increase("gpu_tenancy_namespace_allocated_gpu_seconds_total", "namespace"),
+                Some(end),
+            )
+            .await?,
+        granted: prom
+            .query(&leader_only("gpu_tenancy_controller_tenant_granted"), Some(end))
+            .await?,
+        requested: prom
+            .query(&leader_only("gpu_tenancy_controller_tenant_requested"), Some(end))
+            .await?,
+    };
+    Ok(assemble(window_seconds, end, &answers))
 }
 
 /// Allocation and use per tenant over the window, about 200 points: the agents' gauges of each
-/// tenant's share of each GPU and of each GPU's utilization, summed per tenant. Gauges, not the
+/// tenant's share of each GPU and of the GPUs it keeps busy, summed per tenant. Gauges, not the
 /// counters' rates: a rate over a window longer than a series' life ramps up from 0, and a
 /// counter restarting with its agent would dip.
 pub async fn timeline(prom: &Prometheus, window_seconds: f64, end: f64) -> Result<Timeline, PromError> {
@@ -178,7 +229,7 @@ pub async fn timeline(prom: &Prometheus, window_seconds: f64, end: f64) -> Resul
             .collect()
     };
     let allocated = "sum by (tenant) (gpu_tenancy_device_share_ratio)";
-    let used = "sum by (tenant) (gpu_tenancy_device_utilization_ratio)";
+    let used = "sum by (tenant) (gpu_tenancy_busy_gpus)";
     Ok(Timeline {
         allocated: by_tenant(prom.query_range(allocated, start, end, step).await?),
         used: by_tenant(prom.query_range(used, start, end, step).await?),
@@ -213,14 +264,25 @@ mod tests {
         let r = assemble(
             3600.0,
             0.0,
-            &[
-                s(&[("tenant", "a"), ("mode", "MIG")], 3600.0),
-                s(&[("tenant", "a"), ("mode", "Exclusive")], 7200.0),
-                s(&[("tenant", "unallocated"), ("mode", "MIG")], 1800.0),
-            ],
-            &[s(&[("tenant", "a"), ("mode", "Exclusive")], 3600.0)],
-            &[s(&[("tenant", "a")], 3.0), s(&[("tenant", "b")], 0.0)],
-            &[s(&[("tenant", "a")], 4.0), s(&[("tenant", "b")], 2.0)],
+            &Answers {
+                allocated: vec![
+                    s(&[("tenant", "a"), ("mode", "MIG")], 3600.0),
+                    s(&[("tenant", "a"), ("mode", "Exclusive")], 7200.0),
+                    s(&[("tenant", "unallocated"), ("mode", "MIG")], 1800.0),
+                ],
+                used: vec![
+                    s(&[("tenant", "a"), ("mode", "Exclusive")], 3600.0),
+                    s(&[("tenant", "unattributed"), ("mode", "TimeSlicing")], 900.0),
+                    s(&[("tenant", "shared"), ("mode", "MPS")], 0.0),
+                ],
+                namespaces: vec![
+                    s(&[("tenant", "a"), ("namespace", "a-small")], 1800.0),
+                    s(&[("tenant", "a"), ("namespace", "a-big")], 5400.0),
+                    s(&[("tenant", "a"), ("namespace", "a-gone")], 0.0),
+                ],
+                granted: vec![s(&[("tenant", "a")], 3.0), s(&[("tenant", "b")], 0.0)],
+                requested: vec![s(&[("tenant", "a")], 4.0), s(&[("tenant", "b")], 2.0)],
+            },
         );
         let a = &r.tenants[0];
         assert_eq!((a.tenant.as_str(), a.allocated_gpu_hours), ("a", 3.0));
@@ -233,5 +295,16 @@ mod tests {
             (0.0, None, None)
         );
         assert_eq!(r.total_gpu_hours, 3.5);
+        let ns: Vec<(&str, f64)> = a
+            .namespaces
+            .iter()
+            .map(|n| (n.namespace.as_str(), n.allocated_gpu_hours))
+            .collect();
+        assert_eq!(ns, [("a-big", 1.5), ("a-small", 0.5)], "most first, none at 0");
+        let u = r.tenants.iter().find(|t| t.tenant == "unattributed").unwrap();
+        assert_eq!(
+            (u.allocated_gpu_hours, u.used_gpu_hours, u.efficiency),
+            (0.0, Some(0.25), None)
+        );
     }
 }

@@ -8,6 +8,7 @@ pub mod instances;
 pub mod lookup;
 pub mod mig_devices;
 pub mod profiles;
+pub mod utilization;
 
 use crate::state::{Paths, SimGi, SimGpu, SimState, with_state};
 use gpu_tenancy_core::mig;

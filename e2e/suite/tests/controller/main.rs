@@ -11,6 +11,7 @@
 mod agents;
 mod attacks;
 mod metrics;
+mod metrics_work;
 mod observe;
 mod privilege;
 mod scenarios;

@@ -5,6 +5,14 @@ use crate::api::{
 };
 use crate::gpu::status::MigChange;
 
+/// Whole GPUs' utilization only.
+fn gpus_busy(gpus: BTreeMap<u32, f64>) -> Busy {
+    Busy {
+        gpus,
+        ..Default::default()
+    }
+}
+
 /// The scraped lines of one metric, sorted.
 fn samples(text: &str, name: &str) -> Vec<String> {
     let mut v: Vec<String> = text
@@ -123,7 +131,7 @@ fn node() -> (GpuNodeSpec, GpuNodeStatus) {
 fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
-    m.observe(&spec, &status, BTreeMap::from([(1, 0.5), (2, 0.0)]), &[]);
+    m.observe(&spec, &status, gpus_busy(BTreeMap::from([(1, 0.5), (2, 0.0)])), &[]);
     let text = m.encode();
     assert_eq!(
         samples(&text, "gpu_tenancy_device_memory_used_bytes"),
@@ -152,13 +160,69 @@ fn device_rows_carry_dcgm_labels_one_per_mig_instance() {
     assert!(text.trim_end().ends_with("# EOF"));
 }
 
+/// GPM's figure for the 3g.40gb goes in its utilization row and, weighted by 3/7, into acme's
+/// busy GPUs; the MPS GPU's busy time divides as its processes' samples said; the namespaces'
+/// holdings count from the moment they are told.
+#[test]
+fn instances_have_utilization_where_gpm_gives_it_and_samples_split_shared_gpus() {
+    let m = AgentMetrics::new("n1");
+    let (spec, status) = node();
+    let busy = Busy {
+        gpus: BTreeMap::from([(1, 0.8)]),
+        instances: BTreeMap::from([((0, 4), 0.7)]),
+        split: BTreeMap::from([(
+            1,
+            BTreeMap::from([("beta".to_string(), 0.5), ("unattributed".to_string(), 0.5)]),
+        )]),
+    };
+    m.observe(&spec, &status, busy, &[]);
+    m.namespaces(BTreeMap::from([(
+        ("acme".to_string(), "acme-train".to_string()),
+        3.0 / 7.0,
+    )]));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let text = m.encode();
+    assert!(
+        text.contains(r#"gpu_tenancy_device_utilization_ratio{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",mode="MIG",tenant="acme"} 0.7"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"gpu_tenancy_device_utilization_ratio{Hostname="n1",gpu="0",UUID="GPU-0",GPU_I_ID="13""#),
+        "no GPM figure for it: {text}"
+    );
+    let busy_gpus = samples(&text, "gpu_tenancy_busy_gpus");
+    assert_eq!(
+        busy_gpus,
+        [
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="acme",mode="MIG"} 0.3"#,
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="beta",mode="MPS"} 0.4"#,
+            r#"gpu_tenancy_busy_gpus{Hostname="n1",tenant="unattributed",mode="MPS"} 0.4"#,
+        ],
+        "{text}"
+    );
+    let l = m.ledger();
+    let acme_ns = l.namespaces[&("acme".to_string(), "acme-train".to_string())];
+    let acme = l.allocated[&("acme".to_string(), "MIG")];
+    assert!(acme_ns > 0.0 && acme_ns <= acme + 1e-12, "{l:?}");
+    let used = |t: &str, mode: &'static str| l.used.get(&(t.to_string(), mode)).copied().unwrap_or(0.0);
+    assert!(
+        (used("beta", "MPS") - used("unattributed", "MPS")).abs() < 1e-12,
+        "{l:?}"
+    );
+    assert!(
+        (used("acme", "MIG") / acme - 0.7).abs() < 1e-9,
+        "efficiency = GPM's figure: {l:?}"
+    );
+    assert_eq!(used("shared", "MPS"), 0.0);
+}
+
 #[test]
 fn a_gpu_that_goes_leaves_no_series() {
     let m = AgentMetrics::new("n1");
     let (spec, mut status) = node();
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     status.gpus.truncate(1);
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     let text = m.encode();
     let stale: Vec<&str> = text
         .lines()
@@ -173,7 +237,7 @@ fn allocated_seconds_add_up_to_the_gpus_times_the_time() {
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
     let t0 = Instant::now();
-    m.observe(&spec, &status, BTreeMap::from([(1, 1.0)]), &[]);
+    m.observe(&spec, &status, gpus_busy(BTreeMap::from([(1, 1.0)])), &[]);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let l = m.ledger();
     let elapsed = t0.elapsed().as_secs_f64();
@@ -209,8 +273,8 @@ fn scrubs_and_mig_changes_are_counted() {
             change: MigChange::CreateInstance,
         },
     ];
-    m.observe(&spec, &status, BTreeMap::new(), &events);
-    m.observe(&spec, &status, BTreeMap::new(), &events[..1]);
+    m.observe(&spec, &status, Busy::default(), &events);
+    m.observe(&spec, &status, Busy::default(), &events[..1]);
     let text = m.encode();
     assert!(
         text.contains(r#"gpu_tenancy_scrubs_total{Hostname="n1",gpu="0",result="ok"} 2"#),
@@ -235,7 +299,7 @@ fn holders_name_the_containers_of_each_device_the_kubelet_reports() {
     use crate::agent::pod_resources::{HeldDevice, Holder, Holdings};
     let m = AgentMetrics::new("n1");
     let (spec, status) = node();
-    m.observe(&spec, &status, BTreeMap::new(), &[]);
+    m.observe(&spec, &status, Busy::default(), &[]);
     let holder = |ns: &str, pod: &str| Holder {
         namespace: ns.into(),
         pod: pod.into(),
