@@ -296,6 +296,26 @@ impl InventoryFile {
     }
 }
 
+/// The planner's node inputs from a cluster's objects, as the controller reads them (and `plan`
+/// from `kubectl get nodes,gpunodes -o yaml`): every Node that has a GpuNode or is labelled a GPU
+/// node (`nvidia.com/gpu.present=true`), with its labels, and its GpuNode (what the agent
+/// reports, what the controller last wrote), sorted by name. A Node with no GpuNode status yet
+/// is waiting for its agent. A GpuNode whose Node is gone is not planned.
+pub fn cluster_inventories(nodes: &[k8s_openapi::api::core::v1::Node], gpu_nodes: &[GpuNode]) -> Vec<NodeInventory> {
+    use kube::ResourceExt;
+    let by_name: BTreeMap<String, &GpuNode> = gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let mut out: Vec<NodeInventory> = nodes
+        .iter()
+        .filter(|n| {
+            by_name.contains_key(&n.name_any())
+                || n.labels().get(crate::labels::GPU_PRESENT).is_some_and(|v| v == "true")
+        })
+        .map(|n| NodeInventory::from_cluster(&n.name_any(), n.labels(), by_name.get(&n.name_any()).copied()))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
 impl NodeInventory {
     /// A node as the cluster describes it: labels from its Node, GPUs from its GpuNode's status
     /// (what the agent found), and what runs now. Bindings and layouts come from the GpuNode's

@@ -159,8 +159,12 @@ fn without_times(v: &mut serde_json::Value) {
 fn plan_prints_exactly_the_desired_state() {
     use gpu_tenancy::cli::plan::{compute, manifests_yaml};
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-    let (desired, problems) =
-        compute(&[root().join("examples")], &root().join("examples/inventory.yaml"), now).unwrap();
+    let (desired, problems) = compute(
+        &[root().join("examples")],
+        Some(&root().join("examples/inventory.yaml")),
+        now,
+    )
+    .unwrap();
     assert_eq!(problems, Vec::<String>::new());
 
     let o = gpu_tenancy(&[

@@ -162,6 +162,8 @@ pub struct Loaded {
     pub tenants: Vec<GpuTenant>,
     pub plans: Vec<GpuPartitionPlan>,
     pub nodes: Vec<GpuNode>,
+    /// Kubernetes Nodes (`kubectl get nodes -o yaml`): with `nodes`, a live cluster's inventory.
+    pub cluster_nodes: Vec<k8s_openapi::api::core::v1::Node>,
     pub inventories: Vec<(String, InventoryFile)>,
     pub problems: Vec<FileProblem>,
     /// `Kind/name` → file, to place problems found later.
@@ -229,10 +231,31 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, String> {
             if doc.is_null() {
                 continue;
             }
+            // `kubectl get A,B -o yaml` prints one `v1` List of the objects.
+            if is_list(&doc) {
+                let items = match doc {
+                    Value::Object(mut m) => m.remove("items"),
+                    _ => None,
+                };
+                for item in items.and_then(|v| v.as_array().cloned()).unwrap_or_default() {
+                    classify(&checker, &name, i, &text, item, &mut loaded);
+                }
+                continue;
+            }
             classify(&checker, &name, i, &text, doc, &mut loaded);
         }
     }
     Ok(loaded)
+}
+
+/// A `v1` List (`kind: List`, or a `...List` kind such as `NodeList`) with its `items`.
+fn is_list(doc: &Value) -> bool {
+    doc.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && doc
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k.ends_with("List"))
+        && doc.get("items").is_some_and(Value::is_array)
 }
 
 fn one_line(s: &str) -> String {
@@ -287,6 +310,14 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         .unwrap_or("")
         .to_string();
     let object = format!("{kind}/{}", if name.is_empty() { "(unnamed)" } else { &name });
+    if api_version == "v1" && kind == "Node" {
+        // A live cluster's inventory for `plan` (labels and name are what the planner reads).
+        match serde_json::from_value(doc) {
+            Ok(node) => loaded.cluster_nodes.push(node),
+            Err(e) => loaded.problems.push(problem(object, "-", format!("not a Node: {e}"))),
+        }
+        return;
+    }
     if api_version != API_VERSION {
         if api_version.starts_with("gputenancy.io/") {
             loaded.problems.push(problem(

@@ -52,16 +52,19 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
         paths: Vec<std::path::PathBuf>,
     },
-    /// Show what the controller would write for a described fleet, with no cluster: each node's
-    /// GpuNode spec, each tenant's grants and conditions, and every problem. Exit 1 when there are problems.
+    /// Show what the controller would write for a described fleet or a cluster's exported objects,
+    /// offline: each node's GpuNode spec, each tenant's grants and conditions, what changes hands,
+    /// and every problem. Exit 1 when there are problems.
     Plan {
         /// Files or folders of manifests (SharingPolicy, GpuTenant, GpuPartitionPlan); `-` reads
         /// standard input.
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true, num_args = 1..)]
         paths: Vec<std::path::PathBuf>,
-        /// The fleet: nodes, their labels and GPUs (see examples/inventory.yaml).
+        /// The fleet: nodes, their labels and GPUs (see examples/inventory.yaml). Without it, the
+        /// Nodes and GpuNodes among the manifests are the fleet, running state included:
+        /// `kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -`.
         #[arg(long, value_name = "FILE")]
-        inventory: std::path::PathBuf,
+        inventory: Option<std::path::PathBuf>,
         /// Output format: `table` for people, `yaml` or `json` ({nodes, tenants, problems}) for machines.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -114,7 +117,7 @@ pub fn run(cli: Cli) -> i32 {
             paths,
             inventory,
             output,
-        } => plan::run(&paths, &inventory, output),
+        } => plan::run(&paths, inventory.as_deref(), output),
         Command::Import {
             from: Format::MigParted,
             file,

@@ -23,7 +23,7 @@ struct JsonReport<'a> {
     problems: &'a [String],
 }
 
-pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
+pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: Output) -> i32 {
     let (mut desired, problem_lines) = match compute(paths, inventory, Time(jiff::Timestamp::now())) {
         Ok(x) => x,
         Err(e) => {
@@ -63,22 +63,56 @@ pub fn run(paths: &[PathBuf], inventory: &Path, output: Output) -> i32 {
 
 /// Loads the manifests and the inventory and computes the desired state, as the controller would:
 /// the one function [`desired`]. Problems come back as lines naming file, object and field.
-pub fn compute(paths: &[PathBuf], inventory: &Path, now: Time) -> Result<(Desired, Vec<String>), String> {
+///
+/// The fleet is the `--inventory` file, or a live cluster's Nodes and GpuNodes among the
+/// manifests (`kubectl get nodes,gpunodes,gputenancy -o yaml`), read as the controller reads
+/// them ([`crate::inventory::cluster_inventories`]), running state and share counts included.
+pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result<(Desired, Vec<String>), String> {
     let mut loaded = load(paths).map_err(|e| e.to_string())?;
     let limits = Limits::from_env()?;
-    let inv_text = limits.read(inventory).map_err(|e| format!("inventory: {e}"))?;
-    // The inventory named by --inventory counts once, even when it also sits in a -f folder.
-    loaded.inventories.clear();
-    let inv = serde_saphyr::from_str_with_options::<InventoryFile>(&inv_text, limits.yaml_options()).map_err(|e| {
-        let why = limits
-            .breach(&e)
-            .unwrap_or_else(|| e.to_string().lines().next().unwrap_or("").to_string());
-        format!("{}: not an inventory file: {why}", inventory.display())
-    })?;
-    loaded.inventories.push((inventory.display().to_string(), inv));
+    match (inventory, loaded.cluster_nodes.is_empty()) {
+        (Some(_), true) if !loaded.nodes.is_empty() => {
+            return Err(format!(
+                "{} GpuNode objects and no Nodes given: a GpuNode is a node's running state, planned with its Node; give the cluster's Nodes too (kubectl get nodes,gpunodes,gputenancy -o yaml, without --inventory), or leave the GpuNodes out to plan the inventory file",
+                loaded.nodes.len()
+            ));
+        }
+        (Some(inventory), true) => {
+            let inv_text = limits.read(inventory).map_err(|e| format!("inventory: {e}"))?;
+            // The inventory named by --inventory counts once, even when it also sits in a -f folder.
+            loaded.inventories.clear();
+            let inv = serde_saphyr::from_str_with_options::<InventoryFile>(&inv_text, limits.yaml_options()).map_err(
+                |e| {
+                    let why = limits
+                        .breach(&e)
+                        .unwrap_or_else(|| e.to_string().lines().next().unwrap_or("").to_string());
+                    format!("{}: not an inventory file: {why}", inventory.display())
+                },
+            )?;
+            loaded.inventories.push((inventory.display().to_string(), inv));
+        }
+        (Some(inventory), false) => {
+            return Err(format!(
+                "--inventory {} and {} Node objects given: plan either an inventory file or a cluster's Nodes and GpuNodes, not both",
+                inventory.display(),
+                loaded.cluster_nodes.len()
+            ));
+        }
+        (None, true) if loaded.inventories.is_empty() => {
+            return Err("no nodes to plan: give --inventory FILE, or a cluster's Nodes and GpuNodes (kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -)".into());
+        }
+        (None, _) if !loaded.inventories.is_empty() && !loaded.cluster_nodes.is_empty() => {
+            return Err("an inventory file and Node objects given: plan either, not both".into());
+        }
+        (None, _) => {}
+    }
     // Schema and CEL problems of the files; objects that failed them never reach the planner.
     let mut found: Vec<FileProblem> = loaded.problems.clone();
-    let nodes = inventories(&loaded, &mut found);
+    let nodes = if loaded.cluster_nodes.is_empty() {
+        inventories(&loaded, &mut found)
+    } else {
+        crate::inventory::cluster_inventories(&loaded.cluster_nodes, &loaded.nodes)
+    };
     let out = desired(
         &PlanInput {
             policies: &loaded.policies,

@@ -22,30 +22,17 @@ pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8080";
 
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::NodeInventory;
-use crate::labels::GPU_PRESENT;
 use crate::planner::PlanInput;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Client, ResourceExt};
-use std::collections::BTreeMap;
+use kube::Client;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stores::{Snapshot, Stores};
 use tokio::sync::Notify;
 
-/// The planner's node inputs from the cluster: every Node that has a GpuNode or is labelled a GPU
-/// node (`nvidia.com/gpu.present=true`), with its labels, and its GpuNode (what the agent reports,
-/// what the controller last wrote). A Node with no GpuNode status yet is waiting for its agent. A
-/// GpuNode whose Node is gone is not planned.
+/// The planner's node inputs from the cluster ([`crate::inventory::cluster_inventories`]).
 pub fn node_inventories(s: &Snapshot) -> Vec<NodeInventory> {
-    let gpu_nodes: BTreeMap<String, &crate::api::GpuNode> = s.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
-    let mut out: Vec<NodeInventory> = s
-        .nodes
-        .iter()
-        .filter(|n| gpu_nodes.contains_key(&n.name_any()) || n.labels().get(GPU_PRESENT).is_some_and(|v| v == "true"))
-        .map(|n| NodeInventory::from_cluster(&n.name_any(), n.labels(), gpu_nodes.get(&n.name_any()).copied()))
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    crate::inventory::cluster_inventories(&s.nodes, &s.gpu_nodes)
 }
 
 /// Condition times at whole seconds, as Kubernetes writes them.

@@ -13,6 +13,7 @@ mod attacks;
 mod metrics;
 mod metrics_work;
 mod observe;
+mod plan_live;
 mod privilege;
 mod scenarios;
 mod support;

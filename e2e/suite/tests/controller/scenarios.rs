@@ -1,6 +1,7 @@
 //! The controller's scenarios, in one sequence on one cluster (each step starts from the last).
 
 use crate::observe::{applied, scrub_tainted};
+use crate::plan_live;
 use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
 use gpu_tenancy::desired::Settings;
@@ -110,9 +111,48 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
     assert_eq!(idle, Vec::<String>::new());
     eprintln!("MEASURE idle pass: 0 writes");
 
+    // `plan` of the live cluster (kubectl's export, no inventory file): converged, it plans
+    // what runs and moves nothing; with team-beta's change applied to the export (a change not
+    // yet merged), it says what the controller's next pass writes.
+    let live = plan_live::export().await;
+    let (code, now) = plan_live::plan(&live);
+    assert_eq!((code, &now["problems"]), (0, &json!([])), "plan of the live cluster");
+    assert_eq!(now["changes"], json!([]), "a converged cluster: nothing changes hands");
+    let (planned_nodes, planned_tenants) = plan_live::planned(&now);
+    let (server_nodes, server_tenants) = plan_live::on_server(&client).await;
+    plan_live::assert_same("GpuNode specs, converged", &planned_nodes, &server_nodes);
+    plan_live::assert_same("tenant grants, converged", &planned_tenants, &server_tenants);
+    let what_if = plan_live::with_tenant_spec(&live, "team-beta", team_beta_change());
+    let (_, next) = plan_live::plan(&what_if);
+    assert_ne!(
+        next["changes"],
+        json!([]),
+        "the change moves something: {}",
+        next["changes"]
+    );
+    let (predicted_nodes, predicted_tenants) = plan_live::planned(&next);
+
     // (c) One tenant's request changes: only its objects are written.
     change_team_beta(&client, "e2e").await;
-    let change = converge(&client, &c).await;
+    let mut change = pass(&c).await;
+    let (server_nodes, server_tenants) = plan_live::on_server(&client).await;
+    plan_live::assert_same(
+        "GpuNode specs after the change's first pass",
+        &predicted_nodes,
+        &server_nodes,
+    );
+    plan_live::assert_same(
+        "tenant grants after the change's first pass",
+        &predicted_tenants,
+        &server_tenants,
+    );
+    eprintln!(
+        "MEASURE plan of the live cluster: {} nodes, {} tenants; the change's first pass as planned ({} changes)",
+        server_nodes.len(),
+        server_tenants.len(),
+        next["changes"].as_array().map_or(0, Vec::len)
+    );
+    change.extend(converge(&client, &c).await);
     eprintln!("MEASURE one tenant change: {} writes: {change:#?}", change.len());
     assert!(
         change.contains(&"status GpuTenant team-beta".to_string()),

@@ -36,13 +36,17 @@ pub async fn apply_examples() {
 /// The tenant change of scenario a and the privilege test: team-beta (of examples/tenants.yaml)
 /// asks for two 2g.20gb instances instead of four, applied server-side by field `manager`.
 pub async fn change_team_beta(client: &Client, manager: &str) {
-    let body = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": {
-        "tier": "internal", "namespaces": ["beta"], "weight": 2,
-        "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]}});
+    let body = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "spec": team_beta_change()});
     Api::<GpuTenant>::all(client.clone())
         .patch("team-beta", &PatchParams::apply(manager).force(), &Patch::Apply(body))
         .await
         .unwrap_or_else(|e| panic!("applying GpuTenant team-beta as {manager}: {e}"));
+}
+
+/// The spec [`change_team_beta`] applies.
+pub fn team_beta_change() -> serde_json::Value {
+    json!({"tier": "internal", "namespaces": ["beta"], "weight": 2,
+        "resources": [{"mode": "MPS", "count": 20}, {"mode": "MIG", "profile": "2g.20gb", "count": 2}]})
 }
 
 /// Creates the Nodes of examples/inventory.yaml, and for each a GpuNode whose status reports its

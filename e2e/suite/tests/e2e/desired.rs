@@ -26,8 +26,12 @@ async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
     let client = client().await;
     ensure_crds(&client).await;
     let root = repo_root();
-    let (desired, problems) =
-        compute(&[root.join("examples")], &root.join("examples/inventory.yaml"), now()).expect("the examples load");
+    let (desired, problems) = compute(
+        &[root.join("examples")],
+        Some(&root.join("examples/inventory.yaml")),
+        now(),
+    )
+    .expect("the examples load");
     assert_eq!(problems, Vec::<String>::new());
     // A dry run persists nothing, so namespaced objects need their namespaces to exist already.
     let settings = Settings::default();
