@@ -82,8 +82,10 @@ pub enum Write {
     },
     /// Server-side apply of `object`'s status on the status subresource.
     Status { kind: Kind, name: String, object: Value },
-    /// A JSON merge patch (of a Node's or Namespace's labels and a Node's taints).
+    /// A JSON merge patch (of a Namespace's labels).
     Patch { kind: Kind, name: String, patch: Value },
+    /// A Node's labels and taints, our keys only ([`NodePatch`]).
+    NodePatch(NodePatch),
     Delete {
         kind: Kind,
         namespace: Option<String>,
@@ -106,6 +108,7 @@ impl Write {
             | Write::Status { kind, .. }
             | Write::Patch { kind, .. }
             | Write::Delete { kind, .. } => *kind,
+            Write::NodePatch(_) => Kind::Node,
             Write::Evict { .. } => Kind::Pod,
         }
     }
@@ -118,6 +121,7 @@ impl Write {
             | Write::Patch { name, .. }
             | Write::Delete { name, .. }
             | Write::Evict { name, .. } => name,
+            Write::NodePatch(p) => &p.name,
         }
     }
 
@@ -126,7 +130,7 @@ impl Write {
         match self {
             Write::Apply { .. } => "apply",
             Write::Status { .. } => "status",
-            Write::Patch { .. } => "patch",
+            Write::Patch { .. } | Write::NodePatch(_) => "patch",
             Write::Delete { .. } => "delete",
             Write::Evict { .. } => "evict",
         }
@@ -146,6 +150,7 @@ impl fmt::Display for Write {
             Write::Status { kind, name, .. } | Write::Patch { kind, name, .. } => {
                 write!(f, "{} {kind} {name}", self.action())
             }
+            Write::NodePatch(p) => write!(f, "patch Node {}", p.name),
             Write::Evict {
                 namespace, name, node, ..
             } => write!(f, "evict Pod {namespace}/{name} (asked by the agent of {node})"),
@@ -257,7 +262,7 @@ fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, St
 }
 
 /// Node labels and taints: only our keys change; other writers' taints are kept, and the patch
-/// fails if the Node changed since it was read (the next pass reads it again).
+/// fails only if the taints changed since they were read (the next pass reads them again).
 fn node_patches(desired: &[Node], live: &[Node], out: &mut Vec<Write>) {
     let wanted: BTreeMap<String, &Node> = desired.iter().map(|n| (n.name_any(), n)).collect();
     for l in live {
@@ -269,29 +274,32 @@ fn node_patches(desired: &[Node], live: &[Node], out: &mut Vec<Write>) {
         let want_labels = want.map(|w| ours(w.labels(), &NODE_LABELS)).unwrap_or_default();
         let want_taints: Vec<Taint> = want.and_then(|w| w.spec.as_ref()?.taints.clone()).unwrap_or_default();
         let live_labels = ours(l.labels(), &NODE_LABELS);
-        let live_taints = l.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        let (mine, others): (Vec<Taint>, Vec<Taint>) = live_taints
+        let read_taints = l.spec.as_ref().and_then(|s| s.taints.clone());
+        let (mine, others): (Vec<Taint>, Vec<Taint>) = read_taints
+            .clone()
+            .unwrap_or_default()
             .into_iter()
             .partition(|t| NODE_TAINTS.contains(&t.key.as_str()));
         if live_labels == want_labels && mine == want_taints {
             continue;
         }
-        let mut labels = serde_json::Map::new();
+        let mut labels = BTreeMap::new();
         for k in live_labels.keys().filter(|k| !want_labels.contains_key(*k)) {
-            labels.insert(k.clone(), Value::Null);
+            labels.insert(k.clone(), None);
         }
         for (k, v) in &want_labels {
-            labels.insert(k.clone(), Value::String(v.clone()));
+            if live_labels.get(k) != Some(v) {
+                labels.insert(k.clone(), Some(v.clone()));
+            }
         }
-        let taints: Vec<Taint> = others.into_iter().chain(want_taints).collect();
-        out.push(Write::Patch {
-            kind: Kind::Node,
+        let taints = (mine != want_taints).then(|| (read_taints, others.into_iter().chain(want_taints).collect()));
+        out.push(Write::NodePatch(NodePatch {
             name,
-            patch: json!({
-                "metadata": {"resourceVersion": l.resource_version(), "labels": labels},
-                "spec": {"taints": taints},
-            }),
-        });
+            labels,
+            had_labels: l.metadata.labels.as_ref().is_some_and(|m| !m.is_empty()),
+            taints,
+            resource_version: l.resource_version(),
+        }));
     }
 }
 
@@ -532,5 +540,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
 }
 
 mod admission;
+mod node_patch;
+pub use node_patch::NodePatch;
 #[cfg(test)]
 mod tests;

@@ -80,6 +80,12 @@ impl Writer {
                     .patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await?;
             }
+            Write::NodePatch(p) => {
+                let ops: json_patch::Patch = serde_json::from_value(p.operations()).map_err(kube::Error::SerdeError)?;
+                self.api(Kind::Node, None)
+                    .patch(&p.name, &PatchParams::default(), &Patch::Json::<()>(ops))
+                    .await?;
+            }
             Write::Evict {
                 namespace,
                 name,

@@ -120,21 +120,13 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                 }
                 other => panic!("unexpected status of {other}"),
             },
-            Write::Patch {
-                kind: Kind::Node,
-                name,
-                patch,
-            } => {
-                let n = s.nodes.iter_mut().find(|n| &n.name_any() == name).unwrap();
-                let labels = n.metadata.labels.get_or_insert_with(Default::default);
-                for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
-                    match v.as_str() {
-                        Some(v) => labels.insert(k.clone(), v.into()),
-                        None => labels.remove(k),
-                    };
-                }
-                n.spec.get_or_insert_with(Default::default).taints =
-                    Some(serde_json::from_value(patch["spec"]["taints"].clone()).unwrap());
+            Write::NodePatch(p) => {
+                // As the API server applies it (RFC 6902, the json-patch crate).
+                let n = s.nodes.iter_mut().find(|n| n.name_any() == p.name).unwrap();
+                let mut value = serde_json::to_value(&*n).unwrap();
+                let ops: json_patch::Patch = serde_json::from_value(p.operations()).unwrap();
+                json_patch::patch(&mut value, &ops).unwrap_or_else(|e| panic!("{w}: {e}"));
+                *n = serde_json::from_value(value).unwrap();
             }
             Write::Patch {
                 kind: Kind::Namespace,
@@ -210,16 +202,25 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
         ]
     );
-    // The node patch keeps the other writer's taint and is conditional on the node's version.
-    let Write::Patch { patch, .. } = &d.writes[1] else {
+    // The node patch keeps the other writer's taint and is conditional on the taints it read.
+    let Write::NodePatch(patch) = &d.writes[1] else {
         panic!()
     };
-    assert_eq!(patch["metadata"]["resourceVersion"], "7");
     assert_eq!(
-        patch["metadata"]["labels"]["nvidia.com/device-plugin.config"],
-        "mig-mixed"
+        patch.labels["nvidia.com/device-plugin.config"].as_deref(),
+        Some("mig-mixed")
     );
-    assert_eq!(patch["spec"]["taints"][0]["key"], "node.kubernetes.io/unschedulable");
+    let (read, taints) = patch.taints.clone().unwrap();
+    assert_eq!(read.unwrap()[0].key, "node.kubernetes.io/unschedulable");
+    assert_eq!(taints[0].key, "node.kubernetes.io/unschedulable");
+    let ops = patch.operations();
+    assert!(
+        ops.as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["op"] == "test" && o["path"] == "/spec/taints"),
+        "{ops}"
+    );
     apply(&mut s, &d);
     // acme's namespace stays under the no-tenant rules too until acme's binding is live: then
     // the no-tenant binding lets it go, and nothing more is written.
@@ -241,10 +242,10 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     assert_eq!(again.notes, []);
     // acme's instances changed hands (from nobody known): the node took no new pods until its agent
     // scrubbed them. The agent reports the hand-over applied: the taint goes.
-    let Write::Patch { patch, .. } = &d.writes[1] else {
+    let Write::NodePatch(patch) = &d.writes[1] else {
         panic!()
     };
-    assert_eq!(patch["spec"]["taints"][1]["key"], "gputenancy.io/scrub-pending");
+    assert_eq!(patch.taints.clone().unwrap().1[1].key, "gputenancy.io/scrub-pending");
     agent_applies(&mut s);
     let n = &mut s.gpu_nodes[0];
     let spec = n.spec.clone();
@@ -263,15 +264,15 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     }
     let after = pass(&s);
     let node_patch = after.writes.iter().find_map(|w| match w {
-        Write::Patch {
-            kind: Kind::Node,
-            patch,
-            ..
-        } => Some(patch.clone()),
+        Write::NodePatch(p) => Some(p.clone()),
         _ => None,
     });
-    let taints = node_patch.expect("the scrub-pending taint is removed")["spec"]["taints"].clone();
-    assert_eq!(taints.as_array().unwrap().len(), 1, "{taints}");
+    let taints = node_patch
+        .expect("the scrub-pending taint is removed")
+        .taints
+        .unwrap()
+        .1;
+    assert_eq!(taints.len(), 1, "{taints:?}");
 }
 
 #[test]
@@ -327,22 +328,19 @@ fn a_node_that_leaves_every_plan_keeps_only_the_unplanned_config() {
         .writes
         .iter()
         .find_map(|w| match w {
-            Write::Patch {
-                kind: Kind::Node,
-                patch,
-                ..
-            } => Some(patch.clone()),
+            Write::NodePatch(p) => Some(p.clone()),
             _ => None,
         })
         .expect("a node patch");
     // The device plugin is pointed at the config it refuses (it advertises none of the GPUs);
     // our taints go, the other writer's stays.
     assert_eq!(
-        patch["metadata"]["labels"]["nvidia.com/device-plugin.config"],
-        "default"
+        patch.labels["nvidia.com/device-plugin.config"].as_deref(),
+        Some("default")
     );
-    assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
-    assert_eq!(patch["spec"]["taints"][0]["key"], "node.kubernetes.io/unschedulable");
+    let taints = patch.taints.unwrap().1;
+    assert_eq!(taints.len(), 1);
+    assert_eq!(taints[0].key, "node.kubernetes.io/unschedulable");
 }
 
 #[test]
