@@ -57,6 +57,11 @@ pub struct ControllerArgs {
     /// Milliseconds of quiet after a change before a pass runs (a burst of changes makes one pass).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     debounce_ms: u64,
+    /// Writes of one stage of a pass in flight at once: the controller's share of the API
+    /// server's mutating requests in flight (default limit 200, shared by every client).
+    #[arg(long, value_name = "N", default_value_t = crate::controller::writer::WRITES_IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=200))]
+    writes_in_flight: u32,
 }
 
 pub fn run_controller(args: ControllerArgs) -> i32 {
@@ -84,6 +89,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
                 duration: Duration::from_secs(args.lease_duration),
             }),
             debounce: Duration::from_millis(args.debounce_ms),
+            writes_in_flight: args.writes_in_flight as usize,
         };
         match run(client, options, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,

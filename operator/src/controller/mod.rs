@@ -75,7 +75,7 @@ pub struct PassReport {
 /// The controller: its stores, its writer and its settings.
 pub struct Controller {
     pub stores: Stores,
-    writer: writer::Writer,
+    pub(crate) writer: writer::Writer,
     settings: Settings,
     /// Notified on every change any store sees.
     pub changed: Arc<Notify>,

@@ -31,6 +31,8 @@ pub struct Options {
     pub leader: Option<LeaderOptions>,
     /// Quiet time after a change before a pass runs, so a burst of changes makes one pass.
     pub debounce: Duration,
+    /// Writes of one stage in flight at once ([`super::writer::WRITES_IN_FLIGHT`] by default).
+    pub writes_in_flight: usize,
 }
 
 /// Why the controller stopped.
@@ -112,7 +114,8 @@ pub async fn run(
     ));
 
     let identity = options.leader.as_ref().map(|l| l.identity.clone());
-    let controller = Controller::start(client.clone(), options.settings.clone(), identity);
+    let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
+    controller.writer.set_in_flight(options.writes_in_flight);
     tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
     tokio::select! {
         r = controller.stores.wait_until_ready() => {

@@ -12,15 +12,17 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 /// Field manager of everything the controller writes.
 pub const FIELD_MANAGER: &str = "gpu-tenancy-controller";
 
-/// Writes of one stage in flight at once: enough to hide the round trip, few enough that a
-/// fleet's first pass does not crowd out the agents (the API server's default limit for
-/// mutating requests in flight is 200).
+/// Writes of one stage in flight at once, by default (`--writes-in-flight`): enough to hide the
+/// round trip, few enough that a fleet's first pass does not crowd out the agents (the API
+/// server's default limit for mutating requests in flight is 200, shared by every client).
 pub const WRITES_IN_FLIGHT: usize = 8;
 
 /// Makes writes and publishes events.
 pub struct Writer {
     client: Client,
     recorder: Recorder,
+    /// Writes of one stage in flight at once (at least 1).
+    in_flight: usize,
 }
 
 /// What a batch of writes did.
@@ -41,7 +43,13 @@ impl Writer {
         Writer {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            in_flight: WRITES_IN_FLIGHT,
         }
+    }
+
+    /// At most `n` writes of a stage in flight at once (0 counts as 1).
+    pub fn set_in_flight(&mut self, n: usize) {
+        self.in_flight = n.max(1);
     }
 
     fn api(&self, kind: Kind, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -115,7 +123,7 @@ impl Writer {
 
     /// Makes every write, stage by stage: consecutive writes of one kind and action (a stage of the
     /// diff's order: the device plugin's config, node patches, GpuNode specs, statuses, namespaces,
-    /// quotas, ...) go out together, at most [`WRITES_IN_FLIGHT`] at once, and a stage starts once
+    /// quotas, ...) go out together, at most `in_flight` ([`WRITES_IN_FLIGHT`] by default) at once, and a stage starts once
     /// the one before it has finished, so what must come first still does (a config before the
     /// labels naming it, a node's taints before its GpuNode spec, bindings deleted before their
     /// policies). One at a time, a pass of a thousand nodes' first specs took a minute (make
@@ -161,7 +169,7 @@ impl Writer {
             // `Send` for every lifetime, and the controller's loop runs on spawned tasks.
             let mut pending = send.into_iter();
             let mut in_flight = futures::stream::FuturesOrdered::new();
-            for w in pending.by_ref().take(WRITES_IN_FLIGHT) {
+            for w in pending.by_ref().take(self.in_flight) {
                 in_flight.push_back(self.write_keyed(w));
             }
             let mut results = Vec::with_capacity(stage.len());
