@@ -272,6 +272,17 @@ mod tests {
         h.iter().filter(|x| x.tenant == tenant).map(|x| x.weight).sum()
     }
 
+    /// The API server refuses every reserved name as a GpuTenant's (the CRD's root rule).
+    #[test]
+    fn the_crd_refuses_every_reserved_name() {
+        for name in RESERVED {
+            assert!(
+                crate::api::RESERVED_TENANT_NAMES_RULE.contains(&format!("'{name}'")),
+                "{name} is not in the GpuTenant CRD's rule"
+            );
+        }
+    }
+
     #[test]
     fn compute_slices_follow_nvidias_profile_names() {
         assert_eq!(profile_compute_slices("1g.10gb"), Some(1));

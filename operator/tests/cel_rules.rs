@@ -50,6 +50,14 @@ struct Case {
 fn cases() -> Vec<Case> {
     vec![
         Case {
+            rule: "!(self.metadata.name in ['unallocated', 'shared', 'unattributed'])",
+            base: tenant,
+            pointer: "/metadata/name",
+            value: json!("shared"),
+            field: "",
+            message: "metadata.name: unallocated, shared and unattributed are reserved by showback for what no tenant holds; name the tenant otherwise",
+        },
+        Case {
             rule: "self.all(t, self.filter(u, u.name == t.name).size() == 1)",
             base: policy,
             pointer: "/spec/tiers/1/name",

@@ -77,7 +77,29 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     .into_iter()
     .map(kubernetes_formats)
     .map(unobserved_status)
+    .map(reserved_tenant_names)
     .collect()
+}
+
+/// The names showback reserves for what no tenant holds (`accounting::RESERVED`): a GpuTenant
+/// of one of them would be counted together with them, so the API server refuses the name.
+pub const RESERVED_TENANT_NAMES_RULE: &str = "!(self.metadata.name in ['unallocated', 'shared', 'unattributed'])";
+
+/// A root rule on GpuTenant: a rule on a field cannot see `metadata.name`, and kube's derive
+/// takes root rules only from `KubeSchema`, which these types do not use.
+fn reserved_tenant_names(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    if crd.spec.names.kind != "GpuTenant" {
+        return crd;
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serialises");
+    for version in value["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = serde_json::json!([{
+            "rule": RESERVED_TENANT_NAMES_RULE,
+            "message": "metadata.name: unallocated, shared and unattributed are reserved by showback for what no tenant holds; name the tenant otherwise",
+            "reason": "FieldValueForbidden",
+        }]);
+    }
+    serde_json::from_value(value).expect("a rule does not change a CRD's shape")
 }
 
 /// A new object reads back with `status: {observedGeneration: 0}` until its controller (or agent)

@@ -247,6 +247,15 @@ fn cel_cases() -> Vec<(&'static str, Case)> {
     let max_unavailable_msg = "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%";
     vec![
         (
+            gpu_tenancy::api::RESERVED_TENANT_NAMES_RULE,
+            cel_case(
+                "GpuTenant",
+                "reserved-name",
+                &["reserved by showback", "name the tenant otherwise"],
+                |o| set(o, "metadata.name", json!("unattributed")),
+            ),
+        ),
+        (
             NO_SYSTEM_CLASSES,
             cel_case(
                 "SharingPolicy",
