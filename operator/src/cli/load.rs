@@ -234,10 +234,13 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, String> {
             // `kubectl get A,B -o yaml` prints one `v1` List of the objects.
             if is_list(&doc) {
                 let items = match doc {
-                    Value::Object(mut m) => m.remove("items"),
-                    _ => None,
+                    Value::Object(mut m) => match m.remove("items") {
+                        Some(Value::Array(items)) => items,
+                        _ => vec![],
+                    },
+                    _ => vec![],
                 };
-                for item in items.and_then(|v| v.as_array().cloned()).unwrap_or_default() {
+                for item in items {
                     classify(&checker, &name, i, &text, item, &mut loaded);
                 }
                 continue;
