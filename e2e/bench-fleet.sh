@@ -52,7 +52,7 @@ export KUBECONFIG="$DIR/controlplane/kubeconfig"
 PORT=$((20000 + RANDOM % 20000))
 say "starting gpu-tenancy controller (release, no leader election, metrics on 127.0.0.1:$PORT, log: target/bench-fleet/controller.log) ..."
 RUST_LOG="${RUST_LOG:-info}" "$BIN/gpu-tenancy" controller --no-leader-election --metrics-addr "127.0.0.1:$PORT" \
-	--log-format json >"$DIR/controller.log" 2>&1 &
+	--check-incremental --log-format json >"$DIR/controller.log" 2>&1 &
 CONTROLLER=$!
 PIDS+=("$CONTROLLER")
 

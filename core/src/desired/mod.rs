@@ -29,7 +29,7 @@ mod nodes;
 mod quota;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
-use crate::planner::{BindingChange, PlanInput, plan};
+use crate::planner::{BindingChange, PlanInput, PlanMemo, plan_with};
 use crate::problem::Problem;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
@@ -138,8 +138,13 @@ pub struct Desired {
 /// Computes everything the controller writes. Pure and deterministic; `now` stamps condition
 /// transitions (pass a fixed time for reproducible output).
 pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
+    desired_with(input, settings, now, None)
+}
+
+/// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`]).
+pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut PlanMemo>) -> Desired {
     let exempt = settings.exempt();
-    let out = plan(input, &exempt, now);
+    let out = plan_with(input, &exempt, now, memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings);

@@ -9,6 +9,7 @@ mod nodes;
 pub mod rollout;
 mod status;
 
+pub use allocate::AllocationMemo;
 pub use changes::{BindingChange, ChangeReason};
 pub use fairshare::weighted_fair_share;
 
@@ -49,9 +50,23 @@ pub struct PlanOutput {
     pub changes: Vec<BindingChange>,
 }
 
+/// What a planner run keeps for the next: the inputs and results of the parts of the fleet it
+/// placed, so the next run places again only the parts whose inputs changed. The controller keeps
+/// one between passes; the output is the same with or without it.
+#[derive(Default)]
+pub struct PlanMemo {
+    pub allocation: AllocationMemo,
+}
+
 /// Plans a fleet. `exempt` are the namespaces no admission policy judges (no tenant may list
 /// them). `now` stamps condition transition times; pass a fixed time for reproducible output.
 pub fn plan(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time) -> PlanOutput {
+    plan_with(input, exempt, now, None)
+}
+
+/// [`plan`], reusing what `memo` kept of the parts of the fleet whose inputs are unchanged, and
+/// keeping this run's for the next.
+pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo: Option<&mut PlanMemo>) -> PlanOutput {
     let mut problems = check_policies(input.policies);
     let tenant_check = check_tenants(input.policies, input.tenants, exempt);
     problems.extend(tenant_check.invalid.values().flatten().cloned());
@@ -70,7 +85,7 @@ pub fn plan(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time) -> PlanOut
     let mut fleet = nodes::build_fleet(input.nodes, &plans, &plan_checks);
     problems.extend(fleet.problems.iter().cloned());
 
-    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes);
+    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes, memo.map(|m| &mut m.allocation));
     let changes = changes::binding_changes(&fleet.nodes, input.tenants, &tenant_check.valid);
 
     let desired = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();

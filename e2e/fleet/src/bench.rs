@@ -46,6 +46,10 @@ pub struct Phase {
     /// The planner alone (`plan_ms` of the controller's `pass done` log lines): median and most.
     pub plan_ms_median: u64,
     pub plan_ms_max: u64,
+    /// The desired state alone, median over the phase's logged passes: planned from the memo of
+    /// the last pass, and from nothing in the same passes (the reference).
+    pub desired_ms_median: Option<u64>,
+    pub full_ms_median: Option<u64>,
     /// The most writes one pass made.
     pub pass_max_writes: u64,
     pub nvml_mutations: u64,
@@ -200,6 +204,11 @@ async fn measure(
     let logged = ctl.passes();
     let mut plan_ms: Vec<u64> = logged.iter().skip(m.passes_logged).map(|p| p.plan_ms).collect();
     plan_ms.sort_unstable();
+    let median = |f: fn(&crate::probe::PassLine) -> Option<u64>| {
+        let mut v: Vec<u64> = logged.iter().skip(m.passes_logged).filter_map(f).collect();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied()
+    };
     Ok(Phase {
         name: name.to_string(),
         nodes: fleet.size(),
@@ -217,6 +226,8 @@ async fn measure(
         pass_slowest_bucket_seconds: slowest,
         plan_ms_median: plan_ms.get(plan_ms.len() / 2).copied().unwrap_or(0),
         plan_ms_max: plan_ms.last().copied().unwrap_or(0),
+        desired_ms_median: median(|p| p.desired_ms),
+        full_ms_median: median(|p| p.full_ms),
         pass_max_writes: logged.iter().skip(m.passes_logged).map(|p| p.writes).max().unwrap_or(0),
         nvml_mutations: fleet.tally.mutations.load(Ordering::Relaxed) - m.mutations,
         injected_nvml_failures: fleet.tally.injected_failures.load(Ordering::Relaxed) - m.failures,
@@ -475,6 +486,10 @@ pub fn table(r: &Report) -> String {
             format!("{}, {}; {}", p.plan_ms_median, p.plan_ms_max, p.pass_max_writes),
         );
         line(
+            &format!("{}: desired state ms median, incremental / full", p.name),
+            incremental_vs_full(p),
+        );
+        line(
             &format!("{}: NVML mutations, injected failures, scrubs", p.name),
             format!("{}, {}, {}", p.nvml_mutations, p.injected_nvml_failures, p.scrubs),
         );
@@ -551,6 +566,14 @@ pub fn table(r: &Report) -> String {
         format!("{}, {}", t.plan_ms_median, t.plan_ms_max),
     );
     line(
+        "tenant change: desired state ms median, incremental / full",
+        incremental_vs_full(t),
+    );
+    line(
+        "plan change: desired state ms median, incremental / full",
+        incremental_vs_full(&ro.phase),
+    );
+    line(
         "plan change: controller passes, mean, slowest <=",
         format!(
             "{}, {:.3} s, {} s",
@@ -558,4 +581,10 @@ pub fn table(r: &Report) -> String {
         ),
     );
     s
+}
+
+/// The desired state's time planned from the memo against the full pass of the same passes.
+fn incremental_vs_full(p: &Phase) -> String {
+    let ms = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    format!("{} / {}", ms(p.desired_ms_median), ms(p.full_ms_median))
 }

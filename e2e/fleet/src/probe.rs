@@ -18,8 +18,12 @@ pub struct Controller {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PassLine {
     pub writes: u64,
-    /// Time of `desired()` alone (the planner), without the writes.
+    /// Time of the desired state and its diff, without the writes.
     pub plan_ms: u64,
+    /// The desired state alone, planned from the last pass's memo; and from nothing, beside it
+    /// (`--check-incremental`).
+    pub desired_ms: Option<u64>,
+    pub full_ms: Option<u64>,
 }
 
 /// The controller's counters at one moment.
@@ -208,6 +212,8 @@ pub fn parse_pass_lines(log: &str) -> Vec<PassLine> {
             Some(PassLine {
                 writes: v.get("writes")?.as_u64()?,
                 plan_ms: v.get("plan_ms")?.as_u64()?,
+                desired_ms: v.get("desired_ms").and_then(|x| x.as_u64()),
+                full_ms: v.get("full_ms").and_then(|x| x.as_u64()),
             })
         })
         .collect()

@@ -62,6 +62,10 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "N", default_value_t = crate::controller::writer::WRITES_IN_FLIGHT as u32,
           value_parser = clap::value_parser!(u32).range(1..=200))]
     writes_in_flight: u32,
+    /// Plan every pass from nothing as well as from the last pass's memo, log both times, and
+    /// write the full pass's result wherever the two differ (for benchmarks and for doubt).
+    #[arg(long)]
+    check_incremental: bool,
 }
 
 pub fn run_controller(args: ControllerArgs) -> i32 {
@@ -90,6 +94,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             }),
             debounce: Duration::from_millis(args.debounce_ms),
             writes_in_flight: args.writes_in_flight as usize,
+            check_incremental: args.check_incremental,
         };
         match run(client, options, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,

@@ -20,12 +20,12 @@ pub use run::{LeaderOptions, Options, run};
 /// The default of the controller's `--metrics-addr` (metrics and probes, [`crate::runtime::http`]).
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8080";
 
-use crate::desired::{Desired, Settings, desired};
+use crate::desired::{Desired, Settings, desired_with};
 use crate::inventory::NodeInventory;
-use crate::planner::PlanInput;
+use crate::planner::{PlanInput, PlanMemo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stores::{Snapshot, Stores};
 use tokio::sync::Notify;
@@ -43,8 +43,14 @@ pub fn now_seconds() -> Time {
 
 /// The desired state of the cluster in `s`.
 pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
+    desired_with_memo(s, settings, now, None)
+}
+
+/// [`desired_of`], placing again only the parts of the fleet whose inputs changed since the pass
+/// `memo` kept ([`crate::planner::plan_with`]).
+pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut PlanMemo>) -> Desired {
     let nodes = node_inventories(s);
-    desired(
+    desired_with(
         &PlanInput {
             policies: &s.policies,
             tenants: &s.tenants,
@@ -53,6 +59,7 @@ pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
         },
         settings,
         now,
+        memo,
     )
 }
 
@@ -65,11 +72,28 @@ pub struct PassReport {
     pub failed: Vec<String>,
     /// Writes made, as (kind, action), for the metrics.
     pub done: Vec<(diff::Kind, &'static str)>,
-    /// Time spent planning (the pure part), and in the whole pass.
+    /// Time spent planning (the pure part: desired state and diff), and in the whole pass.
     pub plan_time: Duration,
     pub total_time: Duration,
+    /// The desired state alone, and the allocation's cells placed and taken from the memo.
+    pub desired_time: Duration,
+    pub cells: (usize, usize),
+    /// With `--check-incremental`: the full pass's time, computed beside the incremental one.
+    pub full_time: Option<Duration>,
+    /// With `--check-incremental`: the incremental pass differed from the full pass (whose
+    /// result was written).
+    pub incremental_differed: bool,
     /// Tenants with the statuses of this pass (for the per-tenant metrics).
     pub tenants: Vec<crate::api::GpuTenant>,
+}
+
+/// A pass's desired state, and how it was planned.
+struct Planned {
+    desired: Desired,
+    /// The allocation's cells placed, and taken from the memo.
+    cells: (usize, usize),
+    full_time: Option<Duration>,
+    differed: bool,
 }
 
 /// The controller: its stores, its writer and its settings.
@@ -79,6 +103,10 @@ pub struct Controller {
     settings: Settings,
     /// Notified on every change any store sees.
     pub changed: Arc<Notify>,
+    /// What the last pass planned, so the next places again only what its changes can affect.
+    memo: Mutex<PlanMemo>,
+    /// Also plan every pass from nothing, compare, and write the full pass's result if they differ.
+    pub check_incremental: bool,
 }
 
 impl Controller {
@@ -92,6 +120,39 @@ impl Controller {
             writer: writer::Writer::new(client, instance),
             settings,
             changed,
+            memo: Mutex::default(),
+            check_incremental: false,
+        }
+    }
+
+    /// The desired state of `snapshot`, planned with the memo of the last pass; with
+    /// `check_incremental`, checked against the full pass.
+    fn plan(&self, snapshot: &Snapshot, now: &Time) -> Planned {
+        let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
+        let cells = (memo.allocation.placed, memo.allocation.reused);
+        if !self.check_incremental {
+            return Planned {
+                desired: d,
+                cells,
+                full_time: None,
+                differed: false,
+            };
+        }
+        let started = Instant::now();
+        let full = desired_of(snapshot, &self.settings, now);
+        let full_time = Some(started.elapsed());
+        let differed = full != d;
+        if differed {
+            // Fail closed: the full pass is the reference; forget everything kept.
+            tracing::error!("the incremental pass differs from the full pass; writing the full pass's result");
+            *memo = PlanMemo::default();
+        }
+        Planned {
+            desired: full,
+            cells,
+            full_time,
+            differed,
         }
     }
 
@@ -99,7 +160,13 @@ impl Controller {
     pub async fn pass(&self) -> PassReport {
         let started = Instant::now();
         let snapshot = self.stores.snapshot();
-        let d = desired_of(&snapshot, &self.settings, &now_seconds());
+        let Planned {
+            desired: d,
+            cells,
+            full_time,
+            differed,
+        } = self.plan(&snapshot, &now_seconds());
+        let desired_time = started.elapsed().saturating_sub(full_time.unwrap_or_default());
         let diff = diff::diff(&d, &snapshot);
         let plan_time = started.elapsed();
         let outcome = self.writer.write_all(&diff.writes).await;
@@ -115,6 +182,10 @@ impl Controller {
             done: outcome.done,
             plan_time,
             total_time: started.elapsed(),
+            desired_time,
+            cells,
+            full_time,
+            incremental_differed: differed,
             tenants: d.tenants,
         }
     }

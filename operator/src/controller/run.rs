@@ -33,6 +33,8 @@ pub struct Options {
     pub debounce: Duration,
     /// Writes of one stage in flight at once ([`super::writer::WRITES_IN_FLIGHT`] by default).
     pub writes_in_flight: usize,
+    /// Plan every pass from nothing too, and write that where the incremental pass differs.
+    pub check_incremental: bool,
 }
 
 /// Why the controller stopped.
@@ -116,6 +118,7 @@ pub async fn run(
     let identity = options.leader.as_ref().map(|l| l.identity.clone());
     let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
     controller.writer.set_in_flight(options.writes_in_flight);
+    controller.check_incremental = options.check_incremental;
     tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
     tokio::select! {
         r = controller.stores.wait_until_ready() => {
@@ -190,6 +193,10 @@ pub async fn run(
                 tracing::info!(
                     writes = report.writes.len(),
                     plan_ms = report.plan_time.as_millis() as u64,
+                    desired_ms = report.desired_time.as_millis() as u64,
+                    full_ms = report.full_time.map(|t| t.as_millis() as u64),
+                    cells_placed = report.cells.0,
+                    cells_reused = report.cells.1,
                     "pass done"
                 );
             }

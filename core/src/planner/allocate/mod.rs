@@ -8,6 +8,7 @@
 //! it holds unless the inputs force a move (DESIGN.md §4, invariant 4). Every loop walks capacity
 //! in node-name, GPU and placement order, so the result is deterministic.
 
+mod cells;
 mod exclusive;
 mod pools;
 mod report;
@@ -19,8 +20,11 @@ use super::nodes::NodeDesired;
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
+pub use cells::AllocationMemo;
+use cells::{GpuBindings, Scope};
 use exclusive::{Domain, ExclusivePool};
 use pools::build_pools;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use sticky::{Amounts, Current, Placings, Step};
 
@@ -197,6 +201,8 @@ struct TenantState {
 struct Allocator<'n, 'a> {
     tenants: &'n [TenantProfile],
     nodes: &'n mut [NodeDesired<'a>],
+    /// The cell placed: only its families' pools exist, only its GPUs change.
+    scope: &'n Scope,
     pools: BTreeMap<PoolKey, Pool>,
     state: Vec<TenantState>,
     /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
@@ -207,7 +213,51 @@ struct Allocator<'n, 'a> {
     log: Vec<Step>,
 }
 
-pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMap<String, TenantGrants> {
+/// Grants for every tenant, placed cell by cell ([`cells`]). With a memo, a cell whose inputs
+/// are those of the memo's last pass gets its last result back; the result is the same either way.
+pub fn allocate(
+    tenants: &[TenantProfile],
+    nodes: &mut [NodeDesired],
+    memo: Option<&mut AllocationMemo>,
+) -> BTreeMap<String, TenantGrants> {
+    let cells = cells::cells(tenants, nodes);
+    let grants = match memo {
+        None => {
+            let parts = cells
+                .iter()
+                .map(|cell| Cow::Owned(allocate_cell(&cell.profiles(tenants), nodes, &cell.scope)))
+                .collect();
+            report::merge(tenants, &cells, parts)
+        }
+        Some(memo) => {
+            // Every cell's inputs are compared before any cell writes a binding: a MIG GPU can
+            // hold instances of two cells.
+            let stale = memo.stale_cells(&cells, tenants, nodes);
+            for (cell, stale) in cells.iter().zip(&stale) {
+                if *stale {
+                    let grants = allocate_cell(&cell.profiles(tenants), nodes, &cell.scope);
+                    memo.remember(cell, tenants, nodes, grants);
+                } else {
+                    memo.recall(cell, nodes);
+                }
+            }
+            memo.keep_only(&cells);
+            memo.placed = stale.iter().filter(|s| **s).count();
+            memo.reused = cells.len() - memo.placed;
+            report::merge(tenants, &cells, memo.grants_of(&cells))
+        }
+    };
+    report::set_scrub(tenants, nodes);
+    grants
+}
+
+/// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from the
+/// bindings the cell's GPUs had before the first.
+fn allocate_cell(
+    tenants: &[TenantProfile],
+    nodes: &mut [NodeDesired],
+    scope: &Scope,
+) -> BTreeMap<String, TenantGrants> {
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
         tenants[y]
@@ -215,19 +265,17 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
-    // One copy of the nodes for every pass, reset between them: cloning 400,000 GPU specs per
-    // pass (and dropping them) cost as much as a pass.
-    let mut work = nodes.to_vec();
+    let before = Bindings::of(nodes, scope);
+    let now = Current::from_inventory(nodes, &scope.gpus);
     // How much each tenant gets: blind to what runs now.
-    let amounts = blind_pass(tenants, &mut work, &order).into_amounts();
+    let amounts = blind_pass(tenants, nodes, scope, &order).into_amounts();
     // Which units: from the current bindings. A pool where the units kept leave no room for
     // some amount (shared GPUs: co-location splits them by tier) is placed again with less
     // stickiness: kept level by level, then as the blind pass placed it.
-    let now = Current::from_inventory(nodes);
     let mut placings = Placings::new();
     loop {
-        reset(&mut work, nodes);
-        match sticky::place(tenants, &mut work, &now, &placings, &amounts, &order) {
+        before.restore(nodes, scope);
+        match sticky::place(tenants, nodes, scope, &now, &placings, &amounts, &order) {
             Ok(_) => break,
             Err(failed) => {
                 for key in failed {
@@ -235,7 +283,7 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
                     match p.less_sticky() {
                         Some(less) => *p = less,
                         // Only with memory limits, which tie pools together.
-                        None => return as_blind(tenants, nodes, work, &order),
+                        None => return as_blind(tenants, nodes, scope, &before, &order),
                     }
                 }
             }
@@ -243,20 +291,19 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
     }
     // Once more from that result, every unit kept: shares over shared GPUs are then split as the
     // next plan would split them (feeding the output back changes nothing).
-    let placed = Current::from_plan(&work);
-    reset(&mut work, nodes);
-    let kept = match sticky::place(tenants, &mut work, &placed, &Placings::new(), &amounts, &order) {
+    let placed = Current::from_plan(nodes, &scope.gpus);
+    before.restore(nodes, scope);
+    let kept = match sticky::place(tenants, nodes, scope, &placed, &Placings::new(), &amounts, &order) {
         Ok(kept) => kept,
         Err(_) => {
             // The first placement again (the same inputs place the same).
-            reset(&mut work, nodes);
-            match sticky::place(tenants, &mut work, &now, &placings, &amounts, &order) {
+            before.restore(nodes, scope);
+            match sticky::place(tenants, nodes, scope, &now, &placings, &amounts, &order) {
                 Ok(kept) => kept,
-                Err(_) => return as_blind(tenants, nodes, work, &order),
+                Err(_) => return as_blind(tenants, nodes, scope, &before, &order),
             }
         }
     };
-    adopt(nodes, work);
     kept.grants(tenants, nodes)
 }
 
@@ -264,9 +311,10 @@ pub fn allocate(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMa
 fn blind_pass<'n, 'a>(
     tenants: &'n [TenantProfile],
     nodes: &'n mut [NodeDesired<'a>],
+    scope: &'n Scope,
     order: &[usize],
 ) -> Allocator<'n, 'a> {
-    let mut blind = Allocator::new(tenants, nodes, None);
+    let mut blind = Allocator::new(tenants, nodes, scope, None);
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         blind.serve_level(level);
     }
@@ -277,33 +325,34 @@ fn blind_pass<'n, 'a>(
 fn as_blind(
     tenants: &[TenantProfile],
     nodes: &mut [NodeDesired],
-    mut work: Vec<NodeDesired>,
+    scope: &Scope,
+    before: &Bindings,
     order: &[usize],
 ) -> BTreeMap<String, TenantGrants> {
-    reset(&mut work, nodes);
-    let placed = blind_pass(tenants, &mut work, order).finish();
-    adopt(nodes, work);
+    before.restore(nodes, scope);
+    let placed = blind_pass(tenants, nodes, scope, order).finish();
     placed.grants(tenants, nodes)
 }
 
-/// Undoes a pass on `work`: every binding back to `from`'s (a pass changes only those), keeping
-/// the allocations.
-fn reset(work: &mut [NodeDesired], from: &[NodeDesired]) {
-    for (w, f) in work.iter_mut().zip(from) {
-        for (wg, fg) in w.gpus.iter_mut().zip(&f.gpus) {
-            wg.tenants.clone_from(&fg.tenants);
-            wg.shares.clone_from(&fg.shares);
-            for (wi, fi) in wg.mig_instances.iter_mut().zip(&fg.mig_instances) {
-                wi.tenant.clone_from(&fi.tenant);
-            }
-        }
-    }
-}
+/// The bindings of a cell's GPUs before its first pass: each pass starts from them (a pass
+/// changes only the bindings of its cell's units).
+struct Bindings(Vec<GpuBindings>);
 
-/// Takes the GPU specs of a pass that ran on a copy.
-fn adopt(nodes: &mut [NodeDesired], done: Vec<NodeDesired>) {
-    for (node, d) in nodes.iter_mut().zip(done) {
-        node.gpus = d.gpus;
+impl Bindings {
+    fn of(nodes: &[NodeDesired], scope: &Scope) -> Bindings {
+        Bindings(
+            scope
+                .gpus
+                .iter()
+                .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], scope))
+                .collect(),
+        )
+    }
+
+    fn restore(&self, nodes: &mut [NodeDesired], scope: &Scope) {
+        for (&(n, g), b) in scope.gpus.iter().zip(&self.0) {
+            b.apply(&mut nodes[n as usize].gpus[g as usize]);
+        }
     }
 }
 
@@ -312,9 +361,10 @@ impl<'n, 'a> Allocator<'n, 'a> {
     fn new(
         tenants: &'n [TenantProfile],
         nodes: &'n mut [NodeDesired<'a>],
+        scope: &'n Scope,
         current: Option<(&Current, &Placings)>,
     ) -> Self {
-        let (pools, held) = build_pools(nodes, current);
+        let (pools, held) = build_pools(nodes, scope, current);
         let state = tenants
             .iter()
             .map(|t| TenantState {
@@ -330,6 +380,7 @@ impl<'n, 'a> Allocator<'n, 'a> {
         Allocator {
             tenants,
             nodes,
+            scope,
             pools,
             state,
             placing: current.map(|(_, p)| p.clone()),

@@ -2,6 +2,7 @@
 //! time-slicing GPUs), open or dedicated to tenants, with the units each tenant holds now when a
 //! pass places from the current bindings.
 
+use super::cells::Scope;
 use super::sticky::{Current, Placing, Placings};
 use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
@@ -22,6 +23,7 @@ fn hold(held: &mut Held, key: &PoolKey, holders: &[String], unit: (usize, u32)) 
 
 pub(super) fn build_pools(
     nodes: &[NodeDesired],
+    scope: &Scope,
     current: Option<(&Current, &Placings)>,
 ) -> (BTreeMap<PoolKey, Pool>, Held) {
     // Current bindings count in the pools placed from them.
@@ -33,9 +35,13 @@ pub(super) fn build_pools(
     let mut pools: BTreeMap<PoolKey, Pool> = BTreeMap::new();
     let mut held: Held = HashMap::new();
     let none = Vec::new();
-    for (n, node) in nodes.iter().enumerate() {
+    for on_node in scope.gpus.chunk_by(|a, b| a.0 == b.0) {
+        let n = on_node[0].0 as usize;
+        let node = &nodes[n];
         let mut domains: BTreeMap<(Vec<String>, i32), Vec<u32>> = BTreeMap::new();
-        for (g, gpu) in node.gpus.iter().enumerate() {
+        for &(_, g) in on_node {
+            let g = g as usize;
+            let gpu = &node.gpus[g];
             let mut ded = node.dedicated[g].clone();
             ded.sort();
             let at = (n as u32, g as u32);
@@ -43,7 +49,11 @@ pub(super) fn build_pools(
             match gpu.mode {
                 Mode::Mig => {
                     for (i, inst) in gpu.mig_instances.iter().enumerate() {
-                        let key = (Family::Mig(inst.profile.clone()), ded.clone());
+                        let family = Family::Mig(inst.profile.clone());
+                        if !scope.has(&family) {
+                            continue;
+                        }
+                        let key = (family, ded.clone());
                         let holder = current_for(&key).and_then(|c| c.gpus[n][g].instances[i].clone());
                         let pool = pools.entry(key.clone()).or_insert_with(|| {
                             Pool::Mig(MigPool {

@@ -1,10 +1,12 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
+use super::cells::Cell;
 use super::{Allocator, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode, ScrubMemory};
 use crate::planner::changes::scrub_policies;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// What a pass placed, by position: the grants are built ([`Placed::grants`]) only for the pass
@@ -44,10 +46,8 @@ impl Allocator<'_, '_> {
                 shortfalls: vec![],
             });
         }
-        for node in self.nodes.iter_mut() {
-            for gpu in &mut node.gpus {
-                gpu.tenants.sort();
-            }
+        for &(n, g) in &self.scope.gpus {
+            self.nodes[n as usize].gpus[g as usize].tenants.sort();
         }
         for (t, tenant) in self.tenants.iter().enumerate() {
             let s = &mut self.state[t];
@@ -99,17 +99,8 @@ impl Allocator<'_, '_> {
 }
 
 impl Placed {
-    /// The grants of the pass kept, on the nodes it placed; sets each GPU's scrub policy: the
-    /// strictest of the tenants it serves and of those it is taken from, unknown previous owners
-    /// counting as `Always` (the rule: `changes::scrub_policies`).
-    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &mut [NodeDesired]) -> BTreeMap<String, TenantGrants> {
-        let scrub_of: HashMap<&str, ScrubMemory> = tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
-        for node in nodes.iter_mut() {
-            let scrub = scrub_policies(node, &scrub_of);
-            for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
-                gpu.scrub = s;
-            }
-        }
+    /// The grants of the pass kept, on the nodes it placed.
+    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &[NodeDesired]) -> BTreeMap<String, TenantGrants> {
         let mut out = BTreeMap::new();
         for (tenant, p) in tenants.iter().zip(self.tenants) {
             let whole = |(node, gpu): GpuRef, mode: Mode, count: u32| {
@@ -155,4 +146,65 @@ impl Placed {
         }
         out
     }
+}
+
+/// Sets each GPU's scrub policy: the strictest of the tenants it serves and of those it is taken
+/// from, unknown previous owners counting as `Always` (the rule: `changes::scrub_policies`).
+pub(super) fn set_scrub(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) {
+    let scrub_of: HashMap<&str, ScrubMemory> = tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
+    for node in nodes.iter_mut() {
+        let scrub = scrub_policies(node, &scrub_of);
+        for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
+            gpu.scrub = s;
+        }
+    }
+}
+
+/// A request's summary, and why it fell short if it did.
+type RequestOutcome = (AllocationSummary, Option<String>);
+
+/// Every tenant's grants from its cells' (`parts`, one per cell, by tenant name): grants sorted by
+/// node, GPU and placement, one allocation entry and at most one shortfall per request, in request order.
+pub(super) fn merge(
+    tenants: &[TenantProfile],
+    cells: &[Cell],
+    parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>>,
+) -> BTreeMap<String, TenantGrants> {
+    // Per tenant, per request: its summary and its shortfall.
+    let mut per_request: Vec<Vec<Option<RequestOutcome>>> =
+        tenants.iter().map(|t| vec![None; t.requests.len()]).collect();
+    let mut out: BTreeMap<String, TenantGrants> = tenants
+        .iter()
+        .map(|t| (t.name.clone(), TenantGrants::default()))
+        .collect();
+    for (cell, mut part) in cells.iter().zip(parts) {
+        for (t, requests) in &cell.tenants {
+            let name = &tenants[*t].name;
+            let taken = match &mut part {
+                Cow::Owned(p) => p.remove(name),
+                Cow::Borrowed(p) => p.get(name).cloned(),
+            };
+            let Some(g) = taken else { continue };
+            let mut shortfalls = g.shortfalls.into_iter();
+            for (&r, summary) in requests.iter().zip(g.allocation) {
+                let short = (summary.granted < summary.requested)
+                    .then(|| shortfalls.next())
+                    .flatten();
+                per_request[*t][r] = Some((summary, short));
+            }
+            let all = out.get_mut(name).expect("every tenant is in out");
+            all.grants.extend(g.grants);
+            all.memory_mib += g.memory_mib;
+        }
+    }
+    for (t, requests) in tenants.iter().zip(per_request) {
+        let all = out.get_mut(&t.name).expect("every tenant is in out");
+        all.grants
+            .sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
+        for (summary, short) in requests.into_iter().flatten() {
+            all.allocation.push(summary);
+            all.shortfalls.extend(short);
+        }
+    }
+    out
 }

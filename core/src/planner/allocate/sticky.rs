@@ -13,8 +13,9 @@
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
+use super::cells::Scope;
 use super::report::Placed;
-use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
+use super::{Allocator, Family, GpuRef, Pool, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, Mode, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
 use crate::planner::changes::{instance_holder, whole_holders};
@@ -91,55 +92,54 @@ pub(super) struct GpuHolders {
 impl Current {
     /// From what the nodes run now: an instance counts when it exists now with the same profile
     /// and placement, a whole GPU when it is in the planned mode now.
-    pub fn from_inventory(nodes: &[NodeDesired]) -> Current {
-        let gpus = nodes
-            .iter()
-            .map(|node| {
-                node.gpus
+    /// Of the GPUs `at` (nobody holds the others).
+    pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
+        let mut gpus = Current::empty(nodes);
+        for &(n, g) in at {
+            let node = &nodes[n as usize];
+            let spec = &node.gpus[g as usize];
+            let inv = &node.inventory.gpus[spec.index as usize];
+            let whole = whole_holders(inv, spec.mode).to_vec();
+            gpus[n as usize][g as usize] = GpuHolders {
+                shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
+                whole,
+                instances: spec
+                    .mig_instances
                     .iter()
-                    .map(|spec| {
-                        let inv = &node.inventory.gpus[spec.index as usize];
-                        let whole = whole_holders(inv, spec.mode).to_vec();
-                        GpuHolders {
-                            shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
-                            whole,
-                            instances: spec
-                                .mig_instances
-                                .iter()
-                                .map(|i| instance_holder(inv, i).map(str::to_string))
-                                .collect(),
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+                    .map(|i| instance_holder(inv, i).map(str::to_string))
+                    .collect(),
+            };
+        }
         Current { gpus }
     }
 
-    /// From a placement just made, as if it ran now.
-    pub fn from_plan(nodes: &[NodeDesired]) -> Current {
-        let gpus = nodes
+    fn empty(nodes: &[NodeDesired]) -> Vec<Vec<GpuHolders>> {
+        nodes
             .iter()
-            .map(|node| {
-                node.gpus
-                    .iter()
-                    .map(|spec| GpuHolders {
-                        whole: if spec.mode == Mode::Mig {
-                            vec![]
-                        } else {
-                            spec.tenants.clone()
-                        },
-                        shares: if spec.mode == Mode::Mig {
-                            vec![]
-                        } else {
-                            let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
-                            spec.tenants.iter().map(count).collect()
-                        },
-                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                    })
-                    .collect()
-            })
-            .collect();
+            .map(|n| vec![GpuHolders::default(); n.gpus.len()])
+            .collect()
+    }
+
+    /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
+    pub fn from_plan(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
+        let mut gpus = Current::empty(nodes);
+        for &(n, g) in at {
+            let spec = &nodes[n as usize].gpus[g as usize];
+            gpus[n as usize][g as usize] = GpuHolders {
+                whole: if spec.mode == Mode::Mig {
+                    vec![]
+                } else {
+                    spec.tenants.clone()
+                },
+                shares: if spec.mode == Mode::Mig {
+                    vec![]
+                } else {
+                    let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
+                    spec.tenants.iter().map(count).collect()
+                },
+                instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
+            };
+        }
         Current { gpus }
     }
 }
@@ -149,12 +149,13 @@ impl Current {
 pub(super) fn place(
     tenants: &[TenantProfile],
     nodes: &mut [NodeDesired],
+    scope: &Scope,
     current: &Current,
     placings: &Placings,
     amounts: &Amounts,
     order: &[usize],
 ) -> Result<Placed, Vec<PoolKey>> {
-    let mut a = Allocator::new(tenants, nodes, Some((current, placings)));
+    let mut a = Allocator::new(tenants, nodes, scope, Some((current, placings)));
     let placing = |key: &PoolKey| placings.get(key).copied().unwrap_or_default();
     a.keep(amounts, order, |key| placing(key) == Placing::KeepFirst);
     let mut log = amounts.log.iter().peekable();

@@ -177,6 +177,11 @@ pub async fn pass(c: &Controller) -> Vec<String> {
     settle(c).await;
     let report = c.pass().await;
     assert!(report.failed.is_empty(), "writes failed: {:?}", report.failed);
+    assert!(
+        !report.incremental_differed,
+        "the incremental pass differed from the full pass (cells placed, reused: {:?})",
+        report.cells
+    );
     report.writes
 }
 
@@ -261,7 +266,9 @@ pub async fn wait_untainted(client: &Client, name: &str, after: &str) {
 
 /// An in-process controller whose stores have synced (its passes are driven by the test).
 pub async fn start_controller(client: &Client) -> Controller {
-    let c = Controller::start(client.clone(), Settings::default(), Some("e2e".into()));
+    let mut c = Controller::start(client.clone(), Settings::default(), Some("e2e".into()));
+    // Every pass of every scenario is planned both ways and compared.
+    c.check_incremental = true;
     tokio::time::timeout(Duration::from_secs(30), c.stores.wait_until_ready())
         .await
         .expect("stores synced within 30 s")

@@ -1,0 +1,402 @@
+//! Independent parts of the allocation, and the memo that lets a pass re-plan only the parts its
+//! change can affect.
+//!
+//! Every grant comes from a pool of one family of capacity (a MIG profile, exclusive GPUs, MPS or
+//! time-slicing shares), and a request draws from its own family only. Families meet only in a
+//! tenant's memory limit, which counts memory across all of its requests. So the families fall
+//! into cells (families joined by some memory-limited tenant asking for both), and each cell is
+//! placed on its own: the tenants' requests in it, over the GPUs and MIG instances of its families,
+//! in the same priority, fair-share and node order as the whole fleet would be. The result of the
+//! fleet is the union of the cells'.
+//!
+//! [`AllocationMemo`] keeps each cell's inputs and result from the last pass. A cell whose inputs
+//! are equal (the requests of its tenants with everything their policies say, and every GPU of
+//! its families: layout, dedication, what it is and what runs on it now) gets its last result
+//! back without being placed again: the allocation is a pure function of those inputs.
+
+use super::{Family, GpuRef, TenantGrants};
+use crate::api::{GpuSpec, Mode, TenantShares};
+use crate::inventory::NodeGpu;
+use crate::planner::nodes::NodeDesired;
+use crate::policy::TenantProfile;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The families of one cell and the GPUs holding their capacity.
+pub(super) struct Scope {
+    pub families: BTreeSet<Family>,
+    /// In node, then GPU order (the order every pool walks).
+    pub gpus: Vec<GpuRef>,
+}
+
+impl Scope {
+    pub fn has(&self, family: &Family) -> bool {
+        self.families.contains(family)
+    }
+}
+
+/// One cell: its scope, and per tenant with requests in it, the positions of those requests.
+pub(super) struct Cell {
+    pub scope: Scope,
+    pub tenants: Vec<(usize, Vec<usize>)>,
+}
+
+impl Cell {
+    /// The cell's tenants as the allocator sees them: only their requests in the cell.
+    pub fn profiles(&self, tenants: &[TenantProfile]) -> Vec<TenantProfile> {
+        self.tenants
+            .iter()
+            .map(|(t, requests)| TenantProfile {
+                requests: requests.iter().map(|&r| tenants[*t].requests[r].clone()).collect(),
+                ..tenants[*t].clone()
+            })
+            .collect()
+    }
+}
+
+/// Families by number, in the order first seen (names are looked up, not cloned: a fleet has a
+/// few families and hundreds of thousands of MIG instances).
+#[derive(Default)]
+struct Families<'a> {
+    list: Vec<Family>,
+    mig: HashMap<&'a str, usize>,
+    other: BTreeMap<Mode, usize>,
+}
+
+impl<'a> Families<'a> {
+    fn of(&mut self, mode: Mode, profile: Option<&'a str>) -> usize {
+        let n = self.list.len();
+        let i = match mode {
+            Mode::Mig => *self.mig.entry(profile.unwrap_or_default()).or_insert(n),
+            m => *self.other.entry(m).or_insert(n),
+        };
+        if i == n {
+            self.list.push(Family::of(mode, profile));
+        }
+        i
+    }
+}
+
+fn root(parent: &mut [usize], mut x: usize) -> usize {
+    while parent[x] != x {
+        parent[x] = parent[parent[x]];
+        x = parent[x];
+    }
+    x
+}
+
+/// Splits the allocation into its independent cells, in the order of their first family.
+pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cell> {
+    let mut families = Families::default();
+    let requests: Vec<Vec<usize>> = tenants
+        .iter()
+        .map(|t| {
+            t.requests
+                .iter()
+                .map(|r| families.of(r.mode, r.profile.as_deref()))
+                .collect()
+        })
+        .collect();
+    // Per GPU, the families its planned layout offers capacity of.
+    let mut gpus: Vec<(GpuRef, Vec<usize>)> = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for (g, spec) in node.gpus.iter().enumerate() {
+            let mut of_gpu: Vec<usize> = match spec.mode {
+                Mode::Mig => spec
+                    .mig_instances
+                    .iter()
+                    .map(|i| families.of(Mode::Mig, Some(&i.profile)))
+                    .collect(),
+                m => vec![families.of(m, None)],
+            };
+            of_gpu.sort_unstable();
+            of_gpu.dedup();
+            gpus.push(((n as u32, g as u32), of_gpu));
+        }
+    }
+    let families = families.list;
+    let mut parent: Vec<usize> = (0..families.len()).collect();
+    // A memory limit counts across all of a tenant's requests: their families are placed together.
+    for (t, fams) in tenants.iter().zip(&requests) {
+        if t.memory_limit_mib.is_some() {
+            for w in fams.windows(2) {
+                let (a, b) = (root(&mut parent, w[0]), root(&mut parent, w[1]));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut out: BTreeMap<usize, Cell> = BTreeMap::new();
+    let cell_of = |parent: &mut [usize], f: usize, out: &mut BTreeMap<usize, Cell>| {
+        let r = root(parent, f);
+        out.entry(r).or_insert_with(|| Cell {
+            scope: Scope {
+                families: BTreeSet::new(),
+                gpus: vec![],
+            },
+            tenants: vec![],
+        });
+        r
+    };
+    for (f, family) in families.iter().enumerate() {
+        let r = cell_of(&mut parent, f, &mut out);
+        out.get_mut(&r).expect("inserted").scope.families.insert(family.clone());
+    }
+    for (t, fams) in requests.iter().enumerate() {
+        let mut by_cell: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (r, &f) in fams.iter().enumerate() {
+            by_cell.entry(root(&mut parent, f)).or_default().push(r);
+        }
+        for (c, rs) in by_cell {
+            out.get_mut(&c).expect("every family has a cell").tenants.push((t, rs));
+        }
+    }
+    for (at, fams) in gpus {
+        let mut seen = BTreeSet::new();
+        for f in fams {
+            let c = root(&mut parent, f);
+            if seen.insert(c) {
+                out.get_mut(&c).expect("every family has a cell").scope.gpus.push(at);
+            }
+        }
+    }
+    let mut cells: Vec<Cell> = out.into_values().collect();
+    cells.sort_by(|a, b| a.scope.families.first().cmp(&b.scope.families.first()));
+    cells
+}
+
+/// One GPU as an allocation reads it, before any binding is written.
+#[derive(Clone, Debug, PartialEq)]
+struct GpuInput {
+    spec: GpuSpec,
+    dedicated: Vec<String>,
+    inventory: NodeGpu,
+}
+
+/// One node's GPUs as the last pass read them.
+struct NodeInput {
+    name: String,
+    gpus: Vec<GpuInput>,
+}
+
+impl NodeInput {
+    fn of(node: &NodeDesired) -> NodeInput {
+        NodeInput {
+            name: node.inventory.name.clone(),
+            gpus: (0..node.gpus.len()).map(|g| GpuInput::of(node, g)).collect(),
+        }
+    }
+}
+
+impl GpuInput {
+    fn of(node: &NodeDesired, g: usize) -> GpuInput {
+        let spec = &node.gpus[g];
+        GpuInput {
+            spec: spec.clone(),
+            dedicated: node.dedicated[g].clone(),
+            inventory: node.inventory.gpus[spec.index as usize].clone(),
+        }
+    }
+
+    fn matches(&self, node: &NodeDesired, g: usize) -> bool {
+        let spec = &node.gpus[g];
+        &self.spec == spec
+            && self.dedicated == node.dedicated[g]
+            && node.inventory.gpus.get(spec.index as usize) == Some(&self.inventory)
+    }
+}
+
+/// What a cell's allocation wrote on one GPU: its whole-GPU tenants and shares (a GPU not in MIG
+/// mode belongs to one family), or the tenants of its instances of the cell's families.
+#[derive(Clone, Debug)]
+pub(super) struct GpuBindings {
+    tenants: Vec<String>,
+    shares: Vec<TenantShares>,
+    instances: Vec<(usize, Option<String>)>,
+}
+
+impl GpuBindings {
+    pub fn of(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
+        GpuBindings {
+            tenants: spec.tenants.clone(),
+            shares: spec.shares.clone(),
+            instances: spec
+                .mig_instances
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| scope.has(&Family::Mig(i.profile.clone())))
+                .map(|(k, i)| (k, i.tenant.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn apply(&self, spec: &mut GpuSpec) {
+        if spec.mode != Mode::Mig {
+            spec.tenants.clone_from(&self.tenants);
+            spec.shares.clone_from(&self.shares);
+        }
+        for (k, t) in &self.instances {
+            spec.mig_instances[*k].tenant.clone_from(t);
+        }
+    }
+}
+
+/// A cell's inputs and result from an earlier pass.
+struct CellMemo {
+    gpus: Vec<GpuRef>,
+    tenants: Vec<TenantProfile>,
+    bindings: Vec<GpuBindings>,
+    grants: BTreeMap<String, TenantGrants>,
+}
+
+/// The fleet's GPUs as the last pass read them, and each cell's tenants and result, by the cell's
+/// families. Kept by the controller between passes; a planner run without one places every cell.
+#[derive(Default)]
+pub struct AllocationMemo {
+    fleet: Vec<NodeInput>,
+    cells: HashMap<Vec<Family>, CellMemo>,
+    /// Cells placed, and cells taken from the memo, in the last pass.
+    pub placed: usize,
+    pub reused: usize,
+}
+
+impl AllocationMemo {
+    /// Per cell, whether it must be placed again: it is new, or one of its GPUs or tenants is not
+    /// as in the last pass. Takes the nodes as the planner built them, before any binding is
+    /// written, and keeps them for the next pass.
+    pub(super) fn stale_cells(
+        &mut self,
+        cells: &[Cell],
+        tenants: &[TenantProfile],
+        nodes: &[NodeDesired],
+    ) -> Vec<bool> {
+        let changed = self.read_fleet(nodes);
+        cells
+            .iter()
+            .map(|cell| match self.cells.get(&key(cell)) {
+                Some(m) => {
+                    m.gpus != cell.scope.gpus
+                        || cell.scope.gpus.iter().any(|&(n, g)| changed[n as usize][g as usize])
+                        || m.tenants.len() != cell.tenants.len()
+                        || m.tenants
+                            .iter()
+                            .zip(&cell.tenants)
+                            .any(|(kept, (t, requests))| !same_profile(kept, &tenants[*t], requests))
+                }
+                None => true,
+            })
+            .collect()
+    }
+
+    /// Compares every GPU with the last pass's, keeps this pass's, and says which changed.
+    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> Vec<Vec<bool>> {
+        self.fleet.truncate(nodes.len());
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(n, node)| match self.fleet.get_mut(n) {
+                Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => kept
+                    .gpus
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(g, gpu)| {
+                        let same = gpu.matches(node, g);
+                        if !same {
+                            *gpu = GpuInput::of(node, g);
+                        }
+                        !same
+                    })
+                    .collect(),
+                kept => {
+                    match kept {
+                        Some(k) => *k = NodeInput::of(node),
+                        None => self.fleet.push(NodeInput::of(node)),
+                    }
+                    vec![true; node.gpus.len()]
+                }
+            })
+            .collect()
+    }
+
+    /// Writes a remembered cell's bindings on `nodes`.
+    pub(super) fn recall(&self, cell: &Cell, nodes: &mut [NodeDesired]) {
+        let m = &self.cells[&key(cell)];
+        for (&(n, g), b) in m.gpus.iter().zip(&m.bindings) {
+            b.apply(&mut nodes[n as usize].gpus[g as usize]);
+        }
+    }
+
+    /// Remembers a cell just placed on `nodes`.
+    pub(super) fn remember(
+        &mut self,
+        cell: &Cell,
+        tenants: &[TenantProfile],
+        nodes: &[NodeDesired],
+        grants: BTreeMap<String, TenantGrants>,
+    ) {
+        let bindings = cell
+            .scope
+            .gpus
+            .iter()
+            .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], &cell.scope))
+            .collect();
+        self.cells.insert(
+            key(cell),
+            CellMemo {
+                gpus: cell.scope.gpus.clone(),
+                tenants: cell.profiles(tenants),
+                bindings,
+                grants,
+            },
+        );
+    }
+
+    /// Forgets the cells this pass did not have.
+    pub(super) fn keep_only(&mut self, cells: &[Cell]) {
+        let live: BTreeSet<Vec<Family>> = cells.iter().map(key).collect();
+        self.cells.retain(|k, _| live.contains(k));
+    }
+
+    /// The grants of each of `cells`, all remembered.
+    pub(super) fn grants_of(&self, cells: &[Cell]) -> Vec<Cow<'_, BTreeMap<String, TenantGrants>>> {
+        cells
+            .iter()
+            .map(|c| Cow::Borrowed(&self.cells[&key(c)].grants))
+            .collect()
+    }
+}
+
+/// Whether `kept` is `now` with only the requests at `requests`: every field compared, so a field
+/// added to [`TenantProfile`] must be added here.
+fn same_profile(kept: &TenantProfile, now: &TenantProfile, requests: &[usize]) -> bool {
+    let TenantProfile {
+        name,
+        tier,
+        priority,
+        weight,
+        co_location,
+        scrub,
+        requests: kept_requests,
+        memory_limit_mib,
+        headroom_percent,
+        max_mps_clients,
+        max_time_slicing_replicas,
+        topology,
+    } = kept;
+    *name == now.name
+        && *tier == now.tier
+        && *priority == now.priority
+        && *weight == now.weight
+        && *co_location == now.co_location
+        && *scrub == now.scrub
+        && *memory_limit_mib == now.memory_limit_mib
+        && *headroom_percent == now.headroom_percent
+        && *max_mps_clients == now.max_mps_clients
+        && *max_time_slicing_replicas == now.max_time_slicing_replicas
+        && *topology == now.topology
+        && kept_requests.len() == requests.len()
+        && kept_requests.iter().zip(requests).all(|(k, &r)| *k == now.requests[r])
+}
+
+fn key(cell: &Cell) -> Vec<Family> {
+    cell.scope.families.iter().cloned().collect()
+}

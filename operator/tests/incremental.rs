@@ -1,0 +1,205 @@
+//! The controller's incremental pass against the full pass (ISSUE 18, item 4): after any sequence
+//! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
+//! priorities, nodes relabelled, dropped or given other GPUs, a plan changed, agents applying the
+//! last plan), planning with the memo of the earlier passes gives exactly what planning from
+//! nothing gives.
+
+#[path = "support/fleet.rs"]
+mod support;
+
+use gpu_tenancy::api::{Mode, TenantLimits};
+use gpu_tenancy::planner::{PlanInput, PlanMemo, PlanOutput, plan_with};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Change {
+    Resize {
+        tenant: usize,
+        request: usize,
+        count: u32,
+    },
+    Add {
+        seed: u64,
+    },
+    Remove {
+        tenant: usize,
+    },
+    Priority {
+        tenant: usize,
+        priority: i32,
+    },
+    MemoryLimit {
+        tenant: usize,
+        gib: Option<u32>,
+    },
+    /// The agents applied the last plan: it is what runs now.
+    Apply,
+    Relabel {
+        node: usize,
+        pool: usize,
+    },
+    Drop {
+        node: usize,
+    },
+    /// A GPU of the node was replaced (another UUID).
+    Replace {
+        node: usize,
+    },
+    Replicas {
+        replicas: u32,
+    },
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        (0..64usize, 0..5usize, 0..30u32).prop_map(|(tenant, request, count)| Change::Resize {
+            tenant,
+            request,
+            count
+        }),
+        any::<u64>().prop_map(|seed| Change::Add { seed }),
+        (0..64usize).prop_map(|tenant| Change::Remove { tenant }),
+        (0..64usize, 0..3i32).prop_map(|(tenant, priority)| Change::Priority { tenant, priority }),
+        (0..64usize, proptest::option::of(20..400u32)).prop_map(|(tenant, gib)| Change::MemoryLimit { tenant, gib }),
+        Just(Change::Apply),
+        Just(Change::Apply),
+        (0..64usize, 0..4usize).prop_map(|(node, pool)| Change::Relabel { node, pool }),
+        (0..64usize).prop_map(|node| Change::Drop { node }),
+        (0..64usize).prop_map(|node| Change::Replace { node }),
+        (1..8u32).prop_map(|replicas| Change::Replicas { replicas }),
+    ]
+}
+
+fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut usize) {
+    let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
+    match *change {
+        Change::Resize { tenant, request, count } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                let resources = &mut f.tenants[t].spec.resources;
+                let r = request % resources.len();
+                resources[r].count = count;
+            }
+        }
+        Change::Add { seed } => {
+            *added += 1;
+            f.tenants.push(support::tenant(1000 + *added, seed));
+        }
+        Change::Remove { tenant } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                f.tenants.remove(t);
+            }
+        }
+        Change::Priority { tenant, priority } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                f.tenants[t].spec.priority = priority;
+            }
+        }
+        Change::MemoryLimit { tenant, gib } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                f.tenants[t].spec.limits = gib.map(|g| TenantLimits {
+                    max_gpus_per_pod: None,
+                    memory: Some(format!("{g}Gi")),
+                });
+            }
+        }
+        Change::Apply => f.nodes = support::with_current(&f.nodes, &last.nodes),
+        Change::Relabel { node, pool } => {
+            if let Some(n) = pick(node, f.nodes.len()) {
+                let pools = ["mig", "mps", "ts", "excl"];
+                f.nodes[n].labels.insert("pool".into(), pools[pool].into());
+            }
+        }
+        Change::Drop { node } => {
+            if let Some(n) = pick(node, f.nodes.len()) {
+                f.nodes.remove(n);
+            }
+        }
+        Change::Replace { node } => {
+            if let Some(n) = pick(node, f.nodes.len()) {
+                let gpu = &mut f.nodes[n].gpus[0];
+                gpu.uuid = Some(format!("{}-replaced", gpu.uuid.clone().unwrap_or_default()));
+                gpu.tenants.clear();
+                gpu.shares.clear();
+                gpu.instances.clear();
+                gpu.instance_tenants.clear();
+                gpu.mode = None;
+            }
+        }
+        Change::Replicas { replicas } => {
+            let ts = f.plans.iter_mut().find(|p| p.metadata.name.as_deref() == Some("ts"));
+            if let Some(ts) = ts {
+                ts.spec.gpus[0]
+                    .time_slicing
+                    .as_mut()
+                    .expect("the ts plan time-slices")
+                    .replicas = replicas;
+            }
+        }
+    }
+}
+
+fn plan(f: &support::Fleet, memo: Option<&mut PlanMemo>) -> PlanOutput {
+    let now = Time(jiff::Timestamp::from_second(0).unwrap());
+    plan_with(
+        &PlanInput {
+            policies: &f.policies,
+            tenants: &f.tenants,
+            plans: &f.plans,
+            nodes: &f.nodes,
+        },
+        &Default::default(),
+        &now,
+        memo,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn planning_with_the_memo_equals_planning_from_nothing(
+        seed in any::<u64>(),
+        changes in proptest::collection::vec(change(), 1..10),
+    ) {
+        let mut f = support::fleet(16, 4, 10, seed);
+        let mut memo = PlanMemo::default();
+        let mut last = plan(&f, Some(&mut memo));
+        prop_assert_eq!(&last, &plan(&f, None));
+        let mut added = 0;
+        for (step, c) in changes.iter().enumerate() {
+            apply(&mut f, &last, c, &mut added);
+            let incremental = plan(&f, Some(&mut memo));
+            let full = plan(&f, None);
+            prop_assert!(incremental == full, "step {step} ({c:?}): the memo's plan differs from the full pass");
+            last = full;
+        }
+    }
+}
+
+/// The memo is used: one tenant asking for one more MPS share places the MPS cell again and takes
+/// the other five (three MIG profiles, exclusive, time-slicing) from the memo; the same plan.
+#[test]
+fn one_more_mps_share_places_only_the_mps_cell() {
+    let mut f = support::fleet(40, 8, 16, 7);
+    let mut memo = PlanMemo::default();
+    let first = plan(&f, Some(&mut memo));
+    assert_eq!((memo.allocation.placed, memo.allocation.reused), (6, 0));
+    f.nodes = support::with_current(&f.nodes, &first.nodes);
+    let again = plan(&f, Some(&mut memo));
+    assert_eq!(again, plan(&f, None));
+    let t = f
+        .tenants
+        .iter_mut()
+        .find(|t| t.spec.resources.iter().any(|r| r.mode == Mode::Mps))
+        .expect("the fleet has an MPS tenant");
+    t.spec
+        .resources
+        .iter_mut()
+        .find(|r| r.mode == Mode::Mps)
+        .expect("found above")
+        .count += 1;
+    let incremental = plan(&f, Some(&mut memo));
+    assert_eq!((memo.allocation.placed, memo.allocation.reused), (1, 5));
+    assert_eq!(incremental, plan(&f, None));
+}
