@@ -6,7 +6,7 @@ use super::solver::{LayoutError, instances_at, mask, name_error, resolve_profile
 use crate::api::{MigInstanceSpec, Placement};
 
 /// An instance that exists on the GPU now.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ExistingInstance {
     pub profile: String,
     pub placement: Placement,

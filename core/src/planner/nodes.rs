@@ -5,7 +5,7 @@ use crate::api::{
 };
 use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
-use crate::mig::{diff_layout, solve_named};
+use crate::mig::{ExistingInstance, diff_layout, solve_named};
 use crate::policy::{PlanCheck, mps_clients_problem, mps_pinned_problem};
 use crate::problem::Problem;
 use crate::selectors::selector_matches;
@@ -82,12 +82,22 @@ fn device_plugin_config(gpus: &[GpuSpec]) -> Option<String> {
     )
 }
 
-type LayoutMemo = HashMap<(usize, usize, &'static str), Result<Vec<MigInstanceSpec>, String>>;
+/// Per (plan, group, GPU model): the layout solved for a GPU with no instances, and the layout
+/// kept from each set of instances found (a fleet has a few such sets, over thousands of GPUs).
+#[derive(Default)]
+struct LayoutMemo {
+    solved: HashMap<GroupOnModel, Layout>,
+    kept: HashMap<GroupOnModel, HashMap<Vec<ExistingInstance>, Layout>>,
+}
+
+/// (plan, group of the plan, GPU model).
+type GroupOnModel = (usize, usize, &'static str);
+type Layout = Result<Vec<MigInstanceSpec>, String>;
 
 /// Picks each node's plan and resolves its layout. Plans come sorted by name, with their checks.
 pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], checks: &[PlanCheck]) -> Fleet<'a> {
     let mut problems = Vec::new();
-    let mut memo: LayoutMemo = HashMap::new();
+    let mut memo = LayoutMemo::default();
     let mut sorted: Vec<&NodeInventory> = nodes.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     // Conflicts are reported once per plan pair, with the nodes they cover counted.
@@ -245,17 +255,25 @@ fn resolve_layout(
                         format!("GPU {index} ({}) is not a MIG-capable model known here", gpu.name),
                     ));
                 };
-                spec.mig_instances = if gpu.instances.is_empty() {
-                    memo.entry((plan_idx, g, model.key))
+                let key = (plan_idx, g, model.key);
+                let layout = if gpu.instances.is_empty() {
+                    memo.solved
+                        .entry(key)
                         .or_insert_with(|| solve_named(model, &mig.profiles).map_err(|e| e.to_string()))
-                        .clone()
-                        .map_err(|e| (field.clone(), format!("GPU {index} ({}): {e}", model.key)))?
                 } else {
                     // Keep the instances that can stay (minimal disruption).
-                    diff_layout(model, &gpu.instances, &mig.profiles)
-                        .map(|d| d.result())
-                        .map_err(|e| (field.clone(), format!("GPU {index} ({}): {e}", model.key)))?
+                    let kept = memo.kept.entry(key).or_default();
+                    if !kept.contains_key(gpu.instances.as_slice()) {
+                        let layout = diff_layout(model, &gpu.instances, &mig.profiles)
+                            .map(|d| d.result())
+                            .map_err(|e| e.to_string());
+                        kept.insert(gpu.instances.clone(), layout);
+                    }
+                    kept.get_mut(gpu.instances.as_slice()).expect("inserted above")
                 };
+                spec.mig_instances = layout
+                    .clone()
+                    .map_err(|e| (field.clone(), format!("GPU {index} ({}): {e}", model.key)))?;
             }
             gpus.push(spec);
             dedicated.push(group.tenants.clone());

@@ -75,7 +75,8 @@ pub struct PassReport {
     /// Time spent planning (the pure part: desired state and diff), and in the whole pass.
     pub plan_time: Duration,
     pub total_time: Duration,
-    /// The desired state alone, and the allocation's cells placed and taken from the memo.
+    /// The desired state alone (planned from the memo), and the allocation's cells placed and
+    /// taken from the memo.
     pub desired_time: Duration,
     pub cells: (usize, usize),
     /// With `--check-incremental`: the full pass's time, computed beside the incremental one.
@@ -90,6 +91,8 @@ pub struct PassReport {
 /// A pass's desired state, and how it was planned.
 struct Planned {
     desired: Desired,
+    /// Planned from the memo, alone (the snapshot and the full pass not counted).
+    desired_time: Duration,
     /// The allocation's cells placed, and taken from the memo.
     cells: (usize, usize),
     full_time: Option<Duration>,
@@ -129,11 +132,14 @@ impl Controller {
     /// `check_incremental`, checked against the full pass.
     fn plan(&self, snapshot: &Snapshot, now: &Time) -> Planned {
         let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let started = Instant::now();
         let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
+        let desired_time = started.elapsed();
         let cells = (memo.allocation.placed, memo.allocation.reused);
         if !self.check_incremental {
             return Planned {
                 desired: d,
+                desired_time,
                 cells,
                 full_time: None,
                 differed: false,
@@ -150,6 +156,7 @@ impl Controller {
         }
         Planned {
             desired: full,
+            desired_time,
             cells,
             full_time,
             differed,
@@ -162,11 +169,11 @@ impl Controller {
         let snapshot = self.stores.snapshot();
         let Planned {
             desired: d,
+            desired_time,
             cells,
             full_time,
             differed,
         } = self.plan(&snapshot, &now_seconds());
-        let desired_time = started.elapsed().saturating_sub(full_time.unwrap_or_default());
         let diff = diff::diff(&d, &snapshot);
         let plan_time = started.elapsed();
         let outcome = self.writer.write_all(&diff.writes).await;
