@@ -94,7 +94,7 @@ impl Current {
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
     pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let mut gpus = Current::empty(nodes);
+        let mut gpus = Current::empty(nodes, at);
         for &(n, g) in at {
             let node = &nodes[n as usize];
             let spec = &node.gpus[g as usize];
@@ -113,16 +113,21 @@ impl Current {
         Current { gpus }
     }
 
-    fn empty(nodes: &[NodeDesired]) -> Vec<Vec<GpuHolders>> {
-        nodes
-            .iter()
-            .map(|n| vec![GpuHolders::default(); n.gpus.len()])
-            .collect()
+    /// Room for the GPUs `at` only: a cell's GPUs are a fraction of a fleet of 400,000.
+    fn empty(nodes: &[NodeDesired], at: &[GpuRef]) -> Vec<Vec<GpuHolders>> {
+        let mut gpus: Vec<Vec<GpuHolders>> = vec![Vec::new(); nodes.len()];
+        for &(n, _) in at {
+            let slot = &mut gpus[n as usize];
+            if slot.is_empty() {
+                *slot = vec![GpuHolders::default(); nodes[n as usize].gpus.len()];
+            }
+        }
+        gpus
     }
 
     /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
     pub fn from_plan(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let mut gpus = Current::empty(nodes);
+        let mut gpus = Current::empty(nodes, at);
         for &(n, g) in at {
             let spec = &nodes[n as usize].gpus[g as usize];
             gpus[n as usize][g as usize] = GpuHolders {
