@@ -6,7 +6,7 @@ mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_tenancy::api::Mode;
-use gpu_tenancy::planner::{PlanInput, PlanMemo, plan, plan_with};
+use gpu_tenancy::planner::{PlanInput, PlanMemo, plan};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::hint::black_box;
 
@@ -34,8 +34,6 @@ fn bench(c: &mut Criterion) {
 /// fewer, in turn, on a fleet running its last plan. Planned from the memo of the pass before
 /// (the controller's way), against the full pass of the same inputs.
 fn incremental(c: &mut Criterion) {
-    let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    let exempt = Default::default();
     let mut group = c.benchmark_group("tenant_change");
     group.sample_size(10);
     for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
@@ -60,35 +58,17 @@ fn incremental(c: &mut Criterion) {
             let count = &mut f.tenants[t].spec.resources[r].count;
             *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
         };
-        let warm = PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        };
-        black_box(plan_with(&warm, &exempt, &now, Some(&mut memo)));
+        black_box(support::run_with(&f, Some(&mut memo)));
         group.bench_function(format!("incremental_{nodes}_nodes"), |b| {
             b.iter(|| {
                 change(&mut f);
-                let i = PlanInput {
-                    policies: &f.policies,
-                    tenants: &f.tenants,
-                    plans: &f.plans,
-                    nodes: &f.nodes,
-                };
-                black_box(plan_with(&i, &exempt, &now, Some(&mut memo)))
+                black_box(support::run_with(&f, Some(&mut memo)))
             })
         });
         group.bench_function(format!("full_{nodes}_nodes"), |b| {
             b.iter(|| {
                 change(&mut f);
-                let i = PlanInput {
-                    policies: &f.policies,
-                    tenants: &f.tenants,
-                    plans: &f.plans,
-                    nodes: &f.nodes,
-                };
-                black_box(plan(&i, &exempt, &now))
+                black_box(support::run_with(&f, None))
             })
         });
     }

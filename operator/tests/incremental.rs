@@ -8,9 +8,9 @@
 mod support;
 
 use gpu_tenancy::api::{Mode, TenantLimits};
-use gpu_tenancy::planner::{PlanInput, PlanMemo, PlanOutput, plan_with};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use gpu_tenancy::planner::{PlanMemo, PlanOutput};
 use proptest::prelude::*;
+use support::run_with as plan;
 
 #[derive(Clone, Debug)]
 enum Change {
@@ -137,21 +137,6 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
             }
         }
     }
-}
-
-fn plan(f: &support::Fleet, memo: Option<&mut PlanMemo>) -> PlanOutput {
-    let now = Time(jiff::Timestamp::from_second(0).unwrap());
-    plan_with(
-        &PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        },
-        &Default::default(),
-        &now,
-        memo,
-    )
 }
 
 proptest! {

@@ -12,8 +12,13 @@ use std::collections::BTreeMap;
 
 /// The planner on a fleet, at a fixed time (plans are compared across runs).
 pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
+    run_with(f, None)
+}
+
+/// [`run`], with the memo of earlier runs when one is given (the controller's way).
+pub fn run_with(f: &Fleet, memo: Option<&mut gpu_tenancy::planner::PlanMemo>) -> gpu_tenancy::planner::PlanOutput {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap());
-    gpu_tenancy::planner::plan(
+    gpu_tenancy::planner::plan_with(
         &gpu_tenancy::planner::PlanInput {
             policies: &f.policies,
             tenants: &f.tenants,
@@ -22,6 +27,7 @@ pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
         },
         &Default::default(),
         &now,
+        memo,
     )
 }
 
