@@ -325,11 +325,11 @@ impl AllocationMemo {
         }
     }
 
-    /// Remembers a cell just placed on `nodes`.
+    /// Remembers a cell just placed on `nodes` for its tenants' `profiles` ([`Cell::profiles`]).
     pub(super) fn remember(
         &mut self,
         cell: &Cell,
-        tenants: &[TenantProfile],
+        profiles: Vec<TenantProfile>,
         nodes: &[NodeDesired],
         grants: BTreeMap<String, TenantGrants>,
     ) {
@@ -343,7 +343,7 @@ impl AllocationMemo {
             key(cell),
             CellMemo {
                 gpus: cell.scope.gpus.clone(),
-                tenants: cell.profiles(tenants),
+                tenants: profiles,
                 bindings,
                 grants,
             },

@@ -235,8 +235,9 @@ pub fn allocate(
             let stale = memo.stale_cells(&cells, tenants, nodes);
             for (cell, stale) in cells.iter().zip(&stale) {
                 if *stale {
-                    let grants = allocate_cell(&cell.profiles(tenants), nodes, &cell.scope);
-                    memo.remember(cell, tenants, nodes, grants);
+                    let profiles = cell.profiles(tenants);
+                    let grants = allocate_cell(&profiles, nodes, &cell.scope);
+                    memo.remember(cell, profiles, nodes, grants);
                 } else {
                     memo.recall(cell, nodes);
                 }
