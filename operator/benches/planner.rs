@@ -10,6 +10,11 @@ use gpu_tenancy::planner::{PlanInput, PlanMemo, plan};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::hint::black_box;
 
+// The allocator the binary ships with (`src/main.rs`): the planner's time at 50,000 nodes depends
+// on it (glibc's malloc made it superlinear).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn bench(c: &mut Criterion) {
     let now = Time(jiff::Timestamp::from_second(0).unwrap());
     let exempt = Default::default();

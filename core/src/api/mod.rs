@@ -357,3 +357,16 @@ mod tests {
         }
     }
 }
+
+/// An object's name as `name_any` gives it (the name, else `generateName`), borrowed.
+pub fn name_of<K: kube::Resource>(o: &K) -> &str {
+    let meta = o.meta();
+    meta.name.as_deref().or(meta.generate_name.as_deref()).unwrap_or("")
+}
+
+/// Sorts Kubernetes objects by [`name_of`], stably, without the copy of each name that
+/// `sort_by_key(|o| o.name_any())` makes at every comparison: at 20,000 tenants those copies were
+/// most of the time spent rendering their admission policies.
+pub fn sort_by_name<K: kube::Resource>(items: &mut [K]) {
+    items.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+}

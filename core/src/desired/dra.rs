@@ -80,7 +80,7 @@ pub fn device_classes(holdings: &DraHoldings) -> Vec<DeviceClass> {
         .iter()
         .flat_map(|(tenant, kinds)| kinds.keys().map(move |k| class(tenant, k)))
         .collect();
-    out.sort_by_key(|c| c.name_any());
+    crate::api::sort_by_name(&mut out);
     out
 }
 

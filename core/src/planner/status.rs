@@ -65,7 +65,7 @@ pub fn tenant_statuses(
     now: &Time,
 ) -> Vec<GpuTenant> {
     let mut out: Vec<GpuTenant> = tenants.to_vec();
-    out.sort_by_key(|t| t.name_any());
+    crate::api::sort_by_name(&mut out);
     for t in &mut out {
         let name = t.name_any();
         let mut status = t.status.take().unwrap_or_default();
@@ -318,7 +318,7 @@ pub fn policy_statuses(
     now: &Time,
 ) -> Vec<SharingPolicy> {
     let mut out: Vec<SharingPolicy> = policies.to_vec();
-    out.sort_by_key(|p| p.name_any());
+    crate::api::sort_by_name(&mut out);
     for p in &mut out {
         let name = p.name_any();
         let mut status = p.status.take().unwrap_or_default();

@@ -161,7 +161,7 @@ pub(super) fn writes(
             .filter(|b| !of_a_rule_set(&b.name_any()))
             .cloned(),
     );
-    bindings.sort_by_key(|b| b.name_any());
+    crate::api::sort_by_name(&mut bindings);
 
     // Policies: as desired, but a held binding's policy is kept as the store has it (never
     // rewritten: it is only compared with itself).
