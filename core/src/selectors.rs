@@ -51,7 +51,22 @@ pub fn parse_selector(selector: &LabelSelector) -> Option<Selector> {
 /// Does `selector` select an object with `labels`? An invalid selector selects nothing (validation
 /// reports it); an empty one selects everything, as in Kubernetes (plans refuse empty selectors).
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    parse_selector(selector).is_some_and(|s| s.matches(labels))
+    ParsedSelector::of(selector).matches(labels)
+}
+
+/// A selector parsed once, to be matched against every node of a fleet: parsing it for each node
+/// was a tenth of a re-plan at 5,000 nodes.
+pub struct ParsedSelector(Option<Selector>);
+
+impl ParsedSelector {
+    pub fn of(selector: &LabelSelector) -> ParsedSelector {
+        ParsedSelector(parse_selector(selector))
+    }
+
+    /// As [`selector_matches`]: an invalid selector selects nothing.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.0.as_ref().is_some_and(|s| s.matches(labels))
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::inventory::NodeInventory;
 use crate::mig::{ExistingInstance, diff_layout, solve_named};
 use crate::policy::{PlanCheck, mps_clients_problem, mps_pinned_problem};
 use crate::problem::Problem;
-use crate::selectors::selector_matches;
+use crate::selectors::ParsedSelector;
 use kube::ResourceExt;
 use std::collections::{BTreeMap, HashMap};
 
@@ -103,10 +103,14 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
     // Conflicts are reported once per plan pair, with the nodes they cover counted.
     let mut conflicts: BTreeMap<(usize, usize), Vec<&str>> = BTreeMap::new();
 
+    let selectors: Vec<ParsedSelector> = plans
+        .iter()
+        .map(|p| ParsedSelector::of(&p.spec.node_selector))
+        .collect();
     let mut out = Vec::with_capacity(sorted.len());
     for inv in sorted {
         let mut candidates: Vec<usize> = (0..plans.len())
-            .filter(|&i| selector_matches(&plans[i].spec.node_selector, &inv.labels))
+            .filter(|&i| selectors[i].matches(&inv.labels))
             .collect();
         candidates.sort_by_key(|&i| std::cmp::Reverse(plans[i].spec.priority));
         let mut node = NodeDesired {

@@ -49,9 +49,10 @@ pub fn models_of_selected_nodes(
     plan: &GpuPartitionPlan,
     nodes: &[crate::inventory::NodeInventory],
 ) -> Vec<&'static GpuModel> {
+    let selector = crate::selectors::ParsedSelector::of(&plan.spec.node_selector);
     let mut models: Vec<&'static GpuModel> = nodes
         .iter()
-        .filter(|n| crate::selectors::selector_matches(&plan.spec.node_selector, &n.labels))
+        .filter(|n| selector.matches(&n.labels))
         .flat_map(|n| n.gpus.iter().filter_map(|g| g.model))
         .collect();
     models.sort_by_key(|m| m.key);
