@@ -139,9 +139,13 @@ fn unit_diffs<'a>(node: &'a NodeDesired) -> Vec<UnitDiff<'a>> {
             let kept = planned
                 .iter()
                 .find(|i| i.profile == e.profile && i.placement == e.placement);
-            let old = sorted(inv.instance_tenants.get(&e.placement));
-            let new = sorted(kept.and_then(|i| i.tenant.as_ref()));
+            let (old, new) = (
+                inv.instance_tenants.get(&e.placement),
+                kept.and_then(|i| i.tenant.as_ref()),
+            );
+            // Compared before any list is built: nearly every instance keeps its tenant.
             if old != new {
+                let (old, new) = (sorted(old), sorted(new));
                 let kind = (Mode::Mig, Some(e.profile.as_str()));
                 out.push(UnitDiff {
                     gpu: inv.index,
@@ -175,16 +179,13 @@ fn unit_diffs<'a>(node: &'a NodeDesired) -> Vec<UnitDiff<'a>> {
         }
         let whole_now = inv.mode.filter(|m| *m != Mode::Mig);
         let whole_plan = spec.map(|s| s.mode).filter(|m| *m != Mode::Mig);
-        let old = if inv.mode == Some(Mode::Mig) {
-            vec![]
-        } else {
-            sorted(&inv.tenants)
-        };
-        let new = sorted(
-            spec.filter(|s| s.mode != Mode::Mig)
-                .into_iter()
-                .flat_map(|s| &s.tenants),
-        );
+        let old: &[String] = if inv.mode == Some(Mode::Mig) { &[] } else { &inv.tenants };
+        let new: &[String] = spec.filter(|s| s.mode != Mode::Mig).map_or(&[], |s| &s.tenants);
+        // The same list in the same order is the same set: no list to build (nearly every GPU).
+        if old == new {
+            continue;
+        }
+        let (old, new) = (sorted(old), sorted(new));
         if old != new {
             let old_mode = whole_now.or(whole_plan).unwrap_or(Mode::Exclusive);
             out.push(UnitDiff {
