@@ -6,15 +6,18 @@
 #
 # Needs BuildKit (the default builder of current Docker) for the cache mounts.
 
-# The toolchain the project is developed and tested with.
+# The toolchain the project is developed and tested with (its gcc and make build jemalloc, the
+# binary's allocator).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # The whole workspace: Cargo reads every member's manifest (and their declared targets) even
 # when it builds only gpu-tenancy. .dockerignore keeps out target/, e2e/bin/ and the Go code.
 COPY Cargo.toml Cargo.lock ./
+COPY core core
 COPY operator operator
 COPY e2e/suite e2e/suite
 COPY e2e/nvml-sim e2e/nvml-sim
+COPY e2e/fleet e2e/fleet
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release -p gpu-tenancy --locked \
