@@ -73,7 +73,7 @@ pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo:
 
     let tenant_names: BTreeSet<String> = input.tenants.iter().map(|t| t.name_any()).collect();
     let mut plans: Vec<&GpuPartitionPlan> = input.plans.iter().collect();
-    plans.sort_by(|a, b| crate::api::name_of(*a).cmp(crate::api::name_of(*b)));
+    crate::api::sort_refs_by_name(&mut plans);
     let plan_checks: Vec<_> = plans
         .iter()
         .map(|p| check_plan(p, &tenant_names, &models_of_selected_nodes(p, input.nodes)))

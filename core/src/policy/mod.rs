@@ -61,7 +61,7 @@ pub fn check_tenants(
     }
 
     let mut sorted: Vec<&GpuTenant> = tenants.iter().collect();
-    sorted.sort_by(|a, b| crate::api::name_of(*a).cmp(crate::api::name_of(*b)));
+    crate::api::sort_refs_by_name(&mut sorted);
     for t in sorted {
         let name = t.name_any();
         let mut problems = Vec::new();

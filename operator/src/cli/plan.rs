@@ -75,11 +75,14 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
     // The inventory is parsed on a second thread while the manifests load: at 50,000 nodes each is
     // about a second and a half of YAML.
     let (loaded, inventory_file) = std::thread::scope(|s| {
-        let inventory_file = inventory.map(|path| s.spawn(move || read_inventory(path, &limits)));
+        let inventory_file = inventory.map(|path| (path, s.spawn(move || read_inventory(path, &limits))));
         let loaded = load(paths).map_err(|e| e.to_string());
-        let inventory_file = inventory_file.map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err("inventory: the reader panicked".into()))
+        let inventory_file = inventory_file.map(|(path, h)| {
+            let read = h.join();
+            (
+                path,
+                read.unwrap_or_else(|_| Err("inventory: the reader panicked".into())),
+            )
         });
         (loaded, inventory_file)
     });
@@ -91,15 +94,15 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
                 loaded.nodes.len()
             ));
         }
-        (Some(inv), true) => {
+        (Some((_, inv)), true) => {
             // The inventory named by --inventory counts once, even when it also sits in a -f folder.
             loaded.inventories.clear();
             loaded.inventories.push(inv?);
         }
-        (Some(_), false) => {
+        (Some((path, _)), false) => {
             return Err(format!(
                 "--inventory {} and {} Node objects given: plan either an inventory file or a cluster's Nodes and GpuNodes, not both",
-                inventory.map(|p| p.display().to_string()).unwrap_or_default(),
+                path.display(),
                 loaded.cluster_nodes.len()
             ));
         }
