@@ -208,8 +208,13 @@ fn unit_diffs<'a>(node: &'a NodeDesired) -> Vec<UnitDiff<'a>> {
 /// nothing says what its data needs, so the planner fails closed and the GPU is scrubbed. And a
 /// scrub the agent has not applied yet is never relaxed: the current bindings come from that
 /// spec, so the hand-over it announced is no longer visible here while it may still be ahead.
+#[cfg(test)]
 pub(crate) fn scrub_policies(node: &NodeDesired, scrub_of: &HashMap<&str, ScrubMemory>) -> Vec<ScrubMemory> {
-    let diffs = unit_diffs(node);
+    scrub_of_gpus(node, &unit_diffs(node), scrub_of)
+}
+
+/// [`scrub_policies`] from the node's unit diffs, computed once for this and the changes listed.
+fn scrub_of_gpus(node: &NodeDesired, diffs: &[UnitDiff], scrub_of: &HashMap<&str, ScrubMemory>) -> Vec<ScrubMemory> {
     let pending = node
         .inventory
         .current
@@ -239,20 +244,29 @@ pub(crate) fn scrub_policies(node: &NodeDesired, scrub_of: &HashMap<&str, ScrubM
         .collect()
 }
 
-/// Units each tenant holds, per kind: now (`planned` false) or in the plan.
-fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool) -> HashMap<(&'a str, Kind<'a>), u32> {
+/// Units each tenant of `of` holds, per kind: now (`planned` false) or in the plan. Only the
+/// tenants whose changes need a count: nearly every pass changes few bindings, or none.
+fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &BTreeSet<&str>) -> HashMap<(&'a str, Kind<'a>), u32> {
     let mut out: HashMap<(&str, Kind), u32> = HashMap::new();
+    if of.is_empty() {
+        return out;
+    }
+    let mut add = |t: &'a str, kind: Kind<'a>| {
+        if of.contains(t) {
+            *out.entry((t, kind)).or_default() += 1;
+        }
+    };
     for node in nodes {
         if planned {
             for spec in &node.gpus {
                 for i in &spec.mig_instances {
                     if let Some(t) = &i.tenant {
-                        *out.entry((t, (Mode::Mig, Some(&i.profile)))).or_default() += 1;
+                        add(t, (Mode::Mig, Some(&i.profile)));
                     }
                 }
                 if spec.mode != Mode::Mig {
                     for t in &spec.tenants {
-                        *out.entry((t, (spec.mode, None))).or_default() += 1;
+                        add(t, (spec.mode, None));
                     }
                 }
             }
@@ -261,12 +275,12 @@ fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool) -> HashMap<(&'a str, Ki
         for gpu in &node.inventory.gpus {
             for e in &gpu.instances {
                 if let Some(t) = gpu.instance_tenants.get(&e.placement) {
-                    *out.entry((t, (Mode::Mig, Some(&e.profile)))).or_default() += 1;
+                    add(t, (Mode::Mig, Some(&e.profile)));
                 }
             }
             if let Some(mode) = gpu.mode.filter(|m| *m != Mode::Mig) {
                 for t in &gpu.tenants {
-                    *out.entry((t, (mode, None))).or_default() += 1;
+                    add(t, (mode, None));
                 }
             }
         }
@@ -274,12 +288,38 @@ fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool) -> HashMap<(&'a str, Ki
     out
 }
 
-/// Every binding the plan changes, sorted by node, GPU and placement (the GPU used whole first).
-pub fn binding_changes(nodes: &[NodeDesired], tenants: &[GpuTenant], valid: &[TenantProfile]) -> Vec<BindingChange> {
+/// Sets every planned GPU's scrub policy ([`scrub_policies`]; `tenants` valid, unknown previous
+/// owners counting as `Always`) and returns every binding the plan changes, sorted by node, GPU
+/// and placement (the GPU used whole first). Each node's units are compared once; the nodes with
+/// changes (few, in nearly every pass) once more, for the reasons.
+pub fn settle(nodes: &mut [NodeDesired], tenants: &[GpuTenant], valid: &[TenantProfile]) -> Vec<BindingChange> {
+    let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
+    let mut changed = Vec::new();
+    // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
+    let mut counted: BTreeSet<String> = BTreeSet::new();
+    for (n, node) in nodes.iter_mut().enumerate() {
+        let diffs = unit_diffs(node);
+        let scrub = scrub_of_gpus(node, &diffs, &scrub_of);
+        if !diffs.is_empty() {
+            changed.push(n);
+            for d in &diffs {
+                counted.extend(d.leaving().chain(d.joining()).map(str::to_string));
+            }
+        }
+        drop(diffs);
+        for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
+            gpu.scrub = s;
+        }
+    }
+    if changed.is_empty() {
+        return Vec::new();
+    }
+    let counted: BTreeSet<&str> = counted.iter().map(String::as_str).collect();
+    let nodes: &[NodeDesired] = nodes;
     let exists: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
     let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
-    let before = holdings(nodes, false);
-    let after = holdings(nodes, true);
+    let before = holdings(nodes, false, &counted);
+    let after = holdings(nodes, true, &counted);
     let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
     let reason = |d: &UnitDiff| -> ChangeReason {
         if let Some(o) = d.leaving().next() {
@@ -308,7 +348,7 @@ pub fn binding_changes(nodes: &[NodeDesired], tenants: &[GpuTenant], valid: &[Te
         }
     };
     let mut out = Vec::new();
-    for node in nodes {
+    for node in changed.into_iter().map(|n| &nodes[n]) {
         for d in unit_diffs(node) {
             let spec = node.gpus.iter().find(|s| s.index == d.gpu);
             out.push(BindingChange {

@@ -86,11 +86,11 @@ pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo:
     problems.extend(fleet.problems.iter().cloned());
 
     let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes, memo.map(|m| &mut m.allocation));
-    let changes = changes::binding_changes(&fleet.nodes, input.tenants, &tenant_check.valid);
+    let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid);
 
-    let desired = fleet.nodes.iter().map(nodes::NodeDesired::to_gpu_node).collect();
+    let desired = fleet.nodes.iter_mut().map(nodes::NodeDesired::take_gpu_node).collect();
     let rollout = rollout::rollout(desired, input.nodes, &plans);
-    let tenants = status::tenant_statuses(input.tenants, &tenant_check, &grants, now);
+    let tenants = status::tenant_statuses(input.tenants, &tenant_check, grants, now);
     let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, &rollout, now);
     let policies = status::policy_statuses(input.policies, input.tenants, &problems, now);
 

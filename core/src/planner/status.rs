@@ -4,7 +4,8 @@ use super::allocate::TenantGrants;
 use super::nodes::{Fleet, NodeState};
 use super::rollout::{Progress, Rollout};
 use crate::api::{
-    Condition, ConditionSet, GpuPartitionPlan, GpuTenant, PlanNodeCounts, PlanNodeDetail, SharingPolicy, set_condition,
+    Condition, ConditionSet, GpuPartitionPlan, GpuTenant, GpuTenantStatus, PlanNodeCounts, PlanNodeDetail,
+    SharingPolicy, set_condition,
 };
 use crate::policy::{PlanCheck, TenantCheck};
 use crate::problem::Problem;
@@ -58,13 +59,43 @@ fn joined<'a>(messages: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
+/// A copy of `t` whose status lacks its grants and allocation, which every pass computes anew
+/// (a cluster's tenants hold hundreds of thousands of grants: no copy only to be replaced).
+fn without_grants(t: &GpuTenant) -> GpuTenant {
+    let status = t.status.as_ref().map(|s| {
+        let GpuTenantStatus {
+            observed_generation,
+            summary,
+            grants: _,
+            allocation: _,
+            granted_memory_mib,
+            namespaces,
+            conditions,
+        } = s;
+        GpuTenantStatus {
+            observed_generation: *observed_generation,
+            summary: summary.clone(),
+            grants: Vec::new(),
+            allocation: Vec::new(),
+            granted_memory_mib: *granted_memory_mib,
+            namespaces: namespaces.clone(),
+            conditions: conditions.clone(),
+        }
+    });
+    GpuTenant {
+        metadata: t.metadata.clone(),
+        spec: t.spec.clone(),
+        status,
+    }
+}
+
 pub fn tenant_statuses(
     tenants: &[GpuTenant],
     check: &TenantCheck,
-    grants: &BTreeMap<String, TenantGrants>,
+    mut grants: BTreeMap<String, TenantGrants>,
     now: &Time,
 ) -> Vec<GpuTenant> {
-    let mut out: Vec<GpuTenant> = tenants.to_vec();
+    let mut out: Vec<GpuTenant> = tenants.iter().map(without_grants).collect();
     crate::api::sort_by_name(&mut out);
     for t in &mut out {
         let name = t.name_any();
@@ -82,7 +113,7 @@ pub fn tenant_statuses(
             "the tier allows every request",
             "fix the spec; nothing is granted until it is valid",
         );
-        match grants.get(&name) {
+        match grants.remove(&name) {
             Some(g) if valid => {
                 let requested: u32 = g.allocation.iter().map(|a| a.requested).sum();
                 let granted: u32 = g.allocation.iter().map(|a| a.granted).sum();
@@ -105,8 +136,8 @@ pub fn tenant_statuses(
                     c.set(ConditionSet::READY, false, "CapacityShort", msg);
                 }
                 status.summary = Some(format!("{granted}/{requested}"));
-                status.grants = g.grants.clone();
-                status.allocation = g.allocation.clone();
+                status.grants = g.grants;
+                status.allocation = g.allocation;
                 status.granted_memory_mib = Some(g.memory_mib);
             }
             _ => {

@@ -4,6 +4,7 @@
 //! 1.37: the `lists` extension with `lists.range`, `slice` and `flatten`, two-variable
 //! comprehensions, `quantity`), and the e2e suite checks every policy type-checks there.
 
+use k8s_openapi::api::admissionregistration::v1::Validation;
 use serde_json::{Value, json};
 
 use crate::device_plugin::{DRA_RESOURCE_DOMAIN, GPU_RESOURCE_PREFIXES};
@@ -264,18 +265,28 @@ pub fn any_toleration() -> String {
 pub const NAMES_NODE: &str = "request.operation == 'CREATE' && has(object.spec.nodeName) && object.spec.nodeName != '' && !('system:nodes' in request.userInfo.groups)";
 
 /// A validation refusing what `forbidden_when` is true for, with a fixed message.
-pub fn validation(forbidden_when: &str, message: String) -> Value {
-    json!({"expression": format!("!({forbidden_when})"), "message": message, "reason": "Forbidden"})
+pub fn validation(forbidden_when: &str, message: String) -> Validation {
+    Validation {
+        expression: format!("!({forbidden_when})"),
+        message: Some(message),
+        message_expression: None,
+        reason: Some("Forbidden".into()),
+    }
 }
 
 /// A validation refusing what `forbidden_when` is true for, with a message built in CEL.
-pub fn validation_with(forbidden_when: &str, message_expression: String) -> Value {
-    json!({"expression": format!("!({forbidden_when})"), "messageExpression": message_expression, "reason": "Forbidden"})
+pub fn validation_with(forbidden_when: &str, message_expression: String) -> Validation {
+    Validation {
+        expression: format!("!({forbidden_when})"),
+        message: None,
+        message_expression: Some(message_expression),
+        reason: Some("Forbidden".into()),
+    }
 }
 
 /// For a policy on ConfigMaps and Secrets: refuse keys named like a device-selecting variable
 /// (`envFrom` without a prefix turns every key into a variable of that name).
-pub fn config_key_validation(message_prefix: &str) -> Value {
+pub fn config_key_validation(message_prefix: &str) -> Validation {
     let vars = list(DEVICE_ENV);
     let keys = format!(
         "(has(object.data) && object.data.exists(k, k in {vars})) || (has(object.binaryData) && object.binaryData.exists(k, k in {vars})) || (request.resource.resource == 'secrets' && has(object.stringData) && object.stringData.exists(k, k in {vars}))"

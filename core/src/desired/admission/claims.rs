@@ -19,6 +19,7 @@ use super::cel::{list, quote, validation_with};
 use super::rules::TenantRules;
 use crate::desired::Settings;
 use crate::dra::{DRIVER, NOT_READY_TAINT};
+use k8s_openapi::api::admissionregistration::v1::Validation;
 use serde_json::{Value, json};
 
 /// The variables of a claims policy: the devices part of a claim (or of a template's claim), its
@@ -38,7 +39,7 @@ pub fn variables() -> Value {
 
 /// The rules of every rule set; `who` is a CEL string expression, `allowed` the classes it may
 /// name and `offer` what to tell a claim that names another.
-fn common(who: &str, allowed: &[String], offer: &str) -> Vec<Value> {
+fn common(who: &str, allowed: &[String], offer: &str) -> Vec<Validation> {
     let allowed = list(allowed);
     vec![
         validation_with(
@@ -82,7 +83,7 @@ fn trusted(settings: &Settings) -> String {
 }
 
 /// A tenant's claims rules.
-pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
+pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Validation> {
     let who = quote(&format!("GpuTenant {} (tier {})", t.name, t.tier));
     let own: Vec<String> = t
         .granted
@@ -106,19 +107,20 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
         // Per request its largest alternative: the most it can be allocated.
         let count = format!("(s.deviceClassName in {own} ? (has(s.count) ? s.count : 1) : 0)");
         let devices = format!("variables.alternatives.map(a, (a.map(s, {count}) + [0]).max()).sum()");
-        out.push(json!({
-            "expression": format!("{devices} <= {max}"),
-            "messageExpression": format!(
+        out.push(Validation {
+            expression: format!("{devices} <= {max}"),
+            message: None,
+            message_expression: Some(format!(
                 "{who} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this claim asks for ' + string({devices}) + ' devices of its classes'"
-            ),
-            "reason": "Forbidden",
-        }));
+            )),
+            reason: Some("Forbidden".into()),
+        });
     }
     out
 }
 
 /// The claims rules of the namespaces of no tenant.
-pub fn untenanted(settings: &Settings) -> Vec<Value> {
+pub fn untenanted(settings: &Settings) -> Vec<Validation> {
     let who = quote("the namespace belongs to no GpuTenant");
     let offer = format!(
         "a namespace of no tenant gets no GPU device; add it to a tenant\\'s spec.namespaces. The controller\\'s --claim-device-class trusts {}",
@@ -136,7 +138,7 @@ mod tests {
     fn messages_quote_what_they_name() {
         let v = untenanted(&Settings::default());
         assert_eq!(v.len(), 4);
-        let m = v[0]["messageExpression"].as_str().unwrap();
+        let m = v[0].message_expression.as_deref().unwrap();
         assert!(m.starts_with("'the namespace belongs to no GpuTenant' + "), "{m}");
         assert!(m.contains("tenant\\'s spec.namespaces"), "{m}");
     }

@@ -28,8 +28,8 @@ use crate::desired::Settings;
 use crate::desired::dra::DraHoldings;
 use crate::device_plugin::resource_name;
 use crate::labels::{DEDICATED, SCRUB_PENDING, SHARING};
+use k8s_openapi::api::admissionregistration::v1::Validation;
 use kube::ResourceExt;
-use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What one tenant's pods may do: from its status (its grants) and its tier.
@@ -115,49 +115,74 @@ impl TenantRules {
     }
 }
 
+/// The expressions of the rules both rule sets apply ([`device_access`]): the same for every
+/// tenant, so a pass builds them once, not once per tenant.
+pub struct DeviceAccess {
+    sets_device_env: String,
+    privileged: String,
+    host_device_path: String,
+    mounts_device_list: String,
+    cdi_annotation: String,
+    /// With the runtime classes' names for the message.
+    nvidia_runtime: Option<(String, String)>,
+}
+
+impl DeviceAccess {
+    pub fn of(settings: &Settings) -> DeviceAccess {
+        DeviceAccess {
+            sets_device_env: cel::sets_device_env(),
+            privileged: cel::privileged(),
+            host_device_path: cel::host_device_path(),
+            mounts_device_list: cel::mounts_device_list(),
+            cdi_annotation: cel::cdi_annotation(),
+            nvidia_runtime: cel::nvidia_runtime_without_gpu(&settings.nvidia_runtime_classes)
+                .map(|r| (r, settings.nvidia_runtime_classes.join(", "))),
+        }
+    }
+}
+
 /// The rules both rule sets apply: no GPU reached outside the device plugin's resource names.
 /// `who` starts each message.
-fn device_access(who: &str, settings: &Settings) -> Vec<Value> {
+fn device_access(who: &str, rules: &DeviceAccess) -> Vec<Validation> {
     let mut out = vec![
         validation(
-            &cel::sets_device_env(),
+            &rules.sets_device_env,
             format!(
                 "{who}: a container may not set NVIDIA's device-selecting variables ({}), directly or through an envFrom prefix that starts one: NVIDIA's container toolkit would give it GPUs no quota counts; ask for a GPU resource instead",
                 cel::DEVICE_ENV.join(", ")
             ),
         ),
         validation(
-            &cel::privileged(),
+            &rules.privileged,
             format!(
                 "{who}: a container may not be privileged or add SYS_ADMIN (or ALL): it would reach every GPU of its node outside the device plugin"
             ),
         ),
         validation(
-            &cel::host_device_path(),
+            &rules.host_device_path,
             format!(
                 "{who}: a hostPath volume may not reach /dev, NVIDIA's runtime directories (/run/nvidia*, /var/run/nvidia*) or the kubelet's plugin sockets (/var/lib/kubelet), nor a directory above them, nor name a path with // or /./"
             ),
         ),
         validation(
-            &cel::mounts_device_list(),
+            &rules.mounts_device_list,
             format!(
                 "{who}: a container may not mount anything at a path with nvidia-container-devices in it: NVIDIA's toolkit reads device lists from mounts there"
             ),
         ),
         validation(
-            &cel::cdi_annotation(),
+            &rules.cdi_annotation,
             format!(
                 "{who}: a pod may not carry CDI device annotations ({}*): the runtime would inject the devices they name",
                 cel::CDI_ANNOTATION_PREFIXES.join("*, ")
             ),
         ),
     ];
-    if let Some(runtime) = cel::nvidia_runtime_without_gpu(&settings.nvidia_runtime_classes) {
+    if let Some((runtime, classes)) = &rules.nvidia_runtime {
         out.push(validation(
-            &runtime,
+            runtime,
             format!(
-                "{who}: a pod that asks for no GPU may not run under NVIDIA's runtime class ({}): the runtime honours an image's own NVIDIA_VISIBLE_DEVICES (CUDA images set it to all)",
-                settings.nvidia_runtime_classes.join(", ")
+                "{who}: a pod that asks for no GPU may not run under NVIDIA's runtime class ({classes}): the runtime honours an image's own NVIDIA_VISIBLE_DEVICES (CUDA images set it to all)"
             ),
         ));
     }
@@ -165,10 +190,10 @@ fn device_access(who: &str, settings: &Settings) -> Vec<Value> {
 }
 
 /// The validations of a tenant's policy.
-pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
+pub fn tenant(t: &TenantRules, access: &DeviceAccess) -> Vec<Validation> {
     let name = &t.name;
     let who = format!("GpuTenant {name} (tier {})", t.tier);
-    let mut out = device_access(&who, settings);
+    let mut out = device_access(&who, access);
     match &t.granted {
         None => out.push(validation(
             &format!("{} && size(variables.asked) > 0", when::CREATED),
@@ -211,14 +236,15 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
         }
     }
     if let Some(max) = t.max_gpus_per_pod {
-        out.push(json!({
-            "expression": format!("!({}) || variables.gpus <= {max}", when::CREATED),
-            "messageExpression": format!(
+        out.push(Validation {
+            expression: format!("!({}) || variables.gpus <= {max}", when::CREATED),
+            message: None,
+            message_expression: Some(format!(
                 "{} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'",
                 quote(&who)
-            ),
-            "reason": "Forbidden",
-        }));
+            )),
+            reason: Some("Forbidden".into()),
+        });
     }
     out.push(validation(
         &cel::tolerates(SCRUB_PENDING, None),
@@ -254,9 +280,9 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Value> {
 }
 
 /// The validations of the policy for namespaces of no tenant.
-pub fn untenanted(settings: &Settings) -> Vec<Value> {
+pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
     let who = "the namespace belongs to no GpuTenant";
-    let mut out = device_access(who, settings);
+    let mut out = device_access(who, access);
     out.push(validation(
         &format!("{} && size(variables.asked) > 0", when::CREATED),
         format!("{who}, so its pods get no GPUs; add it to a tenant's spec.namespaces"),

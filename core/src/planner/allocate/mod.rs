@@ -221,7 +221,7 @@ pub fn allocate(
     memo: Option<&mut AllocationMemo>,
 ) -> BTreeMap<String, TenantGrants> {
     let cells = cells::cells(tenants, nodes);
-    let grants = match memo {
+    match memo {
         None => {
             let parts = cells
                 .iter()
@@ -247,9 +247,7 @@ pub fn allocate(
             memo.reused = cells.len() - memo.placed;
             report::merge(tenants, &cells, memo.grants_of(&cells))
         }
-    };
-    report::set_scrub(tenants, nodes);
-    grants
+    }
 }
 
 /// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from the

@@ -2,12 +2,11 @@
 
 use super::cells::Cell;
 use super::{Allocator, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
-use crate::api::{AllocationSummary, Grant, Mode, ScrubMemory};
-use crate::planner::changes::scrub_policies;
+use crate::api::{AllocationSummary, Grant, Mode};
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// What a pass placed, by position: the grants are built ([`Placed::grants`]) only for the pass
 /// kept, on the nodes it placed.
@@ -145,18 +144,6 @@ impl Placed {
             );
         }
         out
-    }
-}
-
-/// Sets each GPU's scrub policy: the strictest of the tenants it serves and of those it is taken
-/// from, unknown previous owners counting as `Always` (the rule: `changes::scrub_policies`).
-pub(super) fn set_scrub(tenants: &[TenantProfile], nodes: &mut [NodeDesired]) {
-    let scrub_of: HashMap<&str, ScrubMemory> = tenants.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
-    for node in nodes.iter_mut() {
-        let scrub = scrub_policies(node, &scrub_of);
-        for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
-            gpu.scrub = s;
-        }
     }
 }
 
