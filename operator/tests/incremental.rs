@@ -1,7 +1,7 @@
 //! The controller's incremental pass against the full pass (ISSUE 18, item 4): after any sequence
 //! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
-//! priorities, nodes relabelled, dropped or given other GPUs, a plan changed, agents applying the
-//! last plan), planning with the memo of the earlier passes gives exactly what planning from
+//! priorities, requests listed in another order, nodes relabelled, dropped or given other GPUs, a
+//! plan changed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from
 //! nothing gives.
 
 #[path = "support/fleet.rs"]
@@ -49,6 +49,10 @@ enum Change {
     Replicas {
         replicas: u32,
     },
+    /// A tenant lists its requests in another order (its allocation summary follows that order).
+    Reorder {
+        tenant: usize,
+    },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -68,6 +72,7 @@ fn change() -> impl Strategy<Value = Change> {
         (0..64usize).prop_map(|node| Change::Drop { node }),
         (0..64usize).prop_map(|node| Change::Replace { node }),
         (1..8u32).prop_map(|replicas| Change::Replicas { replicas }),
+        (0..64usize).prop_map(|tenant| Change::Reorder { tenant }),
     ]
 }
 
@@ -124,6 +129,11 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 gpu.instances.clear();
                 gpu.instance_tenants.clear();
                 gpu.mode = None;
+            }
+        }
+        Change::Reorder { tenant } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                f.tenants[t].spec.resources.rotate_left(1);
             }
         }
         Change::Replicas { replicas } => {

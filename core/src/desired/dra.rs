@@ -132,7 +132,7 @@ mod tests {
             },
         );
         t.status = Some(GpuTenantStatus {
-            grants,
+            grants: grants.into(),
             conditions: vec![Condition {
                 type_: ConditionSet::VALID.into(),
                 status: if valid { "True" } else { "False" }.into(),

@@ -7,9 +7,10 @@ use crate::api::{GpuTenant, MigInstanceSpec, Mode, Placement, ScrubMemory};
 use crate::handover::gpu_changes_hands;
 use crate::inventory::{AppliedState, NodeGpu};
 use crate::policy::TenantProfile;
+use foldhash::{HashMap, HashMapExt};
 use kube::ResourceExt;
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// One GPU used whole (MPS, TimeSlicing, Exclusive), or one MIG instance, whose tenants change.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]

@@ -9,8 +9,9 @@ use crate::mig::{ExistingInstance, diff_layout, solve_named};
 use crate::policy::{PlanCheck, mps_clients_problem, mps_pinned_problem};
 use crate::problem::Problem;
 use crate::selectors::ParsedSelector;
+use foldhash::HashMap;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Why a node has no applied plan.
 #[derive(Clone, Debug, PartialEq, Eq)]

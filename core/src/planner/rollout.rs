@@ -33,9 +33,10 @@
 
 use crate::api::{GpuNode, GpuPartitionPlan};
 use crate::inventory::{AppliedState, CurrentNode, NodeInventory};
+use foldhash::HashMap;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Where a node stands against its desired spec after this step.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use super::allocate::TenantGrants;
 use super::nodes::{Fleet, NodeState};
 use super::rollout::{Progress, Rollout};
 use crate::api::{
-    Condition, ConditionSet, GpuPartitionPlan, GpuTenant, GpuTenantStatus, PlanNodeCounts, PlanNodeDetail,
+    Condition, ConditionSet, GpuPartitionPlan, GpuTenant, GpuTenantStatus, Grants, PlanNodeCounts, PlanNodeDetail,
     SharingPolicy, set_condition,
 };
 use crate::policy::{PlanCheck, TenantCheck};
@@ -75,7 +75,7 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
         GpuTenantStatus {
             observed_generation: *observed_generation,
             summary: summary.clone(),
-            grants: Vec::new(),
+            grants: Grants::default(),
             allocation: Vec::new(),
             granted_memory_mib: *granted_memory_mib,
             namespaces: namespaces.clone(),
@@ -149,7 +149,7 @@ pub fn tenant_statuses(
                 );
                 let requested: u32 = t.spec.resources.iter().map(|r| r.count).sum();
                 status.summary = Some(format!("0/{requested}"));
-                status.grants.clear();
+                status.grants = Grants::default();
                 status.allocation.clear();
                 status.granted_memory_mib = None;
             }

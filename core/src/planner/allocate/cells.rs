@@ -14,6 +14,7 @@
 //! its families: layout, dedication, what it is and what runs on it now) gets its last result
 //! back without being placed again: the allocation is a pure function of those inputs.
 
+use super::report::{cells_of_tenants, merge_tenant};
 use super::{Family, GpuRef, TenantGrants};
 use crate::api::{GpuSpec, Mode, TenantShares};
 use crate::inventory::NodeGpu;
@@ -55,11 +56,11 @@ impl Cell {
 }
 
 /// Families by number, in the order first seen (names are looked up, not cloned: a fleet has a
-/// few families and hundreds of thousands of MIG instances).
+/// few families and hundreds of thousands of MIG instances, so a short list scanned beats a hash).
 #[derive(Default)]
 struct Families<'a> {
     list: Vec<Family>,
-    mig: HashMap<&'a str, usize>,
+    mig: Vec<(&'a str, usize)>,
     other: BTreeMap<Mode, usize>,
 }
 
@@ -67,7 +68,16 @@ impl<'a> Families<'a> {
     fn of(&mut self, mode: Mode, profile: Option<&'a str>) -> usize {
         let n = self.list.len();
         let i = match mode {
-            Mode::Mig => *self.mig.entry(profile.unwrap_or_default()).or_insert(n),
+            Mode::Mig => {
+                let name = profile.unwrap_or_default();
+                match self.mig.iter().find(|(p, _)| *p == name) {
+                    Some(&(_, i)) => i,
+                    None => {
+                        self.mig.push((name, n));
+                        n
+                    }
+                }
+            }
             m => *self.other.entry(m).or_insert(n),
         };
         if i == n {
@@ -248,12 +258,22 @@ struct CellMemo {
     grants: BTreeMap<String, TenantGrants>,
 }
 
+/// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
+struct MergedTenant {
+    /// Its cells (index in that pass's cells) with its requests in each.
+    cells: Vec<(usize, Vec<usize>)>,
+    grants: TenantGrants,
+}
+
 /// The fleet's GPUs as the last pass read them, and each cell's tenants and result, by the cell's
 /// families. Kept by the controller between passes; a planner run without one places every cell.
 #[derive(Default)]
 pub struct AllocationMemo {
     fleet: Vec<NodeInput>,
     cells: HashMap<Vec<Family>, CellMemo>,
+    /// The last pass's cells, in order, and each tenant's grants merged from them.
+    cell_keys: Vec<Vec<Family>>,
+    merged: foldhash::HashMap<String, MergedTenant>,
     /// Cells placed, and cells taken from the memo, in the last pass.
     pub placed: usize,
     pub reused: usize,
@@ -356,12 +376,49 @@ impl AllocationMemo {
         self.cells.retain(|k, _| live.contains(k));
     }
 
-    /// The grants of each of `cells`, all remembered.
-    pub(super) fn grants_of(&self, cells: &[Cell]) -> Vec<Cow<'_, BTreeMap<String, TenantGrants>>> {
-        cells
-            .iter()
-            .map(|c| Cow::Borrowed(&self.cells[&key(c)].grants))
-            .collect()
+    /// Every tenant's grants from its cells', all remembered, `stale` those placed this pass. A
+    /// tenant in the same cells with the same requests as in the last pass, none of them placed
+    /// again, gets its last merged grants back (a list shared, not copied).
+    pub(super) fn merge(
+        &mut self,
+        tenants: &[TenantProfile],
+        cells: &[Cell],
+        stale: &[bool],
+    ) -> BTreeMap<String, TenantGrants> {
+        let keys: Vec<Vec<Family>> = cells.iter().map(key).collect();
+        let same_cells = keys == self.cell_keys;
+        let mut parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>> =
+            keys.iter().map(|k| Cow::Borrowed(&self.cells[k].grants)).collect();
+        let of_tenants = cells_of_tenants(tenants, cells);
+        let mut out = BTreeMap::new();
+        for (t, of) in tenants.iter().zip(&of_tenants) {
+            let kept = self.merged.get(&t.name).filter(|m| {
+                same_cells
+                    && m.cells.len() == of.len()
+                    && m.cells
+                        .iter()
+                        .zip(of)
+                        .all(|((c, r), (now, requests))| c == now && r == requests && !stale[*c])
+            });
+            let grants = match kept {
+                Some(m) => m.grants.clone(),
+                None => {
+                    let grants = merge_tenant(t, of, &mut parts);
+                    let merged = MergedTenant {
+                        cells: of.iter().map(|(c, r)| (*c, r.to_vec())).collect(),
+                        grants: grants.clone(),
+                    };
+                    self.merged.insert(t.name.clone(), merged);
+                    grants
+                }
+            };
+            out.insert(t.name.clone(), grants);
+        }
+        drop(parts);
+        let names: foldhash::HashSet<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+        self.merged.retain(|name, _| names.contains(name.as_str()));
+        self.cell_keys = keys;
+        out
     }
 }
 

@@ -8,7 +8,8 @@
 
 use super::{Allocator, Pool, PoolKey, Shortfall};
 use crate::api::{Mode, TopologyPolicy};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use foldhash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) struct Domain {
     pub node: u32,

@@ -17,21 +17,23 @@ mod sticky;
 
 use super::fairshare::weighted_fair_share;
 use super::nodes::NodeDesired;
-use crate::api::{AllocationSummary, Grant, Mode};
+use crate::api::{AllocationSummary, Grants, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
 pub use cells::AllocationMemo;
 use cells::{GpuBindings, Scope};
 use exclusive::{Domain, ExclusivePool};
+use foldhash::HashMap;
 use pools::build_pools;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use sticky::{Amounts, Current, Placings, Step};
 
 /// What one tenant received.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TenantGrants {
-    pub grants: Vec<Grant>,
+    /// Sorted by node, GPU and placement.
+    pub grants: Grants,
     /// One entry per request, in request order.
     pub allocation: Vec<AllocationSummary>,
     pub memory_mib: u64,
@@ -245,7 +247,7 @@ pub fn allocate(
             memo.keep_only(&cells);
             memo.placed = stale.iter().filter(|s| **s).count();
             memo.reused = cells.len() - memo.placed;
-            report::merge(tenants, &cells, memo.grants_of(&cells))
+            memo.merge(tenants, &cells, &stale)
         }
     }
 }

@@ -7,7 +7,8 @@ use super::sticky::{Current, Placing, Placings};
 use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
 use crate::planner::nodes::NodeDesired;
-use std::collections::{BTreeMap, HashMap};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeMap;
 
 pub(super) type Held = HashMap<PoolKey, BTreeMap<String, Vec<(usize, u32)>>>;
 
@@ -35,6 +36,9 @@ pub(super) fn build_pools(
     let mut pools: BTreeMap<PoolKey, Pool> = BTreeMap::new();
     let mut held: Held = HashMap::new();
     let none = Vec::new();
+    let default_mps = crate::api::MpsSettings::default();
+    // The pinned memory limit as MiB, parsed once per distinct value (one per plan group).
+    let mut pinned: Vec<(&str, Option<u64>)> = Vec::new();
     for on_node in scope.gpus.chunk_by(|a, b| a.0 == b.0) {
         let n = on_node[0].0 as usize;
         let node = &nodes[n];
@@ -85,11 +89,18 @@ pub(super) fn build_pools(
                 mode => {
                     let (setting, pinned_mib) = match mode {
                         Mode::Mps => {
-                            let mps = gpu.mps.clone().unwrap_or_default();
-                            (
-                                mps.max_clients,
-                                mps.pinned_memory_limit.as_deref().and_then(quantity_to_mib),
-                            )
+                            let mps = gpu.mps.as_ref().unwrap_or(&default_mps);
+                            let mib = mps.pinned_memory_limit.as_deref().and_then(|q| {
+                                match pinned.iter().find(|(seen, _)| *seen == q) {
+                                    Some(&(_, mib)) => mib,
+                                    None => {
+                                        let mib = quantity_to_mib(q);
+                                        pinned.push((q, mib));
+                                        mib
+                                    }
+                                }
+                            });
+                            (mps.max_clients, mib)
                         }
                         _ => (gpu.time_slicing.as_ref().map_or(1, |t| t.replicas), None),
                     };

@@ -136,7 +136,7 @@ impl Placed {
             out.insert(
                 tenant.name.clone(),
                 TenantGrants {
-                    grants,
+                    grants: grants.into(),
                     allocation: p.allocation,
                     memory_mib: p.memory_mib,
                     shortfalls: p.shortfalls,
@@ -150,48 +150,67 @@ impl Placed {
 /// A request's summary, and why it fell short if it did.
 type RequestOutcome = (AllocationSummary, Option<String>);
 
-/// Every tenant's grants from its cells' (`parts`, one per cell, by tenant name): grants sorted by
-/// node, GPU and placement, one allocation entry and at most one shortfall per request, in request order.
-pub(super) fn merge(
-    tenants: &[TenantProfile],
-    cells: &[Cell],
-    parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>>,
-) -> BTreeMap<String, TenantGrants> {
-    // Per tenant, per request: its summary and its shortfall.
-    let mut per_request: Vec<Vec<Option<RequestOutcome>>> =
-        tenants.iter().map(|t| vec![None; t.requests.len()]).collect();
-    let mut out: BTreeMap<String, TenantGrants> = tenants
-        .iter()
-        .map(|t| (t.name.clone(), TenantGrants::default()))
-        .collect();
-    for (cell, mut part) in cells.iter().zip(parts) {
-        for (t, requests) in &cell.tenants {
-            let name = &tenants[*t].name;
-            let taken = match &mut part {
-                Cow::Owned(p) => p.remove(name),
-                Cow::Borrowed(p) => p.get(name).cloned(),
-            };
-            let Some(g) = taken else { continue };
-            let mut shortfalls = g.shortfalls.into_iter();
-            for (&r, summary) in requests.iter().zip(g.allocation) {
-                let short = (summary.granted < summary.requested)
-                    .then(|| shortfalls.next())
-                    .flatten();
-                per_request[*t][r] = Some((summary, short));
-            }
-            let all = out.get_mut(name).expect("every tenant is in out");
-            all.grants.extend(g.grants);
-            all.memory_mib += g.memory_mib;
+/// One tenant's grants from its cells' (`parts`, one per cell of `cells`, by tenant name): grants
+/// sorted by node, GPU and placement, one allocation entry and at most one shortfall per request,
+/// in request order. `of_tenant` are its cells (index in `cells`) with its requests in each.
+pub(super) fn merge_tenant(
+    tenant: &TenantProfile,
+    of_tenant: &[(usize, &[usize])],
+    parts: &mut [Cow<'_, BTreeMap<String, TenantGrants>>],
+) -> TenantGrants {
+    let mut per_request: Vec<Option<RequestOutcome>> = vec![None; tenant.requests.len()];
+    let mut grants = Vec::new();
+    let mut memory_mib = 0;
+    for &(c, requests) in of_tenant {
+        let taken = match &mut parts[c] {
+            Cow::Owned(p) => p.remove(&tenant.name),
+            Cow::Borrowed(p) => p.get(&tenant.name).cloned(),
+        };
+        let Some(g) = taken else { continue };
+        let mut shortfalls = g.shortfalls.into_iter();
+        for (&r, summary) in requests.iter().zip(g.allocation) {
+            let short = (summary.granted < summary.requested)
+                .then(|| shortfalls.next())
+                .flatten();
+            per_request[r] = Some((summary, short));
         }
+        grants.extend(g.grants.iter().cloned());
+        memory_mib += g.memory_mib;
     }
-    for (t, requests) in tenants.iter().zip(per_request) {
-        let all = out.get_mut(&t.name).expect("every tenant is in out");
-        all.grants
-            .sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
-        for (summary, short) in requests.into_iter().flatten() {
-            all.allocation.push(summary);
-            all.shortfalls.extend(short);
+    grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
+    let mut all = TenantGrants {
+        grants: grants.into(),
+        memory_mib,
+        ..TenantGrants::default()
+    };
+    for (summary, short) in per_request.into_iter().flatten() {
+        all.allocation.push(summary);
+        all.shortfalls.extend(short);
+    }
+    all
+}
+
+/// Per tenant, its cells (index in `cells`) with its requests in each, in cell order.
+pub(super) fn cells_of_tenants<'c>(tenants: &[TenantProfile], cells: &'c [Cell]) -> Vec<Vec<(usize, &'c [usize])>> {
+    let mut out: Vec<Vec<(usize, &[usize])>> = vec![Vec::new(); tenants.len()];
+    for (c, cell) in cells.iter().enumerate() {
+        for (t, requests) in &cell.tenants {
+            out[*t].push((c, requests.as_slice()));
         }
     }
     out
+}
+
+/// Every tenant's grants from its cells' ([`merge_tenant`]).
+pub(super) fn merge(
+    tenants: &[TenantProfile],
+    cells: &[Cell],
+    mut parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>>,
+) -> BTreeMap<String, TenantGrants> {
+    let of_tenants = cells_of_tenants(tenants, cells);
+    tenants
+        .iter()
+        .zip(&of_tenants)
+        .map(|(t, of)| (t.name.clone(), merge_tenant(t, of, &mut parts)))
+        .collect()
 }

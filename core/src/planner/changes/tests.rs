@@ -338,7 +338,7 @@ fn a_scrub_not_applied_yet_is_not_relaxed() {
         busy_gpu_policy: Default::default(),
         device_access: Default::default(),
     };
-    let scrub_of = HashMap::from([("exp", ScrubMemory::Never)]);
+    let scrub_of: HashMap<&str, ScrubMemory> = [("exp", ScrubMemory::Never)].into_iter().collect();
     assert_eq!(scrub_policies(&fleet, &scrub_of), [ScrubMemory::Always]);
     let mut applied_node = now[0].clone();
     applied_node.current.as_mut().unwrap().applied = AppliedState::Applied;
