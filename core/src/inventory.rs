@@ -138,6 +138,11 @@ pub struct NodeInventory {
     /// The node's GpuNode as it is now (spec the controller wrote, whether the agent applied it):
     /// the rollout step's input. `None` offline and for a node without a GpuNode.
     pub current: Option<CurrentNode>,
+    /// What this inventory was read from, where that says it: in a cluster, the resourceVersions
+    /// of the node's Node and GpuNode. The API server gives an object a new one on every change,
+    /// so two inventories of a node with the same revision are equal, and the planner's memo
+    /// skips comparing them ([`crate::planner::PlanMemo`]). `None` (offline): always compared.
+    pub revision: Option<String>,
 }
 
 /// A GpuNode as it is in the cluster now, reduced to what the rollout step needs.
@@ -290,6 +295,7 @@ impl InventoryFile {
                 // An inventory file describes what the nodes have: it is their report.
                 reported: true,
                 current: None,
+                revision: None,
             });
         }
         if errors.is_empty() { Ok(nodes) } else { Err(errors) }
@@ -310,10 +316,26 @@ pub fn cluster_inventories(nodes: &[k8s_openapi::api::core::v1::Node], gpu_nodes
             by_name.contains_key(&n.name_any())
                 || n.labels().get(crate::labels::GPU_PRESENT).is_some_and(|v| v == "true")
         })
-        .map(|n| NodeInventory::from_cluster(&n.name_any(), n.labels(), by_name.get(&n.name_any()).copied()))
+        .map(|n| {
+            let gpu_node = by_name.get(&n.name_any()).copied();
+            let mut inv = NodeInventory::from_cluster(&n.name_any(), n.labels(), gpu_node);
+            inv.revision = revision(n, gpu_node);
+            inv
+        })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// The revision of a node's inventory read from its Node and GpuNode (none: `-`): both
+/// resourceVersions, or `None` where the Node has none (an object not read from an API server).
+fn revision(node: &k8s_openapi::api::core::v1::Node, gpu_node: Option<&GpuNode>) -> Option<String> {
+    let of_node = node.metadata.resource_version.as_deref()?;
+    let of_gpu_node = match gpu_node {
+        Some(g) => g.metadata.resource_version.as_deref()?,
+        None => "-",
+    };
+    Some(format!("{of_node}/{of_gpu_node}"))
 }
 
 impl NodeInventory {
@@ -338,6 +360,7 @@ impl NodeInventory {
             labels: labels.clone(),
             gpus,
             reported: status.is_some_and(|s| s.gpu_count.is_some() || !s.gpus.is_empty()),
+            revision: None,
             current: gpu_node.map(|n| CurrentNode {
                 spec: n.spec.clone(),
                 generation: n.metadata.generation,
@@ -588,5 +611,46 @@ mod tests {
                 .unwrap();
         let nodes = file.resolve().unwrap();
         assert!(nodes[0].gpus[0].model.is_none());
+    }
+
+    /// A node read from the cluster carries both objects' resourceVersions as its revision (what
+    /// the planner's memo trusts); an object not read from an API server carries none.
+    #[test]
+    fn a_cluster_node_is_revised_by_its_objects_resource_versions() {
+        use k8s_openapi::api::core::v1::Node;
+        let node = |name: &str, rv: Option<&str>| {
+            let mut n = Node::default();
+            n.metadata.name = Some(name.into());
+            n.metadata.resource_version = rv.map(Into::into);
+            n.metadata.labels = Some(BTreeMap::from([(
+                crate::labels::GPU_PRESENT.to_string(),
+                "true".to_string(),
+            )]));
+            n
+        };
+        let gpu_node = |name: &str, rv: Option<&str>| {
+            let mut g = GpuNode::new(name, Default::default());
+            g.metadata.resource_version = rv.map(Into::into);
+            g
+        };
+        let nodes = [
+            node("a", Some("10")),
+            node("b", Some("11")),
+            node("c", None),
+            node("d", Some("13")),
+        ];
+        let gpu_nodes = [
+            gpu_node("a", Some("20")),
+            gpu_node("c", Some("21")),
+            gpu_node("d", None),
+        ];
+        let revisions: Vec<Option<String>> = cluster_inventories(&nodes, &gpu_nodes)
+            .into_iter()
+            .map(|i| i.revision)
+            .collect();
+        assert_eq!(
+            revisions,
+            [Some("10/20".to_string()), Some("11/-".to_string()), None, None]
+        );
     }
 }

@@ -113,6 +113,7 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
             if let Some(n) = pick(node, f.nodes.len()) {
                 let pools = ["mig", "mps", "ts", "excl"];
                 f.nodes[n].labels.insert("pool".into(), pools[pool].into());
+                support::revise(&mut f.nodes[n]);
             }
         }
         Change::Drop { node } => {
@@ -129,6 +130,7 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 gpu.instances.clear();
                 gpu.instance_tenants.clear();
                 gpu.mode = None;
+                support::revise(&mut f.nodes[n]);
             }
         }
         Change::Reorder { tenant } => {

@@ -154,5 +154,6 @@ pub fn node(name: &str, pool: &str, model: &str, count: u32, numa_split: bool) -
             .collect(),
         reported: true,
         current: None,
+        revision: None,
     }
 }

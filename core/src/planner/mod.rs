@@ -13,9 +13,9 @@ pub use allocate::AllocationMemo;
 pub use changes::{BindingChange, ChangeReason};
 pub use fairshare::weighted_fair_share;
 
-use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
+use crate::api::{GpuNode, GpuPartitionPlan, GpuPartitionPlanSpec, GpuTenant, SharingPolicy};
 use crate::inventory::NodeInventory;
-use crate::policy::{check_plan, check_policies, check_tenants, models_of_selected_nodes};
+use crate::policy::{PlanCheck, check_plan, check_policies, check_tenants, models_of_selected_nodes};
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -56,6 +56,33 @@ pub struct PlanOutput {
 #[derive(Default)]
 pub struct PlanMemo {
     pub allocation: AllocationMemo,
+    /// The plans the last pass resolved the nodes' layouts under, by name, with whether each was
+    /// valid: a node whose revision is unchanged has the same layout only while they are.
+    plans: Vec<(String, GpuPartitionPlanSpec, bool)>,
+}
+
+impl PlanMemo {
+    /// Keeps this pass's plans; where they differ from the last pass's, the nodes' revisions
+    /// are no longer enough to tell that their layouts are unchanged.
+    fn read_plans(&mut self, plans: &[&GpuPartitionPlan], checks: &[PlanCheck]) {
+        let same = self.plans.len() == plans.len()
+            && self
+                .plans
+                .iter()
+                .zip(plans)
+                .zip(checks)
+                .all(|(((name, spec, valid), p), c)| {
+                    Some(name.as_str()) == p.metadata.name.as_deref() && *spec == p.spec && *valid == c.is_valid()
+                });
+        if !same {
+            self.allocation.forget_revisions();
+            self.plans = plans
+                .iter()
+                .zip(checks)
+                .map(|(p, c)| (p.name_any(), p.spec.clone(), c.is_valid()))
+                .collect();
+        }
+    }
 }
 
 /// Plans a fleet. `exempt` are the namespaces no admission policy judges (no tenant may list
@@ -85,7 +112,11 @@ pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo:
     let mut fleet = nodes::build_fleet(input.nodes, &plans, &plan_checks);
     problems.extend(fleet.problems.iter().cloned());
 
-    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes, memo.map(|m| &mut m.allocation));
+    let memo = memo.map(|m| {
+        m.read_plans(&plans, &plan_checks);
+        &mut m.allocation
+    });
+    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes, memo);
     let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid);
 
     let desired = fleet.nodes.iter_mut().map(nodes::NodeDesired::take_gpu_node).collect();

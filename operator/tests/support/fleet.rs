@@ -148,6 +148,7 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
                     .collect(),
                 reported: true,
                 current: None,
+                revision: Some(format!("{name}#0")),
             }
         })
         .collect();
@@ -215,7 +216,19 @@ fn draw_tenant(rng: &mut Lcg, i: usize) -> GpuTenant {
     )
 }
 
-/// The nodes as they run once `planned` is applied: each GPU's mode, whole-GPU tenants with their
+/// A new revision for a node whose inventory changed, as the API server gives a new
+/// resourceVersion to an object that changed (the planner's memo trusts an unchanged one).
+pub fn revise(n: &mut NodeInventory) {
+    let next = n
+        .revision
+        .as_deref()
+        .and_then(|r| r.rsplit_once('#'))
+        .and_then(|(_, v)| v.parse::<u64>().ok())
+        .map_or(0, |v| v + 1);
+    n.revision = Some(format!("{}#{next}", n.name));
+}
+
+/// The nodes as they run once `planned` is applied (revised where that changes them): each GPU's mode, whole-GPU tenants with their
 /// share counts and MIG
 /// instances with their tenants, from its GpuNode spec (what the planner reads back in a cluster).
 /// GPUs a spec does not list are taken as empty.
@@ -223,6 +236,7 @@ pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInv
     nodes
         .iter()
         .map(|n| {
+            let before = n;
             let mut n = n.clone();
             for g in &mut n.gpus {
                 g.mode = None;
@@ -251,6 +265,9 @@ pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInv
                         g.instance_tenants.insert(i.placement, t.clone());
                     }
                 }
+            }
+            if n != *before {
+                revise(&mut n);
             }
             n
         })

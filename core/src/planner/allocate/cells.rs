@@ -185,6 +185,8 @@ struct GpuInput {
 /// One node's GPUs as the last pass read them.
 struct NodeInput {
     name: String,
+    /// The node's inventory revision then; `None` once the plans changed (its layout may have).
+    revision: Option<String>,
     gpus: Vec<GpuInput>,
 }
 
@@ -192,8 +194,15 @@ impl NodeInput {
     fn of(node: &NodeDesired) -> NodeInput {
         NodeInput {
             name: node.inventory.name.clone(),
+            revision: node.inventory.revision.clone(),
             gpus: (0..node.gpus.len()).map(|g| GpuInput::of(node, g)).collect(),
         }
+    }
+
+    /// The node is as the last pass read it by its revision alone (the plans being the same):
+    /// its inventory then, under the same plans, gave the same GPUs.
+    fn same_revision(&self, node: &NodeDesired) -> bool {
+        self.revision.is_some() && self.revision == node.inventory.revision
     }
 }
 
@@ -307,25 +316,45 @@ impl AllocationMemo {
             .collect()
     }
 
-    /// Compares every GPU with the last pass's, keeps this pass's, and says which changed.
+    /// The plans changed: a node's revision no longer says its GPUs are as the last pass read them.
+    pub(in crate::planner) fn forget_revisions(&mut self) {
+        for n in &mut self.fleet {
+            n.revision = None;
+        }
+    }
+
+    /// Compares every GPU with the last pass's (not those of a node with the same revision),
+    /// keeps this pass's, and says which changed.
     fn read_fleet(&mut self, nodes: &[NodeDesired]) -> Vec<Vec<bool>> {
         self.fleet.truncate(nodes.len());
         nodes
             .iter()
             .enumerate()
             .map(|(n, node)| match self.fleet.get_mut(n) {
-                Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => kept
-                    .gpus
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(g, gpu)| {
-                        let same = gpu.matches(node, g);
-                        if !same {
-                            *gpu = GpuInput::of(node, g);
-                        }
-                        !same
-                    })
-                    .collect(),
+                Some(kept) if kept.name == node.inventory.name && kept.same_revision(node) => {
+                    debug_assert!(
+                        kept.gpus.len() == node.gpus.len()
+                            && (0..node.gpus.len()).all(|g| kept.gpus[g].matches(node, g)),
+                        "node {}: the same revision {:?} with other GPUs",
+                        node.inventory.name,
+                        node.inventory.revision
+                    );
+                    vec![false; node.gpus.len()]
+                }
+                Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => {
+                    kept.revision.clone_from(&node.inventory.revision);
+                    kept.gpus
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(g, gpu)| {
+                            let same = gpu.matches(node, g);
+                            if !same {
+                                *gpu = GpuInput::of(node, g);
+                            }
+                            !same
+                        })
+                        .collect()
+                }
                 kept => {
                     match kept {
                         Some(k) => *k = NodeInput::of(node),
