@@ -1,6 +1,6 @@
 //! The controller's incremental pass against the full pass (ISSUE 18, item 4): after any sequence
 //! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
-//! priorities, requests listed in another order, nodes relabelled, dropped or given other GPUs, a
+//! priorities, tiers, requests listed in another order, nodes relabelled, dropped or given other GPUs, a
 //! plan changed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from
 //! nothing gives.
 
@@ -53,6 +53,12 @@ enum Change {
     Reorder {
         tenant: usize,
     },
+    /// A tenant moves to another tier: its `scrubMemory`, co-location and allowed modes change
+    /// (it may become invalid).
+    Tier {
+        tenant: usize,
+        tier: usize,
+    },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -73,6 +79,7 @@ fn change() -> impl Strategy<Value = Change> {
         (0..64usize).prop_map(|node| Change::Replace { node }),
         (1..8u32).prop_map(|replicas| Change::Replicas { replicas }),
         (0..64usize).prop_map(|tenant| Change::Reorder { tenant }),
+        (0..64usize, 0..3usize).prop_map(|(tenant, tier)| Change::Tier { tenant, tier }),
     ]
 }
 
@@ -131,6 +138,11 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 gpu.instance_tenants.clear();
                 gpu.mode = None;
                 support::revise(&mut f.nodes[n]);
+            }
+        }
+        Change::Tier { tenant, tier } => {
+            if let Some(t) = pick(tenant, f.tenants.len()) {
+                f.tenants[t].spec.tier = ["external", "internal", "experimental"][tier].into();
             }
         }
         Change::Reorder { tenant } => {

@@ -292,22 +292,35 @@ fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &BTreeSet<&str>) ->
 /// Sets every planned GPU's scrub policy ([`scrub_policies`]; `tenants` valid, unknown previous
 /// owners counting as `Always`) and returns every binding the plan changes, sorted by node, GPU
 /// and placement (the GPU used whole first). Each node's units are compared once; the nodes with
-/// changes (few, in nearly every pass) once more, for the reasons.
-pub fn settle(nodes: &mut [NodeDesired], tenants: &[GpuTenant], valid: &[TenantProfile]) -> Vec<BindingChange> {
+/// changes (few, in nearly every pass) once more, for the reasons. A node taken back from the last
+/// pass whose bindings no cell moved, none of which changed hands then, keeps its scrub policies
+/// and has no change, unless the tenants' `scrubMemory` is not as then (`same_scrub` false).
+pub fn settle(
+    nodes: &mut [NodeDesired],
+    tenants: &[GpuTenant],
+    valid: &[TenantProfile],
+    same_scrub: bool,
+) -> Vec<BindingChange> {
     let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
     let mut changed = Vec::new();
     // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
     let mut counted: BTreeSet<String> = BTreeSet::new();
     for (n, node) in nodes.iter_mut().enumerate() {
+        if node.kept && !node.recomputed && !node.changing && same_scrub {
+            continue;
+        }
+        node.recomputed = true;
         let diffs = unit_diffs(node);
         let scrub = scrub_of_gpus(node, &diffs, &scrub_of);
-        if !diffs.is_empty() {
+        let changing = !diffs.is_empty();
+        if changing {
             changed.push(n);
             for d in &diffs {
                 counted.extend(d.leaving().chain(d.joining()).map(str::to_string));
             }
         }
         drop(diffs);
+        node.changing = changing;
         for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
             gpu.scrub = s;
         }

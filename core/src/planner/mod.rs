@@ -13,9 +13,9 @@ pub use allocate::AllocationMemo;
 pub use changes::{BindingChange, ChangeReason};
 pub use fairshare::weighted_fair_share;
 
-use crate::api::{GpuNode, GpuPartitionPlan, GpuPartitionPlanSpec, GpuTenant, SharingPolicy};
+use crate::api::{GpuNode, GpuPartitionPlan, GpuPartitionPlanSpec, GpuTenant, ScrubMemory, SharingPolicy};
 use crate::inventory::NodeInventory;
-use crate::policy::{PlanCheck, check_plan, check_policies, check_tenants, models_of_selected_nodes};
+use crate::policy::{PlanCheck, TenantProfile, check_plan, check_policies, check_tenants, models_of_selected_nodes};
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -56,9 +56,14 @@ pub struct PlanOutput {
 #[derive(Default)]
 pub struct PlanMemo {
     pub allocation: AllocationMemo,
+    /// The nodes as the last pass left them.
+    nodes: nodes::NodesMemo,
     /// The plans the last pass resolved the nodes' layouts under, by name, with whether each was
     /// valid: a node whose revision is unchanged has the same layout only while they are.
     plans: Vec<(String, GpuPartitionPlanSpec, bool)>,
+    /// The valid tenants' `scrubMemory` in the last pass, by name: the scrub policies of the nodes
+    /// taken back hold only while they are the same.
+    scrub: Vec<(String, ScrubMemory)>,
 }
 
 impl PlanMemo {
@@ -76,12 +81,27 @@ impl PlanMemo {
                 });
         if !same {
             self.allocation.forget_revisions();
+            self.nodes.clear();
             self.plans = plans
                 .iter()
                 .zip(checks)
                 .map(|(p, c)| (p.name_any(), p.spec.clone(), c.is_valid()))
                 .collect();
         }
+    }
+
+    /// Keeps this pass's tenants' `scrubMemory`; says whether it is the last pass's.
+    fn read_scrub(&mut self, valid: &[TenantProfile]) -> bool {
+        let same = self.scrub.len() == valid.len()
+            && self
+                .scrub
+                .iter()
+                .zip(valid)
+                .all(|((name, scrub), t)| *name == t.name && *scrub == t.scrub);
+        if !same {
+            self.scrub = valid.iter().map(|t| (t.name.clone(), t.scrub)).collect();
+        }
+        same
     }
 }
 
@@ -109,15 +129,23 @@ pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo:
         problems.extend(c.problems.iter().cloned());
     }
 
-    let mut fleet = nodes::build_fleet(input.nodes, &plans, &plan_checks);
+    let mut memo = memo;
+    if let Some(m) = memo.as_deref_mut() {
+        m.read_plans(&plans, &plan_checks);
+    }
+    let mut fleet = nodes::build_fleet(input.nodes, &plans, &plan_checks, memo.as_deref().map(|m| &m.nodes));
     problems.extend(fleet.problems.iter().cloned());
 
-    let memo = memo.map(|m| {
-        m.read_plans(&plans, &plan_checks);
-        &mut m.allocation
-    });
-    let grants = allocate::allocate(&tenant_check.valid, &mut fleet.nodes, memo);
-    let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid);
+    let same_scrub = memo.as_deref_mut().is_some_and(|m| m.read_scrub(&tenant_check.valid));
+    let grants = allocate::allocate(
+        &tenant_check.valid,
+        &mut fleet.nodes,
+        memo.as_deref_mut().map(|m| &mut m.allocation),
+    );
+    let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid, same_scrub);
+    if let Some(m) = memo {
+        m.nodes.keep(&fleet.nodes);
+    }
 
     let desired = fleet.nodes.iter_mut().map(nodes::NodeDesired::take_gpu_node).collect();
     let rollout = rollout::rollout(desired, input.nodes, &plans);

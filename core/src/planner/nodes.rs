@@ -13,6 +13,9 @@ use foldhash::HashMap;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 
+mod kept;
+pub use kept::NodesMemo;
+
 /// Why a node has no applied plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeState {
@@ -41,6 +44,24 @@ pub struct NodeDesired<'a> {
     pub busy_gpu_policy: BusyGpuPolicy,
     /// How pods reach the node's GPUs (the plan's).
     pub device_access: DeviceAccess,
+    /// Plans (positions in the pass's plans) of equal priority that all select it, and the
+    /// problem its plan has here: what the node adds to the pass's problems.
+    pub decided: Decided,
+    /// Taken back from the last pass ([`NodesMemo`]): `gpus` carry that pass's bindings and
+    /// scrub policies, the allocation writes only those its changed cells change.
+    pub kept: bool,
+    /// Its bindings or scrub policies were computed in this pass, not taken back: a cell placed
+    /// again holds some of its GPUs, or the changes step looked at it again.
+    pub recomputed: bool,
+    /// Some of its bindings change against what runs now (set by the changes step).
+    pub changing: bool,
+}
+
+/// What picking a node's plan found that the pass reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decided {
+    pub tied: Vec<usize>,
+    pub problem: Option<Problem>,
 }
 
 pub struct Fleet<'a> {
@@ -98,97 +119,133 @@ type GroupOnModel = (usize, usize, &'static str);
 type Layout = Result<Vec<MigInstanceSpec>, String>;
 
 /// Picks each node's plan and resolves its layout. Plans come sorted by name, with their checks.
-pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], checks: &[PlanCheck]) -> Fleet<'a> {
-    let mut problems = Vec::new();
+/// A node `kept` has as the last pass left it (same revision, same plans) is taken back from it.
+pub fn build_fleet<'a>(
+    nodes: &'a [NodeInventory],
+    plans: &[&GpuPartitionPlan],
+    checks: &[PlanCheck],
+    kept: Option<&NodesMemo>,
+) -> Fleet<'a> {
     let mut memo = LayoutMemo::default();
     let mut sorted: Vec<&NodeInventory> = nodes.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    // Conflicts are reported once per plan pair, with the nodes they cover counted.
-    let mut conflicts: BTreeMap<(usize, usize), Vec<&str>> = BTreeMap::new();
-
     let selectors: Vec<ParsedSelector> = plans
         .iter()
         .map(|p| ParsedSelector::of(&p.spec.node_selector))
         .collect();
-    let mut out = Vec::with_capacity(sorted.len());
-    for inv in sorted {
-        let mut candidates: Vec<usize> = (0..plans.len())
-            .filter(|&i| selectors[i].matches(&inv.labels))
-            .collect();
-        candidates.sort_by_key(|&i| std::cmp::Reverse(plans[i].spec.priority));
-        let mut node = NodeDesired {
-            inventory: inv,
-            plan: None,
-            state: NodeState::Unplanned,
-            gpus: vec![],
-            dedicated: vec![],
-            busy_gpu_policy: BusyGpuPolicy::default(),
-            device_access: DeviceAccess::default(),
-        };
-        if !inv.reported {
-            node.state = NodeState::Waiting;
-            if let [winner, ..] = candidates.as_slice() {
-                node.plan = Some(plans[*winner].name_any());
-            }
-            out.push(node);
-            continue;
+    let mut last = kept.map(NodesMemo::reader);
+    let out: Vec<NodeDesired> = sorted
+        .into_iter()
+        .map(|inv| match last.as_mut().and_then(|r| r.kept(inv)) {
+            Some(k) => k,
+            None => plan_node(inv, plans, checks, &selectors, &mut memo),
+        })
+        .collect();
+    let problems = fleet_problems(&out, plans);
+    Fleet { nodes: out, problems }
+}
+
+/// One node's plan and layout.
+fn plan_node<'a>(
+    inv: &'a NodeInventory,
+    plans: &[&GpuPartitionPlan],
+    checks: &[PlanCheck],
+    selectors: &[ParsedSelector],
+    memo: &mut LayoutMemo,
+) -> NodeDesired<'a> {
+    let mut candidates: Vec<usize> = (0..plans.len())
+        .filter(|&i| selectors[i].matches(&inv.labels))
+        .collect();
+    candidates.sort_by_key(|&i| std::cmp::Reverse(plans[i].spec.priority));
+    let mut node = NodeDesired {
+        inventory: inv,
+        plan: None,
+        state: NodeState::Unplanned,
+        gpus: vec![],
+        dedicated: vec![],
+        busy_gpu_policy: BusyGpuPolicy::default(),
+        device_access: DeviceAccess::default(),
+        decided: Decided::default(),
+        kept: false,
+        recomputed: false,
+        changing: false,
+    };
+    if !inv.reported {
+        node.state = NodeState::Waiting;
+        if let [winner, ..] = candidates.as_slice() {
+            node.plan = Some(plans[*winner].name_any());
         }
-        match candidates.as_slice() {
-            [] => {}
-            [first, second, ..] if plans[*first].spec.priority == plans[*second].spec.priority => {
-                let tied: Vec<usize> = candidates
-                    .iter()
-                    .copied()
-                    .filter(|&i| plans[i].spec.priority == plans[*first].spec.priority)
-                    .collect();
-                let names: Vec<String> = tied.iter().map(|&i| plans[i].name_any()).collect();
-                for (a, &i) in tied.iter().enumerate() {
-                    for &j in &tied[a + 1..] {
-                        conflicts.entry((i.min(j), i.max(j))).or_default().push(&inv.name);
+        return node;
+    }
+    match candidates.as_slice() {
+        [] => {}
+        [first, second, ..] if plans[*first].spec.priority == plans[*second].spec.priority => {
+            let tied: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|&i| plans[i].spec.priority == plans[*first].spec.priority)
+                .collect();
+            let names: Vec<String> = tied.iter().map(|&i| plans[i].name_any()).collect();
+            node.state = NodeState::Conflict {
+                message: format!(
+                    "selected by {} at the same priority {}",
+                    names.join(" and "),
+                    plans[*first].spec.priority
+                ),
+                plans: names,
+            };
+            node.decided.tied = tied;
+        }
+        [winner, ..] => {
+            let plan = plans[*winner];
+            node.plan = Some(plan.name_any());
+            node.device_access = plan.spec.device_access;
+            node.busy_gpu_policy = plan
+                .spec
+                .rollout
+                .as_ref()
+                .map(|r| r.busy_gpu_policy)
+                .unwrap_or_default();
+            if !checks[*winner].is_valid() {
+                node.state = NodeState::Failed("the plan is not valid; see its Valid condition".into());
+            } else {
+                match resolve_layout(*winner, plan, inv, memo) {
+                    Ok((gpus, dedicated)) => {
+                        node.gpus = gpus;
+                        node.dedicated = dedicated;
+                        node.state = NodeState::Planned;
+                    }
+                    Err((field, message)) => {
+                        node.decided.problem = Some(Problem::new(
+                            "GpuPartitionPlan",
+                            &plan.name_any(),
+                            field,
+                            format!("node {}: {message}", inv.name),
+                        ));
+                        node.state = NodeState::Failed(message);
                     }
                 }
-                node.state = NodeState::Conflict {
-                    message: format!(
-                        "selected by {} at the same priority {}",
-                        names.join(" and "),
-                        plans[*first].spec.priority
-                    ),
-                    plans: names,
-                };
-            }
-            [winner, ..] => {
-                let plan = plans[*winner];
-                node.plan = Some(plan.name_any());
-                node.device_access = plan.spec.device_access;
-                node.busy_gpu_policy = plan
-                    .spec
-                    .rollout
-                    .as_ref()
-                    .map(|r| r.busy_gpu_policy)
-                    .unwrap_or_default();
-                if !checks[*winner].is_valid() {
-                    node.state = NodeState::Failed("the plan is not valid; see its Valid condition".into());
-                } else {
-                    match resolve_layout(*winner, plan, inv, &mut memo) {
-                        Ok((gpus, dedicated)) => {
-                            node.gpus = gpus;
-                            node.dedicated = dedicated;
-                            node.state = NodeState::Planned;
-                        }
-                        Err((field, message)) => {
-                            problems.push(Problem::new(
-                                "GpuPartitionPlan",
-                                &plan.name_any(),
-                                field,
-                                format!("node {}: {message}", inv.name),
-                            ));
-                            node.state = NodeState::Failed(message);
-                        }
-                    }
-                }
             }
         }
-        out.push(node);
+    }
+    node
+}
+
+/// The problems the nodes' plans have, in node order: each node's, then each conflict once per
+/// plan pair, with the nodes it covers counted.
+fn fleet_problems(nodes: &[NodeDesired], plans: &[&GpuPartitionPlan]) -> Vec<Problem> {
+    let mut problems: Vec<Problem> = nodes.iter().filter_map(|n| n.decided.problem.clone()).collect();
+    let mut conflicts: BTreeMap<(usize, usize), Vec<&str>> = BTreeMap::new();
+    for node in nodes {
+        let tied = &node.decided.tied;
+        for (a, &i) in tied.iter().enumerate() {
+            for &j in &tied[a + 1..] {
+                conflicts
+                    .entry((i.min(j), i.max(j)))
+                    .or_default()
+                    .push(&node.inventory.name);
+            }
+        }
     }
     for ((i, j), nodes) in conflicts {
         for (me, other) in [(i, j), (j, i)] {
@@ -208,7 +265,7 @@ pub fn build_fleet<'a>(nodes: &'a [NodeInventory], plans: &[&GpuPartitionPlan], 
             ));
         }
     }
-    Fleet { nodes: out, problems }
+    problems
 }
 
 type Resolved = (Vec<GpuSpec>, Vec<Vec<String>>);

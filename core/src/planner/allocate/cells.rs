@@ -16,7 +16,7 @@
 
 use super::report::{cells_of_tenants, merge_tenant};
 use super::{Family, GpuRef, TenantGrants};
-use crate::api::{GpuSpec, Mode, TenantShares};
+use crate::api::{GpuSpec, MigInstanceSpec, Mode, ScrubMemory, TenantShares};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -207,10 +207,28 @@ impl NodeInput {
 }
 
 impl GpuInput {
+    /// The GPU's layout without bindings or scrub policy: those are what the allocation writes (a
+    /// node taken back from the last pass carries them), not what it reads.
     fn of(node: &NodeDesired, g: usize) -> GpuInput {
         let spec = &node.gpus[g];
         GpuInput {
-            spec: spec.clone(),
+            spec: GpuSpec {
+                index: spec.index,
+                mode: spec.mode,
+                mig_instances: spec
+                    .mig_instances
+                    .iter()
+                    .map(|i| MigInstanceSpec {
+                        tenant: None,
+                        ..i.clone()
+                    })
+                    .collect(),
+                mps: spec.mps.clone(),
+                time_slicing: spec.time_slicing.clone(),
+                tenants: vec![],
+                shares: vec![],
+                scrub: ScrubMemory::default(),
+            },
             dedicated: node.dedicated[g].clone(),
             inventory: node.inventory.gpus[spec.index as usize].clone(),
         }
@@ -218,7 +236,17 @@ impl GpuInput {
 
     fn matches(&self, node: &NodeDesired, g: usize) -> bool {
         let spec = &node.gpus[g];
-        &self.spec == spec
+        let kept = &self.spec;
+        kept.index == spec.index
+            && kept.mode == spec.mode
+            && kept.mps == spec.mps
+            && kept.time_slicing == spec.time_slicing
+            && kept.mig_instances.len() == spec.mig_instances.len()
+            && kept
+                .mig_instances
+                .iter()
+                .zip(&spec.mig_instances)
+                .all(|(a, b)| a.profile == b.profile && a.placement == b.placement)
             && self.dedicated == node.dedicated[g]
             && node.inventory.gpus.get(spec.index as usize) == Some(&self.inventory)
     }
@@ -246,6 +274,18 @@ impl GpuBindings {
                 .map(|(k, i)| (k, i.tenant.clone()))
                 .collect(),
         }
+    }
+
+    /// The bindings of a GPU none of `scope`'s families binds: what a cell placed again starts from
+    /// on a GPU taken back from the last pass, as on one built anew.
+    pub fn unbound(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
+        let mut b = GpuBindings::of(spec, scope);
+        b.tenants.clear();
+        b.shares.clear();
+        for (_, t) in &mut b.instances {
+            *t = None;
+        }
+        b
     }
 
     pub fn apply(&self, spec: &mut GpuSpec) {
@@ -367,10 +407,14 @@ impl AllocationMemo {
     }
 
     /// Writes a remembered cell's bindings on `nodes`.
+    /// (Nodes taken back from the last pass carry them already.)
     pub(super) fn recall(&self, cell: &Cell, nodes: &mut [NodeDesired]) {
         let m = &self.cells[&key(cell)];
         for (&(n, g), b) in m.gpus.iter().zip(&m.bindings) {
-            b.apply(&mut nodes[n as usize].gpus[g as usize]);
+            let node = &mut nodes[n as usize];
+            if !node.kept {
+                b.apply(&mut node.gpus[g as usize]);
+            }
         }
     }
 

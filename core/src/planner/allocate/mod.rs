@@ -237,6 +237,7 @@ pub fn allocate(
             let stale = memo.stale_cells(&cells, tenants, nodes);
             for (cell, stale) in cells.iter().zip(&stale) {
                 if *stale {
+                    unbind_kept(nodes, &cell.scope);
                     let profiles = cell.profiles(tenants);
                     let grants = allocate_cell(&profiles, nodes, &cell.scope);
                     memo.remember(cell, profiles, nodes, grants);
@@ -248,6 +249,19 @@ pub fn allocate(
             memo.placed = stale.iter().filter(|s| **s).count();
             memo.reused = cells.len() - memo.placed;
             memo.merge(tenants, &cells, &stale)
+        }
+    }
+}
+
+/// A cell placed again starts from none of its bindings, as on nodes built anew: on the nodes taken
+/// back from the last pass its GPUs carry that pass's. Every node it holds GPUs of is recomputed.
+fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
+    for &(n, g) in &scope.gpus {
+        let node = &mut nodes[n as usize];
+        node.recomputed = true;
+        if node.kept {
+            let spec = &mut node.gpus[g as usize];
+            GpuBindings::unbound(spec, scope).apply(spec);
         }
     }
 }

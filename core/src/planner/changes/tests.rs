@@ -337,6 +337,10 @@ fn a_scrub_not_applied_yet_is_not_relaxed() {
         dedicated: vec![vec![]],
         busy_gpu_policy: Default::default(),
         device_access: Default::default(),
+        decided: Default::default(),
+        kept: false,
+        recomputed: false,
+        changing: false,
     };
     let scrub_of: HashMap<&str, ScrubMemory> = [("exp", ScrubMemory::Never)].into_iter().collect();
     assert_eq!(scrub_policies(&fleet, &scrub_of), [ScrubMemory::Always]);
