@@ -267,19 +267,32 @@ pub const NAMES_NODE: &str = "request.operation == 'CREATE' && has(object.spec.n
 /// A validation refusing what `forbidden_when` is true for, with a fixed message.
 pub fn validation(forbidden_when: &str, message: String) -> Validation {
     Validation {
-        expression: format!("!({forbidden_when})"),
-        message: Some(message),
+        expression: refusing(forbidden_when),
+        message: Some(exact(message)),
         message_expression: None,
         reason: Some("Forbidden".into()),
     }
 }
 
+/// The expression that holds where `forbidden_when` does not.
+fn refusing(forbidden_when: &str) -> String {
+    ["!(", forbidden_when, ")"].concat()
+}
+
+/// `s` in memory of its own length. A string `format!` builds can hold twice that (it grows by
+/// doubling), and these are kept: two policies per tenant of a dozen rules of up to kilobytes
+/// each, 35 MB more at 2,000 tenants than the same text held exactly.
+pub fn exact(mut s: String) -> String {
+    s.shrink_to_fit();
+    s
+}
+
 /// A validation refusing what `forbidden_when` is true for, with a message built in CEL.
 pub fn validation_with(forbidden_when: &str, message_expression: String) -> Validation {
     Validation {
-        expression: format!("!({forbidden_when})"),
+        expression: refusing(forbidden_when),
         message: None,
-        message_expression: Some(message_expression),
+        message_expression: Some(exact(message_expression)),
         reason: Some("Forbidden".into()),
     }
 }

@@ -15,7 +15,7 @@
 //! - ask for all devices of one of its tenant's classes (`allocationMode: All`), or more of them
 //!   at once than `limits.maxGpusPerPod`.
 
-use super::cel::{list, quote, validation_with};
+use super::cel::{exact, list, quote, validation_with};
 use super::rules::TenantRules;
 use crate::desired::Settings;
 use crate::dra::{DRIVER, NOT_READY_TAINT};
@@ -108,11 +108,11 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Validation> {
         let count = format!("(s.deviceClassName in {own} ? (has(s.count) ? s.count : 1) : 0)");
         let devices = format!("variables.alternatives.map(a, (a.map(s, {count}) + [0]).max()).sum()");
         out.push(Validation {
-            expression: format!("{devices} <= {max}"),
+            expression: exact(format!("{devices} <= {max}")),
             message: None,
-            message_expression: Some(format!(
+            message_expression: Some(exact(format!(
                 "{who} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this claim asks for ' + string({devices}) + ' devices of its classes'"
-            )),
+            ))),
             reason: Some("Forbidden".into()),
         });
     }

@@ -239,10 +239,10 @@ pub fn tenant(t: &TenantRules, access: &DeviceAccess) -> Vec<Validation> {
         out.push(Validation {
             expression: format!("!({}) || variables.gpus <= {max}", when::CREATED),
             message: None,
-            message_expression: Some(format!(
+            message_expression: Some(cel::exact(format!(
                 "{} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'",
                 quote(&who)
-            )),
+            ))),
             reason: Some("Forbidden".into()),
         });
     }

@@ -15,7 +15,7 @@
 //! back without being placed again: the allocation is a pure function of those inputs.
 
 use super::report::{cells_of_tenants, merge_tenant};
-use super::{Family, GpuRef, TenantGrants};
+use super::{CellGrants, Family, GpuRef, TenantGrants};
 use crate::api::{GpuSpec, MigInstanceSpec, Mode, ScrubMemory, TenantShares};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
@@ -304,7 +304,7 @@ struct CellMemo {
     gpus: Vec<GpuRef>,
     tenants: Vec<TenantProfile>,
     bindings: Vec<GpuBindings>,
-    grants: BTreeMap<String, TenantGrants>,
+    grants: BTreeMap<String, CellGrants>,
 }
 
 /// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
@@ -424,7 +424,7 @@ impl AllocationMemo {
         cell: &Cell,
         profiles: Vec<TenantProfile>,
         nodes: &[NodeDesired],
-        grants: BTreeMap<String, TenantGrants>,
+        grants: BTreeMap<String, CellGrants>,
     ) {
         let bindings = cell
             .scope
@@ -460,7 +460,7 @@ impl AllocationMemo {
     ) -> BTreeMap<String, TenantGrants> {
         let keys: Vec<Vec<Family>> = cells.iter().map(key).collect();
         let same_cells = keys == self.cell_keys;
-        let mut parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>> =
+        let mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>> =
             keys.iter().map(|k| Cow::Borrowed(&self.cells[k].grants)).collect();
         let of_tenants = cells_of_tenants(tenants, cells);
         let mut out = BTreeMap::new();

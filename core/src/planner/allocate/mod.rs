@@ -17,7 +17,7 @@ mod sticky;
 
 use super::fairshare::weighted_fair_share;
 use super::nodes::NodeDesired;
-use crate::api::{AllocationSummary, Grants, Mode};
+use crate::api::{AllocationSummary, Grant, Grants, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
 pub use cells::AllocationMemo;
@@ -39,6 +39,17 @@ pub struct TenantGrants {
     pub memory_mib: u64,
     /// Why requests fell short, one sentence each.
     pub shortfalls: Vec<String>,
+}
+
+/// What one tenant received in one cell: its grants a list of their own, moved (not copied) into
+/// the tenant's merged [`TenantGrants`] when the cell is placed in this pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct CellGrants {
+    grants: Vec<Grant>,
+    /// One entry per request of the tenant in the cell, in request order.
+    allocation: Vec<AllocationSummary>,
+    memory_mib: u64,
+    shortfalls: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -268,11 +279,7 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
 
 /// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from the
 /// bindings the cell's GPUs had before the first.
-fn allocate_cell(
-    tenants: &[TenantProfile],
-    nodes: &mut [NodeDesired],
-    scope: &Scope,
-) -> BTreeMap<String, TenantGrants> {
+fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &Scope) -> BTreeMap<String, CellGrants> {
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
         tenants[y]
@@ -343,7 +350,7 @@ fn as_blind(
     scope: &Scope,
     before: &Bindings,
     order: &[usize],
-) -> BTreeMap<String, TenantGrants> {
+) -> BTreeMap<String, CellGrants> {
     before.restore(nodes, scope);
     let placed = blind_pass(tenants, nodes, scope, order).finish();
     placed.grants(tenants, nodes)

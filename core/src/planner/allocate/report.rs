@@ -1,7 +1,7 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
 use super::cells::Cell;
-use super::{Allocator, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
+use super::{Allocator, CellGrants, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -99,7 +99,7 @@ impl Allocator<'_, '_> {
 
 impl Placed {
     /// The grants of the pass kept, on the nodes it placed.
-    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &[NodeDesired]) -> BTreeMap<String, TenantGrants> {
+    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &[NodeDesired]) -> BTreeMap<String, CellGrants> {
         let mut out = BTreeMap::new();
         for (tenant, p) in tenants.iter().zip(self.tenants) {
             let whole = |(node, gpu): GpuRef, mode: Mode, count: u32| {
@@ -135,8 +135,8 @@ impl Placed {
             grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
             out.insert(
                 tenant.name.clone(),
-                TenantGrants {
-                    grants: grants.into(),
+                CellGrants {
+                    grants,
                     allocation: p.allocation,
                     memory_mib: p.memory_mib,
                     shortfalls: p.shortfalls,
@@ -156,7 +156,7 @@ type RequestOutcome = (AllocationSummary, Option<String>);
 pub(super) fn merge_tenant(
     tenant: &TenantProfile,
     of_tenant: &[(usize, &[usize])],
-    parts: &mut [Cow<'_, BTreeMap<String, TenantGrants>>],
+    parts: &mut [Cow<'_, BTreeMap<String, CellGrants>>],
 ) -> TenantGrants {
     let mut per_request: Vec<Option<RequestOutcome>> = vec![None; tenant.requests.len()];
     let mut grants = Vec::new();
@@ -174,7 +174,7 @@ pub(super) fn merge_tenant(
                 .flatten();
             per_request[r] = Some((summary, short));
         }
-        grants.extend(g.grants.iter().cloned());
+        grants.extend(g.grants);
         memory_mib += g.memory_mib;
     }
     grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
@@ -205,7 +205,7 @@ pub(super) fn cells_of_tenants<'c>(tenants: &[TenantProfile], cells: &'c [Cell])
 pub(super) fn merge(
     tenants: &[TenantProfile],
     cells: &[Cell],
-    mut parts: Vec<Cow<'_, BTreeMap<String, TenantGrants>>>,
+    mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>>,
 ) -> BTreeMap<String, TenantGrants> {
     let of_tenants = cells_of_tenants(tenants, cells);
     tenants
