@@ -2,14 +2,17 @@
 //! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
 //! priorities, tiers, requests listed in another order, nodes relabelled, dropped or given other GPUs, a
 //! plan changed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from
-//! nothing gives.
+//! nothing gives, and so does the whole desired state rendered with its memo (the tenants'
+//! admission policies taken back where their rules are unchanged).
 
 #[path = "support/fleet.rs"]
 mod support;
 
 use gpu_tenancy::api::{Mode, TenantLimits};
+use gpu_tenancy::desired::DesiredMemo;
 use gpu_tenancy::planner::{PlanMemo, PlanOutput};
 use proptest::prelude::*;
+use support::desired_with as desired;
 use support::run_with as plan;
 
 #[derive(Clone, Debug)]
@@ -173,14 +176,20 @@ proptest! {
     ) {
         let mut f = support::fleet(16, 4, 10, seed);
         let mut memo = PlanMemo::default();
+        let mut desired_memo = DesiredMemo::default();
         let mut last = plan(&f, Some(&mut memo));
         prop_assert_eq!(&last, &plan(&f, None));
+        prop_assert!(desired(&f, Some(&mut desired_memo)) == desired(&f, None));
         let mut added = 0;
         for (step, c) in changes.iter().enumerate() {
             apply(&mut f, &last, c, &mut added);
             let incremental = plan(&f, Some(&mut memo));
             let full = plan(&f, None);
             prop_assert!(incremental == full, "step {step} ({c:?}): the memo's plan differs from the full pass");
+            prop_assert!(
+                desired(&f, Some(&mut desired_memo)) == desired(&f, None),
+                "step {step} ({c:?}): the desired state rendered with the memo differs from the full pass"
+            );
             last = full;
         }
     }

@@ -42,8 +42,8 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 
 pub use admission::{
-    Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules, POLICY_PREFIX,
-    UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings, untenanted_bindings,
+    AdmissionMemo, Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules,
+    POLICY_PREFIX, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings, untenanted_bindings,
 };
 pub use quota::QUOTA_NAME;
 
@@ -141,15 +141,35 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
     desired_with(input, settings, now, None)
 }
 
-/// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`]).
-pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut PlanMemo>) -> Desired {
+/// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]) and each
+/// tenant's admission policies as rendered ([`AdmissionMemo`]).
+#[derive(Default)]
+pub struct DesiredMemo {
+    pub plan: PlanMemo,
+    admission: AdmissionMemo,
+}
+
+/// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
+/// and taking back the admission policies of tenants whose rules are unchanged.
+pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let out = plan_with(input, &exempt, now, memo);
+    let (plan_memo, admission_memo) = match memo {
+        Some(m) => (Some(&mut m.plan), Some(&mut m.admission)),
+        None => (None, None),
+    };
+    let out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings);
     let device_classes = dra::device_classes(&holdings);
-    let admission = admission::render(input.policies, &out.tenants, &namespace_rules, settings, &holdings);
+    let admission = admission::render(
+        input.policies,
+        &out.tenants,
+        &namespace_rules,
+        settings,
+        &holdings,
+        admission_memo,
+    );
     let (node_labels, config_maps) = nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings);
     let tenants = nodes::isolation_conditions(out.tenants, &node_labels, now);
     Desired {

@@ -317,6 +317,34 @@ fn the_same_input_gives_the_same_objects() {
     assert_eq!(run(&t, &plans, &nodes), run(&t, &plans, &nodes));
 }
 
+/// The tenants' admission policies the memo keeps are taken back only under the settings they
+/// were rendered with: a controller started again with another allow-list renders them again.
+#[test]
+fn the_memo_renders_admission_again_under_other_settings() {
+    let (plans, nodes) = fleet();
+    let t = [TenantBuilder::new("acme", "external").mig("3g.40gb", 3).build()];
+    let policies = [policy()];
+    let input = PlanInput {
+        policies: &policies,
+        tenants: &t,
+        plans: &plans,
+        nodes: &nodes,
+    };
+    let mut memo = DesiredMemo::default();
+    let first = desired_with(&input, &Settings::default(), &now(), Some(&mut memo));
+    assert_eq!(first, desired(&input, &Settings::default(), &now()));
+    let other = Settings {
+        allowed_resources: vec!["nvidia.com/nic".into()],
+        ..Settings::default()
+    };
+    let fresh = desired(&input, &other, &now());
+    assert_ne!(
+        first.admission_policies, fresh.admission_policies,
+        "the allow-list is in each tenant's policy"
+    );
+    assert_eq!(desired_with(&input, &other, &now(), Some(&mut memo)), fresh);
+}
+
 /// Two tenants on one MIG node of a DRA pool: each gets its own DeviceClass, quota by class and
 /// by its own extended resource (none under the device plugin's name), claim rules naming only its
 /// class, a rename of the device plugin's name, and `Isolated=True (DraBound)`; the node gets no

@@ -20,9 +20,9 @@ pub use run::{LeaderOptions, Options, run};
 /// The default of the controller's `--metrics-addr` (metrics and probes, [`crate::runtime::http`]).
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8080";
 
-use crate::desired::{Desired, Settings, desired_with};
+use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
 use crate::inventory::NodeInventory;
-use crate::planner::{PlanInput, PlanMemo};
+use crate::planner::PlanInput;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use std::sync::{Arc, Mutex};
@@ -48,7 +48,7 @@ pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
 
 /// [`desired_of`], placing again only the parts of the fleet whose inputs changed since the pass
 /// `memo` kept ([`crate::planner::plan_with`]).
-pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut PlanMemo>) -> Desired {
+pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let nodes = node_inventories(s);
     desired_with(
         &PlanInput {
@@ -106,8 +106,9 @@ pub struct Controller {
     settings: Settings,
     /// Notified on every change any store sees.
     pub changed: Arc<Notify>,
-    /// What the last pass planned, so the next places again only what its changes can affect.
-    memo: Mutex<PlanMemo>,
+    /// What the last pass planned and rendered, so the next places again and renders again only
+    /// what its changes can affect.
+    memo: Mutex<DesiredMemo>,
     /// Also plan every pass from nothing, compare, and write the full pass's result if they differ.
     pub check_incremental: bool,
 }
@@ -135,7 +136,7 @@ impl Controller {
         let started = Instant::now();
         let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
         let desired_time = started.elapsed();
-        let cells = (memo.allocation.placed, memo.allocation.reused);
+        let cells = (memo.plan.allocation.placed, memo.plan.allocation.reused);
         if !self.check_incremental {
             return Planned {
                 desired: d,
@@ -152,7 +153,7 @@ impl Controller {
         if differed {
             // Fail closed: the full pass is the reference; forget everything kept.
             tracing::error!("the incremental pass differs from the full pass; writing the full pass's result");
-            *memo = PlanMemo::default();
+            *memo = DesiredMemo::default();
         }
         Planned {
             desired: full,

@@ -31,6 +31,24 @@ pub fn run_with(f: &Fleet, memo: Option<&mut gpu_tenancy::planner::PlanMemo>) ->
     )
 }
 
+/// The controller's whole desired state of `f` (the plan, admission policies, quotas, node
+/// labels), with default settings, the memo's or from nothing.
+#[allow(dead_code)] // not every test that includes this file renders the desired state
+pub fn desired_with(f: &Fleet, memo: Option<&mut gpu_tenancy::desired::DesiredMemo>) -> gpu_tenancy::desired::Desired {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap());
+    gpu_tenancy::desired::desired_with(
+        &gpu_tenancy::planner::PlanInput {
+            policies: &f.policies,
+            tenants: &f.tenants,
+            plans: &f.plans,
+            nodes: &f.nodes,
+        },
+        &gpu_tenancy::desired::Settings::default(),
+        &now,
+        memo,
+    )
+}
+
 #[derive(Clone)]
 pub struct Fleet {
     pub policies: Vec<SharingPolicy>,

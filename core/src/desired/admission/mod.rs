@@ -21,6 +21,7 @@
 
 mod cel;
 mod claims;
+mod memo;
 mod mutation;
 mod rules;
 
@@ -36,6 +37,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+
+pub use memo::AdmissionMemo;
 
 /// Prefix of each tenant's policy and binding name (`gputenancy.io-tenant-<name>`).
 pub const POLICY_PREFIX: &str = "gputenancy.io-tenant-";
@@ -271,6 +274,7 @@ pub fn render(
     namespaces: &NamespaceRules,
     settings: &Settings,
     dra: &DraHoldings,
+    memo: Option<&mut AdmissionMemo>,
 ) -> Admission {
     let mut out = Admission::default();
     let out_policies = &mut out.policies;
@@ -288,30 +292,37 @@ pub fn render(
     let (pod_rules, claim_rules): (Vec<NamedRuleWithOperations>, Vec<NamedRuleWithOperations>) =
         (typed(pod_rules()), typed(claim_rules()));
     let access = rules::DeviceAccess::of(settings);
+    let render_tenant = |name: &str, rules: &rules::TenantRules| {
+        [
+            policy(
+                &format!("{POLICY_PREFIX}{name}"),
+                &pod_rules,
+                &variables,
+                rules::tenant(rules, &access),
+            ),
+            policy(
+                &format!("{CLAIMS_PREFIX}{name}"),
+                &claim_rules,
+                &claim_variables,
+                claims::tenant(rules, settings),
+            ),
+        ]
+    };
+    let mut pass = memo::Pass::start(memo, settings);
     for t in tenants {
         let name = t.name_any();
         let Some(ns) = namespaces.tenants.get(&name).filter(|ns| !ns.is_empty()) else {
             continue;
         };
         let rules = rules::TenantRules::of(t, policies, dra);
-        out_policies.push(policy(
-            &format!("{POLICY_PREFIX}{name}"),
-            &pod_rules,
-            &variables,
-            rules::tenant(&rules, &access),
-        ));
-        out_policies.push(policy(
-            &format!("{CLAIMS_PREFIX}{name}"),
-            &claim_rules,
-            &claim_variables,
-            claims::tenant(&rules, settings),
-        ));
-        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten());
         if let Some((p, b)) = mutation::tenant(&rules, ns) {
             out.mutating_policies.push(p);
             out.mutating_bindings.push(b);
         }
+        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten());
+        out_policies.extend(pass.policies(name, rules, render_tenant));
     }
+    pass.finish();
     out_policies.push(policy(
         UNTENANTED_POLICY,
         &pod_rules,
@@ -326,13 +337,24 @@ pub fn render(
     ));
     out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()));
 
-    // The policy for every guarded namespace, whoever owns it: it judges objects other than pods
-    // and claims, so it need not follow a namespace from one rule set to another.
-    let exempt = &namespaces.exempt;
+    let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
+    out_policies.push(keys_policy);
+    out_bindings.push(keys_binding);
+
+    crate::api::sort_by_name(&mut out.policies);
+    crate::api::sort_by_name(&mut out.bindings);
+    crate::api::sort_by_name(&mut out.mutating_policies);
+    crate::api::sort_by_name(&mut out.mutating_bindings);
+    out
+}
+
+/// The policy for every guarded namespace, whoever owns it, and its binding: it judges objects
+/// other than pods and claims, so it need not follow a namespace from one rule set to another.
+fn config_keys(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     // The tenant label is shown for what it is, a label (who may label a namespace may write it);
     // the rule itself is the same for every namespace that is not exempt.
     let who = "'namespace ' + namespaceObject.metadata.name + (has(namespaceObject.metadata.labels) && 'gputenancy.io/tenant' in namespaceObject.metadata.labels ? ' (labelled gputenancy.io/tenant=' + namespaceObject.metadata.labels['gputenancy.io/tenant'] + ')' : ' (no GpuTenant label)')";
-    out_policies.push(policy(
+    let policy = policy(
         CONFIG_KEYS_POLICY,
         &typed::<Vec<NamedRuleWithOperations>>(json!([{
             "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
@@ -340,14 +362,8 @@ pub fn render(
         }])),
         &[],
         vec![cel::config_key_validation(who)],
-    ));
-    out_bindings.push(binding(CONFIG_KEYS_POLICY, "NotIn", exempt));
-
-    crate::api::sort_by_name(&mut out.policies);
-    crate::api::sort_by_name(&mut out.bindings);
-    crate::api::sort_by_name(&mut out.mutating_policies);
-    crate::api::sort_by_name(&mut out.mutating_bindings);
-    out
+    );
+    (policy, binding(CONFIG_KEYS_POLICY, "NotIn", exempt))
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What one tenant's pods may do: from its status (its grants) and its tier.
+#[derive(Debug, PartialEq)]
 pub struct TenantRules {
     pub name: String,
     pub tier: String,
@@ -41,6 +42,7 @@ pub struct TenantRules {
     pub max_gpus_per_pod: Option<u32>,
 }
 
+#[derive(Debug, PartialEq)]
 pub struct Granted {
     /// Resource names of the grants with at least one unit: the device plugin's for units on
     /// device-plugin nodes, the tenant's own extended resources for units on DRA nodes.
