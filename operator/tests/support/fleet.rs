@@ -17,36 +17,31 @@ pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
 
 /// [`run`], with the memo of earlier runs when one is given (the controller's way).
 pub fn run_with(f: &Fleet, memo: Option<&mut gpu_tenancy::planner::PlanMemo>) -> gpu_tenancy::planner::PlanOutput {
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap());
-    gpu_tenancy::planner::plan_with(
-        &gpu_tenancy::planner::PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        },
-        &Default::default(),
-        &now,
-        memo,
-    )
+    gpu_tenancy::planner::plan_with(&f.input(), &Default::default(), &epoch(), memo)
 }
 
 /// The controller's whole desired state of `f` (the plan, admission policies, quotas, node
 /// labels), with default settings, the memo's or from nothing.
 #[allow(dead_code)] // not every test that includes this file renders the desired state
 pub fn desired_with(f: &Fleet, memo: Option<&mut gpu_tenancy::desired::DesiredMemo>) -> gpu_tenancy::desired::Desired {
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap());
-    gpu_tenancy::desired::desired_with(
-        &gpu_tenancy::planner::PlanInput {
-            policies: &f.policies,
-            tenants: &f.tenants,
-            plans: &f.plans,
-            nodes: &f.nodes,
-        },
-        &gpu_tenancy::desired::Settings::default(),
-        &now,
-        memo,
-    )
+    gpu_tenancy::desired::desired_with(&f.input(), &gpu_tenancy::desired::Settings::default(), &epoch(), memo)
+}
+
+/// A fixed time for condition transitions, so that runs compare equal.
+fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap())
+}
+
+impl Fleet {
+    /// The fleet as the planner reads it.
+    pub fn input(&self) -> gpu_tenancy::planner::PlanInput<'_> {
+        gpu_tenancy::planner::PlanInput {
+            policies: &self.policies,
+            tenants: &self.tenants,
+            plans: &self.plans,
+            nodes: &self.nodes,
+        }
+    }
 }
 
 #[derive(Clone)]
