@@ -61,7 +61,7 @@ impl Cell {
 struct Families<'a> {
     list: Vec<Family>,
     mig: Vec<(&'a str, usize)>,
-    other: BTreeMap<Mode, usize>,
+    other: Vec<(Mode, usize)>,
 }
 
 impl<'a> Families<'a> {
@@ -78,7 +78,13 @@ impl<'a> Families<'a> {
                     }
                 }
             }
-            m => *self.other.entry(m).or_insert(n),
+            m => match self.other.iter().find(|(o, _)| *o == m) {
+                Some(&(_, i)) => i,
+                None => {
+                    self.other.push((m, n));
+                    n
+                }
+            },
         };
         if i == n {
             self.list.push(Family::of(mode, profile));
@@ -107,21 +113,26 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
                 .collect()
         })
         .collect();
-    // Per GPU, the families its planned layout offers capacity of.
-    let mut gpus: Vec<(GpuRef, Vec<usize>)> = Vec::new();
+    // Per GPU, the families its planned layout offers capacity of: one entry per MIG instance
+    // (repeats are harmless: a GPU joins each cell once, below), one for a GPU in any other mode.
+    // One flat list, not a list per GPU: a fleet has hundreds of thousands of GPUs.
+    let entries = nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .map(|g| g.mig_instances.len().max(1))
+        .sum();
+    let mut gpus: Vec<(GpuRef, usize)> = Vec::with_capacity(entries);
     for (n, node) in nodes.iter().enumerate() {
         for (g, spec) in node.gpus.iter().enumerate() {
-            let mut of_gpu: Vec<usize> = match spec.mode {
-                Mode::Mig => spec
-                    .mig_instances
-                    .iter()
-                    .map(|i| families.of(Mode::Mig, Some(&i.profile)))
-                    .collect(),
-                m => vec![families.of(m, None)],
-            };
-            of_gpu.sort_unstable();
-            of_gpu.dedup();
-            gpus.push(((n as u32, g as u32), of_gpu));
+            let at = (n as u32, g as u32);
+            match spec.mode {
+                Mode::Mig => gpus.extend(
+                    spec.mig_instances
+                        .iter()
+                        .map(|i| (at, families.of(Mode::Mig, Some(&i.profile)))),
+                ),
+                m => gpus.push((at, families.of(m, None))),
+            }
         }
     }
     let families = families.list;
@@ -135,21 +146,21 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
             }
         }
     }
-    let mut out: BTreeMap<usize, Cell> = BTreeMap::new();
-    let cell_of = |parent: &mut [usize], f: usize, out: &mut BTreeMap<usize, Cell>| {
-        let r = root(parent, f);
-        out.entry(r).or_insert_with(|| Cell {
-            scope: Scope {
-                families: BTreeSet::new(),
-                gpus: vec![],
-            },
-            tenants: vec![],
-        });
-        r
-    };
+    // Cells by their root family.
+    let mut out: Vec<Option<Cell>> = (0..families.len()).map(|_| None).collect();
     for (f, family) in families.iter().enumerate() {
-        let r = cell_of(&mut parent, f, &mut out);
-        out.get_mut(&r).expect("inserted").scope.families.insert(family.clone());
+        let r = root(&mut parent, f);
+        out[r]
+            .get_or_insert_with(|| Cell {
+                scope: Scope {
+                    families: BTreeSet::new(),
+                    gpus: vec![],
+                },
+                tenants: vec![],
+            })
+            .scope
+            .families
+            .insert(family.clone());
     }
     for (t, fams) in requests.iter().enumerate() {
         let mut by_cell: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -157,21 +168,27 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
             by_cell.entry(root(&mut parent, f)).or_default().push(r);
         }
         for (c, rs) in by_cell {
-            out.get_mut(&c).expect("every family has a cell").tenants.push((t, rs));
+            cell_at(&mut out, c).tenants.push((t, rs));
         }
     }
-    for (at, fams) in gpus {
-        let mut seen = BTreeSet::new();
-        for f in fams {
+    let mut joined: Vec<usize> = Vec::new();
+    for of_gpu in gpus.chunk_by(|a, b| a.0 == b.0) {
+        joined.clear();
+        for &(at, f) in of_gpu {
             let c = root(&mut parent, f);
-            if seen.insert(c) {
-                out.get_mut(&c).expect("every family has a cell").scope.gpus.push(at);
+            if !joined.contains(&c) {
+                joined.push(c);
+                cell_at(&mut out, c).scope.gpus.push(at);
             }
         }
     }
-    let mut cells: Vec<Cell> = out.into_values().collect();
+    let mut cells: Vec<Cell> = out.into_iter().flatten().collect();
     cells.sort_by(|a, b| a.scope.families.first().cmp(&b.scope.families.first()));
     cells
+}
+
+fn cell_at(cells: &mut [Option<Cell>], root: usize) -> &mut Cell {
+    cells[root].as_mut().expect("every family has a cell")
 }
 
 /// One GPU as an allocation reads it, before any binding is written.
