@@ -263,7 +263,7 @@ mod tests {
 
     fn spec(gpus: Vec<GpuSpec>) -> GpuNodeSpec {
         GpuNodeSpec {
-            gpus,
+            gpus: gpus.into(),
             ..Default::default()
         }
     }

@@ -257,7 +257,7 @@ mod tests {
             ..gpu(2)
         };
         GpuNodeSpec {
-            gpus: vec![ts, mig, ex],
+            gpus: vec![ts, mig, ex].into(),
             ..Default::default()
         }
     }

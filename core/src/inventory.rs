@@ -509,7 +509,8 @@ mod tests {
                     shares: vec![],
                     scrub: Default::default(),
                 },
-            ],
+            ]
+            .into(),
             ..GpuNodeSpec::default()
         };
         assert!(handover_pending(&spec, None), "no status: every binding is pending");

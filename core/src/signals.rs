@@ -204,7 +204,8 @@ mod tests {
                 mig,
                 gpu_spec(1, Mode::Exclusive, &["b"]),
                 gpu_spec(2, Mode::Exclusive, &[]),
-            ],
+            ]
+            .into(),
             device_access: DeviceAccess::Dra,
             ..Default::default()
         };
@@ -288,7 +289,8 @@ mod tests {
                 gpu_spec(0, Mode::TimeSlicing, &["a", "b"]),
                 gpu_spec(1, Mode::Mps, &["a"]),
                 gpu_spec(2, Mode::Exclusive, &["a"]),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         let status = GpuNodeStatus {

@@ -220,4 +220,19 @@ fn one_more_mps_share_places_only_the_mps_cell() {
     let incremental = plan(&f, Some(&mut memo));
     assert_eq!((memo.allocation.placed, memo.allocation.reused), (1, 5));
     assert_eq!(incremental, plan(&f, None));
+    // A node with no MPS GPU is taken back whole: its GPU list is the last pass's, shared, not a
+    // copy. The node given the new share has a list of its own.
+    let mut own = 0;
+    for (now, before) in incremental.nodes.iter().zip(&again.nodes) {
+        let shared = now.spec.gpus.same_list(&before.spec.gpus);
+        if now.spec.gpus.iter().all(|g| g.mode != Mode::Mps) {
+            assert!(
+                shared,
+                "node {}: its GPU list was copied",
+                kube::ResourceExt::name_any(now)
+            );
+        }
+        own += usize::from(!shared);
+    }
+    assert!(own >= 1, "no node's GPU list changed");
 }

@@ -7,12 +7,14 @@ mod conditions;
 mod node;
 mod plan;
 mod policy;
+mod shared_vec;
 mod tenant;
 
 pub use conditions::{Condition, ConditionSet, condition_status, set_condition};
 pub use node::*;
 pub use plan::*;
 pub use policy::*;
+pub use shared_vec::SharedVec;
 pub use tenant::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -2,7 +2,8 @@
 //! owns `status` (what the GPUs really are, and whether the spec is applied).
 
 use super::{
-    BusyGpuPolicy, DeviceAccess, Mode, MpsSettings, ScrubMemory, TimeSlicingSettings, conditions::conditions_schema,
+    BusyGpuPolicy, DeviceAccess, Mode, MpsSettings, ScrubMemory, SharedVec, TimeSlicingSettings,
+    conditions::conditions_schema,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -36,7 +37,7 @@ pub struct GpuNodeSpec {
     #[serde(default)]
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["index"]))]
-    pub gpus: Vec<GpuSpec>,
+    pub gpus: SharedVec<GpuSpec>,
     /// Key of the device-plugin ConfigMap this node uses (label `nvidia.com/device-plugin.config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_plugin_config: Option<String>,

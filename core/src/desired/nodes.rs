@@ -248,7 +248,8 @@ mod tests {
                 tenants: tenants.iter().map(|t| t.to_string()).collect(),
                 shares: vec![],
                 scrub: Default::default(),
-            }],
+            }]
+            .into(),
             ..GpuNodeSpec::default()
         }
     }

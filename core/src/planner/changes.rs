@@ -321,8 +321,11 @@ pub fn settle(
         }
         drop(diffs);
         node.changing = changing;
-        for (gpu, s) in node.gpus.iter_mut().zip(scrub) {
-            gpu.scrub = s;
+        // Written only where it differs: the node's GPU list may be shared with the last pass's.
+        for (g, s) in scrub.into_iter().enumerate() {
+            if node.gpus[g].scrub != s {
+                node.gpus[g].scrub = s;
+            }
         }
     }
     if changed.is_empty() {

@@ -2,6 +2,7 @@
 
 use crate::api::{
     BusyGpuPolicy, DeviceAccess, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuSpec, MigInstanceSpec, Mode, ScrubMemory,
+    SharedVec,
 };
 use crate::devices::expand_devices;
 use crate::inventory::NodeInventory;
@@ -37,7 +38,9 @@ pub struct NodeDesired<'a> {
     pub inventory: &'a NodeInventory,
     pub plan: Option<String>,
     pub state: NodeState,
-    pub gpus: Vec<GpuSpec>,
+    /// Shared with the last pass's memo and output while nothing changes them (copied on the
+    /// first change: [`SharedVec`]).
+    pub gpus: SharedVec<GpuSpec>,
     /// Per entry of `gpus`: the tenants the plan dedicates that GPU to (empty: open to all).
     pub dedicated: Vec<Vec<String>>,
     /// What the agent does with a GPU to change that still runs processes (the plan's rollout).
@@ -161,7 +164,7 @@ fn plan_node<'a>(
         inventory: inv,
         plan: None,
         state: NodeState::Unplanned,
-        gpus: vec![],
+        gpus: SharedVec::default(),
         dedicated: vec![],
         busy_gpu_policy: BusyGpuPolicy::default(),
         device_access: DeviceAccess::default(),
@@ -211,7 +214,7 @@ fn plan_node<'a>(
             } else {
                 match resolve_layout(*winner, plan, inv, memo) {
                     Ok((gpus, dedicated)) => {
-                        node.gpus = gpus;
+                        node.gpus = gpus.into();
                         node.dedicated = dedicated;
                         node.state = NodeState::Planned;
                     }

@@ -262,7 +262,7 @@ mod tests {
         ))
         .expect("a GPU spec");
         let mut spec = GpuNodeSpec {
-            gpus: vec![ts],
+            gpus: vec![ts].into(),
             ..Default::default()
         };
         let usage = Usage {

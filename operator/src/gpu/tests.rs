@@ -329,7 +329,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
         ..Default::default()
     };
     let spec = GpuNodeSpec {
-        gpus: vec![whole(4, Mode::Exclusive, &[])],
+        gpus: vec![whole(4, Mode::Exclusive, &[])].into(),
         ..Default::default()
     };
     assert_eq!(

@@ -16,7 +16,7 @@
 
 use super::report::{cells_of_tenants, merge_tenant};
 use super::{CellGrants, Family, GpuRef, TenantGrants};
-use crate::api::{GpuSpec, MigInstanceSpec, Mode, ScrubMemory, TenantShares};
+use crate::api::{GpuSpec, MigInstanceSpec, Mode, ScrubMemory, SharedVec, TenantShares};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -305,7 +305,20 @@ impl GpuBindings {
         b
     }
 
-    pub fn apply(&self, spec: &mut GpuSpec) {
+    /// Writes these bindings on GPU `g` of `gpus`, where they differ: a list shared with the last
+    /// pass ([`crate::api::SharedVec`]) is copied only for a change.
+    pub fn apply(&self, gpus: &mut SharedVec<GpuSpec>, g: usize) {
+        if !self.is_on(&gpus[g]) {
+            self.write(&mut gpus[g]);
+        }
+    }
+
+    fn is_on(&self, spec: &GpuSpec) -> bool {
+        (spec.mode == Mode::Mig || (spec.tenants == self.tenants && spec.shares == self.shares))
+            && self.instances.iter().all(|(k, t)| spec.mig_instances[*k].tenant == *t)
+    }
+
+    fn write(&self, spec: &mut GpuSpec) {
         if spec.mode != Mode::Mig {
             spec.tenants.clone_from(&self.tenants);
             spec.shares.clone_from(&self.shares);
@@ -340,6 +353,9 @@ pub struct AllocationMemo {
     /// The last pass's cells, in order, and each tenant's grants merged from them.
     cell_keys: Vec<Vec<Family>>,
     merged: foldhash::HashMap<String, MergedTenant>,
+    /// Tenants whose grants in a cell placed this pass are not what that cell gave them in the
+    /// last pass: only their merged grants are built again.
+    regranted: foldhash::HashSet<String>,
     /// Cells placed, and cells taken from the memo, in the last pass.
     pub placed: usize,
     pub reused: usize,
@@ -355,6 +371,7 @@ impl AllocationMemo {
         tenants: &[TenantProfile],
         nodes: &[NodeDesired],
     ) -> Vec<bool> {
+        self.regranted.clear();
         let changed = self.read_fleet(nodes);
         cells
             .iter()
@@ -430,7 +447,7 @@ impl AllocationMemo {
         for (&(n, g), b) in m.gpus.iter().zip(&m.bindings) {
             let node = &mut nodes[n as usize];
             if !node.kept {
-                b.apply(&mut node.gpus[g as usize]);
+                b.apply(&mut node.gpus, g as usize);
             }
         }
     }
@@ -449,8 +466,20 @@ impl AllocationMemo {
             .iter()
             .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], &cell.scope))
             .collect();
+        let key = key(cell);
+        match self.cells.get(&key) {
+            Some(last) => {
+                let moved = grants
+                    .iter()
+                    .filter(|(name, g)| last.grants.get(*name) != Some(*g))
+                    .map(|(name, _)| name);
+                let gone = last.grants.keys().filter(|name| !grants.contains_key(*name));
+                self.regranted.extend(moved.chain(gone).cloned());
+            }
+            None => self.regranted.extend(grants.keys().cloned()),
+        }
         self.cells.insert(
-            key(cell),
+            key,
             CellMemo {
                 gpus: cell.scope.gpus.clone(),
                 tenants: profiles,
@@ -467,8 +496,8 @@ impl AllocationMemo {
     }
 
     /// Every tenant's grants from its cells', all remembered, `stale` those placed this pass. A
-    /// tenant in the same cells with the same requests as in the last pass, none of them placed
-    /// again, gets its last merged grants back (a list shared, not copied).
+    /// tenant in the same cells with the same requests as in the last pass, given in each what
+    /// it was given then, gets its last merged grants back (a list shared, not copied).
     pub(super) fn merge(
         &mut self,
         tenants: &[TenantProfile],
@@ -488,7 +517,8 @@ impl AllocationMemo {
                     && m.cells
                         .iter()
                         .zip(of)
-                        .all(|((c, r), (now, requests))| c == now && r == requests && !stale[*c])
+                        .all(|((c, r), (now, requests))| c == now && r == requests)
+                    && !(m.cells.iter().any(|(c, _)| stale[*c]) && self.regranted.contains(&t.name))
             });
             let grants = match kept {
                 Some(m) => m.grants.clone(),

@@ -271,8 +271,7 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
         let node = &mut nodes[n as usize];
         node.recomputed = true;
         if node.kept {
-            let spec = &mut node.gpus[g as usize];
-            GpuBindings::unbound(spec, scope).apply(spec);
+            GpuBindings::unbound(&node.gpus[g as usize], scope).apply(&mut node.gpus, g as usize);
         }
     }
 }
@@ -373,7 +372,7 @@ impl Bindings {
 
     fn restore(&self, nodes: &mut [NodeDesired], scope: &Scope) {
         for (&(n, g), b) in scope.gpus.iter().zip(&self.0) {
-            b.apply(&mut nodes[n as usize].gpus[g as usize]);
+            b.apply(&mut nodes[n as usize].gpus, g as usize);
         }
     }
 }

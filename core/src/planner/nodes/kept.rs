@@ -11,7 +11,7 @@
 //! (`operator/tests/incremental.rs`) holds the result equal to a pass from nothing.
 
 use super::{Decided, NodeDesired, NodeState};
-use crate::api::{BusyGpuPolicy, DeviceAccess, GpuSpec};
+use crate::api::{BusyGpuPolicy, DeviceAccess, GpuSpec, SharedVec};
 use crate::inventory::NodeInventory;
 
 /// One node as the last pass left it.
@@ -20,7 +20,7 @@ struct KeptNode {
     revision: String,
     plan: Option<String>,
     state: NodeState,
-    gpus: Vec<GpuSpec>,
+    gpus: SharedVec<GpuSpec>,
     dedicated: Vec<Vec<String>>,
     busy_gpu_policy: BusyGpuPolicy,
     device_access: DeviceAccess,

@@ -267,7 +267,8 @@ mod tests {
                         ],
                         scrub: ScrubMemory::OnTenantChange,
                     },
-                ],
+                ]
+                .into(),
                 device_access: DeviceAccess::Dra,
                 ..Default::default()
             },

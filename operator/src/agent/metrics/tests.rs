@@ -69,7 +69,8 @@ fn node() -> (GpuNodeSpec, GpuNodeStatus) {
                 ],
                 scrub: Default::default(),
             },
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let instance = |id, profile_id, profile: &str, start, size| MigInstanceStatus {

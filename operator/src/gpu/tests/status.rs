@@ -19,7 +19,7 @@ fn status_records_hands_only_once_applied() {
         ..Default::default()
     };
     let spec = GpuNodeSpec {
-        gpus: vec![whole(0, Mode::Exclusive, &["b"])],
+        gpus: vec![whole(0, Mode::Exclusive, &["b"])].into(),
         ..Default::default()
     };
     let mut prev = observed.clone();
@@ -73,7 +73,8 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
         gpus: vec![mig_spec(
             0,
             vec![want("3g.40gb", 0, 4, Some("c")), want("3g.40gb", 4, 4, Some("b"))],
-        )],
+        )]
+        .into(),
         ..Default::default()
     };
     let plans = plan_node(&observed, &spec, Some(&prev), &none());
@@ -163,7 +164,7 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
         whole(0, Mode::Mps, &["b"]),
     ] {
         let spec = GpuNodeSpec {
-            gpus: vec![g],
+            gpus: vec![g].into(),
             ..Default::default()
         };
         for p in [None, Some(&prev)] {
@@ -226,7 +227,8 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
                 mps: Some(set(30, "2Gi")),
                 ..whole(0, Mode::Mps, &[])
             },
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let d = mps::desired(&spec, &observed);
@@ -245,7 +247,7 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
 #[test]
 fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
     let spec = GpuNodeSpec {
-        gpus: vec![mig_spec(0, vec![want("7g.80gb", 0, 8, Some("a"))])],
+        gpus: vec![mig_spec(0, vec![want("7g.80gb", 0, 8, Some("a"))])].into(),
         ..Default::default()
     };
     let mut applied = gpu(0, "H100-80GB", true);
@@ -269,7 +271,7 @@ fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
     assert!(crate::gpu::status::drift(&same, &spec, Some(&prev)).is_empty());
     assert!(crate::gpu::status::drift(&now, &spec, None).is_empty());
     let changed = GpuNodeSpec {
-        gpus: vec![mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))])],
+        gpus: vec![mig_spec(0, vec![want("3g.40gb", 0, 4, Some("a"))])].into(),
         ..Default::default()
     };
     assert!(crate::gpu::status::drift(&now, &changed, Some(&prev)).is_empty());

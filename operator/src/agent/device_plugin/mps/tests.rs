@@ -27,7 +27,8 @@ fn mps_spec(max_clients: u32) -> GpuNodeSpec {
             tenants: vec!["team-delta".into()],
             shares: vec![],
             scrub: ScrubMemory::default(),
-        }],
+        }]
+        .into(),
         ..Default::default()
     }
 }
