@@ -27,28 +27,33 @@ pub fn set_condition(
     type_: &str,
     status: bool,
     reason: &str,
-    message: impl Into<String>,
+    message: impl Into<String> + AsRef<str>,
     observed_generation: Option<i64>,
     now: &Time,
 ) {
-    let status = if status { "True" } else { "False" }.to_string();
-    let message = message.into();
+    let status = if status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
+        // Fields are replaced only where they differ: most passes re-publish the same state, and
+        // a fleet's thousands of objects each carry several conditions.
         Some(existing) => {
             if existing.status != status {
                 existing.last_transition_time = now.clone();
+                existing.status = status.to_string();
             }
-            existing.status = status;
-            existing.reason = reason.to_string();
-            existing.message = message;
+            if existing.reason != reason {
+                existing.reason = reason.to_string();
+            }
+            if existing.message != message.as_ref() {
+                existing.message = message.into();
+            }
             existing.observed_generation = observed_generation;
         }
         None => {
             conditions.push(Condition {
                 type_: type_.to_string(),
-                status,
+                status: status.to_string(),
                 reason: reason.to_string(),
-                message,
+                message: message.into(),
                 observed_generation,
                 last_transition_time: now.clone(),
             });

@@ -159,6 +159,8 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
     }
 
     let mut out = Rollout::default();
+    // In name order, as `desired` is sorted: the map is built from the list in one go.
+    let mut node_rollouts = Vec::with_capacity(desired.len());
     for node in desired {
         let name = node.name_any();
         let plan = node.spec.plan.clone();
@@ -208,15 +210,16 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
             _ => node,
         };
         out.nodes.push(written);
-        out.node_rollouts.insert(
+        node_rollouts.push((
             name,
             NodeRollout {
                 plan,
                 progress,
                 changing,
             },
-        );
+        ));
     }
+    out.node_rollouts = node_rollouts.into_iter().collect();
     out.plans = summary;
     out
 }

@@ -21,7 +21,7 @@ struct Conditions<'a> {
 }
 
 impl Conditions<'_> {
-    fn set(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String>) {
+    fn set(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String> + AsRef<str>) {
         set_condition(self.list, type_, status, reason, message, self.generation, self.now);
     }
 
