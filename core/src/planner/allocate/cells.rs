@@ -344,6 +344,28 @@ struct MergedTenant {
     grants: TenantGrants,
 }
 
+/// A pass's cells, and what [`cells`] split them from besides the GPUs (which
+/// [`AllocationMemo::read_fleet`] compares): per tenant in order, the family of each request and
+/// whether a memory limit ties them together.
+struct LastCells {
+    families: Vec<(Vec<Family>, bool)>,
+    cells: Vec<Cell>,
+}
+
+impl LastCells {
+    fn same_families(&self, tenants: &[TenantProfile]) -> bool {
+        self.families.len() == tenants.len()
+            && self.families.iter().zip(tenants).all(|((of, limited), t)| {
+                *limited == t.memory_limit_mib.is_some()
+                    && of.len() == t.requests.len()
+                    && of
+                        .iter()
+                        .zip(&t.requests)
+                        .all(|(f, r)| f.is(r.mode, r.profile.as_deref()))
+            })
+    }
+}
+
 /// The fleet's GPUs as the last pass read them, and each cell's tenants and result, by the cell's
 /// families. Kept by the controller between passes; a planner run without one places every cell.
 #[derive(Default)]
@@ -356,23 +378,48 @@ pub struct AllocationMemo {
     /// Tenants whose grants in a cell placed this pass are not what that cell gave them in the
     /// last pass: only their merged grants are built again.
     regranted: foldhash::HashSet<String>,
+    /// The last pass's cells and what they were split from.
+    last_cells: Option<LastCells>,
     /// Cells placed, and cells taken from the memo, in the last pass.
     pub placed: usize,
     pub reused: usize,
 }
 
 impl AllocationMemo {
-    /// Per cell, whether it must be placed again: it is new, or one of its GPUs or tenants is not
-    /// as in the last pass. Takes the nodes as the planner built them, before any binding is
-    /// written, and keeps them for the next pass.
-    pub(super) fn stale_cells(
+    /// The pass's cells, and per cell whether it must be placed again: it is new, or one of its
+    /// GPUs or tenants is not as in the last pass. Takes the nodes as the planner built them,
+    /// before any binding is written, and keeps them for the next pass. The cells are the last
+    /// pass's when no GPU changed and every tenant requests the same families as then.
+    pub(super) fn cells_and_stale(
         &mut self,
-        cells: &[Cell],
         tenants: &[TenantProfile],
         nodes: &[NodeDesired],
-    ) -> Vec<bool> {
+    ) -> (Vec<Cell>, Vec<bool>) {
         self.regranted.clear();
-        let changed = self.read_fleet(nodes);
+        let (changed, same_gpus) = self.read_fleet(nodes);
+        let cells = match self.last_cells.take() {
+            Some(last) if same_gpus && last.same_families(tenants) => last.cells,
+            _ => cells(tenants, nodes),
+        };
+        let stale = self.stale_cells(&cells, tenants, &changed);
+        (cells, stale)
+    }
+
+    /// Keeps the pass's cells, with what they were split from, for the next pass.
+    pub(super) fn keep_cells(&mut self, tenants: &[TenantProfile], cells: Vec<Cell>) {
+        self.last_cells = Some(LastCells {
+            families: tenants
+                .iter()
+                .map(|t| {
+                    let of = t.requests.iter().map(|r| Family::of(r.mode, r.profile.as_deref()));
+                    (of.collect(), t.memory_limit_mib.is_some())
+                })
+                .collect(),
+            cells,
+        });
+    }
+
+    fn stale_cells(&self, cells: &[Cell], tenants: &[TenantProfile], changed: &[Vec<bool>]) -> Vec<bool> {
         cells
             .iter()
             .map(|cell| match self.cells.get(&key(cell)) {
@@ -398,10 +445,12 @@ impl AllocationMemo {
     }
 
     /// Compares every GPU with the last pass's (not those of a node with the same revision),
-    /// keeps this pass's, and says which changed.
-    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> Vec<Vec<bool>> {
+    /// keeps this pass's, and says which changed, and whether the fleet's GPUs are all as the
+    /// last pass read them (the same nodes in the same order, each with as many GPUs, none changed).
+    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<bool>>, bool) {
+        let mut same = self.fleet.len() == nodes.len();
         self.fleet.truncate(nodes.len());
-        nodes
+        let changed: Vec<Vec<bool>> = nodes
             .iter()
             .enumerate()
             .map(|(n, node)| match self.fleet.get_mut(n) {
@@ -430,6 +479,7 @@ impl AllocationMemo {
                         .collect()
                 }
                 kept => {
+                    same = false;
                     match kept {
                         Some(k) => *k = NodeInput::of(node),
                         None => self.fleet.push(NodeInput::of(node)),
@@ -437,7 +487,9 @@ impl AllocationMemo {
                     vec![true; node.gpus.len()]
                 }
             })
-            .collect()
+            .collect();
+        let same = same && changed.iter().flatten().all(|c| !c);
+        (changed, same)
     }
 
     /// Writes a remembered cell's bindings on `nodes`.

@@ -68,6 +68,17 @@ impl Family {
         }
     }
 
+    /// Whether a request of `mode` (and MIG `profile`) draws from this family: [`Family::of`]
+    /// without building one.
+    fn is(&self, mode: Mode, profile: Option<&str>) -> bool {
+        match (self, mode) {
+            (Family::Mig(p), Mode::Mig) => p == profile.unwrap_or_default(),
+            (Family::Exclusive, Mode::Exclusive) => true,
+            (Family::Shared(m), _) => *m == mode,
+            _ => false,
+        }
+    }
+
     fn label(&self) -> String {
         match self {
             Family::Mig(p) => format!("MIG {p}"),
@@ -233,9 +244,9 @@ pub fn allocate(
     nodes: &mut [NodeDesired],
     memo: Option<&mut AllocationMemo>,
 ) -> BTreeMap<String, TenantGrants> {
-    let cells = cells::cells(tenants, nodes);
     match memo {
         None => {
+            let cells = cells::cells(tenants, nodes);
             let parts = cells
                 .iter()
                 .map(|cell| Cow::Owned(allocate_cell(&cell.profiles(tenants), nodes, &cell.scope)))
@@ -245,7 +256,7 @@ pub fn allocate(
         Some(memo) => {
             // Every cell's inputs are compared before any cell writes a binding: a MIG GPU can
             // hold instances of two cells.
-            let stale = memo.stale_cells(&cells, tenants, nodes);
+            let (cells, stale) = memo.cells_and_stale(tenants, nodes);
             for (cell, stale) in cells.iter().zip(&stale) {
                 if *stale {
                     unbind_kept(nodes, &cell.scope);
@@ -259,7 +270,9 @@ pub fn allocate(
             memo.keep_only(&cells);
             memo.placed = stale.iter().filter(|s| **s).count();
             memo.reused = cells.len() - memo.placed;
-            memo.merge(tenants, &cells, &stale)
+            let grants = memo.merge(tenants, &cells, &stale);
+            memo.keep_cells(tenants, cells);
+            grants
         }
     }
 }
