@@ -50,13 +50,18 @@ pub fn models_of_selected_nodes(
     nodes: &[crate::inventory::NodeInventory],
 ) -> Vec<&'static GpuModel> {
     let selector = crate::selectors::ParsedSelector::of(&plan.spec.node_selector);
-    let mut models: Vec<&'static GpuModel> = nodes
+    // A fleet has a few models over thousands of GPUs: each kept once as it is met.
+    let mut models: Vec<&'static GpuModel> = Vec::new();
+    for model in nodes
         .iter()
         .filter(|n| selector.matches(&n.labels))
         .flat_map(|n| n.gpus.iter().filter_map(|g| g.model))
-        .collect();
+    {
+        if !models.iter().any(|m| m.key == model.key) {
+            models.push(model);
+        }
+    }
     models.sort_by_key(|m| m.key);
-    models.dedup_by_key(|m| m.key);
     models
 }
 
