@@ -53,11 +53,14 @@ fn pod_security(tenant: &GpuTenant, policies: &[SharingPolicy]) -> PodSecurity {
 /// Every GPU resource name the fleet or the tenants mention.
 fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> {
     let mut names = BTreeSet::from([RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]);
+    // A fleet has a few profiles over hundreds of thousands of instances: each named once.
+    let mut profiles: BTreeSet<&str> = BTreeSet::new();
     for n in nodes {
-        for g in &n.spec.gpus {
-            names.extend(g.mig_instances.iter().map(|i| mig_resource(&i.profile)));
+        for g in n.spec.gpus.iter() {
+            profiles.extend(g.mig_instances.iter().map(|i| i.profile.as_str()));
         }
     }
+    names.extend(profiles.into_iter().map(mig_resource));
     for t in tenants {
         names.extend(
             t.spec
