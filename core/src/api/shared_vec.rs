@@ -20,6 +20,11 @@ impl<T> Default for SharedVec<T> {
 }
 
 impl<T> SharedVec<T> {
+    /// For `skip_serializing_if`, which names a function rather than a method through `Deref`.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether both hold the same allocation (so are equal without looking).
     pub fn same_list(&self, other: &SharedVec<T>) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

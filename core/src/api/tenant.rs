@@ -1,12 +1,10 @@
 //! `GpuTenant`: a team, its namespaces, what it asks for and its limits.
 
-use super::{Mode, conditions::conditions_schema};
+use super::{Mode, SharedVec, conditions::conditions_schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
-use std::sync::Arc;
 
 /// A team, its namespaces, the GPU capacity it asks for and its limits.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -153,75 +151,9 @@ pub struct Grant {
 
 /// A tenant's grants, a list shared rather than copied: the planner's memo and the statuses of
 /// consecutive passes hold the same list where the tenant's grants did not change (a copy of
-/// every tenant's grants each pass was a tenth of a 5,000-node re-plan). Reads as a slice;
-/// serialised, and in the CRD schema, exactly as the list.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Grants(Arc<[Grant]>);
-
-impl Grants {
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl std::ops::Deref for Grants {
-    type Target = [Grant];
-
-    fn deref(&self) -> &[Grant] {
-        &self.0
-    }
-}
-
-impl From<Vec<Grant>> for Grants {
-    fn from(v: Vec<Grant>) -> Grants {
-        Grants(v.into())
-    }
-}
-
-impl FromIterator<Grant> for Grants {
-    fn from_iter<I: IntoIterator<Item = Grant>>(iter: I) -> Grants {
-        Grants(iter.into_iter().collect())
-    }
-}
-
-impl<'a> IntoIterator for &'a Grants {
-    type Item = &'a Grant;
-    type IntoIter = std::slice::Iter<'a, Grant>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
-
-impl Serialize for Grants {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Grants {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Grants, D::Error> {
-        Vec::<Grant>::deserialize(deserializer).map(Grants::from)
-    }
-}
-
-impl JsonSchema for Grants {
-    fn schema_name() -> Cow<'static, str> {
-        <Vec<Grant>>::schema_name()
-    }
-
-    fn schema_id() -> Cow<'static, str> {
-        <Vec<Grant>>::schema_id()
-    }
-
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        <Vec<Grant>>::json_schema(generator)
-    }
-
-    fn inline_schema() -> bool {
-        <Vec<Grant>>::inline_schema()
-    }
-}
+/// every tenant's grants each pass was a tenth of a 5,000-node re-plan). Serialised, and in the
+/// CRD schema, exactly as the list.
+pub type Grants = SharedVec<Grant>;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
