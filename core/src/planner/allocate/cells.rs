@@ -344,27 +344,10 @@ struct MergedTenant {
     grants: TenantGrants,
 }
 
-/// A pass's cells, and what [`cells`] split them from besides the GPUs (which
-/// [`AllocationMemo::read_fleet`] compares): per tenant in order, the family of each request and
-/// whether a memory limit ties them together.
-struct LastCells {
-    families: Vec<(Vec<Family>, bool)>,
-    cells: Vec<Cell>,
-}
-
-impl LastCells {
-    fn same_families(&self, tenants: &[TenantProfile]) -> bool {
-        self.families.len() == tenants.len()
-            && self.families.iter().zip(tenants).all(|((of, limited), t)| {
-                *limited == t.memory_limit_mib.is_some()
-                    && of.len() == t.requests.len()
-                    && of
-                        .iter()
-                        .zip(&t.requests)
-                        .all(|(f, r)| f.is(r.mode, r.profile.as_deref()))
-            })
-    }
-}
+/// Per tenant in order, the family of each request and whether a memory limit ties them
+/// together: what [`cells`] splits the fleet by besides the GPUs (which
+/// [`AllocationMemo::read_fleet`] compares).
+type TenantFamilies = Vec<(Vec<Family>, bool)>;
 
 /// The fleet's GPUs as the last pass read them, and each cell's tenants and result, by the cell's
 /// families. Kept by the controller between passes; a planner run without one places every cell.
@@ -378,8 +361,9 @@ pub struct AllocationMemo {
     /// Tenants whose grants in a cell placed this pass are not what that cell gave them in the
     /// last pass: only their merged grants are built again.
     regranted: foldhash::HashSet<String>,
-    /// The last pass's cells and what they were split from.
-    last_cells: Option<LastCells>,
+    /// The last pass's cells, and its tenants' families.
+    last_cells: Option<Vec<Cell>>,
+    families: TenantFamilies,
     /// Cells placed, and cells taken from the memo, in the last pass.
     pub placed: usize,
     pub reused: usize,
@@ -397,26 +381,42 @@ impl AllocationMemo {
     ) -> (Vec<Cell>, Vec<bool>) {
         self.regranted.clear();
         let (changed, same_gpus) = self.read_fleet(nodes);
+        let same_families = self.read_families(tenants);
         let cells = match self.last_cells.take() {
-            Some(last) if same_gpus && last.same_families(tenants) => last.cells,
+            Some(last) if same_gpus && same_families => last,
             _ => cells(tenants, nodes),
         };
         let stale = self.stale_cells(&cells, tenants, &changed);
         (cells, stale)
     }
 
-    /// Keeps the pass's cells, with what they were split from, for the next pass.
-    pub(super) fn keep_cells(&mut self, tenants: &[TenantProfile], cells: Vec<Cell>) {
-        self.last_cells = Some(LastCells {
-            families: tenants
+    /// Keeps the pass's cells for the next pass.
+    pub(super) fn keep_cells(&mut self, cells: Vec<Cell>) {
+        self.last_cells = Some(cells);
+    }
+
+    /// Whether every tenant requests the same families as in the last pass; keeps this pass's
+    /// (built again only when they differ).
+    fn read_families(&mut self, tenants: &[TenantProfile]) -> bool {
+        let same = self.families.len() == tenants.len()
+            && self.families.iter().zip(tenants).all(|((of, limited), t)| {
+                *limited == t.memory_limit_mib.is_some()
+                    && of.len() == t.requests.len()
+                    && of
+                        .iter()
+                        .zip(&t.requests)
+                        .all(|(f, r)| f.is(r.mode, r.profile.as_deref()))
+            });
+        if !same {
+            self.families = tenants
                 .iter()
                 .map(|t| {
                     let of = t.requests.iter().map(|r| Family::of(r.mode, r.profile.as_deref()));
                     (of.collect(), t.memory_limit_mib.is_some())
                 })
-                .collect(),
-            cells,
-        });
+                .collect();
+        }
+        same
     }
 
     fn stale_cells(&self, cells: &[Cell], tenants: &[TenantProfile], changed: &[Vec<bool>]) -> Vec<bool> {

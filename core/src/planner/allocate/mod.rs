@@ -271,7 +271,7 @@ pub fn allocate(
             memo.placed = stale.iter().filter(|s| **s).count();
             memo.reused = cells.len() - memo.placed;
             let grants = memo.merge(tenants, &cells, &stale);
-            memo.keep_cells(tenants, cells);
+            memo.keep_cells(cells);
             grants
         }
     }
