@@ -747,7 +747,12 @@ async fn f_a_moved_instance_is_scrubbed_before_it_is_ready() {
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let n = gn.get("mv-0").await.unwrap();
+        // The GpuNode is made by the controller's first pass, which may not have run yet.
+        let Some(n) = gn.get_opt("mv-0").await.unwrap() else {
+            assert!(Instant::now() < deadline, "GpuNode mv-0 was never made");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        };
         if applied(&n)
             && tenants_of(&n) == [Some("mv-a".to_string()), Some("mv-a".to_string())]
             && !scrub_tainted(&nodes.get("mv-0").await.unwrap())
