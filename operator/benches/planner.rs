@@ -6,8 +6,11 @@ mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_tenancy::api::Mode;
+use gpu_tenancy::controller::diff::{Seen, diff, diff_with};
+use gpu_tenancy::controller::stores::Snapshot;
 use gpu_tenancy::planner::{PlanInput, PlanMemo, plan};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Resource;
 use std::hint::black_box;
 
 // The allocator the binary ships with (`src/main.rs`): the planner's time at 50,000 nodes depends
@@ -81,11 +84,64 @@ fn incremental(c: &mut Criterion) {
     group.finish();
 }
 
+/// The controller's pass around the planner at 1,000 and 5,000 nodes on a converged cluster (the
+/// live objects are the desired ones, each with a resourceVersion, as the API server holds them
+/// once written): the copy of the stores a pass plans from, and the diff of the desired state
+/// against it (which finds nothing to write), with what the pass before found already so
+/// (`diff_with`, the controller's way) and comparing every object (`diff`). A tenant's change
+/// costs the first diff plus the comparisons of the objects it changes.
+fn controller_pass(c: &mut Criterion) {
+    fn versioned<T: Resource + Clone>(objects: &[T]) -> Vec<T> {
+        let mut objects = objects.to_vec();
+        for (i, o) in objects.iter_mut().enumerate() {
+            o.meta_mut().resource_version = Some((1000 + i).to_string());
+        }
+        objects
+    }
+    let mut group = c.benchmark_group("controller_pass");
+    group.sample_size(10);
+    for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
+        let f = support::fleet(nodes, 8, tenants, 42);
+        let d = support::desired_with(&f, None);
+        let live = Snapshot {
+            policies: versioned(&d.policies),
+            tenants: versioned(&d.tenants),
+            plans: versioned(&d.plans),
+            gpu_nodes: versioned(&d.nodes),
+            nodes: versioned(&d.node_labels),
+            namespaces: versioned(&d.namespaces),
+            quotas: versioned(&d.resource_quotas),
+            config_maps: versioned(&d.config_maps),
+            admission_policies: versioned(&d.admission_policies.iter().map(|p| (**p).clone()).collect::<Vec<_>>()),
+            admission_bindings: versioned(&d.admission_bindings),
+            mutating_policies: versioned(&d.mutating_policies),
+            mutating_bindings: versioned(&d.mutating_bindings),
+            device_classes: versioned(&d.device_classes),
+        };
+        let mut seen = Seen::default();
+        assert_eq!(
+            diff_with(&d, &live, &mut seen).writes,
+            vec![],
+            "the converged cluster needs no write"
+        );
+        group.bench_function(format!("snapshot_{nodes}_nodes"), |b| {
+            b.iter(|| black_box(live.clone()))
+        });
+        group.bench_function(format!("diff_seen_{nodes}_nodes"), |b| {
+            b.iter(|| black_box(diff_with(&d, &live, &mut seen)))
+        });
+        group.bench_function(format!("diff_all_{nodes}_nodes"), |b| {
+            b.iter(|| black_box(diff(&d, &live)))
+        });
+    }
+    group.finish();
+}
+
 // No plots: criterion's plotting backend needs system fonts a CI machine may not have, and
 // the figures are what the README quotes.
 criterion_group! {
     name = benches;
     config = Criterion::default().without_plots();
-    targets = bench, incremental
+    targets = bench, incremental, controller_pass
 }
 criterion_main!(benches);

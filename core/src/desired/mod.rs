@@ -40,6 +40,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 pub use admission::{
     AdmissionMemo, Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules,
@@ -119,7 +120,8 @@ pub struct Desired {
     pub config_maps: Vec<ConfigMap>,
     /// Per tenant and kind of device it holds on DRA nodes, the class its claims use.
     pub device_classes: Vec<DeviceClass>,
-    pub admission_policies: Vec<ValidatingAdmissionPolicy>,
+    /// Shared with the admission memo ([`AdmissionMemo`]).
+    pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     /// Per tenant whose device-plugin names DRA serves, the policy renaming them in its pods.
     pub mutating_policies: Vec<MutatingAdmissionPolicy>,

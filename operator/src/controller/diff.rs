@@ -12,13 +12,21 @@
 use crate::api::{ConditionSet, GpuNode, condition_status};
 use crate::desired::Desired;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
 use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::core::ApiResource;
 use kube::{Resource, ResourceExt};
+use owned::{Contained, owned, to_value};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use super::stores::Snapshot;
 
@@ -177,48 +185,34 @@ pub struct Diff {
 
 pub use crate::runtime::object::contains;
 
-fn to_value<T: Serialize>(t: &T) -> Value {
-    serde_json::to_value(t).expect("Kubernetes objects serialise")
+/// What a pass found already so in the owned objects, kept for the next pass ([`owned`]).
+#[derive(Debug, Default)]
+pub struct Seen {
+    config_maps: Contained<ConfigMap>,
+    namespaces: Contained<Namespace>,
+    quotas: Contained<ResourceQuota>,
+    admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
+    admission_bindings: Contained<ValidatingAdmissionPolicyBinding>,
+    device_classes: Contained<DeviceClass>,
+    mutating_policies: Contained<MutatingAdmissionPolicy>,
+    mutating_bindings: Contained<MutatingAdmissionPolicyBinding>,
 }
 
-/// Applies of `desired` objects the live set does not contain, and deletes of owned live objects
-/// no longer desired. Objects are keyed by namespace and name.
-fn owned<T: Resource + Serialize, L: Resource + Serialize>(
-    kind: Kind,
-    desired: &[T],
-    live: &[L],
-    out: &mut Vec<Write>,
-    deletes: &mut Vec<Write>,
-) {
-    let live: BTreeMap<(Option<String>, String), &L> = live
-        .iter()
-        .map(|l| {
-            (
-                (l.meta().namespace.clone(), l.meta().name.clone().unwrap_or_default()),
-                l,
-            )
-        })
-        .collect();
-    let mut wanted = BTreeSet::new();
-    for d in desired {
-        let key = (d.meta().namespace.clone(), d.meta().name.clone().unwrap_or_default());
-        let want = to_value(d);
-        if !live.get(&key).is_some_and(|l| contains(&to_value(*l), &want)) {
-            out.push(Write::Apply {
-                kind,
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-                object: want,
-            });
-        }
-        wanted.insert(key);
+impl Seen {
+    /// How many owned objects the last pass found contained in their live ones.
+    pub fn len(&self) -> usize {
+        self.config_maps.len()
+            + self.namespaces.len()
+            + self.quotas.len()
+            + self.admission_policies.len()
+            + self.admission_bindings.len()
+            + self.device_classes.len()
+            + self.mutating_policies.len()
+            + self.mutating_bindings.len()
     }
-    for (key, _) in live.iter().filter(|(k, _)| !wanted.contains(*k)) {
-        deletes.push(Write::Delete {
-            kind,
-            namespace: key.0.clone(),
-            name: key.1.clone(),
-        });
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -305,13 +299,14 @@ fn node_patches(desired: &[Node], live: &[Node], out: &mut Vec<Write>) {
 
 /// Tenant namespaces: created or labelled as desired; a namespace that is no longer a tenant's
 /// loses our labels (never the namespace: it holds the tenant's workloads).
-fn namespace_writes(d: &Desired, live: &Snapshot, out: &mut Vec<Write>) {
+fn namespace_writes(d: &Desired, live: &Snapshot, seen: &mut Contained<Namespace>, out: &mut Vec<Write>) {
     let mut desired = Vec::new();
     let mut deletes = Vec::new();
     owned(
         Kind::Namespace,
         &d.namespaces,
         &live.namespaces,
+        seen,
         &mut desired,
         &mut deletes,
     );
@@ -357,37 +352,31 @@ fn notes(d: &Desired, live: &Snapshot) -> Vec<Note> {
             }
         }
     };
-    let by_name = |items: &[crate::api::GpuTenant]| -> BTreeMap<String, Vec<crate::api::Condition>> {
-        items
-            .iter()
-            .map(|t| (t.name_any(), t.status.clone().unwrap_or_default().conditions))
-            .collect()
-    };
-    let live_tenants = by_name(&live.tenants);
-    for t in &d.tenants {
-        let now = t.status.clone().unwrap_or_default().conditions;
-        flips(
-            Kind::GpuTenant,
-            t.name_any(),
-            live_tenants.get(&t.name_any()).map_or(&[][..], |v| v),
-            &now,
-            &mut out,
-        );
+    // Conditions borrowed, never the statuses cloned: a tenant's status holds its grants.
+    fn conditions(s: Option<&Vec<crate::api::Condition>>) -> &[crate::api::Condition] {
+        s.map_or(&[], |c| &c[..])
     }
-    let live_plans: BTreeMap<String, Vec<crate::api::Condition>> = live
+    let live_tenants: BTreeMap<String, &[crate::api::Condition]> = live
+        .tenants
+        .iter()
+        .map(|t| (t.name_any(), conditions(t.status.as_ref().map(|s| &s.conditions))))
+        .collect();
+    for t in &d.tenants {
+        let name = t.name_any();
+        let was = live_tenants.get(&name).copied().unwrap_or_default();
+        let now = conditions(t.status.as_ref().map(|s| &s.conditions));
+        flips(Kind::GpuTenant, name, was, now, &mut out);
+    }
+    let live_plans: BTreeMap<String, &[crate::api::Condition]> = live
         .plans
         .iter()
-        .map(|p| (p.name_any(), p.status.clone().unwrap_or_default().conditions))
+        .map(|p| (p.name_any(), conditions(p.status.as_ref().map(|s| &s.conditions))))
         .collect();
     for p in &d.plans {
-        let now = p.status.clone().unwrap_or_default().conditions;
-        flips(
-            Kind::GpuPartitionPlan,
-            p.name_any(),
-            live_plans.get(&p.name_any()).map_or(&[][..], |v| v),
-            &now,
-            &mut out,
-        );
+        let name = p.name_any();
+        let was = live_plans.get(&name).copied().unwrap_or_default();
+        let now = conditions(p.status.as_ref().map(|s| &s.conditions));
+        flips(Kind::GpuPartitionPlan, name, was, now, &mut out);
     }
     // A rollout step: nodes of a plan whose spec changes in this pass.
     let live_specs: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
@@ -443,12 +432,19 @@ fn evictions(live: &Snapshot) -> Vec<Write> {
 /// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
 /// node lacks the scrub-pending taint (DESIGN.md §4.3); a label names only a config written.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
+    diff_with(d, live, &mut Seen::default())
+}
+
+/// [`diff`], comparing again only the owned objects that changed since the pass that left `seen`
+/// (their live resourceVersion or their desired content); `seen` becomes this pass's findings.
+pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
     let mut writes = Vec::new();
     let mut deletes = Vec::new();
     owned(
         Kind::ConfigMap,
         &d.config_maps,
         &live.config_maps,
+        &mut seen.config_maps,
         &mut writes,
         &mut deletes,
     );
@@ -497,22 +493,24 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
         |p| p.status.as_ref(),
         &mut writes,
     );
-    namespace_writes(d, live, &mut writes);
+    namespace_writes(d, live, &mut seen.namespaces, &mut writes);
     owned(
         Kind::ResourceQuota,
         &d.resource_quotas,
         &live.quotas,
+        &mut seen.quotas,
         &mut writes,
         &mut deletes,
     );
     let mut binding_deletes = Vec::new();
-    admission::writes(d, live, &mut writes, &mut binding_deletes, &mut deletes);
+    admission::writes(d, live, seen, &mut writes, &mut binding_deletes, &mut deletes);
     // DRA: the classes the tenants' claims name, and the renames of device-plugin names (no
     // order needed: a class or rename missing refuses, never hands over).
     owned(
         Kind::DeviceClass,
         &d.device_classes,
         &live.device_classes,
+        &mut seen.device_classes,
         &mut writes,
         &mut deletes,
     );
@@ -520,6 +518,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
         Kind::MutatingAdmissionPolicy,
         &d.mutating_policies,
         &live.mutating_policies,
+        &mut seen.mutating_policies,
         &mut writes,
         &mut deletes,
     );
@@ -527,6 +526,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
         Kind::MutatingAdmissionPolicyBinding,
         &d.mutating_bindings,
         &live.mutating_bindings,
+        &mut seen.mutating_bindings,
         &mut writes,
         &mut binding_deletes,
     );
@@ -541,6 +541,7 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
 
 mod admission;
 mod node_patch;
+mod owned;
 pub use node_patch::NodePatch;
 #[cfg(test)]
 mod tests;

@@ -109,6 +109,9 @@ pub struct Controller {
     /// What the last pass planned and rendered, so the next places again and renders again only
     /// what its changes can affect.
     memo: Mutex<DesiredMemo>,
+    /// The owned objects the last pass found already so, by resourceVersion
+    /// ([`diff::Seen`]), so the next compares only what changed.
+    seen: Mutex<diff::Seen>,
     /// Also plan every pass from nothing, compare, and write the full pass's result if they differ.
     pub check_incremental: bool,
 }
@@ -125,6 +128,7 @@ impl Controller {
             settings,
             changed,
             memo: Mutex::default(),
+            seen: Mutex::default(),
             check_incremental: false,
         }
     }
@@ -175,7 +179,10 @@ impl Controller {
             full_time,
             differed,
         } = self.plan(&snapshot, &now_seconds());
-        let diff = diff::diff(&d, &snapshot);
+        let diff = {
+            let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            diff::diff_with(&d, &snapshot, &mut seen)
+        };
         let plan_time = started.elapsed();
         let outcome = self.writer.write_all(&diff.writes).await;
         self.writer.publish(&diff.notes).await;

@@ -12,12 +12,15 @@ use super::rules::TenantRules;
 use crate::desired::Settings;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use std::collections::HashMap;
+use std::sync::Arc;
 
-/// One tenant's policies and the rules they were rendered from.
+/// One tenant's policies and the rules they were rendered from. Shared with the passes' output
+/// (and the controller's diff, which keeps what it found written): one copy of a tenant's CEL
+/// text, however many passes take it back.
 struct Rendered {
     rules: TenantRules,
-    pods: ValidatingAdmissionPolicy,
-    claims: ValidatingAdmissionPolicy,
+    pods: Arc<ValidatingAdmissionPolicy>,
+    claims: Arc<ValidatingAdmissionPolicy>,
 }
 
 /// The tenants' policies of the last pass, by tenant name, and the settings they were rendered
@@ -70,10 +73,10 @@ impl<'m> Pass<'m> {
         name: String,
         rules: TenantRules,
         render: impl FnOnce(&str, &TenantRules) -> [ValidatingAdmissionPolicy; 2],
-    ) -> [ValidatingAdmissionPolicy; 2] {
+    ) -> [Arc<ValidatingAdmissionPolicy>; 2] {
         let [pods, claims] = match self.last.remove(&name) {
             Some(r) if r.rules == rules => [r.pods, r.claims],
-            _ => render(&name, &rules),
+            _ => render(&name, &rules).map(Arc::new),
         };
         if self.memo.is_none() {
             return [pods, claims];

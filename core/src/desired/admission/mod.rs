@@ -37,6 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 pub use memo::AdmissionMemo;
 
@@ -261,7 +262,9 @@ fn claim_rules() -> Value {
 /// Everything the admission part of the desired state holds, each list sorted by name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Admission {
-    pub policies: Vec<ValidatingAdmissionPolicy>,
+    /// Shared with the admission memo: a tenant's policies are taken back whole while its rules
+    /// are unchanged.
+    pub policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
     pub mutating_policies: Vec<MutatingAdmissionPolicy>,
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
@@ -323,25 +326,25 @@ pub fn render(
         out_policies.extend(pass.policies(name, rules, render_tenant));
     }
     pass.finish();
-    out_policies.push(policy(
+    out_policies.push(Arc::new(policy(
         UNTENANTED_POLICY,
         &pod_rules,
         &variables,
         rules::untenanted(&access),
-    ));
-    out_policies.push(policy(
+    )));
+    out_policies.push(Arc::new(policy(
         UNTENANTED_CLAIMS_POLICY,
         &claim_rules,
         &claim_variables,
         claims::untenanted(settings),
-    ));
+    )));
     out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()));
 
     let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
-    out_policies.push(keys_policy);
+    out_policies.push(Arc::new(keys_policy));
     out_bindings.push(keys_binding);
 
-    crate::api::sort_by_name(&mut out.policies);
+    out.policies.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     crate::api::sort_by_name(&mut out.bindings);
     crate::api::sort_by_name(&mut out.mutating_policies);
     crate::api::sort_by_name(&mut out.mutating_bindings);

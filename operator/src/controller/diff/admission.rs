@@ -15,7 +15,7 @@
 //! the order within a pass does not matter. An older selector (the label selectors of earlier
 //! versions) reads as covering nothing, so an upgrade holds namespaces rather than drop them.
 
-use super::{Kind, Write, owned};
+use super::{Kind, Seen, Write, owned};
 use crate::controller::stores::Snapshot;
 use crate::desired::{
     CLAIMS_PREFIX, Coverage, Desired, POLICY_PREFIX, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage,
@@ -24,6 +24,7 @@ use crate::desired::{
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// The two halves of every rule set, each with its own bindings: the pod policy and the claims
 /// policy. Each is moved between rule sets on its own, by the same rules, so neither ever leaves a
@@ -141,6 +142,7 @@ fn half_bindings(
 pub(super) fn writes(
     d: &Desired,
     live: &Snapshot,
+    seen: &mut Seen,
     writes: &mut Vec<Write>,
     binding_deletes: &mut Vec<Write>,
     deletes: &mut Vec<Write>,
@@ -166,16 +168,19 @@ pub(super) fn writes(
     // Policies: as desired, but a held binding's policy is kept as the store has it (never
     // rewritten: it is only compared with itself).
     let desired_names: BTreeSet<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
-    let kept = live
+    let kept: Vec<Arc<ValidatingAdmissionPolicy>> = live
         .admission_policies
         .iter()
-        .filter(|p| held_policies.contains(&p.name_any()) && !desired_names.contains(&p.name_any()));
-    let policies: Vec<ValidatingAdmissionPolicy> = d.admission_policies.iter().chain(kept).cloned().collect();
+        .filter(|p| held_policies.contains(&p.name_any()) && !desired_names.contains(&p.name_any()))
+        .map(|p| Arc::new(p.clone()))
+        .collect();
+    let policies = d.admission_policies.iter().chain(&kept);
     // Policies go before bindings (a binding names its policy); their deletes after the bindings'.
     owned(
         Kind::ValidatingAdmissionPolicy,
-        &policies,
+        policies,
         &live.admission_policies,
+        &mut seen.admission_policies,
         writes,
         deletes,
     );
@@ -183,6 +188,7 @@ pub(super) fn writes(
         Kind::ValidatingAdmissionPolicyBinding,
         &bindings,
         &live.admission_bindings,
+        &mut seen.admission_bindings,
         writes,
         binding_deletes,
     );
@@ -221,12 +227,12 @@ mod tests {
         };
         for (t, ns) in &rules.tenants {
             for b in tenant_bindings(t, ns).into_iter().flatten() {
-                d.admission_policies.push(policy(&b.name_any()));
+                d.admission_policies.push(Arc::new(policy(&b.name_any())));
                 d.admission_bindings.push(b);
             }
         }
         for b in untenanted_bindings(&rules.untenanted_excluded()) {
-            d.admission_policies.push(policy(&b.name_any()));
+            d.admission_policies.push(Arc::new(policy(&b.name_any())));
             d.admission_bindings.push(b);
         }
         d
@@ -264,7 +270,7 @@ mod tests {
 
     fn pass(d: &Desired, live: &Snapshot) -> Vec<Write> {
         let (mut w, mut bd, mut pd) = (vec![], vec![], vec![]);
-        writes(d, live, &mut w, &mut bd, &mut pd);
+        writes(d, live, &mut Seen::default(), &mut w, &mut bd, &mut pd);
         w.extend(bd);
         w.extend(pd);
         w

@@ -74,7 +74,8 @@ fn writes(d: &Diff) -> Vec<String> {
 /// set, patches merged. Good enough to feed a second pass.
 fn apply(s: &mut Snapshot, d: &Diff) {
     fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<T>, object: &Value) {
-        let o: T = serde_json::from_value(object.clone()).unwrap();
+        let mut o: T = serde_json::from_value(object.clone()).unwrap();
+        o.meta_mut().resource_version = Some(next_version());
         list.retain(|x| !(x.name_any() == o.name_any() && x.namespace() == o.namespace()));
         list.push(o);
     }
@@ -157,6 +158,12 @@ fn apply(s: &mut Snapshot, d: &Diff) {
             },
         }
     }
+}
+
+/// A resourceVersion as the API server gives each write: new every time.
+fn next_version() -> String {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
+    (LAST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).to_string()
 }
 
 fn pass(s: &Snapshot) -> Diff {
@@ -505,4 +512,92 @@ fn eviction_requests_are_evicted_only_under_the_evict_policy() {
             node: "n1".into()
         }]
     );
+}
+
+/// The desired state of `s` diffed with `seen` (what earlier passes found already so), checked
+/// equal to the diff that compares every object.
+fn pass_seen(s: &Snapshot, seen: &mut Seen) -> Diff {
+    let d = desired_of(s, &Settings::default(), &now());
+    let with = diff_with(&d, s, seen);
+    assert_eq!(
+        writes(&with),
+        writes(&diff(&d, s)),
+        "the kept findings changed the pass"
+    );
+    assert_eq!(with, diff(&d, s));
+    with
+}
+
+#[test]
+fn owned_objects_found_already_so_are_compared_again_only_when_either_side_changes() {
+    let mut s = snapshot();
+    let mut seen = Seen::default();
+    for _ in 0..3 {
+        let d = pass_seen(&s, &mut seen);
+        apply(&mut s, &d);
+    }
+    assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
+    let owned = s.quotas.len()
+        + s.namespaces.len()
+        + s.config_maps.len()
+        + s.admission_policies.len()
+        + s.admission_bindings.len();
+    assert_eq!(seen.len(), owned, "every owned object is known contained");
+    assert_eq!(seen.quotas.len(), 1);
+
+    // A person edits the quota behind the controller: a new resourceVersion, so it is compared
+    // again, and written back.
+    let q = &mut s.quotas[0];
+    q.spec
+        .as_mut()
+        .unwrap()
+        .hard
+        .as_mut()
+        .unwrap()
+        .values_mut()
+        .for_each(|v| v.0 = "100".into());
+    q.metadata.resource_version = Some(next_version());
+    let d = pass_seen(&s, &mut seen);
+    assert_eq!(writes(&d), ["apply ResourceQuota acme/gpu-tenancy"]);
+    apply(&mut s, &d);
+    assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
+
+    // The tenant changes: the same live objects, other desired ones.
+    s.tenants[0].spec.resources[0].count = 1;
+    let d = pass_seen(&s, &mut seen);
+    assert!(
+        writes(&d).contains(&"apply ResourceQuota acme/gpu-tenancy".to_string()),
+        "{:?}",
+        writes(&d)
+    );
+    apply(&mut s, &d);
+    let d = pass_seen(&s, &mut seen);
+    apply(&mut s, &d);
+    assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
+
+    // The tenant goes: its objects are deleted and forgotten.
+    s.tenants.clear();
+    for _ in 0..3 {
+        let d = pass_seen(&s, &mut seen);
+        apply(&mut s, &d);
+    }
+    assert!(s.quotas.is_empty());
+    assert_eq!(seen.quotas.len(), 0);
+}
+
+#[test]
+fn an_owned_object_without_a_resource_version_is_never_taken_as_found() {
+    let mut s = snapshot();
+    settle(&mut s);
+    for q in &mut s.quotas {
+        q.metadata.resource_version = None;
+    }
+    let mut seen = Seen::default();
+    assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
+    assert_eq!(
+        seen.quotas.len(),
+        0,
+        "no resourceVersion: nothing to tell a later state by"
+    );
+    assert_eq!(seen.admission_policies.len(), s.admission_policies.len());
 }
