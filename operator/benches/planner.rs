@@ -12,6 +12,7 @@ use gpu_tenancy::planner::{PlanInput, PlanMemo, plan};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use std::hint::black_box;
+use std::sync::Arc;
 
 // The allocator the binary ships with (`src/main.rs`): the planner's time at 50,000 nodes depends
 // on it (glibc's malloc made it superlinear).
@@ -98,6 +99,9 @@ fn controller_pass(c: &mut Criterion) {
         }
         objects
     }
+    fn shared<T: Resource + Clone>(objects: &[T]) -> Vec<Arc<T>> {
+        versioned(objects).into_iter().map(Arc::new).collect()
+    }
     let mut group = c.benchmark_group("controller_pass");
     group.sample_size(10);
     for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
@@ -110,13 +114,13 @@ fn controller_pass(c: &mut Criterion) {
             gpu_nodes: versioned(&d.nodes),
             nodes: versioned(&d.node_labels),
             namespaces: versioned(&d.namespaces),
-            quotas: versioned(&d.resource_quotas),
-            config_maps: versioned(&d.config_maps),
-            admission_policies: versioned(&d.admission_policies.iter().map(|p| (**p).clone()).collect::<Vec<_>>()),
-            admission_bindings: versioned(&d.admission_bindings),
-            mutating_policies: versioned(&d.mutating_policies),
-            mutating_bindings: versioned(&d.mutating_bindings),
-            device_classes: versioned(&d.device_classes),
+            quotas: shared(&d.resource_quotas),
+            config_maps: shared(&d.config_maps),
+            admission_policies: shared(&d.admission_policies.iter().map(|p| (**p).clone()).collect::<Vec<_>>()),
+            admission_bindings: shared(&d.admission_bindings),
+            mutating_policies: shared(&d.mutating_policies),
+            mutating_bindings: shared(&d.mutating_bindings),
+            device_classes: shared(&d.device_classes),
         };
         let mut seen = Seen::default();
         assert_eq!(

@@ -26,11 +26,13 @@ use tokio::sync::Notify;
 
 /// Every kind the controller reads, in one list: its field in [`Stores`] and [`Snapshot`], its
 /// type, where it is listed (`cluster`: every namespace or cluster-scoped; `device_plugin_namespace`:
-/// the device plugin's namespace only) and which objects (`all`, or `owned`: labelled
-/// `gputenancy.io/managed-by=gpu-tenancy`). Adding a kind here adds its store, its copy in a
-/// snapshot, its wait for the first list and its watch.
+/// the device plugin's namespace only), which objects (`all`, or `owned`: labelled
+/// `gputenancy.io/managed-by=gpu-tenancy`) and how a snapshot holds them (`copy`: the objects, as
+/// the planner reads them; `share`: the store's own references, for what only the diff reads: the
+/// owned objects, thousands of admission policies at fleet size, are never copied). Adding a kind
+/// here adds its store, its field in a snapshot, its wait for the first list and its watch.
 macro_rules! kinds {
-    ($($field:ident: $kind:ty, $scope:ident, $which:ident;)*) => {
+    ($($field:ident: $kind:ty, $scope:ident, $which:ident, $hold:ident;)*) => {
         /// Read-only stores of everything the controller looks at.
         #[derive(Clone)]
         pub struct Stores {
@@ -40,13 +42,13 @@ macro_rules! kinds {
         /// A copy of every store at one moment: what one pass plans from.
         #[derive(Clone, Debug, Default)]
         pub struct Snapshot {
-            $(pub $field: Vec<$kind>,)*
+            $(pub $field: Vec<held!($hold, $kind)>,)*
         }
 
         impl Stores {
             pub fn snapshot(&self) -> Snapshot {
                 Snapshot {
-                    $($field: copy(&self.$field),)*
+                    $($field: $hold(&self.$field),)*
                 }
             }
 
@@ -74,20 +76,26 @@ macro_rules! kinds {
     };
 }
 
+/// The type a snapshot holds a kind's objects as.
+macro_rules! held {
+    (copy, $kind:ty) => { $kind };
+    (share, $kind:ty) => { Arc<$kind> };
+}
+
 kinds! {
-    policies: SharingPolicy, cluster, All;
-    tenants: GpuTenant, cluster, All;
-    plans: GpuPartitionPlan, cluster, All;
-    gpu_nodes: GpuNode, cluster, All;
-    nodes: Node, cluster, All;
-    namespaces: Namespace, cluster, All;
-    quotas: ResourceQuota, cluster, Owned;
-    config_maps: ConfigMap, device_plugin_namespace, Owned;
-    admission_policies: ValidatingAdmissionPolicy, cluster, Owned;
-    admission_bindings: ValidatingAdmissionPolicyBinding, cluster, Owned;
-    mutating_policies: MutatingAdmissionPolicy, cluster, Owned;
-    mutating_bindings: MutatingAdmissionPolicyBinding, cluster, Owned;
-    device_classes: DeviceClass, cluster, Owned;
+    policies: SharingPolicy, cluster, All, copy;
+    tenants: GpuTenant, cluster, All, copy;
+    plans: GpuPartitionPlan, cluster, All, copy;
+    gpu_nodes: GpuNode, cluster, All, copy;
+    nodes: Node, cluster, All, copy;
+    namespaces: Namespace, cluster, All, copy;
+    quotas: ResourceQuota, cluster, Owned, share;
+    config_maps: ConfigMap, device_plugin_namespace, Owned, share;
+    admission_policies: ValidatingAdmissionPolicy, cluster, Owned, share;
+    admission_bindings: ValidatingAdmissionPolicyBinding, cluster, Owned, share;
+    mutating_policies: MutatingAdmissionPolicy, cluster, Owned, share;
+    mutating_bindings: MutatingAdmissionPolicyBinding, cluster, Owned, share;
+    device_classes: DeviceClass, cluster, Owned, share;
 }
 
 fn copy<K>(store: &Store<K>) -> Vec<K>
@@ -96,6 +104,16 @@ where
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
     store.state().iter().map(|o| (**o).clone()).collect()
+}
+
+/// The store's objects themselves: a store replaces an object on change, never edits it, so a
+/// shared one stays as it was read.
+fn share<K>(store: &Store<K>) -> Vec<Arc<K>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store.state()
 }
 
 /// Which objects of a kind the controller caches.

@@ -172,11 +172,11 @@ pub(super) fn writes(
         .admission_policies
         .iter()
         .filter(|p| held_policies.contains(&p.name_any()) && !desired_names.contains(&p.name_any()))
-        .map(|p| Arc::new(p.clone()))
+        .cloned()
         .collect();
     let policies = d.admission_policies.iter().chain(&kept);
     // Policies go before bindings (a binding names its policy); their deletes after the bindings'.
-    owned(
+    owned::<_, ValidatingAdmissionPolicy, _>(
         Kind::ValidatingAdmissionPolicy,
         policies,
         &live.admission_policies,

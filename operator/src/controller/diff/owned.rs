@@ -52,18 +52,19 @@ impl<T> Contained<T> {
 /// no longer desired. Objects are keyed by namespace and name; `seen` is what the last pass found
 /// contained, and becomes what this one found. A desired object may be shared (`Arc`): `seen`
 /// then holds another reference to it, not a copy.
-pub(super) fn owned<'d, D, T>(
+pub(super) fn owned<'d, D, T, L>(
     kind: Kind,
     desired: impl IntoIterator<Item = &'d D>,
-    live: &[T],
+    live: &[L],
     seen: &mut Contained<D>,
     out: &mut Vec<Write>,
     deletes: &mut Vec<Write>,
 ) where
     D: Borrow<T> + PartialEq + Clone + 'd,
+    L: Borrow<T>,
     T: Resource + Serialize,
 {
-    let live: BTreeMap<Key, &T> = live.iter().map(|l| (key_of(l), l)).collect();
+    let live: BTreeMap<Key, &T> = live.iter().map(|l| (key_of(l.borrow()), l.borrow())).collect();
     let mut last = std::mem::take(&mut seen.found);
     let mut wanted = BTreeSet::new();
     for d in desired {

@@ -73,11 +73,11 @@ fn writes(d: &Diff) -> Vec<String> {
 /// What the API server would hold after the writes: applied objects stored as sent, statuses
 /// set, patches merged. Good enough to feed a second pass.
 fn apply(s: &mut Snapshot, d: &Diff) {
-    fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<T>, object: &Value) {
+    fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<Arc<T>>, object: &Value) {
         let mut o: T = serde_json::from_value(object.clone()).unwrap();
         o.meta_mut().resource_version = Some(next_version());
         list.retain(|x| !(x.name_any() == o.name_any() && x.namespace() == o.namespace()));
-        list.push(o);
+        list.push(Arc::new(o));
     }
     for w in &d.writes {
         match w {
@@ -96,7 +96,12 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                         }
                     }
                 }
-                Kind::Namespace => put(&mut s.namespaces, object),
+                Kind::Namespace => {
+                    let mut o: Namespace = serde_json::from_value(object.clone()).unwrap();
+                    o.meta_mut().resource_version = Some(next_version());
+                    s.namespaces.retain(|x| x.name_any() != o.name_any());
+                    s.namespaces.push(o);
+                }
                 Kind::ResourceQuota => put(&mut s.quotas, object),
                 Kind::ConfigMap => put(&mut s.config_maps, object),
                 Kind::ValidatingAdmissionPolicy => put(&mut s.admission_policies, object),
@@ -547,7 +552,7 @@ fn owned_objects_found_already_so_are_compared_again_only_when_either_side_chang
 
     // A person edits the quota behind the controller: a new resourceVersion, so it is compared
     // again, and written back.
-    let q = &mut s.quotas[0];
+    let q = Arc::make_mut(&mut s.quotas[0]);
     q.spec
         .as_mut()
         .unwrap()
@@ -590,7 +595,7 @@ fn an_owned_object_without_a_resource_version_is_never_taken_as_found() {
     let mut s = snapshot();
     settle(&mut s);
     for q in &mut s.quotas {
-        q.metadata.resource_version = None;
+        Arc::make_mut(q).metadata.resource_version = None;
     }
     let mut seen = Seen::default();
     assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
