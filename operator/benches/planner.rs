@@ -99,6 +99,9 @@ fn controller_pass(c: &mut Criterion) {
         }
         objects
     }
+    fn copies<T: Clone>(objects: &[Arc<T>]) -> Vec<T> {
+        objects.iter().map(|o| (**o).clone()).collect()
+    }
     fn shared<T: Resource + Clone>(objects: &[T]) -> Vec<Arc<T>> {
         versioned(objects).into_iter().map(Arc::new).collect()
     }
@@ -114,9 +117,9 @@ fn controller_pass(c: &mut Criterion) {
             gpu_nodes: versioned(&d.nodes),
             nodes: versioned(&d.node_labels),
             namespaces: versioned(&d.namespaces),
-            quotas: shared(&d.resource_quotas),
+            quotas: shared(&copies(&d.resource_quotas)),
             config_maps: shared(&d.config_maps),
-            admission_policies: shared(&d.admission_policies.iter().map(|p| (**p).clone()).collect::<Vec<_>>()),
+            admission_policies: shared(&copies(&d.admission_policies)),
             admission_bindings: shared(&d.admission_bindings),
             mutating_policies: shared(&d.mutating_policies),
             mutating_bindings: shared(&d.mutating_bindings),

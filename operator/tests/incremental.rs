@@ -8,7 +8,7 @@
 #[path = "support/fleet.rs"]
 mod support;
 
-use gpu_tenancy::api::{Mode, TenantLimits};
+use gpu_tenancy::api::{Mode, PodSecurity, TenantLimits};
 use gpu_tenancy::desired::DesiredMemo;
 use gpu_tenancy::planner::{PlanMemo, PlanOutput};
 use proptest::prelude::*;
@@ -62,6 +62,17 @@ enum Change {
         tenant: usize,
         tier: usize,
     },
+    /// A tenant adds a namespace in front of its own, another tenant's first (then claimed twice)
+    /// or a new one (its grant split over one more, its namespaces each in another place), or,
+    /// with more than one, drops its first.
+    Namespaces {
+        tenant: usize,
+        other: Option<usize>,
+    },
+    /// A tier's Pod Security level flips (its tenants' namespaces are labelled anew).
+    PodSecurity {
+        tier: usize,
+    },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -83,6 +94,16 @@ fn change() -> impl Strategy<Value = Change> {
         (1..8u32).prop_map(|replicas| Change::Replicas { replicas }),
         (0..64usize).prop_map(|tenant| Change::Reorder { tenant }),
         (0..64usize, 0..3usize).prop_map(|(tenant, tier)| Change::Tier { tenant, tier }),
+    ]
+}
+
+/// [`change`], and changes of what a tenant namespace's objects are made of. (A strategy of its
+/// own: adding variants to [`change`] would change what the saved regression seeds replay.)
+fn namespace_change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        2 => change(),
+        1 => (0..64usize, proptest::option::of(0..64usize)).prop_map(|(tenant, other)| Change::Namespaces { tenant, other }),
+        1 => (0..3usize).prop_map(|tier| Change::PodSecurity { tier }),
     ]
 }
 
@@ -153,6 +174,26 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 f.tenants[t].spec.resources.rotate_left(1);
             }
         }
+        Change::Namespaces { tenant, other } => {
+            let Some(t) = pick(tenant, f.tenants.len()) else { return };
+            let theirs = match other.and_then(|o| pick(o, f.tenants.len())) {
+                Some(o) => f.tenants[o].spec.namespaces.first().cloned(),
+                None => Some(format!("ns-extra-{}", f.tenants[t].spec.namespaces.len())),
+            };
+            let ns = &mut f.tenants[t].spec.namespaces;
+            match theirs {
+                _ if ns.len() > 1 => drop(ns.remove(0)),
+                Some(n) if !ns.contains(&n) => ns.insert(0, n),
+                _ => {}
+            }
+        }
+        Change::PodSecurity { tier } => {
+            let tier = &mut f.policies[0].spec.tiers[tier % 3];
+            tier.pod_security = match tier.pod_security {
+                PodSecurity::Baseline => PodSecurity::Restricted,
+                PodSecurity::Restricted => PodSecurity::Baseline,
+            };
+        }
         Change::Replicas { replicas } => {
             let ts = f.plans.iter_mut().find(|p| p.metadata.name.as_deref() == Some("ts"));
             if let Some(ts) = ts {
@@ -166,6 +207,31 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
     }
 }
 
+/// Plans and renders `f` after each of `changes`, with the memos and from nothing: equal at every step.
+fn check_memo_equals_full(mut f: support::Fleet, changes: &[Change]) -> Result<(), TestCaseError> {
+    let mut memo = PlanMemo::default();
+    let mut desired_memo = DesiredMemo::default();
+    let mut last = plan(&f, Some(&mut memo));
+    prop_assert_eq!(&last, &plan(&f, None));
+    prop_assert!(desired(&f, Some(&mut desired_memo)) == desired(&f, None));
+    let mut added = 0;
+    for (step, c) in changes.iter().enumerate() {
+        apply(&mut f, &last, c, &mut added);
+        let incremental = plan(&f, Some(&mut memo));
+        let full = plan(&f, None);
+        prop_assert!(
+            incremental == full,
+            "step {step} ({c:?}): the memo's plan differs from the full pass"
+        );
+        prop_assert!(
+            desired(&f, Some(&mut desired_memo)) == desired(&f, None),
+            "step {step} ({c:?}): the desired state rendered with the memo differs from the full pass"
+        );
+        last = full;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
@@ -174,24 +240,21 @@ proptest! {
         seed in any::<u64>(),
         changes in proptest::collection::vec(change(), 1..10),
     ) {
-        let mut f = support::fleet(16, 4, 10, seed);
-        let mut memo = PlanMemo::default();
-        let mut desired_memo = DesiredMemo::default();
-        let mut last = plan(&f, Some(&mut memo));
-        prop_assert_eq!(&last, &plan(&f, None));
-        prop_assert!(desired(&f, Some(&mut desired_memo)) == desired(&f, None));
-        let mut added = 0;
-        for (step, c) in changes.iter().enumerate() {
-            apply(&mut f, &last, c, &mut added);
-            let incremental = plan(&f, Some(&mut memo));
-            let full = plan(&f, None);
-            prop_assert!(incremental == full, "step {step} ({c:?}): the memo's plan differs from the full pass");
-            prop_assert!(
-                desired(&f, Some(&mut desired_memo)) == desired(&f, None),
-                "step {step} ({c:?}): the desired state rendered with the memo differs from the full pass"
-            );
-            last = full;
-        }
+        check_memo_equals_full(support::fleet(16, 4, 10, seed), &changes)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The namespaces and quotas taken back from the memo, under changes of their tenants'
+    /// namespaces and tiers' Pod Security levels too.
+    #[test]
+    fn namespaces_rendered_with_the_memo_equal_those_from_nothing(
+        seed in any::<u64>(),
+        changes in proptest::collection::vec(namespace_change(), 1..10),
+    ) {
+        check_memo_equals_full(support::fleet(16, 4, 10, seed), &changes)?;
     }
 }
 

@@ -112,8 +112,8 @@ pub struct Desired {
     pub policies: Vec<SharingPolicy>,
     /// Tenant namespaces with the labels this operator owns.
     pub namespaces: Vec<Namespace>,
-    /// One per tenant namespace.
-    pub resource_quotas: Vec<ResourceQuota>,
+    /// One per tenant namespace; shared with the quota memo.
+    pub resource_quotas: Vec<Arc<ResourceQuota>>,
     /// Planned nodes with the labels and taints this operator owns (nothing else).
     pub node_labels: Vec<Node>,
     /// The device plugin's config: one key per distinct node config.
@@ -149,20 +149,21 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
 pub struct DesiredMemo {
     pub plan: PlanMemo,
     admission: AdmissionMemo,
+    quotas: quota::QuotaMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
 /// and taking back the admission policies of tenants whose rules are unchanged.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, admission_memo) = match memo {
-        Some(m) => (Some(&mut m.plan), Some(&mut m.admission)),
-        None => (None, None),
+    let (plan_memo, admission_memo, quota_memo) = match memo {
+        Some(m) => (Some(&mut m.plan), Some(&mut m.admission), Some(&mut m.quotas)),
+        None => (None, None, None),
     };
     let out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
-    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings);
+    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);
     let admission = admission::render(
         input.policies,

@@ -35,7 +35,8 @@ use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// Name of the ResourceQuota in each tenant namespace.
 pub const QUOTA_NAME: &str = "gpu-tenancy";
@@ -104,12 +105,40 @@ pub fn split(total: u64, n: usize, position: usize) -> u64 {
     total / n + u64::from((position as u64) < total % n)
 }
 
+/// What one namespace's Namespace and ResourceQuota are made of, besides the fleet's resource
+/// names: equal inputs render equal objects.
+#[derive(Debug, PartialEq)]
+struct Inputs {
+    /// The tenants claiming the namespace (one: its tenant's; more: nobody's).
+    owners: Vec<String>,
+    /// The Pod Security level of its tenant's tier.
+    level: &'static str,
+    /// Its tenant's grants, the namespace's place among the tenant's and how many it has.
+    grants: BTreeMap<String, u64>,
+    position: usize,
+    count: usize,
+}
+
+/// Each namespace's objects as the last pass rendered them, and the resource names they list, for
+/// the next pass to take back where the inputs are equal (ISSUE 18, item 4: the quotas were
+/// rendered for every tenant namespace on every pass). The quotas are shared with the passes'
+/// output and the controller's diff, not copied. `operator/tests/incremental.rs` holds the desired
+/// state rendered with the memo equal to one rendered from nothing after random changes.
+#[derive(Debug, Default)]
+pub struct QuotaMemo {
+    names: BTreeSet<String>,
+    rendered: HashMap<String, (Inputs, Namespace, Arc<ResourceQuota>)>,
+}
+
+/// Every tenant namespace's Namespace and ResourceQuota, sorted by namespace; with a memo, those
+/// whose inputs are the last pass's are taken back.
 pub fn render(
     out: &PlanOutput,
     policies: &[SharingPolicy],
     rules: &NamespaceRules,
     dra: &DraHoldings,
-) -> (Vec<Namespace>, Vec<ResourceQuota>) {
+    memo: Option<&mut QuotaMemo>,
+) -> (Vec<Namespace>, Vec<Arc<ResourceQuota>>) {
     let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
         .into_iter()
         .map(|n| format!("requests.{n}"))
@@ -120,85 +149,130 @@ pub fn render(
             claims.entry(ns.as_str()).or_default().push(t);
         }
     }
+    let mut memo = memo;
+    let mut last = HashMap::new();
+    if let Some(m) = memo.as_deref_mut()
+        && m.names == names
+    {
+        last = std::mem::take(&mut m.rendered);
+    }
+    let mut kept = HashMap::new();
     let mut namespaces = Vec::new();
     let mut quotas = Vec::new();
     for (ns, owners) in claims {
-        let sole = match owners.as_slice() {
-            [t] => Some(*t),
-            _ => None,
+        let inputs = inputs(&owners, ns, policies, dra);
+        let (namespace, quota) = match last.remove(ns) {
+            Some((was, namespace, quota)) if was == inputs => (namespace, quota),
+            _ => (namespace(ns, &inputs), Arc::new(quota(ns, &inputs, &names))),
         };
-        let mut labels = managed_labels();
-        if let Some(t) = sole {
-            labels.insert(TENANT.into(), t.name_any());
+        namespaces.push(namespace.clone());
+        quotas.push(quota.clone());
+        if memo.is_some() {
+            kept.insert(ns.to_string(), (inputs, namespace, quota));
         }
-        let level = sole
-            .map(|t| pod_security(t, policies))
-            .unwrap_or_default()
-            .label_value();
-        let mut ns_labels = labels.clone();
-        for key in [POD_SECURITY_ENFORCE, POD_SECURITY_WARN, POD_SECURITY_AUDIT] {
-            ns_labels.insert(key.into(), level.into());
-        }
-        namespaces.push(Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.to_string()),
-                labels: Some(ns_labels),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        });
-        let (grants, position, count) = match sole {
-            Some(t) => (
-                granted(t, dra),
-                t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
-                t.spec.namespaces.len(),
-            ),
-            None => (BTreeMap::new(), 0, 1),
-        };
-        let hard = names
-            .iter()
-            .chain(grants.keys())
-            .map(|key| {
-                let total = grants.get(key).copied().unwrap_or(0);
-                (key.clone(), Quantity(split(total, count, position).to_string()))
-            })
-            .collect();
-        let mut annotations = BTreeMap::new();
-        annotations.insert(
-            "gputenancy.io/quota".to_string(),
-            match sole {
-                Some(t) if count > 1 => format!(
-                    "share {} of {count} of GpuTenant {}'s grant, split evenly over its namespaces",
-                    position + 1,
-                    t.name_any()
-                ),
-                Some(t) => format!("GpuTenant {}'s grant", t.name_any()),
-                None => format!(
-                    "claimed by {}: a namespace belongs to one tenant, so it gets no GPUs",
-                    owners
-                        .iter()
-                        .map(|t| format!("GpuTenant/{}", t.name_any()))
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                ),
-            },
-        );
-        quotas.push(ResourceQuota {
-            metadata: ObjectMeta {
-                name: Some(QUOTA_NAME.into()),
-                namespace: Some(ns.to_string()),
-                labels: Some(labels),
-                annotations: Some(annotations),
-                ..ObjectMeta::default()
-            },
-            spec: Some(ResourceQuotaSpec {
-                hard: Some(hard),
-                ..ResourceQuotaSpec::default()
-            }),
-            ..ResourceQuota::default()
-        });
+    }
+    if let Some(m) = memo {
+        m.names = names;
+        m.rendered = kept;
     }
     (namespaces, quotas)
+}
+
+fn inputs(owners: &[&GpuTenant], ns: &str, policies: &[SharingPolicy], dra: &DraHoldings) -> Inputs {
+    match owners {
+        [t] => Inputs {
+            owners: vec![t.name_any()],
+            level: pod_security(t, policies).label_value(),
+            grants: granted(t, dra),
+            position: t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
+            count: t.spec.namespaces.len(),
+        },
+        _ => Inputs {
+            owners: owners.iter().map(|t| t.name_any()).collect(),
+            level: PodSecurity::default().label_value(),
+            grants: BTreeMap::new(),
+            position: 0,
+            count: 1,
+        },
+    }
+}
+
+/// The tenant's name, when it alone claims the namespace.
+fn sole(inputs: &Inputs) -> Option<&str> {
+    match inputs.owners.as_slice() {
+        [t] => Some(t),
+        _ => None,
+    }
+}
+
+fn labels(inputs: &Inputs) -> BTreeMap<String, String> {
+    let mut labels = managed_labels();
+    if let Some(t) = sole(inputs) {
+        labels.insert(TENANT.into(), t.to_string());
+    }
+    labels
+}
+
+fn namespace(ns: &str, inputs: &Inputs) -> Namespace {
+    let mut labels = labels(inputs);
+    for key in [POD_SECURITY_ENFORCE, POD_SECURITY_WARN, POD_SECURITY_AUDIT] {
+        labels.insert(key.into(), inputs.level.into());
+    }
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.to_string()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    }
+}
+
+fn quota(ns: &str, inputs: &Inputs, names: &BTreeSet<String>) -> ResourceQuota {
+    let Inputs {
+        grants,
+        position,
+        count,
+        ..
+    } = inputs;
+    let hard = names
+        .iter()
+        .chain(grants.keys())
+        .map(|key| {
+            let total = grants.get(key).copied().unwrap_or(0);
+            (key.clone(), Quantity(split(total, *count, *position).to_string()))
+        })
+        .collect();
+    let note = match sole(inputs) {
+        Some(t) if *count > 1 => format!(
+            "share {} of {count} of GpuTenant {t}'s grant, split evenly over its namespaces",
+            position + 1,
+        ),
+        Some(t) => format!("GpuTenant {t}'s grant"),
+        None => format!(
+            "claimed by {}: a namespace belongs to one tenant, so it gets no GPUs",
+            inputs
+                .owners
+                .iter()
+                .map(|t| format!("GpuTenant/{t}"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    };
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some(QUOTA_NAME.into()),
+            namespace: Some(ns.to_string()),
+            labels: Some(labels(inputs)),
+            annotations: Some(BTreeMap::from([("gputenancy.io/quota".to_string(), note)])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(hard),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    }
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ pub use crate::runtime::object::contains;
 pub struct Seen {
     config_maps: Contained<ConfigMap>,
     namespaces: Contained<Namespace>,
-    quotas: Contained<ResourceQuota>,
+    quotas: Contained<Arc<ResourceQuota>>,
     admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
     admission_bindings: Contained<ValidatingAdmissionPolicyBinding>,
     device_classes: Contained<DeviceClass>,
@@ -494,7 +494,7 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
         &mut writes,
     );
     namespace_writes(d, live, &mut seen.namespaces, &mut writes);
-    owned(
+    owned::<_, ResourceQuota, _>(
         Kind::ResourceQuota,
         &d.resource_quotas,
         &live.quotas,
