@@ -120,7 +120,7 @@ fn controller_pass(c: &mut Criterion) {
             quotas: shared(&copies(&d.resource_quotas)),
             config_maps: shared(&d.config_maps),
             admission_policies: shared(&copies(&d.admission_policies)),
-            admission_bindings: shared(&d.admission_bindings),
+            admission_bindings: shared(&copies(&d.admission_bindings)),
             mutating_policies: shared(&d.mutating_policies),
             mutating_bindings: shared(&d.mutating_bindings),
             device_classes: shared(&d.device_classes),

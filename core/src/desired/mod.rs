@@ -122,7 +122,7 @@ pub struct Desired {
     pub device_classes: Vec<DeviceClass>,
     /// Shared with the admission memo ([`AdmissionMemo`]).
     pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
-    pub admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
     /// Per tenant whose device-plugin names DRA serves, the policy renaming them in its pods.
     pub mutating_policies: Vec<MutatingAdmissionPolicy>,
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,

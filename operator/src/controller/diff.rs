@@ -192,7 +192,7 @@ pub struct Seen {
     namespaces: Contained<Namespace>,
     quotas: Contained<Arc<ResourceQuota>>,
     admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
-    admission_bindings: Contained<ValidatingAdmissionPolicyBinding>,
+    admission_bindings: Contained<Arc<ValidatingAdmissionPolicyBinding>>,
     device_classes: Contained<DeviceClass>,
     mutating_policies: Contained<MutatingAdmissionPolicy>,
     mutating_bindings: Contained<MutatingAdmissionPolicyBinding>,

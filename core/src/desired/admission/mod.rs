@@ -265,7 +265,8 @@ pub struct Admission {
     /// Shared with the admission memo: a tenant's policies are taken back whole while its rules
     /// are unchanged.
     pub policies: Vec<Arc<ValidatingAdmissionPolicy>>,
-    pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// Shared with the controller's diff, which writes them unchanged while no namespace moves.
+    pub bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
     pub mutating_policies: Vec<MutatingAdmissionPolicy>,
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
 }
@@ -322,7 +323,7 @@ pub fn render(
             out.mutating_policies.push(p);
             out.mutating_bindings.push(b);
         }
-        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten());
+        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten().map(Arc::new));
         out_policies.extend(pass.policies(name, rules, render_tenant));
     }
     pass.finish();
@@ -338,14 +339,14 @@ pub fn render(
         &claim_variables,
         claims::untenanted(settings),
     )));
-    out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()));
+    out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()).map(Arc::new));
 
     let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
     out_policies.push(Arc::new(keys_policy));
-    out_bindings.push(keys_binding);
+    out_bindings.push(Arc::new(keys_binding));
 
     out.policies.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    crate::api::sort_by_name(&mut out.bindings);
+    out.bindings.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     crate::api::sort_by_name(&mut out.mutating_policies);
     crate::api::sort_by_name(&mut out.mutating_bindings);
     out

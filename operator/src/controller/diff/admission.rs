@@ -23,7 +23,7 @@ use crate::desired::{
 };
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// The two halves of every rule set, each with its own bindings: the pod policy and the claims
@@ -89,8 +89,9 @@ fn live_coverage(live: &Snapshot) -> BTreeMap<String, Coverage> {
 fn half_bindings(
     half: Half,
     d: &Desired,
+    desired_bindings: &HashMap<&str, &Arc<ValidatingAdmissionPolicyBinding>>,
     covered: &BTreeMap<String, Coverage>,
-) -> (Vec<ValidatingAdmissionPolicyBinding>, BTreeSet<String>) {
+) -> (Vec<Arc<ValidatingAdmissionPolicyBinding>>, BTreeSet<String>) {
     let desired_ns = &d.namespace_rules.tenants;
     let live_tenant_ns = |t: &str| -> BTreeSet<String> {
         match covered.get(&format!("{}{t}", half.tenant_prefix())) {
@@ -124,16 +125,24 @@ fn half_bindings(
             .filter(|ns| !safe_elsewhere(ns, t))
             .cloned()
             .collect();
-        let write: BTreeSet<String> = want.union(&held).cloned().collect();
         leave_out.extend(want.intersection(&had).cloned());
+        if held.is_empty() {
+            // Bound to what the tenant wants: the desired state's binding, made from the same set.
+            let name = format!("{}{t}", half.tenant_prefix());
+            if let Some(b) = desired_bindings.get(name.as_str()) {
+                bindings.push(Arc::clone(b));
+                continue;
+            }
+        }
+        let write: BTreeSet<String> = want.union(&held).cloned().collect();
         if let Some(b) = half.tenant_binding(t, &write) {
             if !held.is_empty() {
                 held_policies.insert(b.name_any());
             }
-            bindings.push(b);
+            bindings.push(Arc::new(b));
         }
     }
-    bindings.push(half.untenanted_binding(&leave_out));
+    bindings.push(Arc::new(half.untenanted_binding(&leave_out)));
     (bindings, held_policies)
 }
 
@@ -148,11 +157,16 @@ pub(super) fn writes(
     deletes: &mut Vec<Write>,
 ) {
     let covered = live_coverage(live);
-    let mut bindings: Vec<ValidatingAdmissionPolicyBinding> = Vec::new();
+    let desired_bindings: HashMap<&str, &Arc<ValidatingAdmissionPolicyBinding>> = d
+        .admission_bindings
+        .iter()
+        .filter_map(|b| Some((b.metadata.name.as_deref()?, b)))
+        .collect();
+    let mut bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>> = Vec::new();
     // Tenants whose (live) policy must stay although not desired: their binding holds namespaces.
     let mut held_policies: BTreeSet<String> = BTreeSet::new();
     for half in Half::BOTH {
-        let (b, held) = half_bindings(half, d, &covered);
+        let (b, held) = half_bindings(half, d, &desired_bindings, &covered);
         bindings.extend(b);
         held_policies.extend(held);
     }
@@ -163,7 +177,7 @@ pub(super) fn writes(
             .filter(|b| !of_a_rule_set(&b.name_any()))
             .cloned(),
     );
-    crate::api::sort_by_name(&mut bindings);
+    bindings.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
     // Policies: as desired, but a held binding's policy is kept as the store has it (never
     // rewritten: it is only compared with itself).
@@ -184,7 +198,7 @@ pub(super) fn writes(
         writes,
         deletes,
     );
-    owned(
+    owned::<_, ValidatingAdmissionPolicyBinding, _>(
         Kind::ValidatingAdmissionPolicyBinding,
         &bindings,
         &live.admission_bindings,
@@ -228,12 +242,12 @@ mod tests {
         for (t, ns) in &rules.tenants {
             for b in tenant_bindings(t, ns).into_iter().flatten() {
                 d.admission_policies.push(Arc::new(policy(&b.name_any())));
-                d.admission_bindings.push(b);
+                d.admission_bindings.push(Arc::new(b));
             }
         }
         for b in untenanted_bindings(&rules.untenanted_excluded()) {
             d.admission_policies.push(Arc::new(policy(&b.name_any())));
-            d.admission_bindings.push(b);
+            d.admission_bindings.push(Arc::new(b));
         }
         d
     }
