@@ -248,6 +248,11 @@ pub fn sort_refs_by_name<K: kube::Resource>(items: &mut [&K]) {
     items.sort_by(|a, b| name_of(*a).cmp(name_of(*b)));
 }
 
+/// [`sort_by_name`] for a list of shared objects.
+pub fn sort_shared_by_name<K: kube::Resource>(items: &mut [std::sync::Arc<K>]) {
+    items.sort_by(|a, b| name_of(&**a).cmp(name_of(&**b)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -137,7 +137,7 @@ pub fn render(
     policies: &[SharingPolicy],
     rules: &NamespaceRules,
     dra: &DraHoldings,
-    memo: Option<&mut QuotaMemo>,
+    mut memo: Option<&mut QuotaMemo>,
 ) -> (Vec<Namespace>, Vec<Arc<ResourceQuota>>) {
     let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
         .into_iter()
@@ -149,7 +149,6 @@ pub fn render(
             claims.entry(ns.as_str()).or_default().push(t);
         }
     }
-    let mut memo = memo;
     let mut last = HashMap::new();
     if let Some(m) = memo.as_deref_mut()
         && m.names == names

@@ -345,8 +345,8 @@ pub fn render(
     out_policies.push(Arc::new(keys_policy));
     out_bindings.push(Arc::new(keys_binding));
 
-    out.policies.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    out.bindings.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    crate::api::sort_shared_by_name(&mut out.policies);
+    crate::api::sort_shared_by_name(&mut out.bindings);
     crate::api::sort_by_name(&mut out.mutating_policies);
     crate::api::sort_by_name(&mut out.mutating_bindings);
     out

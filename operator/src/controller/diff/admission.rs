@@ -177,7 +177,7 @@ pub(super) fn writes(
             .filter(|b| !of_a_rule_set(&b.name_any()))
             .cloned(),
     );
-    bindings.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    crate::api::sort_shared_by_name(&mut bindings);
 
     // Policies: as desired, but a held binding's policy is kept as the store has it (never
     // rewritten: it is only compared with itself).
