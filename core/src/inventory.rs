@@ -8,7 +8,9 @@
 //!   - {pciDeviceId: "0x233010DE", count: 8}   # or model: "NVIDIA H100 80GB HBM3"
 //! ```
 
-use crate::api::{ConditionSet, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, Mode, Placement};
+use crate::api::{
+    ConditionSet, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigProfileStatus, Mode, Placement,
+};
 use crate::mig::{GpuModel, model_by_name, model_by_pci_id};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -351,7 +353,10 @@ impl NodeInventory {
             .map(|s| {
                 s.gpus
                     .iter()
-                    .map(|g| node_gpu(g, spec.and_then(|sp| sp.gpus.iter().find(|x| x.index == g.index))))
+                    .map(|g| {
+                        let spec = spec.and_then(|sp| sp.gpus.iter().find(|x| x.index == g.index));
+                        node_gpu(g, s.profiles_of(g), spec)
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -372,7 +377,8 @@ impl NodeInventory {
     }
 }
 
-fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
+/// `profiles`: the GPU's MIG profiles, its own or its model's ([`GpuNodeStatus::profiles_of`]).
+fn node_gpu(g: &GpuStatus, profiles: &[MigProfileStatus], spec: Option<&GpuSpec>) -> NodeGpu {
     let model = model_by_pci_id(&g.pci_device_id);
     let mut gpu = NodeGpu {
         index: g.index,
@@ -386,7 +392,7 @@ fn node_gpu(g: &GpuStatus, spec: Option<&GpuSpec>) -> NodeGpu {
             .and_then(parse_compute_capability)
             .or(model.map(|m| m.compute_capability)),
         uuid: Some(g.uuid.clone()).filter(|u| !u.is_empty()),
-        profile_memory_mib: g.profiles.iter().map(|p| (p.name.clone(), p.memory_mib)).collect(),
+        profile_memory_mib: profiles.iter().map(|p| (p.name.clone(), p.memory_mib)).collect(),
         ..NodeGpu::default()
     };
     match spec {
@@ -575,10 +581,13 @@ mod tests {
             ..GpuStatus::default()
         };
         assert_eq!(
-            node_gpu(&status, Some(&spec)).shares,
+            node_gpu(&status, &[], Some(&spec)).shares,
             BTreeMap::from([("t1".into(), 5)])
         );
-        assert!(node_gpu(&status, None).shares.is_empty(), "no spec: counts not known");
+        assert!(
+            node_gpu(&status, &[], None).shares.is_empty(),
+            "no spec: counts not known"
+        );
     }
 
     #[test]

@@ -142,6 +142,15 @@ pub struct GpuNodeStatus {
     pub gpu_layout: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuStatus>,
+    /// The MIG profiles of each GPU model on the node (by GPU `name`), as the driver reports
+    /// them, written once for all its GPUs when they report the same table; such a GPU lists no
+    /// `profiles` of its own. A GPU's profiles are its own `profiles`, or else its model's here.
+    // Why: the table was two thirds of an 8-GPU node's status, which every write, read and
+    // watch event of the GpuNode carries (`make bench-fleet`: the API server's CPU went mostly
+    // to GpuNodes). Readers use `GpuNodeStatus::profiles_of`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub mig_profiles: Vec<ModelProfiles>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsDaemonStatus>,
     /// Pods on this node the agent asks the controller to evict (`busyGpuPolicy: Evict`): they
@@ -290,7 +299,8 @@ pub struct GpuStatus {
     pub compute_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_mode: Option<MigModeStatus>,
-    /// GPU instance profiles with IDs and placements, as the driver reports them.
+    /// GPU instance profiles with IDs and placements, as the driver reports them; empty when
+    /// the node's `migProfiles` holds them for this GPU's model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<MigProfileStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -333,6 +343,63 @@ pub struct MigProfileStatus {
     pub memory_mib: u64,
     pub max_instances: u32,
     pub placements: Vec<Placement>,
+}
+
+/// One GPU model's MIG profiles, shared by the node's GPUs of that name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelProfiles {
+    /// The GPUs' `name`, as NVML reports it (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    pub profiles: Vec<MigProfileStatus>,
+}
+
+impl GpuNodeStatus {
+    /// The MIG profiles of `gpu`, one of this status's GPUs: its own, or else its model's.
+    pub fn profiles_of<'a>(&'a self, gpu: &'a GpuStatus) -> &'a [MigProfileStatus] {
+        if !gpu.profiles.is_empty() {
+            return &gpu.profiles;
+        }
+        self.mig_profiles
+            .iter()
+            .find(|m| m.name == gpu.name)
+            .map_or(&[], |m| m.profiles.as_slice())
+    }
+
+    /// Moves the GPUs' profile tables into `mig_profiles`, one per model (GPU name), where every
+    /// GPU of the model has the same table; otherwise each keeps its own, so a GPU without a
+    /// table still reads as having none. A GPU without a table of its own first takes its
+    /// model's, from this status or else from `earlier` (the tables of the status it was carried
+    /// over from: an unreadable GPU keeps its last known state), so sharing twice gives the same
+    /// status and [`GpuNodeStatus::profiles_of`] reads every GPU's table as before.
+    pub fn share_profiles(&mut self, earlier: &[ModelProfiles]) {
+        let shared = std::mem::take(&mut self.mig_profiles);
+        for g in self.gpus.iter_mut().filter(|g| g.profiles.is_empty()) {
+            if let Some(m) = shared.iter().chain(earlier).find(|m| m.name == g.name) {
+                g.profiles = m.profiles.clone();
+            }
+        }
+        let mut models: Vec<ModelProfiles> = Vec::new();
+        for g in &self.gpus {
+            if models.iter().any(|m| m.name == g.name) {
+                continue;
+            }
+            let mut same = self.gpus.iter().filter(|o| o.name == g.name);
+            if !g.profiles.is_empty() && same.all(|o| o.profiles == g.profiles) {
+                models.push(ModelProfiles {
+                    name: g.name.clone(),
+                    profiles: g.profiles.clone(),
+                });
+            }
+        }
+        for g in &mut self.gpus {
+            if models.iter().any(|m| m.name == g.name) {
+                g.profiles = Vec::new();
+            }
+        }
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        self.mig_profiles = models;
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -405,4 +472,136 @@ pub struct MpsDaemonStatus {
     pub settings: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn table(ids: &[u32]) -> Vec<MigProfileStatus> {
+        ids.iter()
+            .map(|&id| MigProfileStatus {
+                id,
+                name: format!("p{id}"),
+                memory_mib: 1000 * id as u64,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn gpu(index: u32, name: &str, profiles: Vec<MigProfileStatus>) -> GpuStatus {
+        GpuStatus {
+            index,
+            name: name.into(),
+            profiles,
+            ..Default::default()
+        }
+    }
+
+    /// Each GPU's table as a reader saw it before sharing: its own, else the first of its model's
+    /// in the status, then in `earlier` (the definition, written out without the code's helpers).
+    fn tables_read(s: &GpuNodeStatus, earlier: &[ModelProfiles]) -> Vec<Vec<MigProfileStatus>> {
+        s.gpus
+            .iter()
+            .map(|g| {
+                if !g.profiles.is_empty() {
+                    return g.profiles.clone();
+                }
+                for m in s.mig_profiles.iter().chain(earlier) {
+                    if m.name == g.name {
+                        return m.profiles.clone();
+                    }
+                }
+                vec![]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn eight_gpus_of_one_model_publish_their_table_once() {
+        let mut s = GpuNodeStatus {
+            gpus: (0..8).map(|i| gpu(i, "H100", table(&[19, 14, 9]))).collect(),
+            ..Default::default()
+        };
+        let before = serde_json::to_string(&s).unwrap().len();
+        s.share_profiles(&[]);
+        assert_eq!(s.mig_profiles.len(), 1);
+        assert!(s.gpus.iter().all(|g| g.profiles.is_empty()));
+        assert!(s.gpus.iter().all(|g| s.profiles_of(g) == table(&[19, 14, 9])));
+        let after = serde_json::to_string(&s).unwrap().len();
+        assert!(after * 3 < before, "{before} -> {after} bytes");
+    }
+
+    #[test]
+    fn a_model_whose_gpus_differ_is_not_shared_and_a_carried_gpu_keeps_its_table() {
+        let mut s = GpuNodeStatus {
+            gpus: vec![
+                gpu(0, "A100", table(&[19, 14])),
+                gpu(1, "A100", table(&[19])),
+                // Carried over from the last status (an unreadable GPU): its table was shared.
+                gpu(2, "H200", vec![]),
+                // No MIG: no table anywhere.
+                gpu(3, "T4", vec![]),
+            ],
+            ..Default::default()
+        };
+        let earlier = [ModelProfiles {
+            name: "H200".into(),
+            profiles: table(&[9]),
+        }];
+        s.share_profiles(&earlier);
+        let names: Vec<&str> = s.mig_profiles.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["H200"], "the A100s differ: each keeps its own");
+        assert_eq!(s.gpus[1].profiles, table(&[19]));
+        assert_eq!(s.profiles_of(&s.gpus[0]), table(&[19, 14]));
+        assert_eq!(s.profiles_of(&s.gpus[2]), table(&[9]));
+        assert!(s.profiles_of(&s.gpus[3]).is_empty());
+    }
+
+    fn status() -> impl Strategy<Value = (GpuNodeStatus, Vec<ModelProfiles>)> {
+        let name = prop::sample::select(vec!["A100", "H100", "T4"]);
+        let tab = prop::sample::select(vec![vec![], vec![19], vec![19, 14], vec![9]]);
+        let gpus = prop::collection::vec((name.clone(), tab.clone()), 0..9);
+        let models = prop::collection::vec((name, tab), 0..3);
+        (gpus, models.clone(), models).prop_map(|(gpus, shared, earlier)| {
+            let models = |v: Vec<(&str, Vec<u32>)>| -> Vec<ModelProfiles> {
+                v.into_iter()
+                    .map(|(n, t)| ModelProfiles {
+                        name: n.into(),
+                        profiles: table(&t),
+                    })
+                    .collect()
+            };
+            let s = GpuNodeStatus {
+                gpus: gpus
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (n, t))| gpu(i as u32, n, table(&t)))
+                    .collect(),
+                mig_profiles: models(shared),
+                ..Default::default()
+            };
+            (s, models(earlier))
+        })
+    }
+
+    proptest! {
+        /// Sharing changes how the tables are written, never what a reader finds; each model is
+        /// written once; sharing again changes nothing (a status read back is published as is).
+        #[test]
+        fn sharing_keeps_every_gpus_table((s, earlier) in status()) {
+            let read = tables_read(&s, &earlier);
+            let mut shared = s.clone();
+            shared.share_profiles(&earlier);
+            let after: Vec<Vec<MigProfileStatus>> = shared.gpus.iter().map(|g| shared.profiles_of(g).to_vec()).collect();
+            prop_assert_eq!(&after, &read);
+            let mut names: Vec<&str> = shared.mig_profiles.iter().map(|m| m.name.as_str()).collect();
+            names.dedup();
+            prop_assert_eq!(names.len(), shared.mig_profiles.len());
+            let mut again = shared.clone();
+            again.share_profiles(&[]);
+            prop_assert_eq!(again, shared);
+        }
+    }
 }

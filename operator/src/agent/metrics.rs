@@ -288,7 +288,7 @@ impl AgentMetrics {
                 .iter()
                 .find(|s| s.index == g.index)
                 .map_or(accounting::UNPLANNED, |s| s.mode.as_str());
-            for row in device_rows(g, holdings) {
+            for row in device_rows(status, g, holdings) {
                 let labels = self.device_labels(g, &row, mode);
                 f.memory_used.get_or_create(&labels).set(row.used_mib as f64 * MIB);
                 f.memory_total.get_or_create(&labels).set(row.total_mib as f64 * MIB);
@@ -424,7 +424,7 @@ impl AgentMetrics {
                 .iter()
                 .find(|h| h.gpu == g.index)
                 .map_or(accounting::UNPLANNED, |h| h.mode);
-            for row in device_rows(g, &held.holdings) {
+            for row in device_rows(status, g, &held.holdings) {
                 let id = row.instance.as_ref().map(|(id, _)| *id);
                 let n: u32 = found
                     .iter()
@@ -473,7 +473,7 @@ struct DeviceRow {
 
 /// A GPU's rows: one per MIG instance when it has any (their processes and memory), else one for
 /// the whole GPU.
-fn device_rows(g: &GpuStatus, holdings: &[Holding]) -> Vec<DeviceRow> {
+fn device_rows(status: &GpuNodeStatus, g: &GpuStatus, holdings: &[Holding]) -> Vec<DeviceRow> {
     let used = |gi: Option<u32>| {
         let p = g.processes.iter().filter(|p| gi.is_none() || p.gpu_instance_id == gi);
         let (n, mib) = p.fold((0, 0), |(n, mib), p| (n + 1, mib + p.used_memory_mib.unwrap_or(0)));
@@ -501,8 +501,8 @@ fn device_rows(g: &GpuStatus, holdings: &[Holding]) -> Vec<DeviceRow> {
                 instance: Some((i.gpu_instance_id, i.profile.clone())),
                 tenant: tenant.into(),
                 used_mib,
-                total_mib: g
-                    .profiles
+                total_mib: status
+                    .profiles_of(g)
                     .iter()
                     .find(|p| p.id == i.profile_id)
                     .map_or(0, |p| p.memory_mib),

@@ -209,6 +209,8 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     };
     let mut status = applied.status;
     status.observed_generation = generation;
+    // Published with each GPU model's MIG profiles once, as every later read sees it.
+    status.share_profiles(prev.as_ref().map_or(&[], |p| p.mig_profiles.as_slice()));
     // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
     for c in &mut status.conditions {
         c.observed_generation = generation;

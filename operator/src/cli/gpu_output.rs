@@ -96,13 +96,18 @@ pub fn discover_table(s: &GpuNodeStatus) -> String {
         ]);
     }
     let mut out = header(s) + &table(rows);
-    for g in s.gpus.iter().filter(|g| !g.profiles.is_empty()) {
+    for (g, profiles) in s
+        .gpus
+        .iter()
+        .map(|g| (g, s.profiles_of(g)))
+        .filter(|(_, p)| !p.is_empty())
+    {
         let _ = writeln!(
             out,
             "\nGPU {} MIG profiles (ID, compute slices, memory, max instances: placements):",
             g.index
         );
-        for p in &g.profiles {
+        for p in profiles {
             let pl: Vec<String> = p.placements.iter().map(|x| x.to_string()).collect();
             let _ = writeln!(
                 out,

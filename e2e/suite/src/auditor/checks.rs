@@ -167,8 +167,12 @@ fn capacity_of_spec(n: &GpuNode, g: &GpuSpec, out: &mut Vec<Finding>) {
             let profiles = n
                 .status
                 .as_ref()
-                .and_then(|s| s.gpus.iter().find(|x| x.index == g.index))
-                .map(|x| x.profiles.clone())
+                .and_then(|s| {
+                    s.gpus
+                        .iter()
+                        .find(|x| x.index == g.index)
+                        .map(|x| s.profiles_of(x).to_vec())
+                })
                 .unwrap_or_default();
             let mut used = [false; 8];
             let mut counts: BTreeMap<&str, u32> = BTreeMap::new();

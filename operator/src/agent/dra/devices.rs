@@ -187,7 +187,8 @@ pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
                     d.uuid = found.and_then(|f| f.uuid.clone());
                     d.instance_ids = found.map(|f| (f.gpu_instance_id, f.compute_instance_id.unwrap_or(0)));
                     d.memory_mib = st
-                        .and_then(|g| g.profiles.iter().find(|p| p.name == inst.profile))
+                        .zip(status)
+                        .and_then(|(g, s)| s.profiles_of(g).iter().find(|p| p.name == inst.profile))
                         .map_or(0, |p| p.memory_mib);
                     out.push(d);
                 }
