@@ -12,6 +12,7 @@
 #   BENCH_FLEET_PLAN_NODES=50000  also time `gpu-tenancy plan` on that many nodes (0: skip)
 #   quick: BENCH_FLEET_NODES=200 BENCH_FLEET_START_NODES=50 BENCH_FLEET_IDLE=30 BENCH_FLEET_PLAN_NODES=0
 #   BENCH_FLEET_ARGS: more flags for gpu-tenancy-fleet bench (see its --help)
+#   BENCH_FLEET_CONTROLLER_ARGS: more flags for the controller (e.g. --writes-in-flight 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -51,8 +52,9 @@ export KUBECONFIG="$DIR/controlplane/kubeconfig"
 # A port of its own, so a concurrent run elsewhere on this machine does not answer for it.
 PORT=$((20000 + RANDOM % 20000))
 say "starting gpu-tenancy controller (release, no leader election, metrics on 127.0.0.1:$PORT, log: target/bench-fleet/controller.log) ..."
+# shellcheck disable=SC2086 # BENCH_FLEET_CONTROLLER_ARGS is a list of flags
 RUST_LOG="${RUST_LOG:-info}" "$BIN/gpu-tenancy" controller --no-leader-election --metrics-addr "127.0.0.1:$PORT" \
-	--check-incremental --log-format json >"$DIR/controller.log" 2>&1 &
+	--check-incremental --log-format json ${BENCH_FLEET_CONTROLLER_ARGS:-} >"$DIR/controller.log" 2>&1 &
 CONTROLLER=$!
 PIDS+=("$CONTROLLER")
 

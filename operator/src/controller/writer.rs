@@ -60,9 +60,9 @@ impl Writer {
         }
     }
 
-    /// [`Writer::write`] with the write it was.
-    async fn write_keyed<'w>(&self, w: &'w Write) -> (&'w Write, Result<(), kube::Error>) {
-        (w, self.write(w).await)
+    /// [`Writer::write`] with the write it was and its place in the stage.
+    async fn write_keyed<'w>(&self, i: usize, w: &'w Write) -> (usize, &'w Write, Result<(), kube::Error>) {
+        (i, w, self.write(w).await)
     }
 
     async fn write(&self, w: &Write) -> Result<(), kube::Error> {
@@ -166,20 +166,24 @@ impl Writer {
                 send.push(w);
             }
             // A sliding window without closures over the writes: a closure's future would not be
-            // `Send` for every lifetime, and the controller's loop runs on spawned tasks.
-            let mut pending = send.into_iter();
-            let mut in_flight = futures::stream::FuturesOrdered::new();
-            for w in pending.by_ref().take(self.in_flight) {
-                in_flight.push_back(self.write_keyed(w));
+            // `Send` for every lifetime, and the controller's loop runs on spawned tasks. The next
+            // write goes out as soon as any finishes (not the oldest: one slow write would hold
+            // the window), so `in_flight` stay in flight while the stage lasts.
+            let mut pending = send.into_iter().enumerate();
+            let mut in_flight = futures::stream::FuturesUnordered::new();
+            for (i, w) in pending.by_ref().take(self.in_flight) {
+                in_flight.push(self.write_keyed(i, w));
             }
             let mut results = Vec::with_capacity(stage.len());
             while let Some(r) = in_flight.next().await {
                 results.push(r);
-                if let Some(w) = pending.next() {
-                    in_flight.push_back(self.write_keyed(w));
+                if let Some((i, w)) = pending.next() {
+                    in_flight.push(self.write_keyed(i, w));
                 }
             }
-            for (w, result) in results {
+            // Reported in the diff's order, whatever order they finished in.
+            results.sort_unstable_by_key(|r| r.0);
+            for (_, w, result) in results {
                 match result {
                     Ok(()) => {
                         tracing::info!(write = %w, "wrote");
