@@ -61,6 +61,18 @@ async fn rollout_on_real_agents_touches_only_what_changed() {
         "MEASURE first layout on 3 nodes x 2 GPUs (real agents): {:?}",
         t0.elapsed()
     );
+    // Each agent wrote its node's one GPU model's MIG profiles once, and the API server kept them
+    // (the CRD names the field): every GPU reads its table through them.
+    for n in &names {
+        let gn = Api::<GpuNode>::all(client.clone()).get(n).await.unwrap();
+        let s = gn.status.as_ref().expect("a status");
+        let models: Vec<&str> = s.mig_profiles.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(models.len(), 1, "{n}: one model's table, got {models:?}");
+        for g in &s.gpus {
+            assert!(g.profiles.is_empty(), "{n}: GPU {} kept its own table", g.index);
+            assert!(!s.profiles_of(g).is_empty(), "{n}: GPU {} reads no table", g.index);
+        }
+    }
     let before: Vec<u64> = agents.iter().map(|a| a.mutations()).collect();
     let first_state: Vec<Value> = agents.iter().map(|a| a.sim_state()).collect();
 
