@@ -350,7 +350,10 @@ fn resolve_layout(
                 spec.mig_instances = layout.map_err(|e| (field(), format!("GPU {index} ({}): {e}", model.key)))?;
             }
             gpus.push(spec);
-            dedicated.push(group.tenants.clone());
+            // Sorted: the allocation's pools are keyed by it (`allocate::pools`).
+            let mut tenants = group.tenants.clone();
+            tenants.sort();
+            dedicated.push(tenants);
         }
     }
     Ok((gpus, dedicated))

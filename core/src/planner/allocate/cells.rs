@@ -31,8 +31,12 @@ pub(super) struct Scope {
 }
 
 impl Scope {
-    pub fn has(&self, family: &Family) -> bool {
-        self.families.contains(family)
+    /// Whether the cell holds MIG `profile`'s family (found without building the family: a cell
+    /// has a few families, and this is asked once per MIG instance).
+    pub fn has_mig(&self, profile: &str) -> bool {
+        self.families
+            .iter()
+            .any(|f| matches!(f, Family::Mig(p) if p == profile))
     }
 }
 
@@ -287,7 +291,7 @@ impl GpuBindings {
                 .mig_instances
                 .iter()
                 .enumerate()
-                .filter(|(_, i)| scope.has(&Family::Mig(i.profile.clone())))
+                .filter(|(_, i)| scope.has_mig(&i.profile))
                 .map(|(k, i)| (k, i.tenant.clone()))
                 .collect(),
         }

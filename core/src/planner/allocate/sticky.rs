@@ -73,10 +73,10 @@ pub(super) struct Amounts {
 /// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
 pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
 
-/// Who holds each unit of the planned layout now, per node and planned GPU (positions as in
-/// `NodeDesired::gpus`).
+/// Who holds each unit of the planned layout now, per GPU of the cell, in the order of its
+/// scope's GPUs (`Scope::gpus`): a cell's GPUs are a fraction of a fleet of 400,000.
 pub(super) struct Current {
-    pub gpus: Vec<Vec<GpuHolders>>,
+    pub gpus: Vec<GpuHolders>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -94,57 +94,48 @@ impl Current {
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
     pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let mut gpus = Current::empty(nodes, at);
-        for &(n, g) in at {
-            let node = &nodes[n as usize];
-            let spec = &node.gpus[g as usize];
-            let inv = &node.inventory.gpus[spec.index as usize];
-            let whole = whole_holders(inv, spec.mode).to_vec();
-            gpus[n as usize][g as usize] = GpuHolders {
-                shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
-                whole,
-                instances: spec
-                    .mig_instances
-                    .iter()
-                    .map(|i| instance_holder(inv, i).map(str::to_string))
-                    .collect(),
-            };
-        }
+        let gpus = at
+            .iter()
+            .map(|&(n, g)| {
+                let node = &nodes[n as usize];
+                let spec = &node.gpus[g as usize];
+                let inv = &node.inventory.gpus[spec.index as usize];
+                let whole = whole_holders(inv, spec.mode).to_vec();
+                GpuHolders {
+                    shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
+                    whole,
+                    instances: spec
+                        .mig_instances
+                        .iter()
+                        .map(|i| instance_holder(inv, i).map(str::to_string))
+                        .collect(),
+                }
+            })
+            .collect();
         Current { gpus }
-    }
-
-    /// Room for the GPUs `at` only: a cell's GPUs are a fraction of a fleet of 400,000.
-    fn empty(nodes: &[NodeDesired], at: &[GpuRef]) -> Vec<Vec<GpuHolders>> {
-        let mut gpus: Vec<Vec<GpuHolders>> = vec![Vec::new(); nodes.len()];
-        for &(n, _) in at {
-            let slot = &mut gpus[n as usize];
-            if slot.is_empty() {
-                *slot = vec![GpuHolders::default(); nodes[n as usize].gpus.len()];
-            }
-        }
-        gpus
     }
 
     /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
     pub fn from_plan(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let mut gpus = Current::empty(nodes, at);
-        for &(n, g) in at {
-            let spec = &nodes[n as usize].gpus[g as usize];
-            gpus[n as usize][g as usize] = GpuHolders {
-                whole: if spec.mode == Mode::Mig {
-                    vec![]
-                } else {
-                    spec.tenants.clone()
-                },
-                shares: if spec.mode == Mode::Mig {
-                    vec![]
-                } else {
-                    let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
-                    spec.tenants.iter().map(count).collect()
-                },
-                instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-            };
-        }
+        let gpus = at
+            .iter()
+            .map(|&(n, g)| {
+                let spec = &nodes[n as usize].gpus[g as usize];
+                let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
+                match spec.mode {
+                    Mode::Mig => GpuHolders {
+                        whole: vec![],
+                        shares: vec![],
+                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
+                    },
+                    _ => GpuHolders {
+                        whole: spec.tenants.clone(),
+                        shares: spec.tenants.iter().map(count).collect(),
+                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
+                    },
+                }
+            })
+            .collect();
         Current { gpus }
     }
 }

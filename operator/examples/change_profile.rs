@@ -1,0 +1,129 @@
+//! Changes at fleet size, planned from the memo and from nothing, timed; and a marker function for
+//! a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'
+//! target/release/examples/change_profile 5000 4 tenant`.
+#[path = "../tests/support/fleet.rs"]
+mod support;
+
+use gpu_tenancy::api::Mode;
+use gpu_tenancy::desired::DesiredMemo;
+use gpu_tenancy::planner::PlanMemo;
+use std::hint::black_box;
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[inline(never)]
+fn measured(f: &support::Fleet, memo: &mut PlanMemo) {
+    black_box(support::run_with(f, Some(memo)));
+}
+
+#[inline(never)]
+fn measured_full(f: &support::Fleet) {
+    black_box(support::run_with(f, None));
+}
+
+#[inline(never)]
+fn measured_desired(f: &support::Fleet, memo: &mut DesiredMemo) {
+    black_box(support::desired_with(f, Some(memo)));
+}
+
+fn stats(mut t: Vec<f64>) -> String {
+    t.sort_by(f64::total_cmp);
+    format!(
+        "median {:6.1} ms (min {:6.1}, max {:6.1})",
+        t[t.len() / 2],
+        t[0],
+        t[t.len() - 1]
+    )
+}
+
+fn main() {
+    let nodes: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5000);
+    let changes: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(4);
+    let only = std::env::args().nth(3);
+    let mut f = support::fleet(nodes, 8, nodes * 2 / 5, 42);
+    let first = support::run(&f);
+    f.nodes = support::with_current(&f.nodes, &first.nodes);
+    let t = f
+        .tenants
+        .iter()
+        .position(|t| t.spec.resources.iter().any(|r| r.mode == Mode::Mps))
+        .unwrap();
+    let r = f.tenants[t]
+        .spec
+        .resources
+        .iter()
+        .position(|r| r.mode == Mode::Mps)
+        .unwrap();
+    type Change = Box<dyn Fn(&mut support::Fleet, usize)>;
+    let kinds: Vec<(&str, Change)> = vec![
+        (
+            "tenant",
+            Box::new(move |f, step| {
+                let count = &mut f.tenants[t].spec.resources[r].count;
+                *count = if step % 2 == 0 { *count + 1 } else { *count - 1 };
+            }),
+        ),
+        (
+            "node",
+            Box::new(|f, step| {
+                // One node's inventory: a GPU's memory as the agent reports it (a new revision).
+                let n = &mut f.nodes[7 + step];
+                n.gpus[0].memory_mib -= 1;
+                support::revise(n);
+            }),
+        ),
+        (
+            "plan",
+            Box::new(|f, step| {
+                // The rollout plan's priority: every node of it re-resolved.
+                f.plans[3].spec.priority = (step % 2) as i32;
+            }),
+        ),
+    ];
+    for (kind, change) in &kinds {
+        if only
+            .as_deref()
+            .is_some_and(|o| o != *kind && !(o == "full" && *kind == "tenant"))
+        {
+            continue;
+        }
+        let mut g = f.clone();
+        let mut memo = PlanMemo::default();
+        let mut dmemo = DesiredMemo::default();
+        black_box(support::run_with(&g, Some(&mut memo)));
+        black_box(support::desired_with(&g, Some(&mut dmemo)));
+        let (mut plan_memo, mut plan_full, mut des_memo, mut des_full) = (vec![], vec![], vec![], vec![]);
+        for step in 0..changes {
+            change(&mut g, step);
+            let at = std::time::Instant::now();
+            if only.as_deref() == Some("full") {
+                measured_full(&g);
+            } else {
+                measured(&g, &mut memo);
+            }
+            plan_memo.push(at.elapsed().as_secs_f64() * 1e3);
+            if only.is_some() {
+                continue;
+            }
+            let at = std::time::Instant::now();
+            black_box(support::run_with(&g, None));
+            plan_full.push(at.elapsed().as_secs_f64() * 1e3);
+            let at = std::time::Instant::now();
+            measured_desired(&g, &mut dmemo);
+            des_memo.push(at.elapsed().as_secs_f64() * 1e3);
+            let at = std::time::Instant::now();
+            black_box(support::desired_with(&g, None));
+            des_full.push(at.elapsed().as_secs_f64() * 1e3);
+        }
+        println!(
+            "{nodes} nodes, {changes} {kind} changes: planner memo {}",
+            stats(plan_memo)
+        );
+        if only.is_none() {
+            println!("  planner full {}", stats(plan_full));
+            println!("  desired memo {}", stats(des_memo));
+            println!("  desired full {}", stats(des_full));
+        }
+    }
+}
