@@ -39,17 +39,16 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// One tenant's change at 1,000 and 5,000 nodes: a tenant asks for one more MPS share, then one
-/// fewer, in turn, on a fleet running its last plan. Planned from the memo of the pass before
-/// (the controller's way: its nodes carry revisions, as the cluster's resourceVersions give
-/// them), against the full pass of the same inputs.
+/// One change at 1,000 and 5,000 nodes on a fleet running its last plan, undone by the next:
+/// `tenant_change`, a tenant asks for one more MPS share, then one fewer; `node_change`, one
+/// node's inventory changes (a GPU's memory as its agent reports it, a new revision), another node
+/// each time; `plan_change`, the time-slicing plan's replicas go 4 -> 5 -> 4 (a quarter of the
+/// fleet's GPUs change). Planned from the memo of the pass before (the controller's way: its nodes
+/// carry revisions, as the cluster's resourceVersions give them), against the full pass of the
+/// same inputs.
 fn incremental(c: &mut Criterion) {
-    let mut group = c.benchmark_group("tenant_change");
-    group.sample_size(10);
-    for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
-        let mut f = support::fleet(nodes, 8, tenants, 42);
-        let first = support::run(&f);
-        f.nodes = support::with_current(&f.nodes, &first.nodes);
+    type Change = fn(&mut support::Fleet, u32);
+    fn tenant_change(f: &mut support::Fleet, step: u32) {
         let t = f
             .tenants
             .iter()
@@ -61,28 +60,59 @@ fn incremental(c: &mut Criterion) {
             .iter()
             .position(|r| r.mode == Mode::Mps)
             .unwrap();
-        let mut memo = PlanMemo::default();
-        let mut step = 0u32;
-        let mut change = |f: &mut support::Fleet| {
-            step += 1;
-            let count = &mut f.tenants[t].spec.resources[r].count;
-            *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
-        };
-        black_box(support::run_with(&f, Some(&mut memo)));
-        group.bench_function(format!("incremental_{nodes}_nodes"), |b| {
-            b.iter(|| {
-                change(&mut f);
-                black_box(support::run_with(&f, Some(&mut memo)))
-            })
-        });
-        group.bench_function(format!("full_{nodes}_nodes"), |b| {
-            b.iter(|| {
-                change(&mut f);
-                black_box(support::run_with(&f, None))
-            })
-        });
+        let count = &mut f.tenants[t].spec.resources[r].count;
+        *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
     }
-    group.finish();
+    fn node_change(f: &mut support::Fleet, step: u32) {
+        let at = step as usize % f.nodes.len();
+        let n = &mut f.nodes[at];
+        n.gpus[0].memory_mib = if step % 2 == 1 {
+            n.gpus[0].memory_mib - 1
+        } else {
+            n.gpus[0].memory_mib + 1
+        };
+        support::revise(n);
+    }
+    fn plan_change(f: &mut support::Fleet, step: u32) {
+        let ts = f.plans[2].spec.gpus[0]
+            .time_slicing
+            .as_mut()
+            .expect("the fleet's third plan is time-slicing");
+        ts.replicas = if step % 2 == 1 { 5 } else { 4 };
+    }
+    let changes: [(&str, Change); 3] = [
+        ("tenant_change", tenant_change),
+        ("node_change", node_change),
+        ("plan_change", plan_change),
+    ];
+    for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
+        let mut fleet = support::fleet(nodes, 8, tenants, 42);
+        let first = support::run(&fleet);
+        fleet.nodes = support::with_current(&fleet.nodes, &first.nodes);
+        for (group, change) in changes {
+            let mut group = c.benchmark_group(group);
+            group.sample_size(10);
+            let mut f = fleet.clone();
+            let mut memo = PlanMemo::default();
+            let mut step = 0u32;
+            black_box(support::run_with(&f, Some(&mut memo)));
+            group.bench_function(format!("incremental_{nodes}_nodes"), |b| {
+                b.iter(|| {
+                    step += 1;
+                    change(&mut f, step);
+                    black_box(support::run_with(&f, Some(&mut memo)))
+                })
+            });
+            group.bench_function(format!("full_{nodes}_nodes"), |b| {
+                b.iter(|| {
+                    step += 1;
+                    change(&mut f, step);
+                    black_box(support::run_with(&f, None))
+                })
+            });
+            group.finish();
+        }
+    }
 }
 
 /// The controller's pass around the planner at 1,000 and 5,000 nodes on a converged cluster (the

@@ -76,8 +76,16 @@ fn main() {
         (
             "plan",
             Box::new(|f, step| {
-                // The rollout plan's priority: every node of it re-resolved.
+                // The exclusive plan's priority: every node of it resolved again, nothing moves.
                 f.plans[3].spec.priority = (step % 2) as i32;
+            }),
+        ),
+        (
+            "replicas",
+            Box::new(|f, step| {
+                // The time-slicing plan's replicas, 4 <-> 5: a quarter of the fleet's GPUs change.
+                let ts = f.plans[2].spec.gpus[0].time_slicing.as_mut().expect("the ts plan");
+                ts.replicas = if step % 2 == 0 { 5 } else { 4 };
             }),
         ),
     ];
@@ -117,8 +125,10 @@ fn main() {
             des_full.push(at.elapsed().as_secs_f64() * 1e3);
         }
         println!(
-            "{nodes} nodes, {changes} {kind} changes: planner memo {}",
-            stats(plan_memo)
+            "{nodes} nodes, {changes} {kind} changes: planner memo {} (last pass: {} cells placed, {} taken back)",
+            stats(plan_memo),
+            memo.allocation.placed,
+            memo.allocation.reused
         );
         if only.is_none() {
             println!("  planner full {}", stats(plan_full));
