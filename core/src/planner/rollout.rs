@@ -147,9 +147,16 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
     let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
     for node in &desired {
         if let Some(plan) = &node.spec.plan {
-            summary.entry(plan.clone()).or_default().selected += 1;
+            // A plan's name is copied once, not once per node.
+            match summary.get_mut(plan) {
+                Some(s) => s.selected += 1,
+                None => summary.entry(plan.clone()).or_default().selected += 1,
+            }
             if current_of(node).is_some_and(is_changing) {
-                *in_flight.entry(plan.clone()).or_default() += 1;
+                match in_flight.get_mut(plan) {
+                    Some(n) => *n += 1,
+                    None => drop(in_flight.insert(plan.clone(), 1)),
+                }
             }
         }
     }
@@ -158,7 +165,10 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
         s.max_unavailable = by_name.get(name).map_or(1, |p| max_unavailable(p, s.selected));
     }
 
-    let mut out = Rollout::default();
+    let mut out = Rollout {
+        nodes: Vec::with_capacity(desired.len()),
+        ..Rollout::default()
+    };
     // In name order, as `desired` is sorted: the map is built from the list in one go.
     let mut node_rollouts = Vec::with_capacity(desired.len());
     for node in desired {

@@ -175,42 +175,24 @@ enum Standing {
 /// Per plan: nodes selected, updated, applied, pending (updated and not yet applied, or held back
 /// by the rollout), waiting for their agent, failed; with details of the nodes held back, waiting
 /// or failed. `selected` = `applied` + `pending` + `waiting` + `failed`.
-fn node_counts(fleet: &Fleet, rollout: &Rollout) -> BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeDetail>)> {
-    let mut counts: BTreeMap<String, (PlanNodeCounts, Vec<PlanNodeDetail>)> = BTreeMap::new();
+fn node_counts<'f>(fleet: &'f Fleet, rollout: &Rollout) -> BTreeMap<&'f str, (PlanNodeCounts, Vec<PlanNodeDetail>)> {
+    // Borrowed plan names and no list per node: this runs for every node on every pass.
+    let mut counts: BTreeMap<&str, (PlanNodeCounts, Vec<PlanNodeDetail>)> = BTreeMap::new();
     for node in &fleet.nodes {
         let name = &node.inventory.name;
-        let entries: Vec<(String, Standing)> = match (&node.state, &node.plan) {
-            (NodeState::Planned, Some(p)) => {
-                let standing = match rollout.node_rollouts.get(name).map(|r| &r.progress) {
-                    Some(Progress::Applied) => Standing::Applied,
-                    Some(Progress::HeldBack) => Standing::HeldBack,
-                    Some(Progress::Failed(m)) => Standing::AgentFailed(m.clone()),
-                    Some(Progress::Pending) | None => Standing::Updated,
-                };
-                vec![(p.clone(), standing)]
-            }
-            (NodeState::Waiting, Some(p)) => vec![(p.clone(), Standing::Waiting)],
-            (NodeState::Failed(m), Some(p)) => vec![(p.clone(), Standing::Failed("Failed", m.clone()))],
-            (NodeState::Conflict { plans, message }, _) => plans
-                .iter()
-                .map(|p| (p.clone(), Standing::Failed("Conflict", message.clone())))
-                .collect(),
-            _ => vec![],
-        };
-        for (plan, standing) in entries {
-            let budget = rollout.plans.get(&plan);
+        let mut count = |plan: &'f str, standing: Standing| {
             let (c, details) = counts.entry(plan).or_default();
             c.selected += 1;
             let (state, message) = match standing {
                 Standing::Applied => {
                     c.updated += 1;
                     c.applied += 1;
-                    continue;
+                    return;
                 }
                 Standing::Updated => {
                     c.updated += 1;
                     c.pending += 1;
-                    continue;
+                    return;
                 }
                 Standing::AgentFailed(m) => {
                     c.updated += 1;
@@ -219,7 +201,7 @@ fn node_counts(fleet: &Fleet, rollout: &Rollout) -> BTreeMap<String, (PlanNodeCo
                 }
                 Standing::HeldBack => {
                     c.pending += 1;
-                    let max = budget.map_or(1, |b| b.max_unavailable);
+                    let max = rollout.plans.get(plan).map_or(1, |b| b.max_unavailable);
                     (
                         "HeldBack",
                         format!("waiting for the rollout: {max} nodes change at once (maxUnavailable)"),
@@ -239,6 +221,25 @@ fn node_counts(fleet: &Fleet, rollout: &Rollout) -> BTreeMap<String, (PlanNodeCo
                 state: state.into(),
                 message,
             });
+        };
+        match (&node.state, &node.plan) {
+            (NodeState::Planned, Some(p)) => {
+                let standing = match rollout.node_rollouts.get(name).map(|r| &r.progress) {
+                    Some(Progress::Applied) => Standing::Applied,
+                    Some(Progress::HeldBack) => Standing::HeldBack,
+                    Some(Progress::Failed(m)) => Standing::AgentFailed(m.clone()),
+                    Some(Progress::Pending) | None => Standing::Updated,
+                };
+                count(p, standing);
+            }
+            (NodeState::Waiting, Some(p)) => count(p, Standing::Waiting),
+            (NodeState::Failed(m), Some(p)) => count(p, Standing::Failed("Failed", m.clone())),
+            (NodeState::Conflict { plans, message }, _) => {
+                for p in plans {
+                    count(p, Standing::Failed("Conflict", message.clone()));
+                }
+            }
+            _ => {}
         }
     }
     counts
@@ -261,7 +262,7 @@ pub fn plan_statuses(
         .map(|(plan, check)| {
             let mut plan = (*plan).clone();
             let name = plan.name_any();
-            let (nodes, node_details) = counts.remove(&name).unwrap_or_default();
+            let (nodes, node_details) = counts.remove(name.as_str()).unwrap_or_default();
             let mut status = plan.status.take().unwrap_or_default();
             status.observed_generation = plan.metadata.generation;
             let mut c = Conditions {
