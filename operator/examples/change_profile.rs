@@ -89,6 +89,21 @@ fn main() {
             }),
         ),
     ];
+    if only.as_deref() == Some("hash") {
+        // The outputs' fingerprint, to compare two builds of the planner on the same changes.
+        for (kind, change) in &kinds {
+            let mut g = f.clone();
+            let mut memo = PlanMemo::default();
+            let mut hasher = std::hash::DefaultHasher::new();
+            for step in 0..changes {
+                change(&mut g, step);
+                let out = support::run_with(&g, Some(&mut memo));
+                std::hash::Hash::hash(&serde_json::to_string(&out).expect("the plan serialises"), &mut hasher);
+            }
+            println!("{kind}: {:016x}", std::hash::Hasher::finish(&hasher));
+        }
+        return;
+    }
     for (kind, change) in &kinds {
         if only
             .as_deref()

@@ -24,7 +24,7 @@ pub use cells::AllocationMemo;
 use cells::{GpuBindings, Scope};
 use exclusive::{Domain, ExclusivePool};
 use foldhash::HashMap;
-use pools::build_pools;
+use pools::Template;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::{Amounts, Current, Placings, Step};
@@ -125,6 +125,7 @@ struct MigPool {
     free: usize,
 }
 
+#[derive(Clone)]
 struct SharedGpu {
     at: GpuRef,
     /// maxClients or replicas of the plan.
@@ -232,7 +233,7 @@ struct Allocator<'n, 'a> {
     /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
     placing: Option<Placings>,
     /// Per pool, the units each tenant holds now: (MIG slot or shared GPU, 0), or exclusive (domain, GPU position).
-    held: HashMap<PoolKey, BTreeMap<String, Vec<(usize, u32)>>>,
+    held: pools::Held<'n>,
     /// Every grant in the order it was made: the blind pass's log is replayed by the placing pass.
     log: Vec<Step>,
 }
@@ -301,15 +302,16 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
     });
     let before = Bindings::of(nodes, scope);
     let now = Current::from_inventory(nodes, &scope.gpus);
+    let template = Template::of(nodes, scope);
     // How much each tenant gets: blind to what runs now.
-    let amounts = blind_pass(tenants, nodes, scope, &order).into_amounts();
+    let amounts = blind_pass(tenants, nodes, scope, &template, &order).into_amounts();
     // Which units: from the current bindings. A pool where the units kept leave no room for
     // some amount (shared GPUs: co-location splits them by tier) is placed again with less
     // stickiness: kept level by level, then as the blind pass placed it.
     let mut placings = Placings::new();
     loop {
         before.restore(nodes, scope);
-        match sticky::place(tenants, nodes, scope, &now, &placings, &amounts, &order) {
+        match sticky::place(tenants, nodes, scope, &template, &now, &placings, &amounts, &order) {
             Ok(_) => break,
             Err(failed) => {
                 for key in failed {
@@ -317,7 +319,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
                     match p.less_sticky() {
                         Some(less) => *p = less,
                         // Only with memory limits, which tie pools together.
-                        None => return as_blind(tenants, nodes, scope, &before, &order),
+                        None => return as_blind(tenants, nodes, scope, &template, &before, &order),
                     }
                 }
             }
@@ -327,14 +329,23 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
     // next plan would split them (feeding the output back changes nothing).
     let placed = Current::from_plan(nodes, &scope.gpus);
     before.restore(nodes, scope);
-    let kept = match sticky::place(tenants, nodes, scope, &placed, &Placings::new(), &amounts, &order) {
+    let kept = match sticky::place(
+        tenants,
+        nodes,
+        scope,
+        &template,
+        &placed,
+        &Placings::new(),
+        &amounts,
+        &order,
+    ) {
         Ok(kept) => kept,
         Err(_) => {
             // The first placement again (the same inputs place the same).
             before.restore(nodes, scope);
-            match sticky::place(tenants, nodes, scope, &now, &placings, &amounts, &order) {
+            match sticky::place(tenants, nodes, scope, &template, &now, &placings, &amounts, &order) {
                 Ok(kept) => kept,
-                Err(_) => return as_blind(tenants, nodes, scope, &before, &order),
+                Err(_) => return as_blind(tenants, nodes, scope, &template, &before, &order),
             }
         }
     };
@@ -346,9 +357,10 @@ fn blind_pass<'n, 'a>(
     tenants: &'n [TenantProfile],
     nodes: &'n mut [NodeDesired<'a>],
     scope: &'n Scope,
+    template: &Template,
     order: &[usize],
 ) -> Allocator<'n, 'a> {
-    let mut blind = Allocator::new(tenants, nodes, scope, None);
+    let mut blind = Allocator::new(tenants, nodes, scope, template, None);
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         blind.serve_level(level);
     }
@@ -360,11 +372,12 @@ fn as_blind(
     tenants: &[TenantProfile],
     nodes: &mut [NodeDesired],
     scope: &Scope,
+    template: &Template,
     before: &Bindings,
     order: &[usize],
 ) -> BTreeMap<String, CellGrants> {
     before.restore(nodes, scope);
-    let placed = blind_pass(tenants, nodes, scope, order).finish();
+    let placed = blind_pass(tenants, nodes, scope, template, order).finish();
     placed.grants(tenants, nodes)
 }
 
@@ -396,9 +409,10 @@ impl<'n, 'a> Allocator<'n, 'a> {
         tenants: &'n [TenantProfile],
         nodes: &'n mut [NodeDesired<'a>],
         scope: &'n Scope,
-        current: Option<(&Current, &Placings)>,
+        template: &Template,
+        current: Option<(&'n Current, &Placings)>,
     ) -> Self {
-        let (pools, held) = build_pools(nodes, scope, current);
+        let (pools, held) = template.pools(current);
         let state = tenants
             .iter()
             .map(|t| TenantState {

@@ -14,6 +14,7 @@
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
 use super::cells::Scope;
+use super::pools::Template;
 use super::report::Placed;
 use super::{Allocator, Family, GpuRef, Pool, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, Mode, TopologyPolicy};
@@ -142,16 +143,18 @@ impl Current {
 
 /// Places `amounts` on `nodes` from the bindings in `current`, each pool as `placings` says. The
 /// pools where some amount could not be placed exactly are the error.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn place(
     tenants: &[TenantProfile],
     nodes: &mut [NodeDesired],
     scope: &Scope,
+    template: &Template,
     current: &Current,
     placings: &Placings,
     amounts: &Amounts,
     order: &[usize],
 ) -> Result<Placed, Vec<PoolKey>> {
-    let mut a = Allocator::new(tenants, nodes, scope, Some((current, placings)));
+    let mut a = Allocator::new(tenants, nodes, scope, template, Some((current, placings)));
     let placing = |key: &PoolKey| placings.get(key).copied().unwrap_or_default();
     a.keep(amounts, order, |key| placing(key) == Placing::KeepFirst);
     let mut log = amounts.log.iter().peekable();
@@ -217,7 +220,7 @@ impl Allocator<'_, '_> {
                 let units = self
                     .held
                     .get(key)
-                    .and_then(|h| h.get(&self.tenants[t].name))
+                    .and_then(|h| h.get(self.tenants[t].name.as_str()))
                     .cloned()
                     .unwrap_or_default();
                 match &key.0 {
