@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 /// [`Current`] holds it.
 pub(super) type Held<'c> = HashMap<PoolKey, HashMap<&'c str, Vec<(usize, u32)>>>;
 
+/// A GPU's position in its node's spec list and in the cell's GPUs.
+type GpuAt = (u32, u32);
+
 /// A pool's family (mode, and MIG profile or empty) and dedication, borrowed.
 type PoolOf<'x> = (Mode, &'x str, &'x [String]);
 
@@ -31,7 +34,7 @@ enum Made {
     /// Per NUMA domain, its node and its GPUs (position in the node's spec list) in GPU order,
     /// each with its position in the cell's GPUs. The pool itself is made per pass: a placing
     /// pass puts the GPUs nobody holds now first.
-    Exclusive(Vec<(u32, Vec<(u32, u32)>)>),
+    Exclusive(Vec<(u32, Vec<GpuAt>)>),
 }
 
 /// A cell's pools, made once from its nodes' layouts.
@@ -85,7 +88,8 @@ impl Template {
         for on_node in scope.gpus.chunk_by(|a, b| a.0 == b.0) {
             let n = on_node[0].0 as usize;
             let node = &nodes[n];
-            let mut domains: BTreeMap<(&[String], i32), Vec<(u32, u32)>> = BTreeMap::new();
+            // Per (dedication, NUMA node): the GPUs with their positions.
+            let mut domains: BTreeMap<(&[String], i32), Vec<GpuAt>> = BTreeMap::new();
             for &(_, g) in on_node {
                 let at = (n as u32, g);
                 let j = position;
