@@ -5,7 +5,6 @@
 mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpu_tenancy::api::Mode;
 use gpu_tenancy::controller::diff::{Seen, diff, diff_with};
 use gpu_tenancy::controller::stores::Snapshot;
 use gpu_tenancy::planner::{PlanInput, PlanMemo, plan};
@@ -47,43 +46,10 @@ fn bench(c: &mut Criterion) {
 /// carry revisions, as the cluster's resourceVersions give them), against the full pass of the
 /// same inputs.
 fn incremental(c: &mut Criterion) {
-    type Change = fn(&mut support::Fleet, u32);
-    fn tenant_change(f: &mut support::Fleet, step: u32) {
-        let t = f
-            .tenants
-            .iter()
-            .position(|t| t.spec.resources.iter().any(|r| r.mode == Mode::Mps))
-            .expect("the fleet has MPS tenants");
-        let r = f.tenants[t]
-            .spec
-            .resources
-            .iter()
-            .position(|r| r.mode == Mode::Mps)
-            .unwrap();
-        let count = &mut f.tenants[t].spec.resources[r].count;
-        *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
-    }
-    fn node_change(f: &mut support::Fleet, step: u32) {
-        let at = step as usize % f.nodes.len();
-        let n = &mut f.nodes[at];
-        n.gpus[0].memory_mib = if step % 2 == 1 {
-            n.gpus[0].memory_mib - 1
-        } else {
-            n.gpus[0].memory_mib + 1
-        };
-        support::revise(n);
-    }
-    fn plan_change(f: &mut support::Fleet, step: u32) {
-        let ts = f.plans[2].spec.gpus[0]
-            .time_slicing
-            .as_mut()
-            .expect("the fleet's third plan is time-slicing");
-        ts.replicas = if step % 2 == 1 { 5 } else { 4 };
-    }
-    let changes: [(&str, Change); 3] = [
-        ("tenant_change", tenant_change),
-        ("node_change", node_change),
-        ("plan_change", plan_change),
+    let changes: [(&str, support::changes::Change); 3] = [
+        ("tenant_change", support::changes::tenant),
+        ("node_change", support::changes::node),
+        ("plan_change", support::changes::replicas),
     ];
     for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
         let mut fleet = support::fleet(nodes, 8, tenants, 42);

@@ -4,7 +4,6 @@
 #[path = "../tests/support/fleet.rs"]
 mod support;
 
-use gpu_tenancy::api::Mode;
 use gpu_tenancy::desired::DesiredMemo;
 use gpu_tenancy::planner::PlanMemo;
 use std::hint::black_box;
@@ -39,56 +38,12 @@ fn stats(mut t: Vec<f64>) -> String {
 
 fn main() {
     let nodes: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5000);
-    let changes: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(4);
+    let changes: u32 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(4);
     let only = std::env::args().nth(3);
     let mut f = support::fleet(nodes, 8, nodes * 2 / 5, 42);
     let first = support::run(&f);
     f.nodes = support::with_current(&f.nodes, &first.nodes);
-    let t = f
-        .tenants
-        .iter()
-        .position(|t| t.spec.resources.iter().any(|r| r.mode == Mode::Mps))
-        .unwrap();
-    let r = f.tenants[t]
-        .spec
-        .resources
-        .iter()
-        .position(|r| r.mode == Mode::Mps)
-        .unwrap();
-    type Change = Box<dyn Fn(&mut support::Fleet, usize)>;
-    let kinds: Vec<(&str, Change)> = vec![
-        (
-            "tenant",
-            Box::new(move |f, step| {
-                let count = &mut f.tenants[t].spec.resources[r].count;
-                *count = if step % 2 == 0 { *count + 1 } else { *count - 1 };
-            }),
-        ),
-        (
-            "node",
-            Box::new(|f, step| {
-                // One node's inventory: a GPU's memory as the agent reports it (a new revision).
-                let n = &mut f.nodes[7 + step];
-                n.gpus[0].memory_mib -= 1;
-                support::revise(n);
-            }),
-        ),
-        (
-            "plan",
-            Box::new(|f, step| {
-                // The exclusive plan's priority: every node of it resolved again, nothing moves.
-                f.plans[3].spec.priority = (step % 2) as i32;
-            }),
-        ),
-        (
-            "replicas",
-            Box::new(|f, step| {
-                // The time-slicing plan's replicas, 4 <-> 5: a quarter of the fleet's GPUs change.
-                let ts = f.plans[2].spec.gpus[0].time_slicing.as_mut().expect("the ts plan");
-                ts.replicas = if step % 2 == 0 { 5 } else { 4 };
-            }),
-        ),
-    ];
+    let kinds = support::changes::ALL;
     if only.as_deref() == Some("hash") {
         // The outputs' fingerprint, to compare two builds of the planner on the same changes.
         for (kind, change) in &kinds {
@@ -96,7 +51,7 @@ fn main() {
             let mut memo = PlanMemo::default();
             let mut hasher = std::hash::DefaultHasher::new();
             for step in 0..changes {
-                change(&mut g, step);
+                change(&mut g, step + 1);
                 let out = support::run_with(&g, Some(&mut memo));
                 std::hash::Hash::hash(&serde_json::to_string(&out).expect("the plan serialises"), &mut hasher);
             }
@@ -118,7 +73,7 @@ fn main() {
         black_box(support::desired_with(&g, Some(&mut dmemo)));
         let (mut plan_memo, mut plan_full, mut des_memo, mut des_full) = (vec![], vec![], vec![], vec![]);
         for step in 0..changes {
-            change(&mut g, step);
+            change(&mut g, step + 1);
             let at = std::time::Instant::now();
             if only.as_deref() == Some("full") {
                 measured_full(&g);

@@ -286,3 +286,64 @@ pub fn with_current(nodes: &[NodeInventory], planned: &[GpuNode]) -> Vec<NodeInv
         })
         .collect()
 }
+
+/// One change of each kind a controller sees, for the benchmarks (`benches/planner.rs`) and
+/// `examples/change_profile.rs`; step `k` undoes step `k - 1` where it can.
+pub mod changes {
+    use super::Fleet;
+    use gpu_tenancy::api::Mode;
+
+    /// A kind of change by name: `tenant`, `node`, `plan` (a priority, nothing moves) and
+    /// `replicas` (a quarter of the fleet's GPUs change).
+    /// Makes change number `step` (from 1) of its kind.
+    pub type Change = fn(&mut Fleet, u32);
+
+    pub const ALL: [(&str, Change); 4] = [
+        ("tenant", tenant),
+        ("node", node),
+        ("plan", plan_priority),
+        ("replicas", replicas),
+    ];
+
+    /// The first MPS tenant asks for one more share on odd steps, one fewer on even ones.
+    pub fn tenant(f: &mut Fleet, step: u32) {
+        let (t, r) = f
+            .tenants
+            .iter()
+            .enumerate()
+            .find_map(|(t, tenant)| {
+                let r = tenant.spec.resources.iter().position(|r| r.mode == Mode::Mps)?;
+                Some((t, r))
+            })
+            .expect("the fleet has MPS tenants");
+        let count = &mut f.tenants[t].spec.resources[r].count;
+        *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
+    }
+
+    /// One node's inventory: GPU 0's memory as its agent reports it, a new revision; another node
+    /// each step.
+    pub fn node(f: &mut Fleet, step: u32) {
+        let at = step as usize % f.nodes.len();
+        let n = &mut f.nodes[at];
+        n.gpus[0].memory_mib = if step % 2 == 1 {
+            n.gpus[0].memory_mib - 1
+        } else {
+            n.gpus[0].memory_mib + 1
+        };
+        super::revise(n);
+    }
+
+    /// The exclusive plan's priority: every node of it resolved again, nothing moves.
+    pub fn plan_priority(f: &mut Fleet, step: u32) {
+        f.plans[3].spec.priority = (step % 2) as i32;
+    }
+
+    /// The time-slicing plan's replicas, 4 <-> 5: a quarter of the fleet's GPUs change.
+    pub fn replicas(f: &mut Fleet, step: u32) {
+        let ts = f.plans[2].spec.gpus[0]
+            .time_slicing
+            .as_mut()
+            .expect("the fleet's third plan is time-slicing");
+        ts.replicas = if step % 2 == 1 { 5 } else { 4 };
+    }
+}
