@@ -255,6 +255,19 @@ impl GpuInput {
         }
     }
 
+    /// Whether GPU `g` of `node` offers the families this one did: the same mode and MIG profiles.
+    fn offers_same(&self, node: &NodeDesired, g: usize) -> bool {
+        let spec = &node.gpus[g];
+        self.spec.mode == spec.mode
+            && self.spec.mig_instances.len() == spec.mig_instances.len()
+            && self
+                .spec
+                .mig_instances
+                .iter()
+                .zip(&spec.mig_instances)
+                .all(|(a, b)| a.profile == b.profile)
+    }
+
     fn matches(&self, node: &NodeDesired, g: usize) -> bool {
         let spec = &node.gpus[g];
         let kept = &self.spec;
@@ -377,17 +390,18 @@ impl AllocationMemo {
     /// The pass's cells, and per cell whether it must be placed again: it is new, or one of its
     /// GPUs or tenants is not as in the last pass. Takes the nodes as the planner built them,
     /// before any binding is written, and keeps them for the next pass. The cells are the last
-    /// pass's when no GPU changed and every tenant requests the same families as then.
+    /// pass's when every GPU offers what it did (mode and MIG profiles: a node's memory or a
+    /// GPU's UUID changing leaves them) and every tenant requests the same families as then.
     pub(super) fn cells_and_stale(
         &mut self,
         tenants: &[TenantProfile],
         nodes: &[NodeDesired],
     ) -> (Vec<Cell>, Vec<bool>) {
         self.regranted.clear();
-        let (changed, same_gpus) = self.read_fleet(nodes);
+        let (changed, same_offers) = self.read_fleet(nodes);
         let same_families = self.read_families(tenants);
         let cells = match self.last_cells.take() {
-            Some(last) if same_gpus && same_families => last,
+            Some(last) if same_offers && same_families => last,
             _ => cells(tenants, nodes),
         };
         let stale = self.stale_cells(&cells, tenants, &changed);
@@ -449,8 +463,11 @@ impl AllocationMemo {
     }
 
     /// Compares every GPU with the last pass's (not those of a node with the same revision),
-    /// keeps this pass's, and says which changed, and whether the fleet's GPUs are all as the
-    /// last pass read them (the same nodes in the same order, each with as many GPUs, none changed).
+    /// keeps this pass's, and says which changed, and whether the fleet's GPUs offer what the
+    /// last pass read them to offer (the same nodes in the same order, each with as many GPUs, each
+    /// GPU in the same mode with the same MIG profiles): what [`cells`] splits the fleet by. A
+    /// GPU whose memory, dedication or settings changed is placed again in its cell; the cells
+    /// stay.
     fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<bool>>, bool) {
         let mut same = self.fleet.len() == nodes.len();
         self.fleet.truncate(nodes.len());
@@ -474,11 +491,12 @@ impl AllocationMemo {
                         .iter_mut()
                         .enumerate()
                         .map(|(g, gpu)| {
-                            let same = gpu.matches(node, g);
-                            if !same {
+                            let unchanged = gpu.matches(node, g);
+                            if !unchanged {
+                                same &= gpu.offers_same(node, g);
                                 *gpu = GpuInput::of(node, g);
                             }
-                            !same
+                            !unchanged
                         })
                         .collect()
                 }
@@ -492,7 +510,6 @@ impl AllocationMemo {
                 }
             })
             .collect();
-        let same = same && changed.iter().flatten().all(|c| !c);
         (changed, same)
     }
 
