@@ -126,6 +126,29 @@ pub struct GpuTenantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// What the tenant's pods and claims may ask for, written by the controller from its grants.
+    /// Its admission policies read it as their parameter: absent (a tenant not valid, or not yet
+    /// reconciled), its pods get no GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<TenantAdmission>,
+}
+
+/// The parameter of a tenant's admission policies (`paramKind: GpuTenant`): kept here rather than
+/// in the policies' expressions, so a tenant's grants growing with the fleet changes its status,
+/// not a policy the API server would compile again.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantAdmission {
+    /// GPU resource names its pods may ask for (sorted): the device plugin's names of its grants,
+    /// and its own extended resources for devices on DRA nodes.
+    #[serde(default)]
+    pub resource_names: Vec<String>,
+    /// DeviceClasses its ResourceClaims may name, beside those the controller trusts (sorted).
+    #[serde(default)]
+    pub device_classes: Vec<String>,
+    /// The shared modes it holds shares of: the values of the sharing taint its pods may tolerate.
+    #[serde(default)]
+    pub shared_modes: Vec<Mode>,
 }
 
 /// Capacity reserved for a tenant on one GPU.

@@ -160,14 +160,14 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         Some(m) => (Some(&mut m.plan), Some(&mut m.admission), Some(&mut m.quotas)),
         None => (None, None, None),
     };
-    let out = plan_with(input, &exempt, now, plan_memo);
+    let mut out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);
     let admission = admission::render(
         input.policies,
-        &out.tenants,
+        &mut out.tenants,
         &namespace_rules,
         settings,
         &holdings,

@@ -71,6 +71,7 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
             granted_memory_mib,
             namespaces,
             conditions,
+            admission: _,
         } = s;
         GpuTenantStatus {
             observed_generation: *observed_generation,
@@ -80,6 +81,8 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
             granted_memory_mib: *granted_memory_mib,
             namespaces: namespaces.clone(),
             conditions: conditions.clone(),
+            // Rendered anew with the admission policies (`desired::admission`).
+            admission: None,
         }
     });
     GpuTenant {

@@ -242,14 +242,36 @@ pub fn tolerates(key: &str, value: Option<&str>) -> String {
     )
 }
 
-/// CEL: the pod tolerates taint `key` with a value outside `values` (or with `Exists`, any value).
-pub fn tolerates_other_than(key: &str, values: &[&str]) -> String {
+/// CEL: the pod tolerates taint `key` with a value outside `values`, a CEL list of strings (or
+/// with `Exists`, any value).
+pub fn tolerates_other_than(key: &str, values: &str) -> String {
     format!(
-        "{} && has(object.spec.tolerations) && object.spec.tolerations.exists(t, has(t.key) && t.key == {} && ((has(t.operator) && t.operator == 'Exists') || !has(t.value) || !(t.value in {})))",
+        "{} && has(object.spec.tolerations) && object.spec.tolerations.exists(t, has(t.key) && t.key == {} && ((has(t.operator) && t.operator == 'Exists') || !has(t.value) || !(t.value in {values})))",
         when::TOLERATIONS_SET,
         quote(key),
-        list(values)
     )
+}
+
+/// The variables a tenant's policies read from their parameter, the tenant itself
+/// (`status.admission`, [`crate::api::TenantAdmission`]): whether it is there (`admitted`: a
+/// tenant not valid, or whose status is not written yet, has none and gets no GPU), the GPU
+/// resource names its pods may ask for (`granted`), the sharing taint values they may tolerate
+/// (`sharedModes`) and the DeviceClasses its claims may name (`ownClasses`). Each is empty when
+/// `admitted` is not.
+pub fn param_variables() -> Value {
+    let field =
+        |f: &str| format!("variables.admitted && has(params.status.admission.{f}) ? params.status.admission.{f} : []");
+    json!([
+        {"name": "admitted", "expression": "has(params.status) && has(params.status.admission)"},
+        {"name": "granted", "expression": field("resourceNames")},
+        {"name": "sharedModes", "expression": field("sharedModes")},
+        {"name": "ownClasses", "expression": field("deviceClasses")},
+    ])
+}
+
+/// CEL: a list of strings as a message shows it: joined with commas, or `none`.
+pub fn shown(list: &str) -> String {
+    format!("(size({list}) == 0 ? 'none' : {list}.join(', '))")
 }
 
 /// CEL: a toleration without a key and with `Exists`: it tolerates every taint.

@@ -15,8 +15,8 @@
 //! - ask for all devices of one of its tenant's classes (`allocationMode: All`), or more of them
 //!   at once than `limits.maxGpusPerPod`.
 
-use super::cel::{exact, list, quote, validation_with};
-use super::rules::TenantRules;
+use super::cel::{exact, list, quote, shown, validation_with};
+use super::rules::PolicyRules;
 use crate::desired::Settings;
 use crate::dra::{DRIVER, NOT_READY_TAINT};
 use k8s_openapi::api::admissionregistration::v1::Validation;
@@ -37,15 +37,15 @@ pub fn variables() -> Value {
     ])
 }
 
-/// The rules of every rule set; `who` is a CEL string expression, `allowed` the classes it may
-/// name and `offer` what to tell a claim that names another.
-fn common(who: &str, allowed: &[String], offer: &str) -> Vec<Validation> {
-    let allowed = list(allowed);
+/// The rules of every rule set; `who` is a CEL string expression, `allowed` a CEL list of the
+/// classes it may name and `offer` a CEL string expression telling a claim that names another
+/// what it may name.
+fn common(who: &str, allowed: &str, offer: &str) -> Vec<Validation> {
     vec![
         validation_with(
             &format!("variables.classes.exists(c, !(c in {allowed}))"),
             format!(
-                "{who} + ': a claim may not name device class ' + variables.classes.filter(c, !(c in {allowed})).distinct().join(', ') + ': {offer}'"
+                "{who} + ': a claim may not name device class ' + variables.classes.filter(c, !(c in {allowed})).distinct().join(', ') + ': ' + {offer}"
             ),
         ),
         validation_with(
@@ -82,23 +82,18 @@ fn trusted(settings: &Settings) -> String {
     }
 }
 
-/// A tenant's claims rules.
-pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Validation> {
+/// A tenant's claims rules. Its own classes are read from the policy's parameter
+/// (`variables.ownClasses`, [`super::cel::param_variables`]).
+pub fn tenant(t: &PolicyRules, settings: &Settings) -> Vec<Validation> {
     let who = quote(&format!("GpuTenant {} (tier {})", t.name, t.tier));
-    let own: Vec<String> = t
-        .granted
-        .as_ref()
-        .map(|g| g.classes.iter().cloned().collect())
-        .unwrap_or_default();
-    let mut allowed = own.clone();
-    allowed.extend(settings.claim_device_classes.iter().cloned());
+    let own = "variables.ownClasses";
+    let allowed = format!("({own} + {})", list(&settings.claim_device_classes));
     let offer = format!(
-        "its own device classes are {} (one per kind of device it holds on DRA nodes), and the controller\\'s --claim-device-class trusts {}",
-        if own.is_empty() { "none".into() } else { own.join(", ") },
+        "'its own device classes are ' + {} + ' (one per kind of device it holds on DRA nodes), and the controller\\'s --claim-device-class trusts {}'",
+        shown(own),
         trusted(settings)
     );
     let mut out = common(&who, &allowed, &offer);
-    let own = list(&own);
     out.push(validation_with(
         &format!("variables.subrequests.exists(s, s.deviceClassName in {own} && has(s.allocationMode) && s.allocationMode == 'All')"),
         format!("{who} + ': a claim may not ask for all devices of a class (allocationMode All); ask for a count'"),
@@ -123,10 +118,10 @@ pub fn tenant(t: &TenantRules, settings: &Settings) -> Vec<Validation> {
 pub fn untenanted(settings: &Settings) -> Vec<Validation> {
     let who = quote("the namespace belongs to no GpuTenant");
     let offer = format!(
-        "a namespace of no tenant gets no GPU device; add it to a tenant\\'s spec.namespaces. The controller\\'s --claim-device-class trusts {}",
+        "'a namespace of no tenant gets no GPU device; add it to a tenant\\'s spec.namespaces. The controller\\'s --claim-device-class trusts {}'",
         trusted(settings)
     );
-    common(&who, &settings.claim_device_classes, &offer)
+    common(&who, &list(&settings.claim_device_classes), &offer)
 }
 
 #[cfg(test)]

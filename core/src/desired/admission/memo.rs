@@ -2,13 +2,14 @@
 //! next pass to take back when nothing they are made of changed (ISSUE 18, item 4: writing each
 //! tenant's CEL rules was 46% of the desired state's work per pass at 5,000 nodes).
 //!
-//! The two policies are a pure function of the tenant's name, its [`TenantRules`] and the
+//! The two policies are a pure function of the tenant's name, its [`PolicyRules`] (not its grants,
+//! which they read from the tenant's status as their parameter) and the
 //! controller's [`Settings`]: a policy is taken back only when the rules compare equal to those it
 //! was rendered from, and every policy is forgotten when the settings differ. A tenant absent from
 //! a pass is forgotten. `operator/tests/incremental.rs` holds the desired state rendered with the
 //! memo equal to one rendered from nothing after random changes.
 
-use super::rules::TenantRules;
+use super::rules::PolicyRules;
 use crate::desired::Settings;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use std::collections::HashMap;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 /// (and the controller's diff, which keeps what it found written): one copy of a tenant's CEL
 /// text, however many passes take it back.
 struct Rendered {
-    rules: TenantRules,
+    rules: PolicyRules,
     pods: Arc<ValidatingAdmissionPolicy>,
     claims: Arc<ValidatingAdmissionPolicy>,
 }
@@ -71,8 +72,8 @@ impl<'m> Pass<'m> {
     pub fn policies(
         &mut self,
         name: String,
-        rules: TenantRules,
-        render: impl FnOnce(&str, &TenantRules) -> [ValidatingAdmissionPolicy; 2],
+        rules: PolicyRules,
+        render: impl FnOnce(&str, &PolicyRules) -> [ValidatingAdmissionPolicy; 2],
     ) -> [Arc<ValidatingAdmissionPolicy>; 2] {
         let [pods, claims] = match self.last.remove(&name) {
             Some(r) if r.rules == rules => [r.pods, r.claims],

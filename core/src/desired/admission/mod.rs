@@ -1,6 +1,18 @@
 //! ValidatingAdmissionPolicies that keep every namespace's pods to what it was granted (DESIGN.md
 //! §4 invariant 2), enforced by the API server itself.
 //!
+//! **A tenant's grants are its policies' parameter, not their text.** Each tenant's policies take
+//! the GpuTenant as their parameter (`paramKind`) and read what its pods and claims may ask for
+//! from its `status.admission` (`rules::Granted::admission`), which the controller writes with
+//! the rest of its status. Their expressions hold only the tenant's name, tier, priority classes
+//! and `maxGpusPerPod`, so a tenant whose grants grow with the fleet changes its status, not its
+//! policies: the API server compiles a policy's CEL when it is written and again when its
+//! admission plugin reloads it, and that was a third of its CPU while a growing fleet's policies
+//! were rewritten (ISSUE 18, item 5). Fail closed: a tenant without `status.admission` (not
+//! valid, or not yet reconciled) gets no GPU, and a binding whose tenant is gone refuses every
+//! request it matches (`parameterNotFoundAction: Deny`) until the controller has moved its
+//! namespaces to the no-tenant rules. Only the controller may write a GpuTenant's status (RBAC).
+//!
 //! **Every namespace is under exactly one rule set.** Each tenant's policy is bound to the
 //! namespaces that tenant alone lists, by the immutable `kubernetes.io/metadata.name` label (a
 //! label anyone may write, such as `gputenancy.io/tenant`, would let a namespace choose its rules);
@@ -29,12 +41,12 @@ use super::Settings;
 use super::dra::DraHoldings;
 use crate::api::{GpuTenant, SharingPolicy};
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, NamedRuleWithOperations,
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, NamedRuleWithOperations, ParamKind,
+    ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
     ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -165,6 +177,7 @@ fn policy(
     rules: &[NamedRuleWithOperations],
     variables: &[Variable],
     validations: Vec<Validation>,
+    param_kind: Option<ParamKind>,
 ) -> ValidatingAdmissionPolicy {
     // Built as the typed object (not through a JSON value and back): the rules and variables are
     // the same for every tenant; at 20,000 tenants the round trip made rendering them 1.17 s, not 0.95 s.
@@ -182,9 +195,18 @@ fn policy(
             }),
             variables: Some(variables.to_vec()),
             validations: Some(validations),
+            param_kind,
             ..ValidatingAdmissionPolicySpec::default()
         }),
         status: None,
+    }
+}
+
+/// A tenant's policies read the tenant itself as their parameter (its `status.admission`).
+fn tenant_param_kind() -> ParamKind {
+    ParamKind {
+        api_version: Some(format!("{}/{}", GpuTenant::group(&()), GpuTenant::version(&()))),
+        kind: Some(GpuTenant::kind(&()).into_owned()),
     }
 }
 
@@ -201,7 +223,16 @@ fn pod_rules() -> Value {
     }])
 }
 
-fn binding(name: &str, operator: &str, namespaces: &BTreeSet<String>) -> ValidatingAdmissionPolicyBinding {
+/// A binding of policy `name` to `namespaces` (`In` them or `NotIn`), with the parameter object
+/// `param` when the policy takes one. A binding whose parameter is missing refuses every request
+/// it matches (`parameterNotFoundAction: Deny`): a deleted tenant's namespaces get nothing until
+/// the controller has moved them to the no-tenant rules.
+fn binding(
+    name: &str,
+    operator: &str,
+    namespaces: &BTreeSet<String>,
+    param: Option<&str>,
+) -> ValidatingAdmissionPolicyBinding {
     // Built as the typed object: two per tenant, each pass.
     ValidatingAdmissionPolicyBinding {
         metadata: ObjectMeta {
@@ -223,7 +254,11 @@ fn binding(name: &str, operator: &str, namespaces: &BTreeSet<String>) -> Validat
                 }),
                 ..MatchResources::default()
             }),
-            ..ValidatingAdmissionPolicyBindingSpec::default()
+            param_ref: param.map(|p| ParamRef {
+                name: Some(p.to_string()),
+                parameter_not_found_action: Some("Deny".into()),
+                ..ParamRef::default()
+            }),
         },
     }
 }
@@ -236,8 +271,8 @@ pub type Bindings = [ValidatingAdmissionPolicyBinding; 2];
 pub fn tenant_bindings(tenant: &str, namespaces: &BTreeSet<String>) -> Option<Bindings> {
     (!namespaces.is_empty()).then(|| {
         [
-            binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces),
-            binding(&format!("{CLAIMS_PREFIX}{tenant}"), "In", namespaces),
+            binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces, Some(tenant)),
+            binding(&format!("{CLAIMS_PREFIX}{tenant}"), "In", namespaces, Some(tenant)),
         ]
     })
 }
@@ -246,8 +281,8 @@ pub fn tenant_bindings(tenant: &str, namespaces: &BTreeSet<String>) -> Option<Bi
 /// empty: the exempt namespaces are always in it).
 pub fn untenanted_bindings(excluded: &BTreeSet<String>) -> Bindings {
     [
-        binding(UNTENANTED_POLICY, "NotIn", excluded),
-        binding(UNTENANTED_CLAIMS_POLICY, "NotIn", excluded),
+        binding(UNTENANTED_POLICY, "NotIn", excluded, None),
+        binding(UNTENANTED_CLAIMS_POLICY, "NotIn", excluded, None),
     ]
 }
 
@@ -271,10 +306,11 @@ pub struct Admission {
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
 }
 
-/// Every policy and binding.
+/// Every policy and binding. Sets each tenant's `status.admission`, which its policies read as
+/// their parameter.
 pub fn render(
     policies: &[SharingPolicy],
-    tenants: &[GpuTenant],
+    tenants: &mut [GpuTenant],
     namespaces: &NamespaceRules,
     settings: &Settings,
     dra: &DraHoldings,
@@ -293,38 +329,46 @@ pub fn render(
     );
     let variables: Vec<Variable> = typed(cel::variables(&allowed));
     let claim_variables: Vec<Variable> = typed(claims::variables());
+    let params: Vec<Variable> = typed(cel::param_variables());
+    let tenant_variables: Vec<Variable> = variables.iter().chain(&params).cloned().collect();
+    let tenant_claim_variables: Vec<Variable> = claim_variables.iter().chain(&params).cloned().collect();
     let (pod_rules, claim_rules): (Vec<NamedRuleWithOperations>, Vec<NamedRuleWithOperations>) =
         (typed(pod_rules()), typed(claim_rules()));
     let access = rules::DeviceAccess::of(settings);
-    let render_tenant = |name: &str, rules: &rules::TenantRules| {
+    let render_tenant = |name: &str, rules: &rules::PolicyRules| {
         [
             policy(
                 &format!("{POLICY_PREFIX}{name}"),
                 &pod_rules,
-                &variables,
+                &tenant_variables,
                 rules::tenant(rules, &access),
+                Some(tenant_param_kind()),
             ),
             policy(
                 &format!("{CLAIMS_PREFIX}{name}"),
                 &claim_rules,
-                &claim_variables,
+                &tenant_claim_variables,
                 claims::tenant(rules, settings),
+                Some(tenant_param_kind()),
             ),
         ]
     };
     let mut pass = memo::Pass::start(memo, settings);
-    for t in tenants {
+    for t in tenants.iter_mut() {
+        let rules = rules::TenantRules::of(t, policies, dra);
+        if let Some(status) = t.status.as_mut() {
+            status.admission = rules.granted.as_ref().map(rules::Granted::admission);
+        }
         let name = t.name_any();
         let Some(ns) = namespaces.tenants.get(&name).filter(|ns| !ns.is_empty()) else {
             continue;
         };
-        let rules = rules::TenantRules::of(t, policies, dra);
         if let Some((p, b)) = mutation::tenant(&rules, ns) {
             out.mutating_policies.push(p);
             out.mutating_bindings.push(b);
         }
         out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten().map(Arc::new));
-        out_policies.extend(pass.policies(name, rules, render_tenant));
+        out_policies.extend(pass.policies(name, rules.policy, render_tenant));
     }
     pass.finish();
     out_policies.push(Arc::new(policy(
@@ -332,12 +376,14 @@ pub fn render(
         &pod_rules,
         &variables,
         rules::untenanted(&access),
+        None,
     )));
     out_policies.push(Arc::new(policy(
         UNTENANTED_CLAIMS_POLICY,
         &claim_rules,
         &claim_variables,
         claims::untenanted(settings),
+        None,
     )));
     out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()).map(Arc::new));
 
@@ -366,8 +412,9 @@ fn config_keys(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, Validat
         }])),
         &[],
         vec![cel::config_key_validation(who)],
+        None,
     );
-    (policy, binding(CONFIG_KEYS_POLICY, "NotIn", exempt))
+    (policy, binding(CONFIG_KEYS_POLICY, "NotIn", exempt, None))
 }
 
 #[cfg(test)]

@@ -9,21 +9,23 @@
 //!
 //! A tenant's pods are refused ([`tenant`]) when they:
 //! - ask for a GPU resource name the tenant was not granted (an allow-list: a name missing from
-//!   the quota would be unlimited) or, if the tenant is not valid, for any;
+//!   the quota would be unlimited) or, if the tenant is not valid, for any; what it was granted
+//!   is read from the tenant's `status.admission`, the policy's parameter;
 //! - hold more GPUs at once than `limits.maxGpusPerPod`, counted as Kubernetes counts a pod's
 //!   effective request (init and sidecar containers included);
-//! - tolerate the sharing taint of a mode the tenant holds no shares of (MPS and time-sliced
+//! - tolerate the sharing taint of a mode the tenant holds no shares of (from its status too; MPS and time-sliced
 //!   nodes both advertise `nvidia.com/gpu.shared`: the taint is what keeps them apart), the
 //!   scrub-pending taint, another tenant's dedicated taint, or every taint;
 //! - select another tenant's dedicated nodes, name a node (`spec.nodeName` bypasses the
-//!   scheduler and its taints), name a PriorityClass the tier does not list (preemption would
-//!   hand another tenant's devices over unscrubbed), or mount any host path.
+//!   scheduler and its taints), name a PriorityClass the tier does not list (any, when the tier
+//!   is not found: preemption would hand another tenant's devices over unscrubbed), or mount any
+//!   host path.
 //!
 //! Pods of a namespace of no tenant are refused every GPU resource name, the operator's taints,
 //! and naming a node.
 
 use super::cel::{self, list, quote, validation, validation_with, when};
-use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, condition_status};
+use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, TenantAdmission, condition_status};
 use crate::desired::Settings;
 use crate::desired::dra::DraHoldings;
 use crate::device_plugin::resource_name;
@@ -35,10 +37,23 @@ use std::collections::{BTreeMap, BTreeSet};
 /// What one tenant's pods may do: from its status (its grants) and its tier.
 #[derive(Debug, PartialEq)]
 pub struct TenantRules {
-    pub name: String,
-    pub tier: String,
+    /// What its two policies' expressions are made of.
+    pub policy: PolicyRules,
     /// `None` when the tenant or its tier is not valid: its pods get no GPUs.
     pub granted: Option<Granted>,
+}
+
+/// What a tenant's policies are made of: its name and tier, and what its spec and tier say. Its
+/// grants are not: the policies read them from the tenant's `status.admission` as their parameter
+/// ([`Granted::admission`]), so a tenant whose grants change as the fleet grows keeps its policies
+/// and the API server does not compile their CEL again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRules {
+    pub name: String,
+    pub tier: String,
+    /// The PriorityClasses its tier lists; none when the tier is not found (fail closed: a class
+    /// could preempt other tenants' GPU pods).
+    pub priority_classes: Vec<String>,
     pub max_gpus_per_pod: Option<u32>,
 }
 
@@ -54,8 +69,17 @@ pub struct Granted {
     pub renames: BTreeMap<String, String>,
     /// The shared modes (MPS, TimeSlicing) it holds shares of.
     pub shared_modes: Vec<Mode>,
-    /// The PriorityClasses its tier lists.
-    pub priority_classes: Vec<String>,
+}
+
+impl Granted {
+    /// The tenant's `status.admission`: what its policies read as their parameter.
+    pub fn admission(&self) -> TenantAdmission {
+        TenantAdmission {
+            resource_names: self.resources.iter().cloned().collect(),
+            device_classes: self.classes.iter().cloned().collect(),
+            shared_modes: self.shared_modes.clone(),
+        }
+    }
 }
 
 impl TenantRules {
@@ -67,7 +91,7 @@ impl TenantRules {
             .find(|p| p.name_any() == t.spec.policy_ref)
             .and_then(|p| p.spec.tier(&t.spec.tier));
         let granted = match (valid, tier) {
-            (true, Some(tier)) => {
+            (true, Some(_)) => {
                 let held: Vec<_> = status
                     .map(|s| s.allocation.iter().filter(|a| a.granted > 0).collect())
                     .unwrap_or_default();
@@ -103,16 +127,18 @@ impl TenantRules {
                     classes: kinds.keys().map(|k| k.class_name(&name)).collect(),
                     renames,
                     shared_modes,
-                    priority_classes: tier.priority_class_names.clone(),
                 })
             }
             _ => None,
         };
         TenantRules {
-            name: t.name_any(),
-            tier: t.spec.tier.clone(),
+            policy: PolicyRules {
+                name: t.name_any(),
+                tier: t.spec.tier.clone(),
+                priority_classes: tier.map(|tier| tier.priority_class_names.clone()).unwrap_or_default(),
+                max_gpus_per_pod: t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod),
+            },
             granted,
-            max_gpus_per_pod: t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod),
         }
     }
 }
@@ -191,52 +217,40 @@ fn device_access(who: &str, rules: &DeviceAccess) -> Vec<Validation> {
     out
 }
 
-/// The validations of a tenant's policy.
-pub fn tenant(t: &TenantRules, access: &DeviceAccess) -> Vec<Validation> {
+/// The validations of a tenant's policy. What it was granted is read from the policy's parameter
+/// ([`cel::param_variables`]), not written into the expressions.
+pub fn tenant(t: &PolicyRules, access: &DeviceAccess) -> Vec<Validation> {
     let name = &t.name;
     let who = format!("GpuTenant {name} (tier {})", t.tier);
     let mut out = device_access(&who, access);
-    match &t.granted {
-        None => out.push(validation(
-            &format!("{} && size(variables.asked) > 0", when::CREATED),
-            format!("{who} is not valid, so its pods get no GPUs; see its Valid condition"),
-        )),
-        Some(g) => {
-            let allowed = list(&g.resources);
-            let granted = if g.resources.is_empty() {
-                "none".to_string()
-            } else {
-                g.resources.iter().cloned().collect::<Vec<_>>().join(", ")
-            };
-            out.push(validation_with(
-                &format!("{} && variables.asked.exists(k, !(k in {allowed}))", when::CREATED),
-                format!(
-                    "{} + ' may not use ' + variables.asked.filter(k, !(k in {allowed})).distinct().join(', ') + ': it was granted {granted} (a GPU resource not granted is refused, not unlimited)'",
-                    quote(&who)
-                ),
-            ));
-            let shared: Vec<&str> = g.shared_modes.iter().map(|m| m.as_str()).collect();
-            out.push(validation(
-                &cel::tolerates_other_than(SHARING, &shared),
-                format!(
-                    "{who} may tolerate the taint {SHARING} only with operator Equal and the value of a mode it holds shares of ({}): MPS and time-sliced GPUs are both nvidia.com/gpu.shared, and the taint is what keeps a tenant to its own",
-                    if shared.is_empty() { "none".to_string() } else { shared.join(", ") }
-                ),
-            ));
-            out.push(validation(
-                &format!(
-                    "{} && has(object.spec.priorityClassName) && object.spec.priorityClassName != '' && !(object.spec.priorityClassName in {})",
-                    when::CREATED,
-                    list(&g.priority_classes)
-                ),
-                format!(
-                    "{who} may name only the PriorityClasses its tier lists ({}): a higher class could preempt other tenants' GPU pods; ask the platform team to add the class to tier {}'s priorityClassNames",
-                    if g.priority_classes.is_empty() { "none: leave priorityClassName unset".to_string() } else { g.priority_classes.join(", ") },
-                    t.tier
-                ),
-            ));
-        }
-    }
+    out.push(validation_with(
+        &format!("{} && variables.asked.exists(k, !(k in variables.granted))", when::CREATED),
+        format!(
+            "variables.admitted ? {who_q} + ' may not use ' + variables.asked.filter(k, !(k in variables.granted)).distinct().join(', ') + ': it was granted ' + {granted} + ' (a GPU resource not granted is refused, not unlimited)' : {who_q} + ' is not valid, so its pods get no GPUs; see its Valid condition (a tenant whose status the controller has not written yet is not valid either)'",
+            who_q = quote(&who),
+            granted = cel::shown("variables.granted"),
+        ),
+    ));
+    out.push(validation_with(
+        &cel::tolerates_other_than(SHARING, "variables.sharedModes"),
+        format!(
+            "{} + ' may tolerate the taint {SHARING} only with operator Equal and the value of a mode it holds shares of (' + {} + '): MPS and time-sliced GPUs are both nvidia.com/gpu.shared, and the taint is what keeps a tenant to its own'",
+            quote(&who),
+            cel::shown("variables.sharedModes"),
+        ),
+    ));
+    out.push(validation(
+        &format!(
+            "{} && has(object.spec.priorityClassName) && object.spec.priorityClassName != '' && !(object.spec.priorityClassName in {})",
+            when::CREATED,
+            list(&t.priority_classes)
+        ),
+        format!(
+            "{who} may name only the PriorityClasses its tier lists ({}): a higher class could preempt other tenants' GPU pods; ask the platform team to add the class to tier {}'s priorityClassNames",
+            if t.priority_classes.is_empty() { "none: leave priorityClassName unset".to_string() } else { t.priority_classes.join(", ") },
+            t.tier
+        ),
+    ));
     if let Some(max) = t.max_gpus_per_pod {
         out.push(Validation {
             expression: format!("!({}) || variables.gpus <= {max}", when::CREATED),
@@ -257,7 +271,7 @@ pub fn tenant(t: &TenantRules, access: &DeviceAccess) -> Vec<Validation> {
         format!("{who}: a toleration without a key tolerates every taint, including other tenants' dedicated nodes; name the taints to tolerate"),
     ));
     out.push(validation(
-        &cel::tolerates_other_than(DEDICATED, &[name.as_str()]),
+        &cel::tolerates_other_than(DEDICATED, &list([name])),
         format!("{who} may tolerate only its own dedicated nodes ({DEDICATED}={name}), not another tenant's"),
     ));
     out.push(validation(

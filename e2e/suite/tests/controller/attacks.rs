@@ -828,11 +828,18 @@ async fn a_deleted_tenant_keeps_its_rules_until_the_no_tenant_rules_hold(
     tokio::time::sleep(Duration::from_secs(6)).await;
     let everything = pod(json!({}), json!({"tolerations": [{"operator": "Exists"}]}));
     let got = create(dev, "atk-tmp", &everything, false).await;
+    // Its policies' parameter (the tenant) is gone: its bindings refuse everything they match.
     assert!(
-        got.as_ref()
-            .is_err_and(|e| e.contains("GpuTenant atk-tmp") && e.contains("tolerates every taint")),
-        "with the tenant deleted and no controller pass, its rules still hold: {got:?}"
+        got.as_ref().is_err_and(|e| e.contains("gputenancy.io-tenant-atk-tmp")),
+        "with the tenant deleted and no controller pass, its bindings still refuse: {got:?}"
     );
+    let cpu = pod(json!({"resources": {"requests": {"cpu": "10m"}}}), json!({}));
+    let got = create(dev, "atk-tmp", &cpu, false).await;
+    assert!(
+        got.as_ref().is_err_and(|e| e.contains("gputenancy.io-tenant-atk-tmp")),
+        "with the tenant deleted, even a pod asking for no GPU waits for the no-tenant rules: {got:?}"
+    );
+    eprintln!("MEASURE a deleted tenant's namespace before the controller's pass: {got:?}");
     let quota = Api::<ResourceQuota>::namespaced(admin.clone(), "atk-tmp")
         .get_opt("gpu-tenancy")
         .await

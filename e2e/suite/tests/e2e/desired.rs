@@ -9,10 +9,11 @@ use gpu_tenancy::desired::{Desired, POLICY_PREFIX, Settings, desired};
 use gpu_tenancy::inventory::InventoryFile;
 use gpu_tenancy::planner::PlanInput;
 use gpu_tenancy_e2e::{Cleanup, Names, client, create_namespace, ensure_crds, kubectl_async, repo_root};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 fn now() -> Time {
@@ -201,6 +202,23 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
     .await
     .ok();
     std::fs::remove_file(&file).ok();
+    // The policies' parameter: each tenant with the status the controller writes
+    // (`status.admission`, what its pods may ask for).
+    let gpu_tenants: Api<GpuTenant> = Api::all(client.clone());
+    for name in [&ext, &exp] {
+        let t = d.tenants.iter().find(|t| &t.name_any() == name).unwrap();
+        cleanup.add_resource("gputenants.gputenancy.io", name);
+        gpu_tenants
+            .create(&PostParams::default(), &GpuTenant::new(name, t.spec.clone()))
+            .await
+            .unwrap();
+        write_status(
+            &gpu_tenants,
+            name,
+            serde_json::to_value(t.status.as_ref().unwrap()).unwrap(),
+        )
+        .await;
+    }
 
     let pods = |ns: &str| Api::<Pod>::namespaced(client.clone(), ns);
     let dry = PostParams {
@@ -253,10 +271,14 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
         ),
         (&exp_ns, pod("cpu", json!({"cpu": "1"}), json!([])), None),
     ];
-    // A new policy takes a moment to reach the admission plugin: retry the first refusal until it bites.
+    // A new policy and its parameter take a moment to reach the admission plugin: retry the first
+    // refusal until it bites, and the first admission until the tenant's status is read (while
+    // the plugin has not seen the tenant, its binding refuses everything).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        if pods(&ext_ns).create(&dry, &cases[1].1).await.is_err() {
+        if pods(&ext_ns).create(&dry, &cases[1].1).await.is_err()
+            && pods(&ext_ns).create(&dry, &cases[0].1).await.is_ok()
+        {
             break;
         }
         assert!(
@@ -277,4 +299,103 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
             (Some(m), Err(e)) => assert!(e.to_string().contains(&m), "pod {}: {e} lacks {m:?}", p.name_any()),
         }
     }
+    the_grants_are_read_from_the_tenant(&client, &gpu_tenants, &ext, &ext_ns, &d).await;
+}
+
+/// Writes `status` as the controller does (server-side apply on /status, its field manager).
+async fn write_status(tenants: &Api<GpuTenant>, name: &str, status: serde_json::Value) {
+    tenants
+        .patch_status(
+            name,
+            &PatchParams::apply("gpu-tenancy-controller").force(),
+            &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "status": status})),
+        )
+        .await
+        .unwrap();
+}
+
+/// The tenant's policy reads what it was granted from the tenant's status, its parameter: a
+/// grant written to the status admits its name with no policy written; a status without
+/// `admission` (a tenant not valid, or not yet reconciled) gets no GPU; a deleted tenant's
+/// namespaces get nothing at all until the controller moves them to the no-tenant rules.
+async fn the_grants_are_read_from_the_tenant(
+    client: &kube::Client,
+    tenants: &Api<GpuTenant>,
+    name: &str,
+    ns: &str,
+    d: &Desired,
+) {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let policy_name = format!("{POLICY_PREFIX}{name}");
+    let version = policies.get(&policy_name).await.unwrap().resource_version();
+    let until = |what: &'static str, p: Pod, done: fn(&Result<Pod, kube::Error>) -> bool| {
+        let (pods, dry) = (pods.clone(), dry.clone());
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let got = pods.create(&dry, &p).await;
+                if done(&got) {
+                    return got;
+                }
+                assert!(std::time::Instant::now() < deadline, "{what}: {got:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+    };
+    let status = d
+        .tenants
+        .iter()
+        .find(|t| t.name_any() == name)
+        .unwrap()
+        .status
+        .clone()
+        .unwrap();
+    let shared = pod("shared", json!({"nvidia.com/gpu.shared": "1"}), json!([]));
+    let mig = pod("mig", json!({"nvidia.com/mig-1g.10gb": "1"}), json!([]));
+
+    // A name added to the status is admitted.
+    let mut grown = serde_json::to_value(&status).unwrap();
+    grown["admission"]["resourceNames"] = json!(["nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"]);
+    write_status(tenants, name, grown).await;
+    let _admitted = until("a name granted in the status is admitted", shared.clone(), |r| {
+        r.is_ok()
+    })
+    .await;
+    assert_eq!(
+        policies.get(&policy_name).await.unwrap().resource_version(),
+        version,
+        "the policy itself was not written"
+    );
+
+    // Without `admission`, every GPU is refused, and says why.
+    let mut invalid = serde_json::to_value(&status).unwrap();
+    invalid.as_object_mut().unwrap().remove("admission");
+    write_status(tenants, name, invalid).await;
+    let got = until("a status without admission refuses every GPU", mig.clone(), |r| {
+        r.is_err()
+    })
+    .await;
+    let e = got.unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "GpuTenant {name} (tier external) is not valid, so its pods get no GPUs"
+        )),
+        "{e}"
+    );
+
+    // The tenant deleted: its binding's parameter is gone, and everything it matches is refused.
+    tenants.delete(name, &Default::default()).await.unwrap();
+    let cpu = pod("cpu", json!({"cpu": "1"}), json!([]));
+    let got = until("a deleted tenant's namespace admits nothing", cpu, |r| r.is_err()).await;
+    let e = got.as_ref().unwrap_err().to_string();
+    assert!(e.contains(&policy_name), "the refusal names the tenant's binding: {e}");
+    eprintln!(
+        "MEASURE a deleted tenant's namespace refuses a CPU pod: {:?}",
+        got.as_ref().err()
+    );
 }

@@ -471,7 +471,8 @@ async fn tenant_users_read_their_status_write_nothing_and_are_judged_by_admissio
     .ok();
     assert!(out.contains(&team), "{out}");
 
-    // Writes nothing of the operator's.
+    // Writes nothing of the operator's (its GpuTenant's status is also its admission policies'
+    // parameter: what its pods may ask for).
     let mut existing = HashMap::from([("GpuTenant", team.clone()), ("SharingPolicy", policy_name.clone())]);
     existing.insert("GpuPartitionPlan", format!("{team}-plan"));
     existing.insert("GpuNode", format!("{team}-node"));
@@ -532,7 +533,12 @@ async fn tenant_users_read_their_status_write_nothing_and_are_judged_by_admissio
             let (pods, steal, dry) = (pods.clone(), steal.clone(), dry.clone());
             async move { outcome(pods.create(&dry, &steal).await) }
         },
-        |r| r.as_ref().is_err_and(|m| m.contains("ValidatingAdmissionPolicy")),
+        // Until the admission plugin has read the tenant (its policy's parameter), the binding
+        // refuses everything: wait for the rule's own message.
+        |r| {
+            r.as_ref()
+                .is_err_and(|m| m.contains("may tolerate only its own dedicated nodes"))
+        },
     )
     .await;
     let msg = r.unwrap_err();
