@@ -257,6 +257,12 @@ impl GpuReason {
         }
     }
 
+    /// A failed NVML call or scrub: the next apply may well succeed, so the agent tries again
+    /// within seconds (with backoff) rather than at its next poll.
+    pub fn retries_soon(self) -> bool {
+        matches!(self, GpuReason::Failed | GpuReason::ScrubFailed)
+    }
+
     /// A reason a new apply cannot fix by itself: the spec or the node must change.
     pub fn stalls(self) -> bool {
         matches!(

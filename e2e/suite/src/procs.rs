@@ -53,6 +53,8 @@ pub struct SimAgent {
     args: Vec<String>,
     /// Environment of the next start (a test hook of the DRA mode, say).
     pub env: Vec<(String, String)>,
+    /// `--poll` of the next start, in seconds (1 unless a test sets it).
+    pub poll: u64,
 }
 
 impl SimAgent {
@@ -88,6 +90,7 @@ impl SimAgent {
             agent: None,
             args: vec![],
             env: vec![],
+            poll: 1,
         };
         agent.restart();
         agent
@@ -194,15 +197,22 @@ impl SimAgent {
         self.kill();
         let mut cmd = Command::new(binary("gpu-tenancy"));
         let pod_resources = self.pod_resources_socket();
-        cmd.args(["agent", "run", "--node-name", &self.name, "--poll", "1"])
-            .arg("--pod-resources-socket")
-            .arg(&pod_resources)
-            .arg("--proc-root")
-            .arg(self.proc_root())
-            .args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", kubeconfig_path())
-            .env("RUST_LOG", "warn");
+        cmd.args([
+            "agent",
+            "run",
+            "--node-name",
+            &self.name,
+            "--poll",
+            &self.poll.to_string(),
+        ])
+        .arg("--pod-resources-socket")
+        .arg(&pod_resources)
+        .arg("--proc-root")
+        .arg(self.proc_root())
+        .args(&self.args)
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
+        .env("KUBECONFIG", kubeconfig_path())
+        .env("RUST_LOG", "warn");
         sim_env(&self.dir, &mut cmd);
         self.agent = Some(cmd.spawn().expect("the agent starts"));
     }

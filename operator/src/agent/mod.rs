@@ -23,7 +23,7 @@ pub mod metrics;
 pub mod pitfalls;
 pub mod pod_resources;
 
-use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, condition_status};
+use crate::api::{ConditionSet, GpuNode, GpuNodeStatus, GpuReason, condition_status};
 use crate::gpu::Gpus;
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::nvml::NvmlGpus;
@@ -158,8 +158,19 @@ pub enum RunError {
     Dra(dra::DraError),
 }
 
+/// When the next pass is due after one that succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// At the next poll (or spec change).
+    Poll,
+    /// Soon, with backoff: an NVML call or a scrub failed on some GPU
+    /// ([`crate::api::GpuReason::retries_soon`]), and waiting a whole poll would keep that GPU
+    /// from its spec (and, for a scrub, its node tainted) for nothing.
+    Retry,
+}
+
 /// One pass: read the GpuNode, apply its spec, publish what changed.
-pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<(), PassError> {
+pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<Next, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
     let read = |source| PassError::Read {
         node: opts.node.clone(),
@@ -257,7 +268,11 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         restart_device_plugin(client, opts).await;
     }
     label_config_state(client, opts, config_state(&status)).await;
-    Ok(())
+    let retry = status
+        .gpus
+        .iter()
+        .any(|g| g.reason.is_some_and(GpuReason::retries_soon));
+    Ok(if retry { Next::Retry } else { Next::Poll })
 }
 
 /// What an apply did, and how busy the devices were afterwards (where known).
@@ -434,6 +449,8 @@ pub async fn run_node<G: Gpus + 'static>(
 ) -> Result<(), RunError> {
     let mut changes = std::pin::pin!(generations);
     let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
+    // Passes that left a GPU failed: from a second apart up to a poll apart.
+    let mut repair = crate::runtime::backoff::Backoff::new(Duration::from_secs(1), opts.poll);
     let mut wait = Duration::ZERO;
     tokio::pin!(shutdown);
     let mut last_generation: Option<i64> = None;
@@ -452,9 +469,15 @@ pub async fn run_node<G: Gpus + 'static>(
             }
         }
         match pass(&client, &gpus, &opts).await {
-            Ok(()) => {
+            Ok(Next::Poll) => {
                 backoff.reset();
+                repair.reset();
                 wait = opts.poll;
+            }
+            Ok(Next::Retry) => {
+                backoff.reset();
+                wait = repair.next().min(opts.poll);
+                tracing::info!(node = %opts.node, retry_in = ?wait, "a GPU's NVML call or scrub failed: applying again");
             }
             Err(e) => {
                 wait = backoff.next();

@@ -310,7 +310,9 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
     );
     // Dead for a few of its poll periods, as a crash-looping pod is; then back on the same GPU,
     // where its first scrub fails (one CUDA allocation fails): the hand-over it publishes then is
-    // unfinished, and must show as such.
+    // unfinished, and must show as such. Back with a poll of 10 minutes, longer than the wait
+    // below: the failed scrub is tried again within seconds (with backoff), not at the next poll
+    // (nothing else wakes the agent: the spec does not change).
     tokio::time::sleep(Duration::from_secs(2)).await;
     agent.sim_ctl(&[
         "fail",
@@ -323,6 +325,7 @@ async fn killed_mid_handover_converges_after_restart_never_unscrubbed() {
         "--times",
         "1",
     ]);
+    agent.poll = 600;
     agent.restart();
     let b = Some("kill-b".to_string());
     wait_nodes(
