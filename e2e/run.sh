@@ -248,7 +248,9 @@ cmd_test() {
 	build
 	# Compile the suite before starting anything: a compile error needs no cluster.
 	say "building the e2e suite and the gpu-tenancy binary (the controller scenarios run it) ..."
-	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
+	# Two builds: `--bin` would narrow nvml-sim to its (absent) binaries, leaving its .so unbuilt.
+	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy
+	"$CARGO" build -p nvml-sim
 	nvml_check
 	cdi_check
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
@@ -308,7 +310,9 @@ run_faults() {
 
 cmd_faults() {
 	build
-	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy -p nvml-sim
+	# Two builds: `--bin` would narrow nvml-sim to its (absent) binaries, leaving its .so unbuilt.
+	"$CARGO" build -p gpu-tenancy --bin gpu-tenancy
+	"$CARGO" build -p nvml-sim
 	"$CARGO" test -p gpu-tenancy-e2e --test faults --no-run
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-300}" run_faults "$@"
 }
