@@ -15,6 +15,7 @@
 //! back without being placed again: the allocation is a pure function of those inputs.
 
 use super::report::{cells_of_tenants, merge_tenant};
+use super::scope::{Cell, Scope};
 use super::{CellGrants, Family, GpuRef, TenantGrants};
 use crate::api::{GpuSpec, MigInstanceSpec, Mode, ScrubMemory, SharedVec, TenantShares};
 use crate::inventory::NodeGpu;
@@ -22,42 +23,6 @@ use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The families of one cell and the GPUs holding their capacity.
-pub(super) struct Scope {
-    pub families: BTreeSet<Family>,
-    /// In node, then GPU order (the order every pool walks).
-    pub gpus: Vec<GpuRef>,
-}
-
-impl Scope {
-    /// Whether the cell holds MIG `profile`'s family (found without building the family: a cell
-    /// has a few families, and this is asked once per MIG instance).
-    pub fn has_mig(&self, profile: &str) -> bool {
-        self.families
-            .iter()
-            .any(|f| matches!(f, Family::Mig(p) if p == profile))
-    }
-}
-
-/// One cell: its scope, and per tenant with requests in it, the positions of those requests.
-pub(super) struct Cell {
-    pub scope: Scope,
-    pub tenants: Vec<(usize, Vec<usize>)>,
-}
-
-impl Cell {
-    /// The cell's tenants as the allocator sees them: only their requests in the cell.
-    pub fn profiles(&self, tenants: &[TenantProfile]) -> Vec<TenantProfile> {
-        self.tenants
-            .iter()
-            .map(|(t, requests)| TenantProfile {
-                requests: requests.iter().map(|&r| tenants[*t].requests[r].clone()).collect(),
-                ..tenants[*t].clone()
-            })
-            .collect()
-    }
-}
 
 /// Families by number, in the order first seen (names are looked up, not cloned: a fleet has a
 /// few families and hundreds of thousands of MIG instances, so a short list scanned beats a hash).

@@ -10,8 +10,10 @@
 
 mod cells;
 mod exclusive;
+mod holders;
 mod pools;
 mod report;
+mod scope;
 mod shared;
 mod sticky;
 
@@ -21,13 +23,15 @@ use crate::api::{AllocationSummary, Grant, Grants, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
 pub use cells::AllocationMemo;
-use cells::{GpuBindings, Scope};
+use cells::GpuBindings;
 use exclusive::{Domain, ExclusivePool};
 use foldhash::HashMap;
+use holders::{Current, Placings};
 use pools::Template;
+use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use sticky::{Amounts, Current, Placings, Step};
+use sticky::{Amounts, Step};
 
 /// What one tenant received.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -6,8 +6,8 @@
 //! bindings), over the same layouts: the pools are made from the nodes once per cell
 //! ([`Template`]) and each pass takes a copy, with the holders of its own current bindings.
 
-use super::cells::Scope;
-use super::sticky::{Current, Placing, Placings};
+use super::holders::{Current, Placing, Placings};
+use super::scope::Scope;
 use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
 use crate::planner::nodes::NodeDesired;

@@ -1,6 +1,6 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
-use super::cells::Cell;
+use super::scope::Cell;
 use super::{Allocator, CellGrants, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::planner::nodes::NodeDesired;

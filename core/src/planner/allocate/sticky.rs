@@ -13,13 +13,13 @@
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
-use super::cells::Scope;
+use super::holders::{Current, Placing, Placings};
 use super::pools::Template;
 use super::report::Placed;
-use super::{Allocator, Family, GpuRef, Pool, PoolKey, Reasons, Targets};
-use crate::api::{CoLocation, Mode, TopologyPolicy};
+use super::scope::Scope;
+use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
+use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
-use crate::planner::changes::{instance_holder, whole_holders};
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -33,31 +33,6 @@ pub(super) struct Step {
     pub asked: u32,
     pub units: u32,
 }
-
-/// How a placing pass uses a pool's current bindings, most sticky first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) enum Placing {
-    /// Every tenant keeps its units before anyone takes more.
-    #[default]
-    KeepFirst,
-    /// Priority level by level: a level keeps and takes before the next keeps anything.
-    ByLevel,
-    /// Current bindings ignored: the blind pass's placement.
-    Blind,
-}
-
-impl Placing {
-    pub fn less_sticky(self) -> Option<Placing> {
-        match self {
-            Placing::KeepFirst => Some(Placing::ByLevel),
-            Placing::ByLevel => Some(Placing::Blind),
-            Placing::Blind => None,
-        }
-    }
-}
-
-/// Placing per pool; pools not listed are `KeepFirst`.
-pub(super) type Placings = BTreeMap<PoolKey, Placing>;
 
 /// What the blind pass decided.
 pub(super) struct Amounts {
@@ -73,73 +48,6 @@ pub(super) struct Amounts {
 
 /// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
 pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
-
-/// Who holds each unit of the planned layout now, per GPU of the cell, in the order of its
-/// scope's GPUs (`Scope::gpus`): a cell's GPUs are a fraction of a fleet of 400,000.
-pub(super) struct Current {
-    pub gpus: Vec<GpuHolders>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub(super) struct GpuHolders {
-    /// Tenants of the GPU used whole in its planned mode.
-    pub whole: Vec<String>,
-    /// On a shared GPU, the shares each of `whole` holds (0: not known, at least one).
-    pub shares: Vec<u32>,
-    /// Tenant of each planned MIG instance.
-    pub instances: Vec<Option<String>>,
-}
-
-impl Current {
-    /// From what the nodes run now: an instance counts when it exists now with the same profile
-    /// and placement, a whole GPU when it is in the planned mode now.
-    /// Of the GPUs `at` (nobody holds the others).
-    pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let gpus = at
-            .iter()
-            .map(|&(n, g)| {
-                let node = &nodes[n as usize];
-                let spec = &node.gpus[g as usize];
-                let inv = &node.inventory.gpus[spec.index as usize];
-                let whole = whole_holders(inv, spec.mode).to_vec();
-                GpuHolders {
-                    shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
-                    whole,
-                    instances: spec
-                        .mig_instances
-                        .iter()
-                        .map(|i| instance_holder(inv, i).map(str::to_string))
-                        .collect(),
-                }
-            })
-            .collect();
-        Current { gpus }
-    }
-
-    /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
-    pub fn from_plan(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let gpus = at
-            .iter()
-            .map(|&(n, g)| {
-                let spec = &nodes[n as usize].gpus[g as usize];
-                let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
-                match spec.mode {
-                    Mode::Mig => GpuHolders {
-                        whole: vec![],
-                        shares: vec![],
-                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                    },
-                    _ => GpuHolders {
-                        whole: spec.tenants.clone(),
-                        shares: spec.tenants.iter().map(count).collect(),
-                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                    },
-                }
-            })
-            .collect();
-        Current { gpus }
-    }
-}
 
 /// Places `amounts` on `nodes` from the bindings in `current`, each pool as `placings` says. The
 /// pools where some amount could not be placed exactly are the error.
