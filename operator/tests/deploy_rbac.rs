@@ -101,8 +101,9 @@ const READ: &[&str] = &["get", "list", "watch"];
 const WATCH: &[&str] = &["list", "watch"];
 const OWN: &[&str] = &["list", "watch", "create", "patch", "delete"];
 
-/// What operator/src/controller writes (and the one read of a single object, a pod an agent asks
-/// it to evict): server-side apply (a patch; one that creates the object
+/// What operator/src/controller writes (and the reads of a single object: a pod an agent asks
+/// it to evict; any GpuTenant, which the API server checks before it admits a policy or binding
+/// whose parameter is a GpuTenant): server-side apply (a patch; one that creates the object
 /// is also authorized as `create`), status through `/status`, merge patches of Node and Namespace
 /// labels and Node taints, deletes of owned quotas, policies, bindings and ConfigMaps, events
 /// through kube-runtime's Recorder (events.k8s.io), the Lease through kube-lease-manager
@@ -119,6 +120,8 @@ fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
                 &["sharingpolicies", "gputenants", "gpupartitionplans", "gpunodes"],
                 WATCH,
             ),
+            // The API server's check on a policy whose parameter is a GpuTenant.
+            ("gputenancy.io", &["gputenants"], &["get"]),
             ("gputenancy.io", &["gpunodes"], &["patch"]),
             (
                 "gputenancy.io",

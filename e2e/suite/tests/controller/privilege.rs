@@ -38,6 +38,13 @@ const NOT_SHOWN: &[(&str, &str, &str, &str)] = &[
          shows that watch only once its response starts, which in a run this short it often has not",
     ),
     (
+        "get",
+        "gputenancy.io",
+        "gputenants",
+        "the API server checks it (verb get, any name) before it admits a policy or binding whose \
+         parameter is a GpuTenant; that check is part of the create, not a request of its own",
+    ),
+    (
         "patch",
         "events.k8s.io",
         "events",
