@@ -1,17 +1,19 @@
 //! The controller's incremental pass against the full pass (ISSUE 18, item 4): after any sequence
 //! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
-//! priorities, tiers, requests listed in another order, nodes relabelled, dropped or given other GPUs, a
-//! plan changed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from
+//! priorities, tiers, requests listed in another order, nodes relabelled, dropped or given other GPUs,
+//! plans changed, added and removed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from
 //! nothing gives, and so does the whole desired state rendered with its memo (the tenants'
 //! admission policies taken back where their rules are unchanged).
 
 #[path = "support/fleet.rs"]
 mod support;
 
-use gpu_tenancy::api::{Mode, PodSecurity, TenantLimits};
+use gpu_tenancy::api::{GpuPartitionPlan, Mode, PodSecurity, TenantLimits};
 use gpu_tenancy::desired::DesiredMemo;
 use gpu_tenancy::planner::{PlanMemo, PlanOutput};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 use support::desired_with as desired;
 use support::run_with as plan;
 
@@ -73,6 +75,33 @@ enum Change {
     PodSecurity {
         tier: usize,
     },
+    /// A plan's priority (plans selecting the same nodes at one priority tie).
+    PlanPriority {
+        plan: usize,
+        priority: i32,
+    },
+    /// A plan selects another pool (a MIG plan on A100 or H200 nodes fails there; two plans may
+    /// select one pool).
+    PlanSelector {
+        plan: usize,
+        pool: usize,
+    },
+    /// A plan removed (its nodes are left unplanned or to another plan).
+    PlanRemove {
+        plan: usize,
+    },
+    /// A copy of a plan under a new name, selecting a pool at a priority.
+    PlanAdd {
+        from: usize,
+        pool: usize,
+        priority: i32,
+    },
+    /// A plan dedicates its first GPUs to a tenant, or to one that does not exist (the plan is
+    /// then not valid).
+    PlanDedicate {
+        plan: usize,
+        tenant: Option<usize>,
+    },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -106,6 +135,21 @@ fn namespace_change() -> impl Strategy<Value = Change> {
         1 => (0..3usize).prop_map(|tier| Change::PodSecurity { tier }),
     ]
 }
+
+/// [`change`], and changes of the plans: their selectors, priorities, validity, plans added and
+/// removed. (A strategy of its own, as [`namespace_change`].)
+fn plan_change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        2 => change(),
+        1 => (0..8usize, 0..3i32).prop_map(|(plan, priority)| Change::PlanPriority { plan, priority }),
+        1 => (0..8usize, 0..4usize).prop_map(|(plan, pool)| Change::PlanSelector { plan, pool }),
+        1 => (0..8usize).prop_map(|plan| Change::PlanRemove { plan }),
+        1 => (0..8usize, 0..4usize, 0..3i32).prop_map(|(from, pool, priority)| Change::PlanAdd { from, pool, priority }),
+        1 => (0..8usize, proptest::option::of(0..64usize)).prop_map(|(plan, tenant)| Change::PlanDedicate { plan, tenant }),
+    ]
+}
+
+const POOLS: [&str; 4] = ["mig", "mps", "ts", "excl"];
 
 fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut usize) {
     let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
@@ -142,8 +186,7 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
         Change::Apply => f.nodes = support::with_current(&f.nodes, &last.nodes),
         Change::Relabel { node, pool } => {
             if let Some(n) = pick(node, f.nodes.len()) {
-                let pools = ["mig", "mps", "ts", "excl"];
-                f.nodes[n].labels.insert("pool".into(), pools[pool].into());
+                f.nodes[n].labels.insert("pool".into(), POOLS[pool].into());
                 support::revise(&mut f.nodes[n]);
             }
         }
@@ -194,6 +237,11 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 PodSecurity::Restricted => PodSecurity::Baseline,
             };
         }
+        Change::PlanPriority { .. }
+        | Change::PlanSelector { .. }
+        | Change::PlanRemove { .. }
+        | Change::PlanAdd { .. }
+        | Change::PlanDedicate { .. } => apply_plan_change(f, change, added),
         Change::Replicas { replicas } => {
             let ts = f.plans.iter_mut().find(|p| p.metadata.name.as_deref() == Some("ts"));
             if let Some(ts) = ts {
@@ -204,6 +252,51 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                     .replicas = replicas;
             }
         }
+    }
+}
+
+/// Applies a change of the plans (the variants [`plan_change`] adds).
+fn apply_plan_change(f: &mut support::Fleet, change: &Change, added: &mut usize) {
+    let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
+    let selecting = |pool: usize| LabelSelector {
+        match_labels: Some(BTreeMap::from([("pool".to_string(), POOLS[pool].to_string())])),
+        match_expressions: None,
+    };
+    match *change {
+        Change::PlanPriority { plan, priority } => {
+            if let Some(p) = pick(plan, f.plans.len()) {
+                f.plans[p].spec.priority = priority;
+            }
+        }
+        Change::PlanSelector { plan, pool } => {
+            if let Some(p) = pick(plan, f.plans.len()) {
+                f.plans[p].spec.node_selector = selecting(pool);
+            }
+        }
+        Change::PlanRemove { plan } => {
+            if let Some(p) = pick(plan, f.plans.len()) {
+                f.plans.remove(p);
+            }
+        }
+        Change::PlanAdd { from, pool, priority } => {
+            if let Some(p) = pick(from, f.plans.len()) {
+                *added += 1;
+                let mut spec = f.plans[p].spec.clone();
+                spec.node_selector = selecting(pool);
+                spec.priority = priority;
+                f.plans.push(GpuPartitionPlan::new(&format!("extra-{added}"), spec));
+            }
+        }
+        Change::PlanDedicate { plan, tenant } => {
+            if let Some(p) = pick(plan, f.plans.len()) {
+                let name = match tenant.and_then(|t| pick(t, f.tenants.len())) {
+                    Some(t) => f.tenants[t].metadata.name.clone().unwrap_or_default(),
+                    None => "nobody".to_string(),
+                };
+                f.plans[p].spec.gpus[0].tenants = vec![name];
+            }
+        }
+        _ => unreachable!("{change:?} is not a change of the plans"),
     }
 }
 
@@ -258,6 +351,20 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The nodes taken back from the memo when plans change: only those a changed plan selected
+    /// or selects are resolved again.
+    #[test]
+    fn planning_with_the_memo_equals_planning_from_nothing_when_plans_change(
+        seed in any::<u64>(),
+        changes in proptest::collection::vec(plan_change(), 1..10),
+    ) {
+        check_memo_equals_full(support::fleet(16, 4, 10, seed), &changes)?;
+    }
+}
+
 /// The memo is used: one tenant asking for one more MPS share places the MPS cell again and takes
 /// the other five (three MIG profiles, exclusive, time-slicing) from the memo; the same plan.
 #[test]
@@ -298,4 +405,37 @@ fn one_more_mps_share_places_only_the_mps_cell() {
         own += usize::from(!shared);
     }
     assert!(own >= 1, "no node's GPU list changed");
+}
+
+/// A plan's change resolves again only the nodes it selected or selects: the exclusive plan's
+/// priority changed, every other node is taken back whole (its GPU list shared with the last
+/// pass's output, not built again); the same plan as a pass from nothing.
+#[test]
+fn a_plans_change_resolves_only_its_nodes_again() {
+    let mut f = support::fleet(40, 8, 16, 7);
+    let mut memo = PlanMemo::default();
+    let first = plan(&f, Some(&mut memo));
+    f.nodes = support::with_current(&f.nodes, &first.nodes);
+    let again = plan(&f, Some(&mut memo));
+    let excl = f
+        .plans
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("excl"))
+        .expect("the fleet has an exclusive plan");
+    excl.spec.priority += 1;
+    let incremental = plan(&f, Some(&mut memo));
+    assert_eq!(incremental, plan(&f, None));
+    let mut resolved = 0;
+    for (now, before) in incremental.nodes.iter().zip(&again.nodes) {
+        let shared = now.spec.gpus.same_list(&before.spec.gpus);
+        let excl = now.spec.plan.as_deref() == Some("excl");
+        assert!(
+            shared || excl,
+            "node {} (plan {:?}): resolved again for another plan's change",
+            kube::ResourceExt::name_any(now),
+            now.spec.plan
+        );
+        resolved += usize::from(!shared);
+    }
+    assert!(resolved > 0, "the exclusive plan's nodes were taken back");
 }

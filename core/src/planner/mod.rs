@@ -67,27 +67,35 @@ pub struct PlanMemo {
 }
 
 impl PlanMemo {
-    /// Keeps this pass's plans; where they differ from the last pass's, the nodes' revisions
-    /// are no longer enough to tell that their layouts are unchanged.
+    /// Keeps this pass's plans; where they differ from the last pass's, the nodes memo learns
+    /// which nodes the plans that changed reach (their revisions no longer say their layouts
+    /// are unchanged).
     fn read_plans(&mut self, plans: &[&GpuPartitionPlan], checks: &[PlanCheck]) {
-        let same = self.plans.len() == plans.len()
+        let now: Vec<(&str, &GpuPartitionPlanSpec, bool)> = plans
+            .iter()
+            .zip(checks)
+            .map(|(p, c)| (crate::api::name_of(*p), &p.spec, c.is_valid()))
+            .collect();
+        let same = self.plans.len() == now.len()
             && self
                 .plans
                 .iter()
-                .zip(plans)
-                .zip(checks)
-                .all(|(((name, spec, valid), p), c)| {
-                    Some(name.as_str()) == p.metadata.name.as_deref() && *spec == p.spec && *valid == c.is_valid()
-                });
-        if !same {
-            self.allocation.forget_revisions();
-            self.nodes.clear();
-            self.plans = plans
-                .iter()
-                .zip(checks)
-                .map(|(p, c)| (p.name_any(), p.spec.clone(), c.is_valid()))
-                .collect();
+                .zip(&now)
+                .all(|((name, spec, valid), (n, s, v))| name == n && spec == *s && valid == v);
+        if same {
+            self.nodes.plans_changed(nodes::PlansChange::default());
+            return;
         }
+        if now.windows(2).any(|w| w[0].0 == w[1].0) {
+            // Two plans of one name (a CLI input can have them): which is which is unknown.
+            self.nodes.clear();
+        } else {
+            self.nodes.plans_changed(nodes::PlansChange::between(&self.plans, &now));
+        }
+        self.plans = now
+            .into_iter()
+            .map(|(name, spec, valid)| (name.to_string(), spec.clone(), valid))
+            .collect();
     }
 
     /// Keeps this pass's tenants' `scrubMemory`; says whether it is the last pass's.

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use std::collections::BTreeMap;
 
 mod kept;
-pub use kept::NodesMemo;
+pub use kept::{NodesMemo, PlansChange};
 
 /// Why a node has no applied plan.
 #[derive(Clone, Debug, PartialEq, Eq)]

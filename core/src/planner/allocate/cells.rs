@@ -171,7 +171,7 @@ struct GpuInput {
 /// One node's GPUs as the last pass read them.
 struct NodeInput {
     name: String,
-    /// The node's inventory revision then; `None` once the plans changed (its layout may have).
+    /// The node's inventory revision then.
     revision: Option<String>,
     gpus: Vec<GpuInput>,
 }
@@ -185,10 +185,11 @@ impl NodeInput {
         }
     }
 
-    /// The node is as the last pass read it by its revision alone (the plans being the same):
-    /// its inventory then, under the same plans, gave the same GPUs.
+    /// The node is as the last pass read it without comparing its GPUs: the nodes memo took it
+    /// back (the same revision, and no plan that changed since reaches it), and this memo read
+    /// it at that revision.
     fn same_revision(&self, node: &NodeDesired) -> bool {
-        self.revision.is_some() && self.revision == node.inventory.revision
+        node.kept && self.revision.is_some() && self.revision == node.inventory.revision
     }
 }
 
@@ -420,14 +421,7 @@ impl AllocationMemo {
             .collect()
     }
 
-    /// The plans changed: a node's revision no longer says its GPUs are as the last pass read them.
-    pub(in crate::planner) fn forget_revisions(&mut self) {
-        for n in &mut self.fleet {
-            n.revision = None;
-        }
-    }
-
-    /// Compares every GPU with the last pass's (not those of a node with the same revision),
+    /// Compares every GPU with the last pass's (not those of a node taken back at its revision),
     /// keeps this pass's, and says which changed, and whether the fleet's GPUs offer what the
     /// last pass read them to offer (the same nodes in the same order, each with as many GPUs, each
     /// GPU in the same mode with the same MIG profiles): what [`cells`] splits the fleet by. A

@@ -11,8 +11,9 @@
 //! (`operator/tests/incremental.rs`) holds the result equal to a pass from nothing.
 
 use super::{Decided, NodeDesired, NodeState};
-use crate::api::{BusyGpuPolicy, DeviceAccess, GpuSpec, SharedVec};
+use crate::api::{BusyGpuPolicy, DeviceAccess, GpuPartitionPlanSpec, GpuSpec, SharedVec};
 use crate::inventory::NodeInventory;
+use crate::selectors::ParsedSelector;
 
 /// One node as the last pass left it.
 struct KeptNode {
@@ -32,21 +33,99 @@ struct KeptNode {
 #[derive(Default)]
 pub struct NodesMemo {
     nodes: Vec<KeptNode>,
+    /// How the plans changed since the last pass.
+    plans: PlansChange,
+}
+
+/// How the plans (sorted by name) changed since the last pass. A node no changed plan selected
+/// then or selects now has the same candidate plans, so the same plan, state and layout: only the
+/// positions of its tied plans, which [`Decided`] names, may have moved. (Before, any change of
+/// any plan forgot every node: a plan's change cost a pass from nothing.)
+#[derive(Default)]
+pub struct PlansChange {
+    /// The node selectors, before and after, of every plan whose spec or validity changed, or
+    /// that was added or removed.
+    selectors: Vec<ParsedSelector>,
+    /// Per plan of the last pass, by position, its position now (`None`: removed); empty when
+    /// no plan was added or removed.
+    positions: Vec<Option<usize>>,
+}
+
+impl PlansChange {
+    /// Compares the plans of the last pass with this pass's: `(name, spec, valid)`, each sorted
+    /// by name, names unique.
+    pub fn between(last: &[(String, GpuPartitionPlanSpec, bool)], now: &[(&str, &GpuPartitionPlanSpec, bool)]) -> Self {
+        let mut change = PlansChange::default();
+        let mut found = vec![false; now.len()];
+        for (name, spec, valid) in last {
+            match now.binary_search_by(|(n, _, _)| (*n).cmp(name.as_str())) {
+                Ok(i) => {
+                    found[i] = true;
+                    let (_, new_spec, new_valid) = now[i];
+                    if spec != new_spec || *valid != new_valid {
+                        change.selectors.push(ParsedSelector::of(&spec.node_selector));
+                        change.selectors.push(ParsedSelector::of(&new_spec.node_selector));
+                    }
+                    change.positions.push(Some(i));
+                }
+                Err(_) => {
+                    change.selectors.push(ParsedSelector::of(&spec.node_selector));
+                    change.positions.push(None);
+                }
+            }
+        }
+        for (i, (_, spec, _)) in now.iter().enumerate() {
+            if !found[i] {
+                change.selectors.push(ParsedSelector::of(&spec.node_selector));
+            }
+        }
+        if last.len() == now.len() && found.iter().all(|f| *f) {
+            change.positions.clear();
+        }
+        change
+    }
+
+    /// The node's candidate plans may have changed.
+    fn reaches(&self, inv: &NodeInventory) -> bool {
+        self.selectors.iter().any(|s| s.matches(&inv.labels))
+    }
+
+    /// A kept node's tied plans at their positions now (each is unchanged, or it would be
+    /// reached).
+    fn moved(&self, tied: &[usize]) -> Vec<usize> {
+        if self.positions.is_empty() {
+            return tied.to_vec();
+        }
+        tied.iter()
+            .map(|&i| self.positions[i].expect("a removed plan reaches every node it tied"))
+            .collect()
+    }
 }
 
 /// Walks the memo beside a pass's nodes, both in name order.
 pub struct Reader<'m> {
     nodes: &'m [KeptNode],
+    plans: &'m PlansChange,
 }
 
 impl NodesMemo {
     pub fn reader(&self) -> Reader<'_> {
-        Reader { nodes: &self.nodes }
+        Reader {
+            nodes: &self.nodes,
+            plans: &self.plans,
+        }
     }
 
-    /// Forgets every node: the plans changed, so a node's revision says nothing of its layout.
+    /// Forgets every node: a node's revision says nothing of its layout (the plans' names are
+    /// not unique).
     pub fn clear(&mut self) {
         self.nodes.clear();
+        self.plans = PlansChange::default();
+    }
+
+    /// How the plans changed since the last pass, for this pass's [`Reader`].
+    pub fn plans_changed(&mut self, change: PlansChange) {
+        self.plans = change;
     }
 
     /// Keeps this pass's nodes (those with a revision) as they leave it: taken back and left as
@@ -60,7 +139,11 @@ impl NodesMemo {
             while old.next_if(|k| k.name < node.inventory.name).is_some() {}
             let same = node.kept && !node.recomputed;
             match old.next_if(|k| k.name == node.inventory.name) {
-                Some(k) if same => self.nodes.push(k),
+                Some(mut k) if same => {
+                    // Its tied plans' positions may have moved (a plan added or removed).
+                    k.decided.tied.clone_from(&node.decided.tied);
+                    self.nodes.push(k);
+                }
                 _ => self.nodes.push(KeptNode {
                     name: node.inventory.name.clone(),
                     revision: revision.clone(),
@@ -85,7 +168,7 @@ impl Reader<'_> {
         let skip = self.nodes.iter().take_while(|k| k.name < inv.name).count();
         self.nodes = &self.nodes[skip..];
         let k = self.nodes.first().filter(|k| k.name == inv.name)?;
-        (inv.revision.as_ref() == Some(&k.revision)).then(|| NodeDesired {
+        (inv.revision.as_ref() == Some(&k.revision) && !self.plans.reaches(inv)).then(|| NodeDesired {
             inventory: inv,
             plan: k.plan.clone(),
             state: k.state.clone(),
@@ -93,7 +176,10 @@ impl Reader<'_> {
             dedicated: k.dedicated.clone(),
             busy_gpu_policy: k.busy_gpu_policy,
             device_access: k.device_access,
-            decided: k.decided.clone(),
+            decided: Decided {
+                tied: self.plans.moved(&k.decided.tied),
+                problem: k.decided.problem.clone(),
+            },
             kept: true,
             recomputed: false,
             changing: k.changing,
