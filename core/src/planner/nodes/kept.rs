@@ -90,15 +90,13 @@ impl PlansChange {
         self.selectors.iter().any(|s| s.matches(&inv.labels))
     }
 
-    /// A kept node's tied plans at their positions now (each is unchanged, or it would be
-    /// reached).
-    fn moved(&self, tied: &[usize]) -> Vec<usize> {
+    /// A kept node's tied plans at their positions now; `None` where one is gone (its selector
+    /// reaches the node, so this does not happen; if it did, the node is planned again).
+    fn moved(&self, tied: &[usize]) -> Option<Vec<usize>> {
         if self.positions.is_empty() {
-            return tied.to_vec();
+            return Some(tied.to_vec());
         }
-        tied.iter()
-            .map(|&i| self.positions[i].expect("a removed plan reaches every node it tied"))
-            .collect()
+        tied.iter().map(|&i| self.positions.get(i).copied().flatten()).collect()
     }
 }
 
@@ -168,7 +166,11 @@ impl Reader<'_> {
         let skip = self.nodes.iter().take_while(|k| k.name < inv.name).count();
         self.nodes = &self.nodes[skip..];
         let k = self.nodes.first().filter(|k| k.name == inv.name)?;
-        (inv.revision.as_ref() == Some(&k.revision) && !self.plans.reaches(inv)).then(|| NodeDesired {
+        if inv.revision.as_ref() != Some(&k.revision) || self.plans.reaches(inv) {
+            return None;
+        }
+        let tied = self.plans.moved(&k.decided.tied)?;
+        Some(NodeDesired {
             inventory: inv,
             plan: k.plan.clone(),
             state: k.state.clone(),
@@ -177,7 +179,7 @@ impl Reader<'_> {
             busy_gpu_policy: k.busy_gpu_policy,
             device_access: k.device_access,
             decided: Decided {
-                tied: self.plans.moved(&k.decided.tied),
+                tied,
                 problem: k.decided.problem.clone(),
             },
             kept: true,
