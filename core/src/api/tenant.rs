@@ -126,16 +126,17 @@ pub struct GpuTenantStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
-    /// What the tenant's pods and claims may ask for, written by the controller from its grants.
-    /// Its admission policies read it as their parameter: absent (a tenant not valid, or not yet
-    /// reconciled), its pods get no GPU.
+    /// What the tenant's pods and claims may ask for, written by the controller from its grants
+    /// and tier. Its admission policies read it as their parameter: absent (a tenant not valid,
+    /// or not yet reconciled), its pods get no GPU and may name no PriorityClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<TenantAdmission>,
 }
 
-/// The parameter of a tenant's admission policies (`paramKind: GpuTenant`): kept here rather than
-/// in the policies' expressions, so a tenant's grants growing with the fleet changes its status,
-/// not a policy the API server would compile again.
+/// The parameter of the tenants' admission policies (`paramKind: GpuTenant`): kept here rather
+/// than in the policies' expressions, so every tenant shares two policies (one for pods, one for
+/// claims), and a tenant's grants growing with the fleet changes its status, not a policy the API
+/// server would compile again.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantAdmission {
@@ -149,6 +150,9 @@ pub struct TenantAdmission {
     /// The shared modes it holds shares of: the values of the sharing taint its pods may tolerate.
     #[serde(default)]
     pub shared_modes: Vec<Mode>,
+    /// The PriorityClasses its pods may name: those its tier lists.
+    #[serde(default)]
+    pub priority_class_names: Vec<String>,
 }
 
 /// Capacity reserved for a tenant on one GPU.

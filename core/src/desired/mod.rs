@@ -43,8 +43,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 pub use admission::{
-    AdmissionMemo, Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules,
-    POLICY_PREFIX, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings, untenanted_bindings,
+    Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules, POLICY_PREFIX,
+    TENANTS_CLAIMS_POLICY, TENANTS_POLICY, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings,
+    untenanted_bindings,
 };
 pub use quota::QUOTA_NAME;
 
@@ -120,7 +121,6 @@ pub struct Desired {
     pub config_maps: Vec<ConfigMap>,
     /// Per tenant and kind of device it holds on DRA nodes, the class its claims use.
     pub device_classes: Vec<DeviceClass>,
-    /// Shared with the admission memo ([`AdmissionMemo`]).
     pub admission_policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     pub admission_bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
     /// Per tenant whose device-plugin names DRA serves, the policy renaming them in its pods.
@@ -143,36 +143,28 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
     desired_with(input, settings, now, None)
 }
 
-/// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]) and each
-/// tenant's admission policies as rendered ([`AdmissionMemo`]).
+/// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]) and the
+/// quotas as rendered.
 #[derive(Default)]
 pub struct DesiredMemo {
     pub plan: PlanMemo,
-    admission: AdmissionMemo,
     quotas: quota::QuotaMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
-/// and taking back the admission policies of tenants whose rules are unchanged.
+/// and taking back the quotas of tenants whose grants are unchanged.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, admission_memo, quota_memo) = match memo {
-        Some(m) => (Some(&mut m.plan), Some(&mut m.admission), Some(&mut m.quotas)),
-        None => (None, None, None),
+    let (plan_memo, quota_memo) = match memo {
+        Some(m) => (Some(&mut m.plan), Some(&mut m.quotas)),
+        None => (None, None),
     };
     let mut out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);
-    let admission = admission::render(
-        input.policies,
-        &mut out.tenants,
-        &namespace_rules,
-        settings,
-        &holdings,
-        admission_memo,
-    );
+    let admission = admission::render(input.policies, &mut out.tenants, &namespace_rules, settings, &holdings);
     let (node_labels, config_maps) = nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings);
     let tenants = nodes::isolation_conditions(out.tenants, &node_labels, now);
     Desired {

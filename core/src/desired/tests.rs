@@ -106,7 +106,7 @@ fn an_invalid_tenant_and_a_contested_namespace_get_zeros() {
     let p = d
         .admission_policies
         .iter()
-        .find(|p| p.name_any() == "gputenancy.io-tenant-bad")
+        .find(|p| p.name_any() == "gputenancy.io-tenants")
         .unwrap();
     let v = p.spec.as_ref().unwrap().validations.as_ref().unwrap();
     assert!(
@@ -147,38 +147,59 @@ fn admission_follows_the_grants() {
             .map(|v| v.message.clone().or(v.message_expression.clone()).unwrap())
             .collect()
     };
-    let acme = messages("gputenancy.io-tenant-acme");
+    let tenants = messages("gputenancy.io-tenants");
     // acme holds one MIG instance: that name is its allow-list, and it holds no shares, so it may
-    // tolerate no sharing taint at all. Its policy reads both from its status, its parameter.
+    // tolerate no sharing taint at all. The tenants' policy reads both from its status, its
+    // parameter, and its name, tier and maxGpusPerPod from its object.
     let admission = |name: &str| {
         let t = d.tenants.iter().find(|t| t.name_any() == name).unwrap();
         t.status.as_ref().unwrap().admission.clone().unwrap()
     };
     assert_eq!(admission("acme").resource_names, ["nvidia.com/mig-3g.40gb"]);
     assert!(admission("acme").shared_modes.is_empty());
-    assert!(acme.iter().any(|m| m.contains("!(k in variables.granted)")), "{acme:?}");
     assert!(
-        acme.iter()
+        tenants.iter().any(|m| m.contains("!(k in variables.granted)")),
+        "{tenants:?}"
+    );
+    assert!(
+        tenants
+            .iter()
             .any(|m| m.contains("a mode it holds shares of (' + (size(variables.sharedModes)"))
     );
-    assert!(acme.iter().any(|m| m.contains("at most 2 GPUs per pod")));
     assert!(
-        acme.iter()
-            .any(|m| m.contains("only its own dedicated nodes (gputenancy.io/dedicated=acme)"))
+        tenants
+            .iter()
+            .any(|m| m.contains("' allows at most ' + string(variables.maxGpus)"))
+    );
+    assert!(
+        tenants
+            .iter()
+            .any(|m| m.contains("only its own dedicated nodes (gputenancy.io/dedicated=' + params.metadata.name"))
     );
     assert_eq!(admission("lab").resource_names, ["nvidia.com/gpu.shared"]);
     assert_eq!(admission("lab").shared_modes, [Mode::TimeSlicing]);
-    // The policies are the same text whatever the grants: only the name and tier differ.
-    let lab = messages("gputenancy.io-tenant-lab");
-    assert_eq!(lab.len(), acme.len() - 1, "acme's maxGpusPerPod is one rule more");
+    // Two policies for every tenant, whatever its grants, name or tier.
+    let names: Vec<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
+    assert_eq!(
+        names,
+        [
+            "gputenancy.io-claims-no-tenant",
+            "gputenancy.io-claims-tenants",
+            "gputenancy.io-device-env-keys",
+            "gputenancy.io-no-tenant",
+            "gputenancy.io-tenants"
+        ]
+    );
     let policy = |name: &str| {
         let p = d.admission_policies.iter().find(|p| p.name_any() == name).unwrap();
         serde_json::to_value(p.spec.as_ref().unwrap()).unwrap()
     };
-    assert_eq!(
-        policy("gputenancy.io-tenant-lab")["paramKind"],
-        serde_json::json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant"})
-    );
+    for name in ["gputenancy.io-tenants", "gputenancy.io-claims-tenants"] {
+        assert_eq!(
+            policy(name)["paramKind"],
+            serde_json::json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant"})
+        );
+    }
     // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
     // namespace that is not exempt; each rule set has a claims policy bound like its pod policy,
     // and one policy judges ConfigMap keys everywhere.
@@ -448,9 +469,10 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
             resource_names: vec!["a.gputenancy.io/mig-3g.40gb".into()],
             device_classes: vec!["a.mig-3g.40gb.gputenancy.io".into()],
             shared_modes: vec![],
+            priority_class_names: vec![],
         })
     );
-    let claims = messages("gputenancy.io-claims-tenant-a");
+    let claims = messages("gputenancy.io-claims-tenants");
     assert!(
         claims
             .iter()

@@ -51,6 +51,28 @@ pub fn list(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// A CEL string literal of any text: quotes and backslashes escaped.
+pub fn text(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Who a policy's messages name: a fixed text (the no-tenant rules), or a CEL string expression
+/// (the tenants' policy names the tenant of its parameter).
+pub enum Who<'a> {
+    Fixed(&'a str),
+    Cel(&'a str),
+}
+
+impl Who<'_> {
+    /// A validation refusing what `forbidden_when` is true for, its message `rest` after who.
+    pub fn refuses(&self, forbidden_when: &str, rest: &str) -> Validation {
+        match self {
+            Who::Fixed(who) => validation(forbidden_when, format!("{who}{rest}")),
+            Who::Cel(who) => validation_with(forbidden_when, format!("{who} + {}", text(rest))),
+        }
+    }
+}
+
 /// A CEL string literal. Names here are Kubernetes names and our constants: no quotes or
 /// backslashes, which are refused rather than escaped.
 pub fn quote(s: &str) -> String {
@@ -252,20 +274,25 @@ pub fn tolerates_other_than(key: &str, values: &str) -> String {
     )
 }
 
-/// The variables a tenant's policies read from their parameter, the tenant itself
-/// (`status.admission`, [`crate::api::TenantAdmission`]): whether it is there (`admitted`: a
-/// tenant not valid, or whose status is not written yet, has none and gets no GPU), the GPU
+/// The variables the tenants' policies read from their parameter, the tenant itself: who it is
+/// for the messages (`who`: name and tier), whether its `status.admission` is there (`admitted`:
+/// a tenant not valid, or whose status is not written yet, has none and gets no GPU), the GPU
 /// resource names its pods may ask for (`granted`), the sharing taint values they may tolerate
-/// (`sharedModes`) and the DeviceClasses its claims may name (`ownClasses`). Each is empty when
-/// `admitted` is not.
+/// (`sharedModes`), the DeviceClasses its claims may name (`ownClasses`), the PriorityClasses its
+/// pods may name (`priorityClasses`; each list is empty when `admitted` is not) and its
+/// `spec.limits.maxGpusPerPod` (`maxGpus`, -1 when unset).
 pub fn param_variables() -> Value {
     let field =
         |f: &str| format!("variables.admitted && has(params.status.admission.{f}) ? params.status.admission.{f} : []");
     json!([
+        {"name": "who", "expression": "'GpuTenant ' + params.metadata.name + ' (tier ' + params.spec.tier + ')'"},
         {"name": "admitted", "expression": "has(params.status) && has(params.status.admission)"},
         {"name": "granted", "expression": field("resourceNames")},
         {"name": "sharedModes", "expression": field("sharedModes")},
         {"name": "ownClasses", "expression": field("deviceClasses")},
+        {"name": "priorityClasses", "expression": field("priorityClassNames")},
+        {"name": "maxGpus", "expression":
+            "has(params.spec.limits) && has(params.spec.limits.maxGpusPerPod) ? int(params.spec.limits.maxGpusPerPod) : -1"},
     ])
 }
 
@@ -392,5 +419,18 @@ mod tests {
     fn literals_refuse_quotes() {
         assert_eq!(list(["a", "b"]), "['a', 'b']");
         assert!(std::panic::catch_unwind(|| quote("a'b")).is_err());
+    }
+
+    /// Free text is escaped, not refused: the kubelet's sockets stay one CEL string.
+    #[test]
+    fn text_escapes_quotes_and_backslashes() {
+        assert_eq!(text(r"the kubelet's \d"), r"'the kubelet\'s \\d'");
+        let v = Who::Cel("variables.who").refuses("true", ": it's refused");
+        assert_eq!(
+            v.message_expression.as_deref(),
+            Some(r"variables.who + ': it\'s refused'")
+        );
+        let v = Who::Fixed("no tenant").refuses("true", ": it's refused");
+        assert_eq!(v.message.as_deref(), Some("no tenant: it's refused"));
     }
 }

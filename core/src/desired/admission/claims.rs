@@ -16,7 +16,6 @@
 //!   at once than `limits.maxGpusPerPod`.
 
 use super::cel::{exact, list, quote, shown, validation_with};
-use super::rules::PolicyRules;
 use crate::desired::Settings;
 use crate::dra::{DRIVER, NOT_READY_TAINT};
 use k8s_openapi::api::admissionregistration::v1::Validation;
@@ -82,10 +81,11 @@ fn trusted(settings: &Settings) -> String {
     }
 }
 
-/// A tenant's claims rules. Its own classes are read from the policy's parameter
-/// (`variables.ownClasses`, [`super::cel::param_variables`]).
-pub fn tenant(t: &PolicyRules, settings: &Settings) -> Vec<Validation> {
-    let who = quote(&format!("GpuTenant {} (tier {})", t.name, t.tier));
+/// The tenants' claims rules, one policy for every tenant. The tenant's own classes and its
+/// `maxGpusPerPod` are read from the policy's parameter (`variables.ownClasses`,
+/// `variables.maxGpus`, [`super::cel::param_variables`]).
+pub fn tenant(settings: &Settings) -> Vec<Validation> {
+    let who = "variables.who";
     let own = "variables.ownClasses";
     let allowed = format!("({own} + {})", list(&settings.claim_device_classes));
     let offer = format!(
@@ -93,24 +93,22 @@ pub fn tenant(t: &PolicyRules, settings: &Settings) -> Vec<Validation> {
         shown(own),
         trusted(settings)
     );
-    let mut out = common(&who, &allowed, &offer);
+    let mut out = common(who, &allowed, &offer);
     out.push(validation_with(
         &format!("variables.subrequests.exists(s, s.deviceClassName in {own} && has(s.allocationMode) && s.allocationMode == 'All')"),
         format!("{who} + ': a claim may not ask for all devices of a class (allocationMode All); ask for a count'"),
     ));
-    if let Some(max) = t.max_gpus_per_pod {
-        // Per request its largest alternative: the most it can be allocated.
-        let count = format!("(s.deviceClassName in {own} ? (has(s.count) ? s.count : 1) : 0)");
-        let devices = format!("variables.alternatives.map(a, (a.map(s, {count}) + [0]).max()).sum()");
-        out.push(Validation {
-            expression: exact(format!("{devices} <= {max}")),
-            message: None,
-            message_expression: Some(exact(format!(
-                "{who} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this claim asks for ' + string({devices}) + ' devices of its classes'"
-            ))),
-            reason: Some("Forbidden".into()),
-        });
-    }
+    // Per request its largest alternative: the most it can be allocated.
+    let count = format!("(s.deviceClassName in {own} ? (has(s.count) ? s.count : 1) : 0)");
+    let devices = format!("variables.alternatives.map(a, (a.map(s, {count}) + [0]).max()).sum()");
+    out.push(Validation {
+        expression: exact(format!("variables.maxGpus < 0 || {devices} <= variables.maxGpus")),
+        message: None,
+        message_expression: Some(exact(format!(
+            "{who} + ' allows at most ' + string(variables.maxGpus) + ' GPUs per pod (spec.limits.maxGpusPerPod); this claim asks for ' + string({devices}) + ' devices of its classes'"
+        ))),
+        reason: Some("Forbidden".into()),
+    });
     out
 }
 

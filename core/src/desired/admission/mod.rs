@@ -1,19 +1,24 @@
 //! ValidatingAdmissionPolicies that keep every namespace's pods to what it was granted (DESIGN.md
 //! §4 invariant 2), enforced by the API server itself.
 //!
-//! **A tenant's grants are its policies' parameter, not their text.** Each tenant's policies take
-//! the GpuTenant as their parameter (`paramKind`) and read what its pods and claims may ask for
-//! from its `status.admission` (`rules::Granted::admission`), which the controller writes with
-//! the rest of its status. Their expressions hold only the tenant's name, tier, priority classes
-//! and `maxGpusPerPod`, so a tenant whose grants grow with the fleet changes its status, not its
-//! policies: the API server compiles a policy's CEL when it is written and again when its
-//! admission plugin reloads it, and that was a third of its CPU while a growing fleet's policies
-//! were rewritten (ISSUE 18, item 5). Fail closed: a tenant without `status.admission` (not
-//! valid, or not yet reconciled) gets no GPU, and a binding whose tenant is gone refuses every
-//! request it matches (`parameterNotFoundAction: Deny`) until the controller has moved its
-//! namespaces to the no-tenant rules. Only the controller may write a GpuTenant's status (RBAC).
+//! **Every tenant shares two policies; each reads its tenant as the parameter.** One pod policy
+//! ([`TENANTS_POLICY`]) and one claims policy ([`TENANTS_CLAIMS_POLICY`]) take the GpuTenant as
+//! their parameter (`paramKind`), and each tenant's two bindings name the tenant (`paramRef`).
+//! The expressions read the tenant's name, tier and `spec.limits.maxGpusPerPod` from it, and
+//! what its pods and claims may ask for (resource names, shared modes, device classes,
+//! PriorityClasses) from its `status.admission` (`rules::Granted::admission`), which the
+//! controller writes with the rest of its status. So a tenant added, or whose grants grow with
+//! the fleet, changes a binding or a status, not a policy: the API server compiles a policy's CEL
+//! when it is written and again when its admission plugin reloads it (a third of its CPU while a
+//! growing fleet's per-tenant policies were rewritten), and it matches every request it admits
+//! against every policy's resource rules (a seventh of its CPU with two policies per tenant at
+//! 333 tenants; ISSUE 18, item 5). Fail closed: a tenant without `status.admission` (not valid,
+//! or not yet reconciled) gets no GPU and may name no PriorityClass, and a binding whose tenant
+//! is gone refuses every request it matches (`parameterNotFoundAction: Deny`) until the
+//! controller has moved its namespaces to the no-tenant rules. Only the controller may write a
+//! GpuTenant's status (RBAC).
 //!
-//! **Every namespace is under exactly one rule set.** Each tenant's policy is bound to the
+//! **Every namespace is under exactly one rule set.** Each tenant's bindings hold the
 //! namespaces that tenant alone lists, by the immutable `kubernetes.io/metadata.name` label (a
 //! label anyone may write, such as `gputenancy.io/tenant`, would let a namespace choose its rules);
 //! one more policy is bound to every other namespace ([`UNTENANTED_POLICY`]), but the exempt ones
@@ -33,7 +38,6 @@
 
 mod cel;
 mod claims;
-mod memo;
 mod mutation;
 mod rules;
 
@@ -51,15 +55,19 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-pub use memo::AdmissionMemo;
-
-/// Prefix of each tenant's policy and binding name (`gputenancy.io-tenant-<name>`).
+/// Prefix of each tenant's binding name (`gputenancy.io-tenant-<name>`), of the tenants' pod
+/// policy ([`TENANTS_POLICY`]), and of the per-tenant policies of earlier versions.
 pub const POLICY_PREFIX: &str = "gputenancy.io-tenant-";
+/// The pod policy every tenant's binding names, with the tenant as its parameter.
+pub const TENANTS_POLICY: &str = "gputenancy.io-tenants";
+/// The claims policy every tenant's claims binding names, with the tenant as its parameter.
+pub const TENANTS_CLAIMS_POLICY: &str = "gputenancy.io-claims-tenants";
 /// The policy for every namespace that is neither exempt nor a tenant's.
 pub const UNTENANTED_POLICY: &str = "gputenancy.io-no-tenant";
 /// The policy on ConfigMap and Secret keys in every namespace that is not exempt.
 pub const CONFIG_KEYS_POLICY: &str = "gputenancy.io-device-env-keys";
-/// Prefix of each tenant's claims policy and binding (`gputenancy.io-claims-tenant-<name>`).
+/// Prefix of each tenant's claims binding (`gputenancy.io-claims-tenant-<name>`), and of the
+/// per-tenant claims policies of earlier versions.
 pub const CLAIMS_PREFIX: &str = "gputenancy.io-claims-tenant-";
 /// The claims policy for every namespace that is neither exempt nor a tenant's.
 pub const UNTENANTED_CLAIMS_POLICY: &str = "gputenancy.io-claims-no-tenant";
@@ -229,6 +237,7 @@ fn pod_rules() -> Value {
 /// the controller has moved them to the no-tenant rules.
 fn binding(
     name: &str,
+    policy: &str,
     operator: &str,
     namespaces: &BTreeSet<String>,
     param: Option<&str>,
@@ -241,7 +250,7 @@ fn binding(
             ..ObjectMeta::default()
         },
         spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: name.to_string(),
+            policy_name: policy.to_string(),
             validation_actions: vec!["Deny".into()],
             match_resources: Some(MatchResources {
                 namespace_selector: Some(LabelSelector {
@@ -266,13 +275,25 @@ fn binding(
 /// A rule set's two bindings (pods, claims) to the same namespaces.
 pub type Bindings = [ValidatingAdmissionPolicyBinding; 2];
 
-/// The bindings of `tenant`'s policies (pods, claims) to its namespaces; `None` when it has none
-/// (a selector `In` needs values).
+/// The bindings of the tenants' policies (pods, claims) to `tenant`'s namespaces, with the tenant
+/// as their parameter; `None` when it has none (a selector `In` needs values).
 pub fn tenant_bindings(tenant: &str, namespaces: &BTreeSet<String>) -> Option<Bindings> {
     (!namespaces.is_empty()).then(|| {
         [
-            binding(&format!("{POLICY_PREFIX}{tenant}"), "In", namespaces, Some(tenant)),
-            binding(&format!("{CLAIMS_PREFIX}{tenant}"), "In", namespaces, Some(tenant)),
+            binding(
+                &format!("{POLICY_PREFIX}{tenant}"),
+                TENANTS_POLICY,
+                "In",
+                namespaces,
+                Some(tenant),
+            ),
+            binding(
+                &format!("{CLAIMS_PREFIX}{tenant}"),
+                TENANTS_CLAIMS_POLICY,
+                "In",
+                namespaces,
+                Some(tenant),
+            ),
         ]
     })
 }
@@ -281,8 +302,14 @@ pub fn tenant_bindings(tenant: &str, namespaces: &BTreeSet<String>) -> Option<Bi
 /// empty: the exempt namespaces are always in it).
 pub fn untenanted_bindings(excluded: &BTreeSet<String>) -> Bindings {
     [
-        binding(UNTENANTED_POLICY, "NotIn", excluded, None),
-        binding(UNTENANTED_CLAIMS_POLICY, "NotIn", excluded, None),
+        binding(UNTENANTED_POLICY, UNTENANTED_POLICY, "NotIn", excluded, None),
+        binding(
+            UNTENANTED_CLAIMS_POLICY,
+            UNTENANTED_CLAIMS_POLICY,
+            "NotIn",
+            excluded,
+            None,
+        ),
     ]
 }
 
@@ -297,8 +324,6 @@ fn claim_rules() -> Value {
 /// Everything the admission part of the desired state holds, each list sorted by name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Admission {
-    /// Shared with the admission memo: a tenant's policies are taken back whole while its rules
-    /// are unchanged.
     pub policies: Vec<Arc<ValidatingAdmissionPolicy>>,
     /// Shared with the controller's diff, which writes them unchanged while no namespace moves.
     pub bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>>,
@@ -306,19 +331,16 @@ pub struct Admission {
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
 }
 
-/// Every policy and binding. Sets each tenant's `status.admission`, which its policies read as
-/// their parameter.
+/// Every policy and binding. Sets each tenant's `status.admission`, which the tenants' policies
+/// read as their parameter.
 pub fn render(
     policies: &[SharingPolicy],
     tenants: &mut [GpuTenant],
     namespaces: &NamespaceRules,
     settings: &Settings,
     dra: &DraHoldings,
-    memo: Option<&mut AdmissionMemo>,
 ) -> Admission {
     let mut out = Admission::default();
-    let out_policies = &mut out.policies;
-    let out_bindings = &mut out.bindings;
     // The names every DeviceClass gets as an extended resource, for the classes trusted anyway.
     let mut allowed = settings.allowed_resources.clone();
     allowed.extend(
@@ -335,61 +357,58 @@ pub fn render(
     let (pod_rules, claim_rules): (Vec<NamedRuleWithOperations>, Vec<NamedRuleWithOperations>) =
         (typed(pod_rules()), typed(claim_rules()));
     let access = rules::DeviceAccess::of(settings);
-    let render_tenant = |name: &str, rules: &rules::PolicyRules| {
-        [
-            policy(
-                &format!("{POLICY_PREFIX}{name}"),
-                &pod_rules,
-                &tenant_variables,
-                rules::tenant(rules, &access),
-                Some(tenant_param_kind()),
-            ),
-            policy(
-                &format!("{CLAIMS_PREFIX}{name}"),
-                &claim_rules,
-                &tenant_claim_variables,
-                claims::tenant(rules, settings),
-                Some(tenant_param_kind()),
-            ),
-        ]
-    };
-    let mut pass = memo::Pass::start(memo, settings);
     for t in tenants.iter_mut() {
         let rules = rules::TenantRules::of(t, policies, dra);
         if let Some(status) = t.status.as_mut() {
             status.admission = rules.granted.as_ref().map(rules::Granted::admission);
         }
-        let name = t.name_any();
-        let Some(ns) = namespaces.tenants.get(&name).filter(|ns| !ns.is_empty()) else {
+        let Some(ns) = namespaces.tenants.get(&rules.name).filter(|ns| !ns.is_empty()) else {
             continue;
         };
         if let Some((p, b)) = mutation::tenant(&rules, ns) {
             out.mutating_policies.push(p);
             out.mutating_bindings.push(b);
         }
-        out_bindings.extend(tenant_bindings(&name, ns).into_iter().flatten().map(Arc::new));
-        out_policies.extend(pass.policies(name, rules.policy, render_tenant));
+        out.bindings
+            .extend(tenant_bindings(&rules.name, ns).into_iter().flatten().map(Arc::new));
     }
-    pass.finish();
-    out_policies.push(Arc::new(policy(
+    // One pod policy and one claims policy for every tenant (each tenant's binding names the
+    // tenant as the parameter): the API server matches every request it admits against each
+    // policy, and two per tenant were a seventh of its CPU in a growing fleet (ISSUE 18, item 5).
+    out.policies.push(Arc::new(policy(
+        TENANTS_POLICY,
+        &pod_rules,
+        &tenant_variables,
+        rules::tenant(&access),
+        Some(tenant_param_kind()),
+    )));
+    out.policies.push(Arc::new(policy(
+        TENANTS_CLAIMS_POLICY,
+        &claim_rules,
+        &tenant_claim_variables,
+        claims::tenant(settings),
+        Some(tenant_param_kind()),
+    )));
+    out.policies.push(Arc::new(policy(
         UNTENANTED_POLICY,
         &pod_rules,
         &variables,
         rules::untenanted(&access),
         None,
     )));
-    out_policies.push(Arc::new(policy(
+    out.policies.push(Arc::new(policy(
         UNTENANTED_CLAIMS_POLICY,
         &claim_rules,
         &claim_variables,
         claims::untenanted(settings),
         None,
     )));
-    out_bindings.extend(untenanted_bindings(&namespaces.untenanted_excluded()).map(Arc::new));
+    out.bindings
+        .extend(untenanted_bindings(&namespaces.untenanted_excluded()).map(Arc::new));
 
     let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
-    out_policies.push(Arc::new(keys_policy));
-    out_bindings.push(Arc::new(keys_binding));
+    out.policies.push(Arc::new(keys_policy));
+    out.bindings.push(Arc::new(keys_binding));
 
     crate::api::sort_shared_by_name(&mut out.policies);
     crate::api::sort_shared_by_name(&mut out.bindings);
@@ -414,7 +433,10 @@ fn config_keys(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, Validat
         vec![cel::config_key_validation(who)],
         None,
     );
-    (policy, binding(CONFIG_KEYS_POLICY, "NotIn", exempt, None))
+    (
+        policy,
+        binding(CONFIG_KEYS_POLICY, CONFIG_KEYS_POLICY, "NotIn", exempt, None),
+    )
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub fn tenant(
     if renames.is_empty() || namespaces.is_empty() {
         return None;
     }
-    let name = format!("{MUTATION_PREFIX}{}", t.policy.name);
+    let name = format!("{MUTATION_PREFIX}{}", t.name);
     Some((policy(&name, renames), binding(&name, namespaces)))
 }
 

@@ -13,18 +13,21 @@
 //!   is read from the tenant's `status.admission`, the policy's parameter;
 //! - hold more GPUs at once than `limits.maxGpusPerPod`, counted as Kubernetes counts a pod's
 //!   effective request (init and sidecar containers included);
-//! - tolerate the sharing taint of a mode the tenant holds no shares of (from its status too; MPS and time-sliced
-//!   nodes both advertise `nvidia.com/gpu.shared`: the taint is what keeps them apart), the
+//! - tolerate the sharing taint of a mode the tenant holds no shares of (from its status too; MPS
+//!   and time-sliced nodes both advertise `nvidia.com/gpu.shared`: the taint is what keeps them apart), the
 //!   scrub-pending taint, another tenant's dedicated taint, or every taint;
 //! - select another tenant's dedicated nodes, name a node (`spec.nodeName` bypasses the
 //!   scheduler and its taints), name a PriorityClass the tier does not list (any, when the tier
-//!   is not found: preemption would hand another tenant's devices over unscrubbed), or mount any
-//!   host path.
+//!   is not found or the tenant is not valid: preemption would hand another tenant's devices over
+//!   unscrubbed), or mount any host path.
+//!
+//! One policy holds these rules for every tenant: the tenant, its tier, its grants and its
+//! PriorityClasses are read from the parameter each tenant's binding names (the tenant itself).
 //!
 //! Pods of a namespace of no tenant are refused every GPU resource name, the operator's taints,
 //! and naming a node.
 
-use super::cel::{self, list, quote, validation, validation_with, when};
+use super::cel::{self, Who, quote, validation, validation_with, when};
 use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, TenantAdmission, condition_status};
 use crate::desired::Settings;
 use crate::desired::dra::DraHoldings;
@@ -37,24 +40,9 @@ use std::collections::{BTreeMap, BTreeSet};
 /// What one tenant's pods may do: from its status (its grants) and its tier.
 #[derive(Debug, PartialEq)]
 pub struct TenantRules {
-    /// What its two policies' expressions are made of.
-    pub policy: PolicyRules,
+    pub name: String,
     /// `None` when the tenant or its tier is not valid: its pods get no GPUs.
     pub granted: Option<Granted>,
-}
-
-/// What a tenant's policies are made of: its name and tier, and what its spec and tier say. Its
-/// grants are not: the policies read them from the tenant's `status.admission` as their parameter
-/// ([`Granted::admission`]), so a tenant whose grants change as the fleet grows keeps its policies
-/// and the API server does not compile their CEL again.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PolicyRules {
-    pub name: String,
-    pub tier: String,
-    /// The PriorityClasses its tier lists; none when the tier is not found (fail closed: a class
-    /// could preempt other tenants' GPU pods).
-    pub priority_classes: Vec<String>,
-    pub max_gpus_per_pod: Option<u32>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -69,15 +57,18 @@ pub struct Granted {
     pub renames: BTreeMap<String, String>,
     /// The shared modes (MPS, TimeSlicing) it holds shares of.
     pub shared_modes: Vec<Mode>,
+    /// The PriorityClasses its tier lists.
+    pub priority_classes: Vec<String>,
 }
 
 impl Granted {
-    /// The tenant's `status.admission`: what its policies read as their parameter.
+    /// The tenant's `status.admission`: what the tenants' policies read as their parameter.
     pub fn admission(&self) -> TenantAdmission {
         TenantAdmission {
             resource_names: self.resources.iter().cloned().collect(),
             device_classes: self.classes.iter().cloned().collect(),
             shared_modes: self.shared_modes.clone(),
+            priority_class_names: self.priority_classes.clone(),
         }
     }
 }
@@ -91,7 +82,7 @@ impl TenantRules {
             .find(|p| p.name_any() == t.spec.policy_ref)
             .and_then(|p| p.spec.tier(&t.spec.tier));
         let granted = match (valid, tier) {
-            (true, Some(_)) => {
+            (true, Some(tier)) => {
                 let held: Vec<_> = status
                     .map(|s| s.allocation.iter().filter(|a| a.granted > 0).collect())
                     .unwrap_or_default();
@@ -127,17 +118,13 @@ impl TenantRules {
                     classes: kinds.keys().map(|k| k.class_name(&name)).collect(),
                     renames,
                     shared_modes,
+                    priority_classes: tier.priority_class_names.clone(),
                 })
             }
             _ => None,
         };
         TenantRules {
-            policy: PolicyRules {
-                name: t.name_any(),
-                tier: t.spec.tier.clone(),
-                priority_classes: tier.map(|tier| tier.priority_class_names.clone()).unwrap_or_default(),
-                max_gpus_per_pod: t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod),
-            },
+            name: t.name_any(),
             granted,
         }
     }
@@ -171,126 +158,105 @@ impl DeviceAccess {
 
 /// The rules both rule sets apply: no GPU reached outside the device plugin's resource names.
 /// `who` starts each message.
-fn device_access(who: &str, rules: &DeviceAccess) -> Vec<Validation> {
+fn device_access(who: &Who, rules: &DeviceAccess) -> Vec<Validation> {
     let mut out = vec![
-        validation(
+        who.refuses(
             &rules.sets_device_env,
-            format!(
-                "{who}: a container may not set NVIDIA's device-selecting variables ({}), directly or through an envFrom prefix that starts one: NVIDIA's container toolkit would give it GPUs no quota counts; ask for a GPU resource instead",
+            &format!(
+                ": a container may not set NVIDIA's device-selecting variables ({}), directly or through an envFrom prefix that starts one: NVIDIA's container toolkit would give it GPUs no quota counts; ask for a GPU resource instead",
                 cel::DEVICE_ENV.join(", ")
             ),
         ),
-        validation(
+        who.refuses(
             &rules.privileged,
-            format!(
-                "{who}: a container may not be privileged or add SYS_ADMIN (or ALL): it would reach every GPU of its node outside the device plugin"
-            ),
+            ": a container may not be privileged or add SYS_ADMIN (or ALL): it would reach every GPU of its node outside the device plugin",
         ),
-        validation(
+        who.refuses(
             &rules.host_device_path,
-            format!(
-                "{who}: a hostPath volume may not reach /dev, NVIDIA's runtime directories (/run/nvidia*, /var/run/nvidia*) or the kubelet's plugin sockets (/var/lib/kubelet), nor a directory above them, nor name a path with // or /./"
-            ),
+            ": a hostPath volume may not reach /dev, NVIDIA's runtime directories (/run/nvidia*, /var/run/nvidia*) or the kubelet's plugin sockets (/var/lib/kubelet), nor a directory above them, nor name a path with // or /./",
         ),
-        validation(
+        who.refuses(
             &rules.mounts_device_list,
-            format!(
-                "{who}: a container may not mount anything at a path with nvidia-container-devices in it: NVIDIA's toolkit reads device lists from mounts there"
-            ),
+            ": a container may not mount anything at a path with nvidia-container-devices in it: NVIDIA's toolkit reads device lists from mounts there",
         ),
-        validation(
+        who.refuses(
             &rules.cdi_annotation,
-            format!(
-                "{who}: a pod may not carry CDI device annotations ({}*): the runtime would inject the devices they name",
+            &format!(
+                ": a pod may not carry CDI device annotations ({}*): the runtime would inject the devices they name",
                 cel::CDI_ANNOTATION_PREFIXES.join("*, ")
             ),
         ),
     ];
     if let Some((runtime, classes)) = &rules.nvidia_runtime {
-        out.push(validation(
+        out.push(who.refuses(
             runtime,
-            format!(
-                "{who}: a pod that asks for no GPU may not run under NVIDIA's runtime class ({classes}): the runtime honours an image's own NVIDIA_VISIBLE_DEVICES (CUDA images set it to all)"
+            &format!(
+                ": a pod that asks for no GPU may not run under NVIDIA's runtime class ({classes}): the runtime honours an image's own NVIDIA_VISIBLE_DEVICES (CUDA images set it to all)"
             ),
         ));
     }
     out
 }
 
-/// The validations of a tenant's policy. What it was granted is read from the policy's parameter
-/// ([`cel::param_variables`]), not written into the expressions.
-pub fn tenant(t: &PolicyRules, access: &DeviceAccess) -> Vec<Validation> {
-    let name = &t.name;
-    let who = format!("GpuTenant {name} (tier {})", t.tier);
+/// The validations of the tenants' pod policy, one for every tenant: each tenant's binding names
+/// it as the parameter ([`cel::param_variables`]), so the tenant's name, tier, grants,
+/// PriorityClasses and `maxGpusPerPod` are read from it, not written into the expressions.
+pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
+    let who = Who::Cel("variables.who");
     let mut out = device_access(&who, access);
     out.push(validation_with(
         &format!("{} && variables.asked.exists(k, !(k in variables.granted))", when::CREATED),
         format!(
-            "variables.admitted ? {who_q} + ' may not use ' + variables.asked.filter(k, !(k in variables.granted)).distinct().join(', ') + ': it was granted ' + {granted} + ' (a GPU resource not granted is refused, not unlimited)' : {who_q} + ' is not valid, so its pods get no GPUs; see its Valid condition (a tenant whose status the controller has not written yet is not valid either)'",
-            who_q = quote(&who),
+            "variables.admitted ? variables.who + ' may not use ' + variables.asked.filter(k, !(k in variables.granted)).distinct().join(', ') + ': it was granted ' + {granted} + ' (a GPU resource not granted is refused, not unlimited)' : variables.who + ' is not valid, so its pods get no GPUs; see its Valid condition (a tenant whose status the controller has not written yet is not valid either)'",
             granted = cel::shown("variables.granted"),
         ),
     ));
     out.push(validation_with(
         &cel::tolerates_other_than(SHARING, "variables.sharedModes"),
         format!(
-            "{} + ' may tolerate the taint {SHARING} only with operator Equal and the value of a mode it holds shares of (' + {} + '): MPS and time-sliced GPUs are both nvidia.com/gpu.shared, and the taint is what keeps a tenant to its own'",
-            quote(&who),
+            "variables.who + ' may tolerate the taint {SHARING} only with operator Equal and the value of a mode it holds shares of (' + {} + '): MPS and time-sliced GPUs are both nvidia.com/gpu.shared, and the taint is what keeps a tenant to its own'",
             cel::shown("variables.sharedModes"),
         ),
     ));
-    out.push(validation(
+    out.push(validation_with(
         &format!(
-            "{} && has(object.spec.priorityClassName) && object.spec.priorityClassName != '' && !(object.spec.priorityClassName in {})",
+            "{} && has(object.spec.priorityClassName) && object.spec.priorityClassName != '' && !(object.spec.priorityClassName in variables.priorityClasses)",
             when::CREATED,
-            list(&t.priority_classes)
         ),
-        format!(
-            "{who} may name only the PriorityClasses its tier lists ({}): a higher class could preempt other tenants' GPU pods; ask the platform team to add the class to tier {}'s priorityClassNames",
-            if t.priority_classes.is_empty() { "none: leave priorityClassName unset".to_string() } else { t.priority_classes.join(", ") },
-            t.tier
-        ),
+        "variables.who + ' may name only the PriorityClasses its tier lists (' + (size(variables.priorityClasses) == 0 ? 'none: leave priorityClassName unset' : variables.priorityClasses.join(', ')) + '): a higher class could preempt other tenants\\' GPU pods; ask the platform team to add the class to tier ' + params.spec.tier + '\\'s priorityClassNames' + (variables.admitted ? '' : ' (a tenant that is not valid may name none)')".to_string(),
     ));
-    if let Some(max) = t.max_gpus_per_pod {
-        out.push(Validation {
-            expression: format!("!({}) || variables.gpus <= {max}", when::CREATED),
-            message: None,
-            message_expression: Some(cel::exact(format!(
-                "{} + ' allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'",
-                quote(&who)
-            ))),
-            reason: Some("Forbidden".into()),
-        });
-    }
-    out.push(validation(
+    out.push(validation_with(
+        &format!("{} && variables.maxGpus >= 0 && variables.gpus > variables.maxGpus", when::CREATED),
+        "variables.who + ' allows at most ' + string(variables.maxGpus) + ' GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'".to_string(),
+    ));
+    out.push(who.refuses(
         &cel::tolerates(SCRUB_PENDING, None),
-        format!("{who} may not tolerate {SCRUB_PENDING}: a node carries it while a GPU changes hands and its memory is not yet scrubbed"),
+        &format!(" may not tolerate {SCRUB_PENDING}: a node carries it while a GPU changes hands and its memory is not yet scrubbed"),
     ));
-    out.push(validation(
+    out.push(who.refuses(
         &cel::any_toleration(),
-        format!("{who}: a toleration without a key tolerates every taint, including other tenants' dedicated nodes; name the taints to tolerate"),
+        ": a toleration without a key tolerates every taint, including other tenants' dedicated nodes; name the taints to tolerate",
     ));
-    out.push(validation(
-        &cel::tolerates_other_than(DEDICATED, &list([name])),
-        format!("{who} may tolerate only its own dedicated nodes ({DEDICATED}={name}), not another tenant's"),
+    out.push(validation_with(
+        &cel::tolerates_other_than(DEDICATED, "[params.metadata.name]"),
+        format!("variables.who + ' may tolerate only its own dedicated nodes ({DEDICATED}=' + params.metadata.name + '), not another tenant\\'s'"),
     ));
-    out.push(validation(
+    out.push(validation_with(
         &format!(
-            "{} && has(object.spec.nodeSelector) && {} in object.spec.nodeSelector && object.spec.nodeSelector[{}] != {}",
+            "{} && has(object.spec.nodeSelector) && {} in object.spec.nodeSelector && object.spec.nodeSelector[{}] != params.metadata.name",
             when::CREATED,
             quote(DEDICATED),
             quote(DEDICATED),
-            quote(name)
         ),
-        format!("{who} may select only its own dedicated nodes ({DEDICATED}={name}), not another tenant's"),
+        format!("variables.who + ' may select only its own dedicated nodes ({DEDICATED}=' + params.metadata.name + '), not another tenant\\'s'"),
     ));
-    out.push(validation(
+    out.push(who.refuses(
         cel::NAMES_NODE,
-        format!("{who}: a pod may not name its node (spec.nodeName bypasses the scheduler and the taints that keep dedicated nodes); use a node selector"),
+        ": a pod may not name its node (spec.nodeName bypasses the scheduler and the taints that keep dedicated nodes); use a node selector",
     ));
-    out.push(validation(
+    out.push(who.refuses(
         cel::ANY_HOST_PATH,
-        format!("{who}: a pod may not mount a host path (the namespace's Pod Security level refuses it too)"),
+        ": a pod may not mount a host path (the namespace's Pod Security level refuses it too)",
     ));
     out
 }
@@ -298,7 +264,7 @@ pub fn tenant(t: &PolicyRules, access: &DeviceAccess) -> Vec<Validation> {
 /// The validations of the policy for namespaces of no tenant.
 pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
     let who = "the namespace belongs to no GpuTenant";
-    let mut out = device_access(who, access);
+    let mut out = device_access(&Who::Fixed(who), access);
     out.push(validation(
         &format!("{} && size(variables.asked) > 0", when::CREATED),
         format!("{who}, so its pods get no GPUs; add it to a tenant's spec.namespaces"),

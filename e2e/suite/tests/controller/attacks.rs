@@ -882,7 +882,7 @@ async fn a_deleted_tenant_keeps_its_rules_until_the_no_tenant_rules_hold(
     )
     .await;
     eprintln!("MEASURE a deleted tenant's namespace moved to the no-tenant rules in {passes} passes: {got:?}");
-    let out = kubectl_async(vec!["get".into(), "validatingadmissionpolicies".into()])
+    let out = kubectl_async(vec!["get".into(), "validatingadmissionpolicybindings".into()])
         .await
         .ok();
     assert!(!out.contains("gputenancy.io-tenant-atk-tmp"), "{out}");

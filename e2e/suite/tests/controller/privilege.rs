@@ -11,7 +11,7 @@ use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant};
 use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, impersonating};
 use gpu_tenancy_e2e::procs::{CONTROLLER_LEASE, CONTROLLER_NAMESPACE, ControllerProcess};
 use gpu_tenancy_e2e::{Cleanup, kubeconfig_path, kubectl_async, repo_root};
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -60,6 +60,38 @@ struct Permission {
     group: String,
     resource: String,
     namespace: String,
+}
+
+/// Leaves the cluster as a version with a policy per tenant would have: the tenants' shared
+/// policies deleted, and `tenant`'s binding naming a policy of the tenant's own (created). Returns
+/// that policy's name.
+async fn upgrade_from_a_policy_per_tenant(client: &Client, tenant: &str) -> String {
+    use gpu_tenancy::desired::{POLICY_PREFIX, TENANTS_CLAIMS_POLICY, TENANTS_POLICY};
+    use gpu_tenancy::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+    let vaps = Api::<ValidatingAdmissionPolicy>::all(client.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
+    for p in [TENANTS_POLICY, TENANTS_CLAIMS_POLICY] {
+        let _ = vaps.delete(p, &DeleteParams::default()).await;
+    }
+    let name = format!("{POLICY_PREFIX}{tenant}");
+    let _ = vaps.delete(&name, &DeleteParams::default()).await;
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                     "operations": ["CREATE"], "resources": ["pods"]}]},
+                 "validations": [{"expression": "true"}]}}))
+    .unwrap();
+    vaps.create(&PostParams::default(), &policy).await.unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchExpressions": [
+                     {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [tenant]}]}}}}))
+    .unwrap();
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    name
 }
 
 /// The admin kubeconfig with `as`/`as-groups` set: the controller binary reads it like any
@@ -267,6 +299,10 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     .unwrap();
     let _ = config_maps.delete(&stale, &DeleteParams::default()).await;
     config_maps.create(&PostParams::default(), &stale_cm).await.unwrap();
+    // What an earlier version left: no tenants' policies, and acme's binding naming a policy of
+    // acme's own. The controller creates the shared policies, moves the binding once its store
+    // shows them, and then deletes the old policy.
+    let old_policy = upgrade_from_a_policy_per_tenant(&client, "acme").await;
     let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     let _ = leases.delete(CONTROLLER_LEASE, &DeleteParams::default()).await;
     let names = gpu_tenancy_e2e::Names::new("privilege");
@@ -294,10 +330,23 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     });
 
     // (a) It converges: every tenant and plan Ready, as in scenario a.
+    let vaps = Api::<ValidatingAdmissionPolicy>::all(client.clone());
+    let acme_binding = || async {
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .get_opt(&format!("{}acme", gpu_tenancy::desired::POLICY_PREFIX))
+            .await
+            .unwrap()
+            .map(|b| b.spec.policy_name)
+    };
     wait_for(
-        "examples/ converged by the controller as its service account",
+        "examples/ converged by the controller as its service account, acme's earlier policy gone",
         120,
-        || async { all_ready(&client).await && config_maps.get_opt(&stale).await.unwrap().is_none() },
+        || async {
+            all_ready(&client).await
+                && config_maps.get_opt(&stale).await.unwrap().is_none()
+                && vaps.get_opt(&old_policy).await.unwrap().is_none()
+                && acme_binding().await.as_deref() == Some(gpu_tenancy::desired::TENANTS_POLICY)
+        },
     )
     .await;
     let converged = t0.elapsed();
@@ -385,14 +434,14 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
     let _ = Api::<GpuPartitionPlan>::all(client.clone())
         .delete(&dra_node, &DeleteParams::default())
         .await;
-    let vaps: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let policy = format!("{}{new_tenant}", gpu_tenancy::desired::POLICY_PREFIX);
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let binding = format!("{}{new_tenant}", gpu_tenancy::desired::POLICY_PREFIX);
     wait_for(
-        "the deleted tenant's quota and admission policy deleted by the controller",
+        "the deleted tenant's quota and admission binding deleted by the controller",
         60,
         || async {
             tenants.get_opt(&new_tenant).await.unwrap().is_none()
-                && vaps.get_opt(&policy).await.unwrap().is_none()
+                && bindings.get_opt(&binding).await.unwrap().is_none()
                 && classes.get_opt(&class).await.unwrap().is_none()
                 && maps.get_opt(&rename).await.unwrap().is_none()
                 && quotas(&new_tenant).get_opt("gpu-tenancy").await.unwrap().is_none()

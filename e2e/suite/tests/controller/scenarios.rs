@@ -8,7 +8,7 @@ use gpu_tenancy::desired::Settings;
 use gpu_tenancy_e2e::kubelet::pod_resources::{ListPodResourcesResponse, PodResourcesServer, pod_holding};
 use gpu_tenancy_e2e::procs::{ControllerProcess, SimAgent, lease_holder, wait_for_leader};
 use gpu_tenancy_e2e::{Cleanup, kubectl_async};
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -74,9 +74,15 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
     assert_eq!(beta_ns.labels()["gputenancy.io/tenant"], "team-beta");
     assert!(
         Api::<ValidatingAdmissionPolicy>::all(client.clone())
-            .get("gputenancy.io-tenant-acme")
+            .get(gpu_tenancy::desired::TENANTS_POLICY)
             .await
             .is_ok()
+    );
+    assert!(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .get("gputenancy.io-tenant-acme")
+            .await
+            .is_ok_and(|b| b.spec.policy_name == gpu_tenancy::desired::TENANTS_POLICY)
     );
     // Statuses people read: granted vs requested, Ready, the plan applied on its nodes.
     let out = kubectl_async(vec!["get".into(), "gputenants".into()]).await.ok();
@@ -251,21 +257,21 @@ async fn a_controller_converges_writes_only_on_change_and_enforces_isolation() {
         .unwrap();
     let gone = converge(&client, &c).await;
     eprintln!("MEASURE deleting team-delta: {gone:#?}");
-    // Its quota and admission policy go: by the garbage collector (they are owned by the tenant), or
-    // by the controller's own deletes when it is faster.
+    // Its quota and admission bindings go: by the garbage collector (the quota is owned by the
+    // tenant), or by the controller's own deletes when it is faster.
     let deadline = Instant::now() + Duration::from_secs(30);
     while Api::<ResourceQuota>::namespaced(client.clone(), "delta")
         .get("gpu-tenancy")
         .await
         .is_ok()
-        || Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        || Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
             .get("gputenancy.io-tenant-team-delta")
             .await
             .is_ok()
     {
         assert!(
             Instant::now() < deadline,
-            "team-delta's quota or admission policy outlived it: {gone:#?}"
+            "team-delta's quota or admission binding outlived it: {gone:#?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -5,7 +5,7 @@ use gpu_tenancy::api::{
     GpuPartitionPlan, GpuTenant, GpuTenantSpec, Mode, ResourceRequest, SharingPolicy, TenantLimits,
 };
 use gpu_tenancy::cli::plan::{compute, manifests_yaml};
-use gpu_tenancy::desired::{Desired, POLICY_PREFIX, Settings, desired};
+use gpu_tenancy::desired::{Desired, POLICY_PREFIX, Settings, TENANTS_POLICY, desired};
 use gpu_tenancy::inventory::InventoryFile;
 use gpu_tenancy::planner::PlanInput;
 use gpu_tenancy_e2e::{Cleanup, Names, client, create_namespace, ensure_crds, kubectl_async, repo_root};
@@ -57,6 +57,9 @@ async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
         "--dry-run=server".into(),
         "--server-side".into(),
         "--field-manager=gpu-tenancy-controller".into(),
+        // As the controller applies (`force`): the tenants' policies, every tenant's, may have
+        // been applied by another test.
+        "--force-conflicts".into(),
         "-f".into(),
         file.display().to_string(),
     ])
@@ -162,12 +165,13 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
     for (t, ns) in [(&ext, &ext_ns), (&exp, &exp_ns)] {
         create_namespace(&client, &cleanup, ns, &[("gputenancy.io/tenant", t)]).await;
     }
-    // Only these tenants' policies: the policy for namespaces of no tenant would judge every other
-    // test's pods.
+    // Only these tenants' bindings and the tenants' policy they name: the policy for namespaces of
+    // no tenant would judge every other test's pods. The tenants' policy, every tenant's (other
+    // tests bind it too), is left in place: it judges nothing without a binding.
     let mine: Vec<serde_json::Value> = d
         .admission_policies
         .iter()
-        .filter(|p| p.name_any().starts_with(POLICY_PREFIX))
+        .filter(|p| p.name_any() == TENANTS_POLICY)
         .map(|p| serde_json::to_value(p).unwrap())
         .chain(
             d.admission_bindings
@@ -176,13 +180,11 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
                 .map(|b| serde_json::to_value(b).unwrap()),
         )
         .collect();
-    for o in &mine {
-        let resource = if o["kind"] == "ValidatingAdmissionPolicy" {
-            "validatingadmissionpolicies.admissionregistration.k8s.io"
-        } else {
-            "validatingadmissionpolicybindings.admissionregistration.k8s.io"
-        };
-        cleanup.add_resource(resource, o["metadata"]["name"].as_str().unwrap());
+    for o in mine.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding") {
+        cleanup.add_resource(
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+            o["metadata"]["name"].as_str().unwrap(),
+        );
     }
     let file = std::env::temp_dir().join(format!("gt-e2e-adm-{}.yaml", std::process::id()));
     std::fs::write(
@@ -331,8 +333,7 @@ async fn the_grants_are_read_from_the_tenant(
         ..PostParams::default()
     };
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let policy_name = format!("{POLICY_PREFIX}{name}");
-    let version = policies.get(&policy_name).await.unwrap().resource_version();
+    let version = policies.get(TENANTS_POLICY).await.unwrap().resource_version();
     let until = |what: &'static str, p: Pod, done: fn(&Result<Pod, kube::Error>) -> bool| {
         let (pods, dry) = (pods.clone(), dry.clone());
         async move {
@@ -367,7 +368,7 @@ async fn the_grants_are_read_from_the_tenant(
     })
     .await;
     assert_eq!(
-        policies.get(&policy_name).await.unwrap().resource_version(),
+        policies.get(TENANTS_POLICY).await.unwrap().resource_version(),
         version,
         "the policy itself was not written"
     );
@@ -393,7 +394,8 @@ async fn the_grants_are_read_from_the_tenant(
     let cpu = pod("cpu", json!({"cpu": "1"}), json!([]));
     let got = until("a deleted tenant's namespace admits nothing", cpu, |r| r.is_err()).await;
     let e = got.as_ref().unwrap_err().to_string();
-    assert!(e.contains(&policy_name), "the refusal names the tenant's binding: {e}");
+    let binding = format!("{POLICY_PREFIX}{name}");
+    assert!(e.contains(&binding), "the refusal names the tenant's binding: {e}");
     eprintln!(
         "MEASURE a deleted tenant's namespace refuses a CPU pod: {:?}",
         got.as_ref().err()

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use gpu_tenancy::desired::{POLICY_PREFIX, Settings, desired};
+use gpu_tenancy::desired::{POLICY_PREFIX, Settings, TENANTS_POLICY, desired};
 use gpu_tenancy::planner::PlanInput;
 use gpu_tenancy_e2e::access::{OPERATOR_SA_GROUPS, eventually, impersonating, outcome};
 use gpu_tenancy_e2e::{
@@ -399,18 +399,22 @@ async fn tenant_users_read_their_status_write_nothing_and_are_judged_by_admissio
     );
     let mine = |n: &str| n.starts_with(POLICY_PREFIX) && (n.ends_with(&team) || n.ends_with(&other));
     let admission: Vec<Value> = d
+        .admission_bindings
+        .iter()
+        .filter(|b| mine(&b.name_any()))
+        .map(|b| serde_json::to_value(b).unwrap())
+        .collect();
+    assert_eq!(admission.len(), 2, "a binding per tenant: {admission:#?}");
+    // The tenants' pod policy, every tenant's (other tests bind it too): left in place, it judges
+    // nothing without a binding.
+    let shared: Vec<Value> = d
         .admission_policies
         .iter()
-        .filter(|p| mine(&p.name_any()))
+        .filter(|p| p.name_any() == TENANTS_POLICY)
         .map(|p| serde_json::to_value(p).unwrap())
-        .chain(
-            d.admission_bindings
-                .iter()
-                .filter(|b| mine(&b.name_any()))
-                .map(|b| serde_json::to_value(b).unwrap()),
-        )
         .collect();
-    assert_eq!(admission.len(), 4, "a policy and a binding per tenant: {admission:#?}");
+    assert_eq!(shared.len(), 1, "{:#?}", d.admission_policies);
+    apply_docs_as_kubectl(&shared, "privilege-tenants-policy").await;
     apply_admin(&admission, &cleanup, "admission").await;
     let written = d
         .tenants

@@ -6,10 +6,12 @@
 //!
 //! - A tenant's binding keeps a namespace it no longer should have until the live no-tenant
 //!   binding, or another tenant's live binding that is to keep it, covers it. A deleted tenant's
-//!   binding and policy stay while they hold any namespace, and are then deleted, the binding
-//!   first.
+//!   binding stays while it holds any namespace, and is then deleted.
 //! - The no-tenant binding leaves out a tenant's namespace only once that tenant's live binding
 //!   (with its policy) covers it.
+//! - A live binding is moved to another policy (the tenants' shared policy, from an earlier
+//!   version's policy per tenant) only once the store shows that policy, and a policy is deleted
+//!   only once no live binding, and no binding this pass writes, names it.
 //!
 //! "Live" is the controller's store: a write of this pass counts once its watch event is in, so
 //! the order within a pass does not matter. An older selector (the label selectors of earlier
@@ -18,8 +20,8 @@
 use super::{Kind, Seen, Write, owned};
 use crate::controller::stores::Snapshot;
 use crate::desired::{
-    CLAIMS_PREFIX, Coverage, Desired, POLICY_PREFIX, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage,
-    tenant_bindings, untenanted_bindings,
+    CLAIMS_PREFIX, Coverage, Desired, POLICY_PREFIX, TENANTS_CLAIMS_POLICY, TENANTS_POLICY, UNTENANTED_CLAIMS_POLICY,
+    UNTENANTED_POLICY, coverage, tenant_bindings, untenanted_bindings,
 };
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use kube::ResourceExt;
@@ -52,7 +54,15 @@ impl Half {
         }
     }
 
-    /// The tenant a binding or policy name of this half is for.
+    /// The policy every tenant's binding of this half names.
+    fn tenants_policy(self) -> &'static str {
+        match self {
+            Half::Pods => TENANTS_POLICY,
+            Half::Claims => TENANTS_CLAIMS_POLICY,
+        }
+    }
+
+    /// The tenant a binding name of this half is for.
     fn tenant_of(self, name: &str) -> Option<&str> {
         name.strip_prefix(self.tenant_prefix())
     }
@@ -84,14 +94,14 @@ fn live_coverage(live: &Snapshot) -> BTreeMap<String, Coverage> {
         .collect()
 }
 
-/// The bindings of one half, with the names of the policies that must stay although not desired
-/// (their binding holds namespaces).
+/// The bindings of one half.
 fn half_bindings(
     half: Half,
     d: &Desired,
     desired_bindings: &HashMap<&str, &Arc<ValidatingAdmissionPolicyBinding>>,
     covered: &BTreeMap<String, Coverage>,
-) -> (Vec<Arc<ValidatingAdmissionPolicyBinding>>, BTreeSet<String>) {
+    live: &Snapshot,
+) -> Vec<Arc<ValidatingAdmissionPolicyBinding>> {
     let desired_ns = &d.namespace_rules.tenants;
     let live_tenant_ns = |t: &str| -> BTreeSet<String> {
         match covered.get(&format!("{}{t}", half.tenant_prefix())) {
@@ -107,6 +117,22 @@ fn half_bindings(
                 .iter()
                 .any(|(t, want)| t != except && want.contains(ns) && live_tenant_ns(t).contains(ns))
     };
+    // Until the store shows the tenants' policy, a live binding naming another (an earlier
+    // version's policy of its own) stays as it is: moved before its new policy is there, it would
+    // enforce nothing.
+    let policy_live = live
+        .admission_policies
+        .iter()
+        .any(|p| p.name_any() == half.tenants_policy());
+    let stays_as_live = |name: &str| -> Option<Arc<ValidatingAdmissionPolicyBinding>> {
+        if policy_live {
+            return None;
+        }
+        live.admission_bindings
+            .iter()
+            .find(|b| b.name_any() == name && b.spec.policy_name != half.tenants_policy())
+            .cloned()
+    };
 
     let tenants: BTreeSet<&str> = desired_ns
         .keys()
@@ -114,7 +140,6 @@ fn half_bindings(
         .chain(covered.keys().filter_map(|b| half.tenant_of(b)))
         .collect();
     let mut bindings = Vec::new();
-    let mut held_policies = BTreeSet::new();
     let mut leave_out: BTreeSet<String> = d.namespace_rules.exempt.clone();
     let empty = BTreeSet::new();
     for t in tenants {
@@ -126,9 +151,13 @@ fn half_bindings(
             .cloned()
             .collect();
         leave_out.extend(want.intersection(&had).cloned());
+        let name = format!("{}{t}", half.tenant_prefix());
+        if let Some(b) = stays_as_live(&name) {
+            bindings.push(b);
+            continue;
+        }
         if held.is_empty() {
             // Bound to what the tenant wants: the desired state's binding, made from the same set.
-            let name = format!("{}{t}", half.tenant_prefix());
             if let Some(b) = desired_bindings.get(name.as_str()) {
                 bindings.push(Arc::clone(b));
                 continue;
@@ -136,14 +165,11 @@ fn half_bindings(
         }
         let write: BTreeSet<String> = want.union(&held).cloned().collect();
         if let Some(b) = half.tenant_binding(t, &write) {
-            if !held.is_empty() {
-                held_policies.insert(b.name_any());
-            }
             bindings.push(Arc::new(b));
         }
     }
     bindings.push(Arc::new(half.untenanted_binding(&leave_out)));
-    (bindings, held_policies)
+    bindings
 }
 
 /// The policy and binding writes of a pass: applies into `writes`, binding deletes into
@@ -163,12 +189,8 @@ pub(super) fn writes(
         .filter_map(|b| Some((b.metadata.name.as_deref()?, b)))
         .collect();
     let mut bindings: Vec<Arc<ValidatingAdmissionPolicyBinding>> = Vec::new();
-    // Tenants whose (live) policy must stay although not desired: their binding holds namespaces.
-    let mut held_policies: BTreeSet<String> = BTreeSet::new();
     for half in Half::BOTH {
-        let (b, held) = half_bindings(half, d, &desired_bindings, &covered);
-        bindings.extend(b);
-        held_policies.extend(held);
+        bindings.extend(half_bindings(half, d, &desired_bindings, &covered, live));
     }
     // The other bindings of the desired state (the ConfigMap-key policy's).
     bindings.extend(
@@ -179,25 +201,25 @@ pub(super) fn writes(
     );
     crate::api::sort_shared_by_name(&mut bindings);
 
-    // Policies: as desired, but a held binding's policy is kept as the store has it (never
-    // rewritten: it is only compared with itself).
-    let desired_names: BTreeSet<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
-    let kept: Vec<Arc<ValidatingAdmissionPolicy>> = live
-        .admission_policies
+    // Policies go before bindings (a binding names its policy); their deletes after the bindings',
+    // and only of policies no binding names, live or written now (a binding whose move to another
+    // policy failed still enforces its old one).
+    let named: BTreeSet<&str> = live
+        .admission_bindings
         .iter()
-        .filter(|p| held_policies.contains(&p.name_any()) && !desired_names.contains(&p.name_any()))
-        .cloned()
+        .chain(&bindings)
+        .map(|b| b.spec.policy_name.as_str())
         .collect();
-    let policies = d.admission_policies.iter().chain(&kept);
-    // Policies go before bindings (a binding names its policy); their deletes after the bindings'.
+    let mut policy_deletes = Vec::new();
     owned::<_, ValidatingAdmissionPolicy, _>(
         Kind::ValidatingAdmissionPolicy,
-        policies,
+        &d.admission_policies,
         &live.admission_policies,
         &mut seen.admission_policies,
         writes,
-        deletes,
+        &mut policy_deletes,
     );
+    deletes.extend(policy_deletes.into_iter().filter(|w| !named.contains(w.name())));
     owned::<_, ValidatingAdmissionPolicyBinding, _>(
         Kind::ValidatingAdmissionPolicyBinding,
         &bindings,
@@ -239,9 +261,11 @@ mod tests {
             namespace_rules: rules.clone(),
             ..Desired::default()
         };
+        for name in [TENANTS_POLICY, TENANTS_CLAIMS_POLICY] {
+            d.admission_policies.push(Arc::new(policy(name)));
+        }
         for (t, ns) in &rules.tenants {
             for b in tenant_bindings(t, ns).into_iter().flatten() {
-                d.admission_policies.push(Arc::new(policy(&b.name_any())));
                 d.admission_bindings.push(Arc::new(b));
             }
         }
@@ -250,6 +274,22 @@ mod tests {
             d.admission_bindings.push(Arc::new(b));
         }
         d
+    }
+
+    /// What an earlier version left settled for `owners`: a policy of its own per tenant and
+    /// half, each tenant's bindings naming it.
+    fn earlier_version(owners: &[Option<usize>]) -> Snapshot {
+        let d = desired(owners);
+        let mut live = Snapshot::default();
+        for b in &d.admission_bindings {
+            let mut b = (**b).clone();
+            if b.spec.policy_name == TENANTS_POLICY || b.spec.policy_name == TENANTS_CLAIMS_POLICY {
+                b.spec.policy_name = b.name_any();
+            }
+            live.admission_policies.push(Arc::new(policy(&b.spec.policy_name)));
+            live.admission_bindings.push(Arc::new(b));
+        }
+        live
     }
 
     /// Makes the writes whose bit is set in `ok` (the others fail), as the API server would.
@@ -346,11 +386,37 @@ mod tests {
             want.sort();
             prop_assert_eq!(got, want);
         }
+
+        /// From what an earlier version left (a policy per tenant, its bindings naming it) to the
+        /// tenants' shared policies, with any writes failing: no namespace is ever under no rule
+        /// set, and the cluster ends as desired, every earlier policy deleted.
+        #[test]
+        fn an_upgrade_to_the_shared_policies_never_leaves_a_namespace_under_none(
+            before in owners(),
+            after in owners(),
+            failures in proptest::collection::vec(any::<u64>(), 1..6),
+        ) {
+            let mut live = earlier_version(&before);
+            prop_assert_eq!(uncovered(&live), Vec::<&str>::new());
+            let d = desired(&after);
+            for ok in failures {
+                let w = pass(&d, &live);
+                apply(&mut live, &w, ok);
+                prop_assert_eq!(uncovered(&live), Vec::<&str>::new(), "after {:?} of {:?}", ok, w);
+            }
+            settle(&d, &mut live);
+            prop_assert_eq!(uncovered(&live), Vec::<&str>::new());
+            let mut got: Vec<String> = live.admission_policies.iter().map(|p| p.name_any()).collect();
+            let mut want: Vec<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
+        }
     }
 
     /// A deleted tenant's namespace stays under its rules until the no-tenant binding covers it:
     /// the first pass widens the no-tenant binding and keeps the tenant's, the second deletes
-    /// the tenant's binding, then its policy.
+    /// the tenant's binding; the tenants' policy stays for the others.
     #[test]
     fn a_removed_tenant_keeps_its_rules_until_the_no_tenant_rules_hold() {
         let mut live = Snapshot::default();
@@ -372,8 +438,43 @@ mod tests {
             [
                 "delete ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-t0",
                 "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
+            ]
+        );
+    }
+
+    /// An earlier version's tenant binding moves to the tenants' policy only once the store shows
+    /// that policy, and the earlier policy is deleted only once no binding names it.
+    #[test]
+    fn an_upgrade_moves_bindings_after_the_shared_policy_and_deletes_after_the_move() {
+        let owners = [Some(0), None, None, None, None];
+        let mut live = earlier_version(&owners);
+        let d = desired(&owners);
+        let first: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            first,
+            [
+                "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
+                "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
+            ]
+        );
+        let w = pass(&d, &live);
+        apply(&mut live, &w, u64::MAX);
+        let second: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            second,
+            [
+                "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-t0",
+                "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
+            ]
+        );
+        let w = pass(&d, &live);
+        apply(&mut live, &w, u64::MAX);
+        let third: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            third,
+            [
                 "delete ValidatingAdmissionPolicy gputenancy.io-claims-tenant-t0",
-                "delete ValidatingAdmissionPolicy gputenancy.io-tenant-t0"
+                "delete ValidatingAdmissionPolicy gputenancy.io-tenant-t0",
             ]
         );
     }

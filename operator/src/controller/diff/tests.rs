@@ -203,10 +203,10 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
             "apply Namespace acme",
             "apply ResourceQuota acme/gpu-tenancy",
             "apply ValidatingAdmissionPolicy gputenancy.io-claims-no-tenant",
-            "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenant-acme",
+            "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
             "apply ValidatingAdmissionPolicy gputenancy.io-device-env-keys",
             "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
-            "apply ValidatingAdmissionPolicy gputenancy.io-tenant-acme",
+            "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-env-keys",
@@ -305,21 +305,26 @@ fn a_tenant_change_writes_only_what_changes() {
     );
 }
 
+/// A removed tenant's bindings are deleted; the tenants' policies stay (every tenant's bindings
+/// name them, and none may be left naming a policy that is gone).
 #[test]
-fn objects_no_longer_desired_are_deleted_bindings_first() {
+fn objects_no_longer_desired_are_deleted_but_the_tenants_policies() {
     let mut s = snapshot();
     let d = pass(&s);
     apply(&mut s, &d);
     s.tenants.clear();
     let d = pass(&s);
     let w = writes(&d);
-    let binding = w
-        .iter()
-        .position(|x| x == "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme");
-    let policy = w
-        .iter()
-        .position(|x| x == "delete ValidatingAdmissionPolicy gputenancy.io-tenant-acme");
-    assert!(binding.is_some() && policy.is_some() && binding < policy, "{w:?}");
+    for deleted in [
+        "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
+        "delete ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
+    ] {
+        assert!(w.contains(&deleted.to_string()), "{w:?}");
+    }
+    assert!(
+        !w.iter().any(|x| x.starts_with("delete ValidatingAdmissionPolicy ")),
+        "{w:?}"
+    );
     assert!(
         w.contains(&"delete ResourceQuota acme/gpu-tenancy".to_string()),
         "{w:?}"
