@@ -60,5 +60,6 @@ PIDS+=("$CONTROLLER")
 
 # shellcheck disable=SC2086 # BENCH_FLEET_ARGS is a list of flags
 "$BIN/gpu-tenancy-fleet" bench --controller-pid "$CONTROLLER" --metrics-addr "127.0.0.1:$PORT" \
+	--control-plane-pid "$(cat "$DIR/controlplane/controlplane.pid")" \
 	--controller-log "$DIR/controller.log" --gpu-tenancy "$BIN/gpu-tenancy" --nvml-sim "$BIN/libnvidia_ml_sim.so" --work-dir "$DIR" \
 	--out "$ROOT/target/bench-fleet.json" ${BENCH_FLEET_ARGS:-}

@@ -40,6 +40,10 @@ pub struct Phase {
     pub agent_writes_by_kind: BTreeMap<String, u64>,
     pub controller_rss_mib: f64,
     pub controller_cpu_seconds: f64,
+    /// The control plane's CPU from the phase's start to its last write (within the second the
+    /// bench polls at), when its PID was given: the API server's work for the phase, which its
+    /// wall time on this 2-core machine mostly is.
+    pub control_plane_cpu_seconds: Option<f64>,
     pub controller_passes: u64,
     pub pass_mean_seconds: f64,
     pub pass_slowest_bucket_seconds: f64,
@@ -116,6 +120,7 @@ struct Mark {
     mutations: u64,
     failures: u64,
     scrubs: u64,
+    control_plane_cpu: Option<f64>,
 }
 
 async fn mark(fleet: &Fleet, ctl: &Controller) -> Result<Mark, String> {
@@ -128,6 +133,7 @@ async fn mark(fleet: &Fleet, ctl: &Controller) -> Result<Mark, String> {
         mutations: fleet.tally.mutations.load(Ordering::Relaxed),
         failures: fleet.tally.injected_failures.load(Ordering::Relaxed),
         scrubs: fleet.tally.scrubs.load(Ordering::Relaxed),
+        control_plane_cpu: ctl.control_plane_cpu_seconds(),
     })
 }
 
@@ -146,6 +152,7 @@ async fn converge(name: &str, fleet: &Fleet, ctl: &Controller, m: &Mark, opts: &
     let nodes = fleet.size();
     let mut last_total = (f64::NAN, u64::MAX);
     let mut last_change = Instant::now();
+    let mut control_plane_cpu = ctl.control_plane_cpu_seconds();
     let mut last_say = Instant::now();
     let (converged, not_ready) = loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -155,6 +162,7 @@ async fn converge(name: &str, fleet: &Fleet, ctl: &Controller, m: &Mark, opts: &
         if total != last_total {
             last_total = total;
             last_change = Instant::now();
+            control_plane_cpu = ctl.control_plane_cpu_seconds();
         }
         let views = fleet.views();
         let reported = views
@@ -185,7 +193,9 @@ async fn converge(name: &str, fleet: &Fleet, ctl: &Controller, m: &Mark, opts: &
         }
     };
     let seconds = last_change.saturating_duration_since(m.at).as_secs_f64();
-    measure(name, fleet, ctl, m, converged, seconds, not_ready).await
+    let mut phase = measure(name, fleet, ctl, m, converged, seconds, not_ready).await?;
+    phase.control_plane_cpu_seconds = control_plane_cpu.zip(m.control_plane_cpu).map(|(now, then)| now - then);
+    Ok(phase)
 }
 
 async fn measure(
@@ -221,6 +231,7 @@ async fn measure(
         agent_writes_by_kind: agent,
         controller_rss_mib: ctl.rss_mib()?,
         controller_cpu_seconds: ctl.cpu_seconds()? - m.cpu,
+        control_plane_cpu_seconds: None,
         controller_passes: passes,
         pass_mean_seconds: mean,
         pass_slowest_bucket_seconds: slowest,
@@ -474,6 +485,12 @@ pub fn table(r: &Report) -> String {
             &format!("{}: controller RSS, CPU in phase", p.name),
             format!("{:.1} MiB, {:.1} s", p.controller_rss_mib, p.controller_cpu_seconds),
         );
+        if let Some(cpu) = p.control_plane_cpu_seconds {
+            line(
+                &format!("{}: control plane CPU until the last write", p.name),
+                format!("{cpu:.1} s"),
+            );
+        }
         line(
             &format!("{}: controller passes, mean, slowest <=", p.name),
             format!(

@@ -98,6 +98,10 @@ struct BenchArgs {
     /// Its log (--log-format json), for the planner's time per pass.
     #[arg(long, value_name = "FILE")]
     controller_log: Option<PathBuf>,
+    /// PID of the control plane (`e2e/controlplane`: etcd and the API server in one process),
+    /// whose CPU until each phase's last write is reported too.
+    #[arg(long)]
+    control_plane_pid: Option<u32>,
     /// Nodes of the first measurement; the fleet then grows to --nodes.
     #[arg(long, env = "BENCH_FLEET_START_NODES", default_value_t = 100)]
     start_nodes: usize,
@@ -235,7 +239,8 @@ async fn bench_main(args: BenchArgs) -> i32 {
         }
         let fleet = start_fleet(&args.fleet).await?;
         let harness = fleet::counting_client(Default::default()).await?;
-        let ctl = probe::Controller::new(args.controller_pid, &args.metrics_addr, args.controller_log.clone());
+        let mut ctl = probe::Controller::new(args.controller_pid, &args.metrics_addr, args.controller_log.clone());
+        ctl.control_plane_pid = args.control_plane_pid;
         ctl.metrics().await?;
         let opts = bench::BenchOptions {
             start_nodes: args.start_nodes,

@@ -11,6 +11,8 @@ pub struct Controller {
     pub metrics_addr: String,
     /// Its `--log-format json` log, whose `pass done` lines give each pass's planner time.
     pub log: Option<std::path::PathBuf>,
+    /// PID of the control plane (API server and etcd), whose CPU each phase reports too.
+    pub control_plane_pid: Option<u32>,
     clock_ticks: f64,
 }
 
@@ -92,6 +94,7 @@ impl Controller {
             pid,
             metrics_addr: metrics_addr.to_string(),
             log,
+            control_plane_pid: None,
             clock_ticks,
         }
     }
@@ -110,9 +113,26 @@ impl Controller {
 
     /// CPU seconds used so far (user + system).
     pub fn cpu_seconds(&self) -> Result<f64, String> {
-        let path = format!("/proc/{}/stat", self.pid);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("the controller (pid {}) is gone: {path}: {e}", self.pid))?;
+        self.cpu_seconds_of(self.pid, "the controller")
+    }
+
+    /// The control plane's CPU seconds so far (user + system; `e2e/controlplane` runs etcd, the
+    /// API server and the garbage collector in one process), when its PID was given: what the
+    /// fleet's and the controller's requests cost the API server.
+    pub fn control_plane_cpu_seconds(&self) -> Option<f64> {
+        let pid = self.control_plane_pid?;
+        match self.cpu_seconds_of(pid, "the control plane") {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("bench-fleet: {e}");
+                None
+            }
+        }
+    }
+
+    fn cpu_seconds_of(&self, pid: u32, what: &str) -> Result<f64, String> {
+        let path = format!("/proc/{pid}/stat");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{what} (pid {pid}) is gone: {path}: {e}"))?;
         // Fields after the command name (which may hold spaces) start at field 3, `state`;
         // utime and stime are fields 14 and 15.
         let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
