@@ -11,6 +11,7 @@ use gpu_tenancy::planner::PlanInput;
 use gpu_tenancy_e2e::{Cleanup, Names, client, create_namespace, ensure_crds, kubectl_async, repo_root};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -362,7 +363,7 @@ async fn the_grants_are_read_from_the_tenant(
     // A name added to the status is admitted.
     let mut grown = serde_json::to_value(&status).unwrap();
     grown["admission"]["resourceNames"] = json!(["nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"]);
-    write_status(tenants, name, grown).await;
+    write_status(tenants, name, grown.clone()).await;
     let _admitted = until("a name granted in the status is admitted", shared.clone(), |r| {
         r.is_ok()
     })
@@ -372,6 +373,37 @@ async fn the_grants_are_read_from_the_tenant(
         version,
         "the policy itself was not written"
     );
+
+    // The PriorityClasses its pods may name are read from the status too.
+    let class = format!("{name}-batch");
+    let classes = Cleanup::new();
+    classes.add_resource("priorityclasses.scheduling.k8s.io", &class);
+    Api::<PriorityClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": class}, "value": 100})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut classed = pod("classed", json!({}), json!([]));
+    classed.spec.as_mut().unwrap().priority_class_name = Some(class.clone());
+    let got = until(
+        "a PriorityClass the status does not list is refused",
+        classed.clone(),
+        |r| r.is_err(),
+    )
+    .await;
+    let e = got.unwrap_err().to_string();
+    assert!(
+        e.contains("may name only the PriorityClasses its tier lists (none: leave priorityClassName unset)"),
+        "{e}"
+    );
+    grown["admission"]["priorityClassNames"] = json!([class]);
+    write_status(tenants, name, grown).await;
+    let _admitted = until("a PriorityClass the status lists is admitted", classed.clone(), |r| {
+        r.is_ok()
+    })
+    .await;
 
     // Without `admission`, every GPU is refused, and says why.
     let mut invalid = serde_json::to_value(&status).unwrap();
@@ -388,6 +420,10 @@ async fn the_grants_are_read_from_the_tenant(
         )),
         "{e}"
     );
+    // Nor may it name a PriorityClass (fail closed: a higher class could preempt other tenants).
+    let got = pods.create(&dry, &classed).await;
+    let e = got.unwrap_err().to_string();
+    assert!(e.contains("(a tenant that is not valid may name none)"), "{e}");
 
     // The tenant deleted: its binding's parameter is gone, and everything it matches is refused.
     tenants.delete(name, &Default::default()).await.unwrap();

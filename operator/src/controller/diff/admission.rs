@@ -344,6 +344,13 @@ mod tests {
             .collect()
     }
 
+    /// One pass's writes, all made; their names.
+    fn step(d: &Desired, live: &mut Snapshot) -> Vec<String> {
+        let w = pass(d, live);
+        apply(live, &w, u64::MAX);
+        w.iter().map(ToString::to_string).collect()
+    }
+
     fn settle(d: &Desired, live: &mut Snapshot) {
         for _ in 0..4 {
             let w = pass(d, live);
@@ -422,19 +429,15 @@ mod tests {
         let mut live = Snapshot::default();
         settle(&desired(&[Some(0), None, None, None, None]), &mut live);
         let d = desired(&[None; 5]);
-        let first: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
-            first,
+            step(&d, &mut live),
             [
                 "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
                 "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant"
             ]
         );
-        let w = pass(&d, &live);
-        apply(&mut live, &w, u64::MAX);
-        let second: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
-            second,
+            step(&d, &mut live),
             [
                 "delete ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-t0",
                 "delete ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
@@ -449,29 +452,22 @@ mod tests {
         let owners = [Some(0), None, None, None, None];
         let mut live = earlier_version(&owners);
         let d = desired(&owners);
-        let first: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
-            first,
+            step(&d, &mut live),
             [
                 "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
                 "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
             ]
         );
-        let w = pass(&d, &live);
-        apply(&mut live, &w, u64::MAX);
-        let second: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
-            second,
+            step(&d, &mut live),
             [
                 "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-t0",
                 "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-t0",
             ]
         );
-        let w = pass(&d, &live);
-        apply(&mut live, &w, u64::MAX);
-        let third: Vec<String> = pass(&d, &live).iter().map(ToString::to_string).collect();
         assert_eq!(
-            third,
+            step(&d, &mut live),
             [
                 "delete ValidatingAdmissionPolicy gputenancy.io-claims-tenant-t0",
                 "delete ValidatingAdmissionPolicy gputenancy.io-tenant-t0",
