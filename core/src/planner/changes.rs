@@ -7,10 +7,8 @@ use crate::api::{GpuTenant, MigInstanceSpec, Mode, Placement, ScrubMemory};
 use crate::handover::gpu_changes_hands;
 use crate::inventory::{AppliedState, NodeGpu};
 use crate::policy::TenantProfile;
-use foldhash::{HashMap, HashMapExt};
-use kube::ResourceExt;
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use serde::Serialize;
-use std::collections::BTreeSet;
 
 /// One GPU used whole (MPS, TimeSlicing, Exclusive), or one MIG instance, whose tenants change.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
@@ -247,7 +245,7 @@ fn scrub_of_gpus(node: &NodeDesired, diffs: &[UnitDiff], scrub_of: &HashMap<&str
 
 /// Units each tenant of `of` holds, per kind: now (`planned` false) or in the plan. Only the
 /// tenants whose changes need a count: nearly every pass changes few bindings, or none.
-fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &BTreeSet<&str>) -> HashMap<(&'a str, Kind<'a>), u32> {
+fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &HashSet<&str>) -> HashMap<(&'a str, Kind<'a>), u32> {
     let mut out: HashMap<(&str, Kind), u32> = HashMap::new();
     if of.is_empty() {
         return out;
@@ -304,7 +302,7 @@ pub fn settle(
     let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
     let mut changed = Vec::new();
     // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
-    let mut counted: BTreeSet<String> = BTreeSet::new();
+    let mut counted: HashSet<String> = HashSet::new();
     for (n, node) in nodes.iter_mut().enumerate() {
         if node.kept && !node.recomputed && !node.changing && same_scrub {
             continue;
@@ -316,7 +314,13 @@ pub fn settle(
         if changing {
             changed.push(n);
             for d in &diffs {
-                counted.extend(d.leaving().chain(d.joining()).map(str::to_string));
+                for t in d.leaving().chain(d.joining()) {
+                    // A copy only of names not seen yet: a fleet planned from empty changes
+                    // every unit, a few tenants' each.
+                    if !counted.contains(t) {
+                        counted.insert(t.to_string());
+                    }
+                }
             }
         }
         drop(diffs);
@@ -331,9 +335,9 @@ pub fn settle(
     if changed.is_empty() {
         return Vec::new();
     }
-    let counted: BTreeSet<&str> = counted.iter().map(String::as_str).collect();
+    let counted: HashSet<&str> = counted.iter().map(String::as_str).collect();
     let nodes: &[NodeDesired] = nodes;
-    let exists: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
+    let exists: HashSet<&str> = tenants.iter().map(crate::api::name_of).collect();
     let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
     let before = holdings(nodes, false, &counted);
     let after = holdings(nodes, true, &counted);

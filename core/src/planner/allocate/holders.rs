@@ -34,11 +34,12 @@ pub(super) type Placings = BTreeMap<PoolKey, Placing>;
 
 /// Who holds each unit of the planned layout now, per GPU of the cell, in the order of its
 /// scope's GPUs (`Scope::gpus`): a cell's GPUs are a fraction of a fleet of 400,000.
+#[derive(PartialEq)]
 pub(super) struct Current {
     pub gpus: Vec<GpuHolders>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct GpuHolders {
     /// Tenants of the GPU used whole in its planned mode.
     pub whole: Vec<String>,
@@ -49,6 +50,13 @@ pub(super) struct GpuHolders {
 }
 
 impl Current {
+    /// Whether nobody holds any unit.
+    pub fn holds_nothing(&self) -> bool {
+        self.gpus
+            .iter()
+            .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none))
+    }
+
     /// From what the nodes run now: an instance counts when it exists now with the same profile
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
@@ -87,11 +95,17 @@ impl Current {
                         shares: vec![],
                         instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
                     },
-                    _ => GpuHolders {
-                        whole: spec.tenants.clone(),
-                        shares: spec.tenants.iter().map(count).collect(),
-                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                    },
+                    _ => {
+                        // By name, as a finished pass leaves them (the blind pass's placement
+                        // stands unfinished for a pass from empty).
+                        let mut whole = spec.tenants.clone();
+                        whole.sort();
+                        GpuHolders {
+                            shares: whole.iter().map(count).collect(),
+                            whole,
+                            instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
+                        }
+                    }
                 }
             })
             .collect();

@@ -28,6 +28,7 @@ use exclusive::{Domain, ExclusivePool};
 use foldhash::HashMap;
 use holders::{Current, Placings};
 use pools::Template;
+use report::Placed;
 use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -304,56 +305,109 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
-    let before = Bindings::of(nodes, scope);
-    let now = Current::from_inventory(nodes, &scope.gpus);
-    let template = Template::of(nodes, scope);
+    let cell = CellPasses {
+        tenants,
+        scope,
+        before: Bindings::of(nodes, scope),
+        now: Current::from_inventory(nodes, &scope.gpus),
+        template: Template::of(nodes, scope),
+        order,
+    };
     // How much each tenant gets: blind to what runs now.
-    let amounts = blind_pass(tenants, nodes, scope, &template, &order).into_amounts();
-    // Which units: from the current bindings. A pool where the units kept leave no room for
-    // some amount (shared GPUs: co-location splits them by tier) is placed again with less
-    // stickiness: kept level by level, then as the blind pass placed it.
-    let mut placings = Placings::new();
-    loop {
-        before.restore(nodes, scope);
-        match sticky::place(tenants, nodes, scope, &template, &now, &placings, &amounts, &order) {
-            Ok(_) => break,
-            Err(failed) => {
-                for key in failed {
-                    let p = placings.entry(key).or_default();
-                    match p.less_sticky() {
-                        Some(less) => *p = less,
-                        // Only with memory limits, which tie pools together.
-                        None => return as_blind(tenants, nodes, scope, &template, &before, &order),
+    let amounts = blind_pass(tenants, nodes, scope, &cell.template, &cell.order).into_amounts();
+    // Which units: from the current bindings. Where nothing runs now (a fleet planned from
+    // empty) there is nothing to keep, and the blind pass's placement, on the nodes now, stands
+    // for that pass.
+    let first = if cell.now.holds_nothing() {
+        None
+    } else {
+        match cell.place_from_now(nodes, &amounts) {
+            Some(first) => Some(first),
+            None => return cell.as_blind(nodes),
+        }
+    };
+    // Once more from that result, every unit kept: shares over shared GPUs are then split as the
+    // next plan would split them (feeding the output back changes nothing). Where that result
+    // is what runs now and every pool kept first, this pass would be the one just made (the
+    // same inputs place the same), so that one is kept.
+    let placed = Current::from_plan(nodes, &cell.scope.gpus);
+    if let Some((first, placings)) = first
+        && placings.is_empty()
+        && placed == cell.now
+    {
+        return first.grants(tenants, nodes);
+    }
+    cell.before.restore(nodes, scope);
+    let kept = match sticky::place(
+        tenants,
+        nodes,
+        scope,
+        &cell.template,
+        &placed,
+        &Placings::new(),
+        &amounts,
+        &cell.order,
+    ) {
+        Ok(kept) => kept,
+        Err(_) => match cell.place_from_now(nodes, &amounts) {
+            // The first placement again (the same inputs place the same).
+            Some((kept, _)) => kept,
+            None => return cell.as_blind(nodes),
+        },
+    };
+    kept.grants(tenants, nodes)
+}
+
+/// What every placing pass of one cell starts from.
+struct CellPasses<'c> {
+    tenants: &'c [TenantProfile],
+    scope: &'c Scope,
+    /// The cell's bindings before its first pass: each pass starts from them.
+    before: Bindings,
+    /// Who holds each unit now.
+    now: Current,
+    template: Template,
+    /// Tenants by priority, then name.
+    order: Vec<usize>,
+}
+
+impl CellPasses<'_> {
+    /// Places `amounts` from the current bindings. A pool where the units kept leave no room for
+    /// some amount (shared GPUs: co-location splits them by tier) is placed again with less
+    /// stickiness: kept level by level, then as the blind pass placed it. `None`: only the blind
+    /// pass's placement gives the amounts (memory limits tie pools together).
+    fn place_from_now(&self, nodes: &mut [NodeDesired], amounts: &Amounts) -> Option<(Placed, Placings)> {
+        let mut placings = Placings::new();
+        loop {
+            self.before.restore(nodes, self.scope);
+            let at = sticky::place(
+                self.tenants,
+                nodes,
+                self.scope,
+                &self.template,
+                &self.now,
+                &placings,
+                amounts,
+                &self.order,
+            );
+            match at {
+                Ok(placed) => return Some((placed, placings)),
+                Err(failed) => {
+                    for key in failed {
+                        let p = placings.entry(key).or_default();
+                        *p = p.less_sticky()?;
                     }
                 }
             }
         }
     }
-    // Once more from that result, every unit kept: shares over shared GPUs are then split as the
-    // next plan would split them (feeding the output back changes nothing).
-    let placed = Current::from_plan(nodes, &scope.gpus);
-    before.restore(nodes, scope);
-    let kept = match sticky::place(
-        tenants,
-        nodes,
-        scope,
-        &template,
-        &placed,
-        &Placings::new(),
-        &amounts,
-        &order,
-    ) {
-        Ok(kept) => kept,
-        Err(_) => {
-            // The first placement again (the same inputs place the same).
-            before.restore(nodes, scope);
-            match sticky::place(tenants, nodes, scope, &template, &now, &placings, &amounts, &order) {
-                Ok(kept) => kept,
-                Err(_) => return as_blind(tenants, nodes, scope, &template, &before, &order),
-            }
-        }
-    };
-    kept.grants(tenants, nodes)
+
+    /// The blind pass's placement, where no placing from current bindings gives its amounts.
+    fn as_blind(&self, nodes: &mut [NodeDesired]) -> BTreeMap<String, CellGrants> {
+        self.before.restore(nodes, self.scope);
+        let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order).finish();
+        placed.grants(self.tenants, nodes)
+    }
 }
 
 /// The pass that decides how much each tenant gets, blind to what runs now.
@@ -369,20 +423,6 @@ fn blind_pass<'n, 'a>(
         blind.serve_level(level);
     }
     blind
-}
-
-/// The blind pass's placement, where no placing from current bindings gives its amounts.
-fn as_blind(
-    tenants: &[TenantProfile],
-    nodes: &mut [NodeDesired],
-    scope: &Scope,
-    template: &Template,
-    before: &Bindings,
-    order: &[usize],
-) -> BTreeMap<String, CellGrants> {
-    before.restore(nodes, scope);
-    let placed = blind_pass(tenants, nodes, scope, template, order).finish();
-    placed.grants(tenants, nodes)
 }
 
 /// The bindings of a cell's GPUs before its first pass: each pass starts from them (a pass

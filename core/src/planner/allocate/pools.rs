@@ -2,7 +2,7 @@
 //! time-slicing GPUs), open or dedicated to tenants, with the units each tenant holds now when a
 //! pass places from the current bindings.
 //!
-//! A cell is placed by three passes or more (the blind pass, then placings from the current
+//! A cell is placed by two passes or more (the blind pass, then placings from the current
 //! bindings), over the same layouts: the pools are made from the nodes once per cell
 //! ([`Template`]) and each pass takes a copy, with the holders of its own current bindings.
 

@@ -6,6 +6,7 @@ use crate::inventory::{CurrentNode, NodeInventory};
 use crate::planner::fixtures::{TenantBuilder, group, mig_group, node, now, plan_for, policy};
 use crate::planner::nodes::NodeState;
 use crate::planner::{PlanInput, PlanOutput, plan};
+use kube::ResourceExt;
 
 fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory]) -> PlanOutput {
     let policies = [policy()];
