@@ -1,6 +1,7 @@
 //! Changes at fleet size, planned from the memo and from nothing, timed; and a marker function for
 //! a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'
-//! target/release/examples/change_profile 5000 4 tenant`.
+//! target/release/examples/change_profile 5000 4 tenant`; `fresh` for the full pass of a fleet
+//! nothing runs on yet.
 #[path = "../tests/support/fleet.rs"]
 mod support;
 
@@ -41,6 +42,17 @@ fn main() {
     let changes: u32 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(4);
     let only = std::env::args().nth(3);
     let mut f = support::fleet(nodes, 8, nodes * 2 / 5, 42);
+    if only.as_deref() == Some("fresh") {
+        // The full pass of a fleet nothing runs on yet (`gpu-tenancy plan` of a new fleet).
+        let mut times = vec![];
+        for _ in 0..changes {
+            let at = std::time::Instant::now();
+            measured_full(&f);
+            times.push(at.elapsed().as_secs_f64() * 1e3);
+        }
+        println!("{nodes} nodes, nothing running: planner full {}", stats(times));
+        return;
+    }
     let first = support::run(&f);
     f.nodes = support::with_current(&f.nodes, &first.nodes);
     let kinds = support::changes::ALL;

@@ -276,16 +276,33 @@ impl GpuBindings {
         }
     }
 
-    /// The bindings of a GPU none of `scope`'s families binds: what a cell placed again starts from
-    /// on a GPU taken back from the last pass, as on one built anew.
-    pub fn unbound(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
-        let mut b = GpuBindings::of(spec, scope);
-        b.tenants.clear();
-        b.shares.clear();
-        for (_, t) in &mut b.instances {
-            *t = None;
+    /// Whether none of `scope`'s families binds a tenant on the GPU (what a cell placed again
+    /// starts from on a GPU taken back from the last pass, as on one built anew), found without
+    /// copying anything.
+    pub fn none_on(spec: &GpuSpec, scope: &Scope) -> bool {
+        (spec.mode == Mode::Mig || (spec.tenants.is_empty() && spec.shares.is_empty()))
+            && spec
+                .mig_instances
+                .iter()
+                .all(|i| i.tenant.is_none() || !scope.has_mig(&i.profile))
+    }
+
+    /// Takes every tenant of `scope`'s families off GPU `g` of `gpus`, copying a list shared with
+    /// the last pass only where one is bound.
+    pub fn unbind(gpus: &mut SharedVec<GpuSpec>, g: usize, scope: &Scope) {
+        if Self::none_on(&gpus[g], scope) {
+            return;
         }
-        b
+        let spec = &mut gpus[g];
+        if spec.mode != Mode::Mig {
+            spec.tenants.clear();
+            spec.shares.clear();
+        }
+        for i in &mut spec.mig_instances {
+            if scope.has_mig(&i.profile) {
+                i.tenant = None;
+            }
+        }
     }
 
     /// Writes these bindings on GPU `g` of `gpus`, where they differ: a list shared with the last

@@ -34,10 +34,18 @@ pub(super) type Placings = BTreeMap<PoolKey, Placing>;
 
 /// Who holds each unit of the planned layout now, per GPU of the cell, in the order of its
 /// scope's GPUs (`Scope::gpus`): a cell's GPUs are a fraction of a fleet of 400,000.
+/// Empty where nobody holds anything (a fleet planned from empty): nothing to copy then.
 #[derive(PartialEq)]
 pub(super) struct Current {
-    pub gpus: Vec<GpuHolders>,
+    gpus: Vec<GpuHolders>,
 }
+
+/// The holders of a GPU nobody holds.
+static NOBODY: GpuHolders = GpuHolders {
+    whole: Vec::new(),
+    shares: Vec::new(),
+    instances: Vec::new(),
+};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct GpuHolders {
@@ -52,15 +60,43 @@ pub(super) struct GpuHolders {
 impl Current {
     /// Whether nobody holds any unit.
     pub fn holds_nothing(&self) -> bool {
-        self.gpus
+        self.gpus.is_empty()
+    }
+
+    /// Who holds the units of the `j`th GPU of the cell.
+    pub fn gpu(&self, j: u32) -> &GpuHolders {
+        self.gpus.get(j as usize).unwrap_or(&NOBODY)
+    }
+
+    /// The tenant holding instance `i` of the `j`th GPU of the cell.
+    pub fn instance(&self, j: u32, i: u32) -> Option<&str> {
+        self.gpu(j).instances.get(i as usize)?.as_deref()
+    }
+
+    /// `gpus`, or none where nobody holds anything.
+    fn of(gpus: Vec<GpuHolders>) -> Current {
+        let nobody = gpus
             .iter()
-            .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none))
+            .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none));
+        Current {
+            gpus: if nobody { Vec::new() } else { gpus },
+        }
     }
 
     /// From what the nodes run now: an instance counts when it exists now with the same profile
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
     pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
+        let holds = |&(n, g): &GpuRef| {
+            let node = &nodes[n as usize];
+            let spec = &node.gpus[g as usize];
+            let inv = &node.inventory.gpus[spec.index as usize];
+            !whole_holders(inv, spec.mode).is_empty()
+                || spec.mig_instances.iter().any(|i| instance_holder(inv, i).is_some())
+        };
+        if !at.iter().any(holds) {
+            return Current { gpus: Vec::new() };
+        }
         let gpus = at
             .iter()
             .map(|&(n, g)| {
@@ -79,7 +115,7 @@ impl Current {
                 }
             })
             .collect();
-        Current { gpus }
+        Current::of(gpus)
     }
 
     /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
@@ -109,6 +145,6 @@ impl Current {
                 }
             })
             .collect();
-        Current { gpus }
+        Current::of(gpus)
     }
 }

@@ -290,7 +290,7 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
         let node = &mut nodes[n as usize];
         node.recomputed = true;
         if node.kept {
-            GpuBindings::unbound(&node.gpus[g as usize], scope).apply(&mut node.gpus, g as usize);
+            GpuBindings::unbind(&mut node.gpus, g as usize, scope);
         }
     }
 }
@@ -426,23 +426,34 @@ fn blind_pass<'n, 'a>(
 }
 
 /// The bindings of a cell's GPUs before its first pass: each pass starts from them (a pass
-/// changes only the bindings of its cell's units).
-struct Bindings(Vec<GpuBindings>);
+/// changes only the bindings of its cell's units). Nearly always none (nodes built anew, or a
+/// cell placed again, [`unbind_kept`]): then nothing is copied.
+enum Bindings {
+    Unbound,
+    Bound(Vec<GpuBindings>),
+}
 
 impl Bindings {
     fn of(nodes: &[NodeDesired], scope: &Scope) -> Bindings {
-        Bindings(
-            scope
-                .gpus
-                .iter()
-                .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], scope))
-                .collect(),
-        )
+        let gpu = |&(n, g): &GpuRef| &nodes[n as usize].gpus[g as usize];
+        if scope.gpus.iter().all(|at| GpuBindings::none_on(gpu(at), scope)) {
+            return Bindings::Unbound;
+        }
+        Bindings::Bound(scope.gpus.iter().map(|at| GpuBindings::of(gpu(at), scope)).collect())
     }
 
     fn restore(&self, nodes: &mut [NodeDesired], scope: &Scope) {
-        for (&(n, g), b) in scope.gpus.iter().zip(&self.0) {
-            b.apply(&mut nodes[n as usize].gpus, g as usize);
+        match self {
+            Bindings::Unbound => {
+                for &(n, g) in &scope.gpus {
+                    GpuBindings::unbind(&mut nodes[n as usize].gpus, g as usize, scope);
+                }
+            }
+            Bindings::Bound(all) => {
+                for (&(n, g), b) in scope.gpus.iter().zip(all) {
+                    b.apply(&mut nodes[n as usize].gpus, g as usize);
+                }
+            }
         }
     }
 }

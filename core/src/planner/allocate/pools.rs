@@ -202,7 +202,7 @@ impl Template {
                 Made::Mig(p, at) => {
                     let mut busy = vec![false; at.len()];
                     for (s, &(j, i)) in at.iter().enumerate() {
-                        if let Some(h) = now.and_then(|c| c.gpus[j as usize].instances[i as usize].as_deref()) {
+                        if let Some(h) = now.and_then(|c| c.instance(j, i)) {
                             holders.entry(h).or_default().push((s, 0));
                             busy[s] = true;
                         }
@@ -225,7 +225,7 @@ impl Template {
                     if let Some(c) = now {
                         for (unit, &j) in at.iter().enumerate() {
                             // Each holder with its share count: the next pass keeps as many.
-                            let h = &c.gpus[j as usize];
+                            let h = c.gpu(j);
                             for (t, name) in h.whole.iter().enumerate() {
                                 let count = h.shares.get(t).copied().unwrap_or(0);
                                 holders.entry(name).or_default().push((unit, count));
@@ -244,7 +244,7 @@ impl Template {
                         let d = p.len();
                         let mut free: Vec<u32> = gpus.iter().map(|&(g, _)| g).collect();
                         if let Some(c) = now {
-                            let whole = |j: u32| &c.gpus[j as usize].whole;
+                            let whole = |j: u32| &c.gpu(j).whole;
                             for &(g, j) in gpus {
                                 for h in whole(j) {
                                     holders.entry(h).or_default().push((d, g));
