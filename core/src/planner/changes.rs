@@ -340,7 +340,8 @@ pub fn settle(
     let exists: HashSet<&str> = tenants.iter().map(crate::api::name_of).collect();
     let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
     let before = holdings(nodes, false, &counted);
-    let after = holdings(nodes, true, &counted);
+    // Read only for a tenant that leaves a unit: none in a fleet planned from empty.
+    let after = std::cell::LazyCell::new(|| holdings(nodes, true, &counted));
     let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
     let reason = |d: &UnitDiff| -> ChangeReason {
         if let Some(o) = d.leaving().next() {
