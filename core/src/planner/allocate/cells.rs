@@ -276,10 +276,9 @@ impl GpuBindings {
         }
     }
 
-    /// Whether none of `scope`'s families binds a tenant on the GPU (what a cell placed again
-    /// starts from on a GPU taken back from the last pass, as on one built anew), found without
-    /// copying anything.
-    pub fn none_on(spec: &GpuSpec, scope: &Scope) -> bool {
+    /// Whether none of `scope`'s families binds a tenant on the GPU, found without copying
+    /// anything.
+    fn none_on(spec: &GpuSpec, scope: &Scope) -> bool {
         (spec.mode == Mode::Mig || (spec.tenants.is_empty() && spec.shares.is_empty()))
             && spec
                 .mig_instances

@@ -295,8 +295,9 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
     }
 }
 
-/// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from the
-/// bindings the cell's GPUs had before the first.
+/// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from none
+/// of the cell's bindings, so a unit no pass grants is left to nobody (nodes built anew carry
+/// none; on nodes taken back from the last pass, [`unbind_kept`] has taken them off).
 fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &Scope) -> BTreeMap<String, CellGrants> {
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
@@ -305,10 +306,10 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
+    unbind_cell(nodes, scope);
     let cell = CellPasses {
         tenants,
         scope,
-        before: Bindings::of(nodes, scope),
         now: Current::from_inventory(nodes, &scope.gpus),
         template: Template::of(nodes, scope),
         order,
@@ -337,7 +338,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
     {
         return first.grants(tenants, nodes);
     }
-    cell.before.restore(nodes, scope);
+    unbind_cell(nodes, scope);
     let kept = match sticky::place(
         tenants,
         nodes,
@@ -362,8 +363,6 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &S
 struct CellPasses<'c> {
     tenants: &'c [TenantProfile],
     scope: &'c Scope,
-    /// The cell's bindings before its first pass: each pass starts from them.
-    before: Bindings,
     /// Who holds each unit now.
     now: Current,
     template: Template,
@@ -379,7 +378,7 @@ impl CellPasses<'_> {
     fn place_from_now(&self, nodes: &mut [NodeDesired], amounts: &Amounts) -> Option<(Placed, Placings)> {
         let mut placings = Placings::new();
         loop {
-            self.before.restore(nodes, self.scope);
+            unbind_cell(nodes, self.scope);
             let at = sticky::place(
                 self.tenants,
                 nodes,
@@ -404,7 +403,7 @@ impl CellPasses<'_> {
 
     /// The blind pass's placement, where no placing from current bindings gives its amounts.
     fn as_blind(&self, nodes: &mut [NodeDesired]) -> BTreeMap<String, CellGrants> {
-        self.before.restore(nodes, self.scope);
+        unbind_cell(nodes, self.scope);
         let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order).finish();
         placed.grants(self.tenants, nodes)
     }
@@ -425,36 +424,10 @@ fn blind_pass<'n, 'a>(
     blind
 }
 
-/// The bindings of a cell's GPUs before its first pass: each pass starts from them (a pass
-/// changes only the bindings of its cell's units). Nearly always none (nodes built anew, or a
-/// cell placed again, [`unbind_kept`]): then nothing is copied.
-enum Bindings {
-    Unbound,
-    Bound(Vec<GpuBindings>),
-}
-
-impl Bindings {
-    fn of(nodes: &[NodeDesired], scope: &Scope) -> Bindings {
-        let gpu = |&(n, g): &GpuRef| &nodes[n as usize].gpus[g as usize];
-        if scope.gpus.iter().all(|at| GpuBindings::none_on(gpu(at), scope)) {
-            return Bindings::Unbound;
-        }
-        Bindings::Bound(scope.gpus.iter().map(|at| GpuBindings::of(gpu(at), scope)).collect())
-    }
-
-    fn restore(&self, nodes: &mut [NodeDesired], scope: &Scope) {
-        match self {
-            Bindings::Unbound => {
-                for &(n, g) in &scope.gpus {
-                    GpuBindings::unbind(&mut nodes[n as usize].gpus, g as usize, scope);
-                }
-            }
-            Bindings::Bound(all) => {
-                for (&(n, g), b) in scope.gpus.iter().zip(all) {
-                    b.apply(&mut nodes[n as usize].gpus, g as usize);
-                }
-            }
-        }
+/// Takes every tenant of the cell's families off its GPUs: where each of its passes starts.
+fn unbind_cell(nodes: &mut [NodeDesired], scope: &Scope) {
+    for &(n, g) in &scope.gpus {
+        GpuBindings::unbind(&mut nodes[n as usize].gpus, g as usize, scope);
     }
 }
 
