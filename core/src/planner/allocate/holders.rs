@@ -87,22 +87,25 @@ impl Current {
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
     pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
-        let holds = |&(n, g): &GpuRef| {
+        // A GPU's planned spec and what runs on it now.
+        let gpu = |&(n, g): &GpuRef| {
             let node = &nodes[n as usize];
             let spec = &node.gpus[g as usize];
-            let inv = &node.inventory.gpus[spec.index as usize];
+            (spec, &node.inventory.gpus[spec.index as usize])
+        };
+        let holds = |at: &GpuRef| {
+            let (spec, inv) = gpu(at);
             !whole_holders(inv, spec.mode).is_empty()
                 || spec.mig_instances.iter().any(|i| instance_holder(inv, i).is_some())
         };
         if !at.iter().any(holds) {
             return Current { gpus: Vec::new() };
         }
+        // Some GPU has a holder: the list is kept whole.
         let gpus = at
             .iter()
-            .map(|&(n, g)| {
-                let node = &nodes[n as usize];
-                let spec = &node.gpus[g as usize];
-                let inv = &node.inventory.gpus[spec.index as usize];
+            .map(|at| {
+                let (spec, inv) = gpu(at);
                 let whole = whole_holders(inv, spec.mode).to_vec();
                 GpuHolders {
                     shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
@@ -115,7 +118,7 @@ impl Current {
                 }
             })
             .collect();
-        Current::of(gpus)
+        Current { gpus }
     }
 
     /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
