@@ -71,6 +71,18 @@ impl SimAgent {
 
     /// An agent on the simulated GPUs of `config` (the simulator's `sim.yaml`).
     pub async fn start_config(client: &Client, cleanup: &Cleanup, name: &str, pool: &str, config: &str) -> SimAgent {
+        Self::start_polling(client, cleanup, name, pool, config, 1).await
+    }
+
+    /// [`SimAgent::start_config`] with `--poll` of `poll` seconds from its first start.
+    pub async fn start_polling(
+        client: &Client,
+        cleanup: &Cleanup,
+        name: &str,
+        pool: &str,
+        config: &str,
+        poll: u64,
+    ) -> SimAgent {
         let dir = std::env::temp_dir().join(format!("gt-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
@@ -90,7 +102,7 @@ impl SimAgent {
             agent: None,
             args: vec![],
             env: vec![],
-            poll: 1,
+            poll,
         };
         agent.restart();
         agent

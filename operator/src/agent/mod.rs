@@ -169,8 +169,16 @@ pub enum Next {
     Retry,
 }
 
+/// What a pass that succeeded did: which spec it applied, and when the next is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Passed {
+    /// The GpuNode's `metadata.generation` the pass read and applied.
+    pub generation: Option<i64>,
+    pub next: Next,
+}
+
 /// One pass: read the GpuNode, apply its spec, publish what changed.
-pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<Next, PassError> {
+pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<Passed, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
     let read = |source| PassError::Read {
         node: opts.node.clone(),
@@ -272,7 +280,10 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
         .gpus
         .iter()
         .any(|g| g.reason.is_some_and(GpuReason::retries_soon));
-    Ok(if retry { Next::Retry } else { Next::Poll })
+    Ok(Passed {
+        generation,
+        next: if retry { Next::Retry } else { Next::Poll },
+    })
 }
 
 /// What an apply did, and how busy the devices were afterwards (where known).
@@ -468,7 +479,15 @@ pub async fn run_node<G: Gpus + 'static>(
                 }
             }
         }
-        match pass(&client, &gpus, &opts).await {
+        let passed = pass(&client, &gpus, &opts).await;
+        // The watch's event for the generation a pass just read and applied (the GpuNode this
+        // pass created, or the one found at start) brings nothing new: no second pass for it.
+        // Why: that pass re-read both objects, one more read of each per node the API server
+        // serves while a fleet joins. A newer generation still differs, and so starts a pass.
+        if let Ok(p) = &passed {
+            last_generation = p.generation;
+        }
+        match passed.map(|p| p.next) {
             Ok(Next::Poll) => {
                 backoff.reset();
                 repair.reset();

@@ -8,6 +8,7 @@
 //! The controller's passes are driven directly (`Controller::pass`) so each scenario states
 //! exactly which writes a pass makes.
 
+mod agent_reads;
 mod agents;
 mod attacks;
 mod metrics;
