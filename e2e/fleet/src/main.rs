@@ -10,6 +10,7 @@ mod generate;
 mod probe;
 mod rng;
 mod templates;
+mod write_cost;
 
 #[cfg(test)]
 mod tests;
@@ -116,6 +117,13 @@ struct BenchArgs {
     /// Give up on a phase after this many seconds.
     #[arg(long, default_value_t = 600)]
     converge_timeout: u64,
+    /// Rounds of the write-cost comparison at the end (a GpuNode's status against the same
+    /// bytes in a ConfigMap, control plane CPU per write; needs --control-plane-pid; 0: skip).
+    #[arg(long, default_value_t = 5)]
+    write_cost_rounds: usize,
+    /// Writes of each kind a round.
+    #[arg(long, default_value_t = 100)]
+    write_cost_writes: usize,
     /// Also time `gpu-tenancy plan` on a generated inventory of this many nodes (0: skip).
     #[arg(long, env = "BENCH_FLEET_PLAN_NODES", default_value_t = 50000)]
     plan_nodes: usize,
@@ -252,6 +260,16 @@ async fn bench_main(args: BenchArgs) -> i32 {
             converge_timeout: Duration::from_secs(args.converge_timeout),
         };
         let r = bench::run(&fleet, &harness, &ctl, &opts).await?;
+        let cost = match (args.control_plane_pid, args.write_cost_rounds) {
+            (Some(_), rounds) if rounds > 0 => {
+                eprintln!(
+                    "bench-fleet: control plane CPU per write: a GpuNode's status against the same bytes in a ConfigMap ({rounds} rounds of {} each) ...",
+                    args.write_cost_writes
+                );
+                Some(write_cost::measure(&harness, &ctl, rounds, args.write_cost_writes.max(1)).await?)
+            }
+            _ => None,
+        };
         fleet.stop();
         let plan = if args.plan_nodes > 0 {
             Some(time_plan(&args.fleet, args.plan_nodes)?)
@@ -259,6 +277,7 @@ async fn bench_main(args: BenchArgs) -> i32 {
             None
         };
         let mut json = serde_json::to_value(&r).map_err(|e| e.to_string())?;
+        json["write_cost"] = serde_json::to_value(&cost).map_err(|e| e.to_string())?;
         json["plan_wall_seconds"] =
             serde_json::json!(plan.map(|(n, t, s)| serde_json::json!({"nodes": n, "tenants": t, "seconds": s})));
         std::fs::write(
@@ -267,6 +286,22 @@ async fn bench_main(args: BenchArgs) -> i32 {
         )
         .map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
         println!("\n{}", bench::table(&r));
+        if let Some(c) = &cost {
+            println!(
+                "{:<58} {:.1} ms ({:.1}-{:.1})",
+                format!("control plane CPU a write: GpuNode status, {} B", c.status_bytes),
+                c.gpunode_status_ms,
+                c.gpunode_status_ms_range.0,
+                c.gpunode_status_ms_range.1
+            );
+            println!(
+                "{:<58} {:.1} ms ({:.1}-{:.1})",
+                "control plane CPU a write: the same bytes in a ConfigMap",
+                c.config_map_ms,
+                c.config_map_ms_range.0,
+                c.config_map_ms_range.1
+            );
+        }
         if let Some((n, t, s)) = plan {
             println!(
                 "{:<58} {s:.2} s",

@@ -1,0 +1,162 @@
+//! What one write of a GpuNode's status costs the API server, beside the same bytes written as a
+//! ConfigMap's data: the control plane's CPU (from `/proc`) over writes made one at a time,
+//! rounds of each alternating, in the bench's own converged cluster (the controller and the agents
+//! running, so each write's watch events reach them as a real one's do).
+//!
+//! Why: a fleet's first convergence is bound by the API server's CPU on this 2-core machine, and
+//! a joining node's GpuNode takes a create, two status writes (its inventory, then what it
+//! applied) and a spec write. This tells how much of that is the object's shape (a CRD status of
+//! many typed fields, validated, merged field by field, decoded and encoded as maps) rather than
+//! its bytes.
+
+use crate::probe::Controller;
+use gpu_tenancy::api::GpuNode;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The ConfigMap the comparison writes (in `default`), deleted afterwards.
+const CONFIG_MAP: &str = "gpu-tenancy-bench-write-cost";
+const BENCH_MANAGER: &str = "gpu-tenancy-fleet-bench";
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WriteCost {
+    /// The GpuNode whose status was written (the fleet's largest).
+    pub node: String,
+    /// Its status as JSON, in bytes.
+    pub status_bytes: usize,
+    pub rounds: usize,
+    pub writes_per_round: usize,
+    /// Control plane CPU per write, median over the rounds, and the rounds' range.
+    pub gpunode_status_ms: f64,
+    pub gpunode_status_ms_range: (f64, f64),
+    pub config_map_ms: f64,
+    pub config_map_ms_range: (f64, f64),
+}
+
+/// `status` with every GPU's message marked with `k`: each write changes the object (a write of
+/// what is already there is answered without storing anything), and nothing the controller plans
+/// from or the agent compares against its spec.
+fn variant(status: &Value, k: usize) -> Value {
+    let mut s = status.clone();
+    if let Some(gpus) = s.get_mut("gpus").and_then(Value::as_array_mut) {
+        for g in gpus {
+            let was = g.get("message").and_then(Value::as_str).unwrap_or("").to_string();
+            g["message"] = json!(format!("bench write {k}: {was}"));
+        }
+    }
+    s
+}
+
+/// CPU seconds of the control plane, or why it cannot be read.
+fn cpu(ctl: &Controller) -> Result<f64, String> {
+    ctl.control_plane_cpu_seconds()
+        .ok_or_else(|| "the control plane's CPU cannot be read (give --control-plane-pid)".to_string())
+}
+
+fn median_and_range(v: &mut [f64]) -> (f64, (f64, f64)) {
+    v.sort_by(f64::total_cmp);
+    match v {
+        [] => (f64::NAN, (f64::NAN, f64::NAN)),
+        _ => (v[v.len() / 2], (v[0], v[v.len() - 1])),
+    }
+}
+
+/// Measures, then puts the node's status back as its agent wrote it and deletes the ConfigMap.
+pub async fn measure(client: &Client, ctl: &Controller, rounds: usize, per_round: usize) -> Result<WriteCost, String> {
+    let nodes: Api<GpuNode> = Api::all(client.clone());
+    let listed = nodes
+        .list(&Default::default())
+        .await
+        .map_err(|e| format!("listing GpuNodes: {e}"))?;
+    let (node, status) = listed
+        .items
+        .iter()
+        .filter_map(|n| Some((n.name_any(), serde_json::to_value(n.status.as_ref()?).ok()?)))
+        .max_by_key(|(_, s)| s.to_string().len())
+        .ok_or("no GpuNode has a status to measure with")?;
+    let agent = PatchParams::apply(gpu_tenancy::agent::FIELD_MANAGER).force();
+    let as_status =
+        |s: Value| json!({"apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()), "status": s});
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let bench = PatchParams::apply(BENCH_MANAGER).force();
+    let as_config_map = |s: &Value| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP},
+               "data": {"status": s.to_string()}})
+    };
+    let (mut on_node, mut on_map) = (Vec::new(), Vec::new());
+    let mut k = 0;
+    for _ in 0..rounds {
+        for to_node in [true, false] {
+            // Let the last round's watch events and the controller's pass settle.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let before = cpu(ctl)?;
+            for _ in 0..per_round {
+                k += 1;
+                let body = variant(&status, k);
+                let written = match to_node {
+                    true => nodes
+                        .patch_status(&node, &agent, &Patch::Apply(as_status(body)))
+                        .await
+                        .map(drop),
+                    false => config_maps
+                        .patch(CONFIG_MAP, &bench, &Patch::Apply(as_config_map(&body)))
+                        .await
+                        .map(drop),
+                };
+                written.map_err(|e| format!("a measured write failed: {e}"))?;
+            }
+            let ms = (cpu(ctl)? - before) * 1000.0 / per_round as f64;
+            match to_node {
+                true => on_node.push(ms),
+                false => on_map.push(ms),
+            }
+        }
+    }
+    nodes
+        .patch_status(&node, &agent, &Patch::Apply(as_status(status.clone())))
+        .await
+        .map_err(|e| format!("putting GpuNode {node}'s status back: {e}"))?;
+    config_maps
+        .delete(CONFIG_MAP, &DeleteParams::default())
+        .await
+        .map_err(|e| format!("deleting ConfigMap default/{CONFIG_MAP}: {e}"))?;
+    let (gpunode_status_ms, gpunode_status_ms_range) = median_and_range(&mut on_node);
+    let (config_map_ms, config_map_ms_range) = median_and_range(&mut on_map);
+    Ok(WriteCost {
+        node,
+        status_bytes: status.to_string().len(),
+        rounds,
+        writes_per_round: per_round,
+        gpunode_status_ms,
+        gpunode_status_ms_range,
+        config_map_ms,
+        config_map_ms_range,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_variant_changes_every_gpu_message_and_nothing_else() {
+        let status = json!({"observedGeneration": 3, "gpus": [{"index": 0, "message": "done"}, {"index": 1}]});
+        let a = variant(&status, 1);
+        let b = variant(&status, 2);
+        assert_ne!(a, b);
+        assert_eq!(a["gpus"][0]["message"], "bench write 1: done");
+        assert_eq!(a["gpus"][1]["message"], "bench write 1: ");
+        assert_eq!(a["observedGeneration"], 3);
+        assert_eq!(a["gpus"][0]["index"], 0);
+    }
+
+    #[test]
+    fn median_and_range_of_rounds() {
+        assert_eq!(median_and_range(&mut [3.0, 1.0, 2.0]), (2.0, (1.0, 3.0)));
+        assert!(median_and_range(&mut []).0.is_nan());
+    }
+}
