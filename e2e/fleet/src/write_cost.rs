@@ -65,7 +65,94 @@ fn median_and_range(v: &mut [f64]) -> (f64, (f64, f64)) {
     }
 }
 
-/// Measures, then puts the node's status back as its agent wrote it and deletes the ConfigMap.
+/// Where the measured writes go, and how each is sent.
+struct Targets {
+    nodes: Api<GpuNode>,
+    config_maps: Api<ConfigMap>,
+    /// The GpuNode written, and its status as its agent last wrote it.
+    node: String,
+    status: Value,
+}
+
+impl Targets {
+    /// The status as the agent sends it (its field manager, forced as the agent's are).
+    async fn write_status(&self, status: Value) -> Result<(), kube::Error> {
+        let body = json!({"apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()), "status": status});
+        let agent = PatchParams::apply(gpu_tenancy::agent::FIELD_MANAGER).force();
+        self.nodes
+            .patch_status(&self.node, &agent, &Patch::Apply(body))
+            .await
+            .map(drop)
+    }
+
+    async fn write_config_map(&self, status: &Value) -> Result<(), kube::Error> {
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP},
+                          "data": {"status": status.to_string()}});
+        let bench = PatchParams::apply(BENCH_MANAGER).force();
+        self.config_maps
+            .patch(CONFIG_MAP, &bench, &Patch::Apply(body))
+            .await
+            .map(drop)
+    }
+
+    /// Control plane CPU per write (ms) of each round: GpuNode status rounds, ConfigMap rounds.
+    async fn rounds(&self, ctl: &Controller, rounds: usize, per_round: usize) -> Result<(Vec<f64>, Vec<f64>), String> {
+        let (mut on_node, mut on_map) = (Vec::new(), Vec::new());
+        let mut k = 0;
+        for _ in 0..rounds {
+            for to_node in [true, false] {
+                // Let the last round's watch events and the controller's pass settle.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let before = cpu(ctl)?;
+                for _ in 0..per_round {
+                    k += 1;
+                    let body = variant(&self.status, k);
+                    match to_node {
+                        true => self.write_status(body).await.map_err(|e| {
+                            format!("writing GpuNode {}'s status (as its agent) failed: {e}", self.node)
+                        })?,
+                        false => self
+                            .write_config_map(&body)
+                            .await
+                            .map_err(|e| format!("applying ConfigMap default/{CONFIG_MAP} failed: {e}"))?,
+                    }
+                }
+                let ms = (cpu(ctl)? - before) * 1000.0 / per_round as f64;
+                match to_node {
+                    true => on_node.push(ms),
+                    false => on_map.push(ms),
+                }
+            }
+        }
+        Ok((on_node, on_map))
+    }
+
+    /// Puts the node's status back as its agent wrote it and deletes the ConfigMap, whatever the
+    /// rounds did; says what could not be undone.
+    async fn undo(&self) -> Result<(), String> {
+        let mut left = Vec::new();
+        if let Err(e) = self.write_status(self.status.clone()).await {
+            left.push(format!(
+                "GpuNode {}'s status keeps a marked message per GPU ({e}); its agent writes it again on its next poll",
+                self.node
+            ));
+        }
+        match self.config_maps.delete(CONFIG_MAP, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => left.push(format!(
+                "ConfigMap default/{CONFIG_MAP} is left ({e}); delete it with kubectl"
+            )),
+        }
+        match left.is_empty() {
+            true => Ok(()),
+            false => Err(left.join("; ")),
+        }
+    }
+}
+
+/// Measures on the fleet's largest GpuNode status, then undoes its writes (even when a write
+/// failed): the node's status as its agent wrote it, no ConfigMap.
 pub async fn measure(client: &Client, ctl: &Controller, rounds: usize, per_round: usize) -> Result<WriteCost, String> {
     let nodes: Api<GpuNode> = Api::all(client.clone());
     let listed = nodes
@@ -78,57 +165,25 @@ pub async fn measure(client: &Client, ctl: &Controller, rounds: usize, per_round
         .filter_map(|n| Some((n.name_any(), serde_json::to_value(n.status.as_ref()?).ok()?)))
         .max_by_key(|(_, s)| s.to_string().len())
         .ok_or("no GpuNode has a status to measure with")?;
-    let agent = PatchParams::apply(gpu_tenancy::agent::FIELD_MANAGER).force();
-    let as_status =
-        |s: Value| json!({"apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()), "status": s});
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let bench = PatchParams::apply(BENCH_MANAGER).force();
-    let as_config_map = |s: &Value| {
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP},
-               "data": {"status": s.to_string()}})
+    let targets = Targets {
+        nodes,
+        config_maps: Api::namespaced(client.clone(), "default"),
+        node,
+        status,
     };
-    let (mut on_node, mut on_map) = (Vec::new(), Vec::new());
-    let mut k = 0;
-    for _ in 0..rounds {
-        for to_node in [true, false] {
-            // Let the last round's watch events and the controller's pass settle.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let before = cpu(ctl)?;
-            for _ in 0..per_round {
-                k += 1;
-                let body = variant(&status, k);
-                let written = match to_node {
-                    true => nodes
-                        .patch_status(&node, &agent, &Patch::Apply(as_status(body)))
-                        .await
-                        .map(drop),
-                    false => config_maps
-                        .patch(CONFIG_MAP, &bench, &Patch::Apply(as_config_map(&body)))
-                        .await
-                        .map(drop),
-                };
-                written.map_err(|e| format!("a measured write failed: {e}"))?;
-            }
-            let ms = (cpu(ctl)? - before) * 1000.0 / per_round as f64;
-            match to_node {
-                true => on_node.push(ms),
-                false => on_map.push(ms),
-            }
-        }
-    }
-    nodes
-        .patch_status(&node, &agent, &Patch::Apply(as_status(status.clone())))
-        .await
-        .map_err(|e| format!("putting GpuNode {node}'s status back: {e}"))?;
-    config_maps
-        .delete(CONFIG_MAP, &DeleteParams::default())
-        .await
-        .map_err(|e| format!("deleting ConfigMap default/{CONFIG_MAP}: {e}"))?;
+    let measured = targets.rounds(ctl, rounds, per_round).await;
+    let undone = targets.undo().await;
+    let (mut on_node, mut on_map) = match (measured, undone) {
+        (Ok(m), Ok(())) => m,
+        (Ok(_), Err(u)) => return Err(u),
+        (Err(e), Ok(())) => return Err(e),
+        (Err(e), Err(u)) => return Err(format!("{e}; and {u}")),
+    };
     let (gpunode_status_ms, gpunode_status_ms_range) = median_and_range(&mut on_node);
     let (config_map_ms, config_map_ms_range) = median_and_range(&mut on_map);
     Ok(WriteCost {
-        node,
-        status_bytes: status.to_string().len(),
+        status_bytes: targets.status.to_string().len(),
+        node: targets.node,
         rounds,
         writes_per_round: per_round,
         gpunode_status_ms,
