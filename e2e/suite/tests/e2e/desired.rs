@@ -387,10 +387,15 @@ async fn the_grants_are_read_from_the_tenant(
         .unwrap();
     let mut classed = pod("classed", json!({}), json!([]));
     classed.spec.as_mut().unwrap().priority_class_name = Some(class.clone());
+    // Refused by the tenant's policy, not by the Priority admission plugin, which answers "no
+    // PriorityClass with name ..." until its informer has seen the class just created.
     let got = until(
         "a PriorityClass the status does not list is refused",
         classed.clone(),
-        |r| r.is_err(),
+        |r| {
+            r.as_ref()
+                .is_err_and(|e| !e.to_string().contains("no PriorityClass with name"))
+        },
     )
     .await;
     let e = got.unwrap_err().to_string();
