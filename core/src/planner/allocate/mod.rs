@@ -299,6 +299,12 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
 /// of the cell's bindings, so a unit no pass grants is left to nobody (nodes built anew carry
 /// none; on nodes taken back from the last pass, [`unbind_kept`] has taken them off).
 fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &Scope) -> BTreeMap<String, CellGrants> {
+    if tenants.is_empty() {
+        // Capacity nobody asks for (a MIG profile no tenant requests): every pass would only
+        // take the units off their holders, as this does.
+        unbind_cell(nodes, scope);
+        return BTreeMap::new();
+    }
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
         tenants[y]

@@ -100,7 +100,9 @@ impl Allocator<'_, '_> {
 impl Placed {
     /// The grants of the pass kept, on the nodes it placed.
     pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &[NodeDesired]) -> BTreeMap<String, CellGrants> {
-        let mut out = BTreeMap::new();
+        // Built in one go from the tenants in name order (a cell's order): inserting them one by one
+        // searched the map each time, a name comparison at every level.
+        let mut out = Vec::with_capacity(tenants.len());
         for (tenant, p) in tenants.iter().zip(self.tenants) {
             let whole = |(node, gpu): GpuRef, mode: Mode, count: u32| {
                 let nd = &nodes[node as usize];
@@ -133,7 +135,7 @@ impl Placed {
                 .chain(p.shares.iter().map(|&(at, mode, count)| whole(at, mode, count)))
                 .collect();
             grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
-            out.insert(
+            out.push((
                 tenant.name.clone(),
                 CellGrants {
                     grants,
@@ -141,9 +143,9 @@ impl Placed {
                     memory_mib: p.memory_mib,
                     shortfalls: p.shortfalls,
                 },
-            );
+            ));
         }
-        out
+        out.into_iter().collect()
     }
 }
 
