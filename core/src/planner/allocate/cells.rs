@@ -62,7 +62,7 @@ impl<'a> Families<'a> {
     }
 }
 
-fn root(parent: &mut [usize], mut x: usize) -> usize {
+pub(super) fn root(parent: &mut [usize], mut x: usize) -> usize {
     while parent[x] != x {
         parent[x] = parent[parent[x]];
         x = parent[x];

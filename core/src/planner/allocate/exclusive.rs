@@ -80,7 +80,7 @@ impl ExclusivePool {
     }
 }
 
-impl Allocator<'_, '_> {
+impl Allocator<'_, '_, '_> {
     pub(super) fn take_exclusive(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
         let Some(picks) = self.pick_domains(t, r, key, want) else {
             return 0;

@@ -1,10 +1,10 @@
 //! Who holds each unit of a cell's planned layout now, and how a placing pass uses that: the
 //! state both the pools (built from it) and the sticky placing (which keeps it) read.
 
+use super::side_by_side::CellNodes;
 use super::{GpuRef, PoolKey};
 use crate::api::Mode;
 use crate::planner::changes::{instance_holder, whole_holders};
-use crate::planner::nodes::NodeDesired;
 use std::collections::BTreeMap;
 
 /// How a placing pass uses a pool's current bindings, most sticky first.
@@ -86,7 +86,7 @@ impl Current {
     /// From what the nodes run now: an instance counts when it exists now with the same profile
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs `at` (nobody holds the others).
-    pub fn from_inventory(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
+    pub fn from_inventory(nodes: &CellNodes, at: &[GpuRef]) -> Current {
         // A GPU's planned spec and what runs on it now.
         let gpu = |&(n, g): &GpuRef| {
             let node = &nodes[n as usize];
@@ -122,7 +122,7 @@ impl Current {
     }
 
     /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
-    pub fn from_plan(nodes: &[NodeDesired], at: &[GpuRef]) -> Current {
+    pub fn from_plan(nodes: &CellNodes, at: &[GpuRef]) -> Current {
         let gpus = at
             .iter()
             .map(|&(n, g)| {

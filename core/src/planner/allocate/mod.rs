@@ -15,6 +15,7 @@ mod pools;
 mod report;
 mod scope;
 mod shared;
+mod side_by_side;
 mod sticky;
 
 use super::fairshare::weighted_fair_share;
@@ -30,6 +31,7 @@ use holders::{Current, Placings};
 use pools::Template;
 use report::Placed;
 use scope::Scope;
+use side_by_side::CellNodes;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::{Amounts, Step};
@@ -228,9 +230,9 @@ struct TenantState {
     by_pool: Targets,
 }
 
-struct Allocator<'n, 'a> {
+struct Allocator<'n, 'v, 'a> {
     tenants: &'n [TenantProfile],
-    nodes: &'n mut [NodeDesired<'a>],
+    nodes: &'n mut CellNodes<'v, 'a>,
     /// The cell placed: only its families' pools exist, only its GPUs change.
     scope: &'n Scope,
     pools: BTreeMap<PoolKey, Pool>,
@@ -253,9 +255,11 @@ pub fn allocate(
     match memo {
         None => {
             let cells = cells::cells(tenants, nodes);
-            let parts = cells
-                .iter()
-                .map(|cell| Cow::Owned(allocate_cell(&cell.profiles(tenants), nodes, &cell.scope)))
+            // The cores this process may use (its cgroup's CPU quota counts).
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let parts = side_by_side::place_cells(tenants, nodes, &cells, threads)
+                .into_iter()
+                .map(Cow::Owned)
                 .collect();
             report::merge(tenants, &cells, parts)
         }
@@ -267,7 +271,7 @@ pub fn allocate(
                 if *stale {
                     unbind_kept(nodes, &cell.scope);
                     let profiles = cell.profiles(tenants);
-                    let grants = allocate_cell(&profiles, nodes, &cell.scope);
+                    let grants = allocate_cell(&profiles, &mut CellNodes::all(nodes), &cell.scope);
                     memo.remember(cell, profiles, nodes, grants);
                 } else {
                     memo.recall(cell, nodes);
@@ -298,7 +302,7 @@ fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
 /// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from none
 /// of the cell's bindings, so a unit no pass grants is left to nobody (nodes built anew carry
 /// none; on nodes taken back from the last pass, [`unbind_kept`] has taken them off).
-fn allocate_cell(tenants: &[TenantProfile], nodes: &mut [NodeDesired], scope: &Scope) -> BTreeMap<String, CellGrants> {
+fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope) -> BTreeMap<String, CellGrants> {
     if tenants.is_empty() {
         // Capacity nobody asks for (a MIG profile no tenant requests): every pass would only
         // take the units off their holders, as this does.
@@ -381,7 +385,7 @@ impl CellPasses<'_> {
     /// some amount (shared GPUs: co-location splits them by tier) is placed again with less
     /// stickiness: kept level by level, then as the blind pass placed it. `None`: only the blind
     /// pass's placement gives the amounts (memory limits tie pools together).
-    fn place_from_now(&self, nodes: &mut [NodeDesired], amounts: &Amounts) -> Option<(Placed, Placings)> {
+    fn place_from_now(&self, nodes: &mut CellNodes, amounts: &Amounts) -> Option<(Placed, Placings)> {
         let mut placings = Placings::new();
         loop {
             unbind_cell(nodes, self.scope);
@@ -408,7 +412,7 @@ impl CellPasses<'_> {
     }
 
     /// The blind pass's placement, where no placing from current bindings gives its amounts.
-    fn as_blind(&self, nodes: &mut [NodeDesired]) -> BTreeMap<String, CellGrants> {
+    fn as_blind(&self, nodes: &mut CellNodes) -> BTreeMap<String, CellGrants> {
         unbind_cell(nodes, self.scope);
         let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order).finish();
         placed.grants(self.tenants, nodes)
@@ -416,13 +420,13 @@ impl CellPasses<'_> {
 }
 
 /// The pass that decides how much each tenant gets, blind to what runs now.
-fn blind_pass<'n, 'a>(
+fn blind_pass<'n, 'v, 'a>(
     tenants: &'n [TenantProfile],
-    nodes: &'n mut [NodeDesired<'a>],
+    nodes: &'n mut CellNodes<'v, 'a>,
     scope: &'n Scope,
     template: &Template,
     order: &[usize],
-) -> Allocator<'n, 'a> {
+) -> Allocator<'n, 'v, 'a> {
     let mut blind = Allocator::new(tenants, nodes, scope, template, None);
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         blind.serve_level(level);
@@ -431,17 +435,17 @@ fn blind_pass<'n, 'a>(
 }
 
 /// Takes every tenant of the cell's families off its GPUs: where each of its passes starts.
-fn unbind_cell(nodes: &mut [NodeDesired], scope: &Scope) {
+fn unbind_cell(nodes: &mut CellNodes, scope: &Scope) {
     for &(n, g) in &scope.gpus {
         GpuBindings::unbind(&mut nodes[n as usize].gpus, g as usize, scope);
     }
 }
 
-impl<'n, 'a> Allocator<'n, 'a> {
+impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
     /// An allocator over `nodes`; a placing pass passes the current bindings and how each pool uses them.
     fn new(
         tenants: &'n [TenantProfile],
-        nodes: &'n mut [NodeDesired<'a>],
+        nodes: &'n mut CellNodes<'v, 'a>,
         scope: &'n Scope,
         template: &Template,
         current: Option<(&'n Current, &Placings)>,
@@ -472,7 +476,7 @@ impl<'n, 'a> Allocator<'n, 'a> {
     }
 }
 
-impl Allocator<'_, '_> {
+impl Allocator<'_, '_, '_> {
     fn serve_level(&mut self, level: &[usize]) {
         // 1. Capacity dedicated to a tenant goes to it first.
         for &t in level {

@@ -8,9 +8,9 @@
 
 use super::holders::{Current, Placing, Placings};
 use super::scope::Scope;
+use super::side_by_side::CellNodes;
 use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
-use crate::planner::nodes::NodeDesired;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
 
@@ -79,7 +79,7 @@ impl<'x> Builder<'x> {
 
 impl Template {
     /// The pools of `scope`'s families over its GPUs, as `nodes` lay them out.
-    pub fn of(nodes: &[NodeDesired], scope: &Scope) -> Template {
+    pub fn of(nodes: &CellNodes, scope: &Scope) -> Template {
         let mut b = Builder::default();
         let default_mps = crate::api::MpsSettings::default();
         // The pinned memory limit as MiB, parsed once per distinct value (one per plan group).

@@ -1,9 +1,9 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
 use super::scope::Cell;
+use super::side_by_side::CellNodes;
 use super::{Allocator, CellGrants, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
-use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -23,7 +23,7 @@ struct PlacedTenant {
     shortfalls: Vec<String>,
 }
 
-impl Allocator<'_, '_> {
+impl Allocator<'_, '_, '_> {
     pub(super) fn finish(mut self) -> Placed {
         let mut placed = Vec::with_capacity(self.tenants.len());
         for t in 0..self.tenants.len() {
@@ -99,7 +99,7 @@ impl Allocator<'_, '_> {
 
 impl Placed {
     /// The grants of the pass kept, on the nodes it placed.
-    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &[NodeDesired]) -> BTreeMap<String, CellGrants> {
+    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &CellNodes) -> BTreeMap<String, CellGrants> {
         // Built in one go from the tenants in name order (a cell's order): inserting them one by one
         // searched the map each time, a name comparison at every level.
         let mut out = Vec::with_capacity(tenants.len());

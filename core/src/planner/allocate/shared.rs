@@ -4,7 +4,7 @@
 use super::{Allocator, Family, Pool, PoolKey, Shortfall};
 use crate::api::{CoLocation, Mode};
 
-impl Allocator<'_, '_> {
+impl Allocator<'_, '_, '_> {
     pub(super) fn take_shared(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
         let forbidden = self.tenants[t].co_location == CoLocation::Forbidden;
         let tier = self.tenants[t].tier.clone();

@@ -17,10 +17,10 @@ use super::holders::{Current, Placing, Placings};
 use super::pools::Template;
 use super::report::Placed;
 use super::scope::Scope;
+use super::side_by_side::CellNodes;
 use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
-use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -54,7 +54,7 @@ pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
 #[allow(clippy::too_many_arguments)]
 pub(super) fn place(
     tenants: &[TenantProfile],
-    nodes: &mut [NodeDesired],
+    nodes: &mut CellNodes,
     scope: &Scope,
     template: &Template,
     current: &Current,
@@ -108,7 +108,7 @@ pub(super) fn place(
     Ok(a.finish())
 }
 
-impl Allocator<'_, '_> {
+impl Allocator<'_, '_, '_> {
     /// Whether grants from pool `key` are placed from the current bindings.
     pub(super) fn sticky(&self, key: &PoolKey) -> bool {
         self.placing

@@ -1,0 +1,223 @@
+//! Cells placed side by side: cells that share no node are independent (each changes only the
+//! bindings of its own GPUs, and reads nothing another writes), so a full pass places groups of
+//! them on threads of their own. Within a group the cells keep their order; the result is the
+//! same as one after the other (see the test below), only sooner on a machine with cores to spare.
+
+use super::cells::root;
+use super::scope::Cell;
+use super::{CellGrants, allocate_cell};
+use crate::planner::nodes::NodeDesired;
+use crate::policy::TenantProfile;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::{Index, IndexMut};
+use std::sync::{Mutex, PoisonError};
+
+/// Below this many GPUs in the fleet's cells a thread's start costs more than it saves.
+const MIN_GPUS: usize = 4096;
+
+/// The nodes a cell's passes read and bind, by their position in the fleet: every node, or only
+/// those of the cells one thread places (the others belong to other threads).
+pub(super) struct CellNodes<'v, 'a> {
+    nodes: Vec<Option<&'v mut NodeDesired<'a>>>,
+}
+
+impl<'v, 'a> CellNodes<'v, 'a> {
+    /// Every node of the fleet.
+    pub fn all(nodes: &'v mut [NodeDesired<'a>]) -> Self {
+        CellNodes {
+            nodes: nodes.iter_mut().map(Some).collect(),
+        }
+    }
+}
+
+impl<'a> Index<usize> for CellNodes<'_, 'a> {
+    type Output = NodeDesired<'a>;
+
+    fn index(&self, n: usize) -> &NodeDesired<'a> {
+        // A cell reads only the nodes of its scope, and its thread holds all of them.
+        self.nodes[n].as_deref().expect("a cell reads only its own nodes")
+    }
+}
+
+impl IndexMut<usize> for CellNodes<'_, '_> {
+    fn index_mut(&mut self, n: usize) -> &mut Self::Output {
+        self.nodes[n]
+            .as_deref_mut()
+            .expect("a cell binds only on its own nodes")
+    }
+}
+
+/// Every cell's grants, in cell order, placed on up to `threads` threads.
+pub(super) fn place_cells(
+    tenants: &[TenantProfile],
+    nodes: &mut [NodeDesired],
+    cells: &[Cell],
+    threads: usize,
+) -> Vec<BTreeMap<String, CellGrants>> {
+    let groups = groups(cells, nodes.len());
+    // What a cell costs grows with its GPUs; a cell no tenant asks for costs next to nothing.
+    let weight = |group: &[usize]| -> usize {
+        group
+            .iter()
+            .filter(|&&c| !cells[c].tenants.is_empty())
+            .map(|&c| cells[c].scope.gpus.len())
+            .sum()
+    };
+    let busy = groups.iter().filter(|g| weight(g) > 0).count();
+    let threads = threads.min(busy);
+    if threads < 2 || groups.iter().map(|g| weight(g)).sum::<usize>() < MIN_GPUS {
+        let mut all = CellNodes::all(nodes);
+        return cells
+            .iter()
+            .map(|c| allocate_cell(&c.profiles(tenants), &mut all, &c.scope))
+            .collect();
+    }
+    // Each group gets the nodes its cells hold.
+    let mut group_of_node: Vec<Option<usize>> = vec![None; nodes.len()];
+    for (g, group) in groups.iter().enumerate() {
+        for &c in group {
+            for &(n, _) in &cells[c].scope.gpus {
+                group_of_node[n as usize] = Some(g);
+            }
+        }
+    }
+    let mut views: Vec<CellNodes> = groups
+        .iter()
+        .map(|_| CellNodes {
+            nodes: (0..nodes.len()).map(|_| None).collect(),
+        })
+        .collect();
+    for (n, node) in nodes.iter_mut().enumerate() {
+        if let Some(g) = group_of_node[n] {
+            views[g].nodes[n] = Some(node);
+        }
+    }
+    // The heaviest groups first; a thread that is done takes the next, so a group whose weight
+    // misjudges its cost delays no other.
+    let mut queue: Vec<(Vec<usize>, CellNodes)> = groups.into_iter().zip(views).collect();
+    queue.sort_by_key(|(g, _)| std::cmp::Reverse(weight(g)));
+    let queue = Mutex::new(VecDeque::from(queue));
+    let next = || queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+    let placed: Vec<Vec<(usize, BTreeMap<String, CellGrants>)>> = std::thread::scope(|s| {
+        let running: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = vec![];
+                    while let Some((group, mut view)) = next() {
+                        for c in group {
+                            done.push((
+                                c,
+                                allocate_cell(&cells[c].profiles(tenants), &mut view, &cells[c].scope),
+                            ));
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    let mut out: Vec<BTreeMap<String, CellGrants>> = (0..cells.len()).map(|_| BTreeMap::new()).collect();
+    for (c, grants) in placed.into_iter().flatten() {
+        out[c] = grants;
+    }
+    out
+}
+
+/// The cells in groups that share no node, each group's cells in cell order; the groups in the
+/// order of their first cell.
+fn groups(cells: &[Cell], nodes: usize) -> Vec<Vec<usize>> {
+    let mut parent: Vec<usize> = (0..cells.len()).collect();
+    let mut first_cell: Vec<Option<usize>> = vec![None; nodes];
+    for (c, cell) in cells.iter().enumerate() {
+        for &(n, _) in &cell.scope.gpus {
+            match first_cell[n as usize] {
+                None => first_cell[n as usize] = Some(c),
+                Some(other) => {
+                    let (a, b) = (root(&mut parent, other), root(&mut parent, c));
+                    parent[a.max(b)] = a.min(b);
+                }
+            }
+        }
+    }
+    let mut by_root: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for c in 0..cells.len() {
+        by_root.entry(root(&mut parent, c)).or_default().push(c);
+    }
+    by_root.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{GpuPartitionPlan, GpuTenant, Mode};
+    use crate::planner::allocate::cells::cells;
+    use crate::planner::fixtures::*;
+    use crate::planner::nodes::build_fleet;
+    use crate::policy::{check_plan, check_tenants, models_of_selected_nodes};
+    use kube::ResourceExt;
+
+    /// A fleet of three pools (MIG, MPS, exclusive) on nodes of their own: several groups of
+    /// cells, more GPUs than [`MIN_GPUS`], tenants asking for all three, some more than there is.
+    #[test]
+    fn side_by_side_places_as_one_after_the_other() {
+        let policies = [policy()];
+        let tenants: Vec<GpuTenant> = (0..90)
+            .map(|i| {
+                TenantBuilder::new(&format!("t{i:02}"), ["internal", "experimental"][i % 2])
+                    .priority((i % 3) as i32)
+                    .mig("1g.10gb", 20 + i as u32 % 7)
+                    .mig("3g.40gb", 3)
+                    .want(Mode::Mps, 9)
+                    .want(Mode::Exclusive, 1 + i as u32 % 5)
+                    .build()
+            })
+            .collect();
+        let plans = [
+            plan_for(
+                "mig",
+                "mig",
+                vec![mig_group(
+                    "all",
+                    &["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"],
+                )],
+            ),
+            plan_for("mps", "mps", vec![group("all", Mode::Mps)]),
+            plan_for("exclusive", "exclusive", vec![group("all", Mode::Exclusive)]),
+        ];
+        let inventory: Vec<_> = (0..600)
+            .map(|i| {
+                let (pool, model) = [("mig", "H100-80GB"), ("mps", "A100-40GB"), ("exclusive", "H200")][i % 3];
+                node(&format!("n{i:03}"), pool, model, 8, true)
+            })
+            .collect();
+        let check = check_tenants(&policies, &tenants, &Default::default());
+        assert_eq!(check.valid.len(), tenants.len(), "{:?}", check.invalid);
+        let names = tenants.iter().map(|t| t.name_any()).collect();
+        let plan_refs: Vec<&GpuPartitionPlan> = plans.iter().collect();
+        let checks: Vec<_> = plan_refs
+            .iter()
+            .map(|p| check_plan(p, &names, &models_of_selected_nodes(p, &inventory)))
+            .collect();
+        let placed = |threads: usize| {
+            let mut fleet = build_fleet(&inventory, &plan_refs, &checks, None);
+            let cells = cells(&check.valid, &fleet.nodes);
+            let grants = place_cells(&check.valid, &mut fleet.nodes, &cells, threads);
+            let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
+            (groups(&cells, fleet.nodes.len()).len(), grants, specs)
+        };
+        let (groups, one_grants, one_specs) = placed(1);
+        let (_, two_grants, two_specs) = placed(2);
+        assert!(
+            groups >= 3,
+            "{groups} groups: the fleet must give the threads work to share"
+        );
+        assert!(one_grants.iter().map(|g| g.len()).sum::<usize>() > 0);
+        assert!(one_specs.iter().flat_map(|g| g.iter()).any(|g| !g.tenants.is_empty()));
+        assert_eq!(one_grants, two_grants);
+        assert_eq!(one_specs, two_specs);
+    }
+}
