@@ -1,7 +1,7 @@
 //! Who holds each unit of a cell's planned layout now, and how a placing pass uses that: the
 //! state both the pools (built from it) and the sticky placing (which keeps it) read.
 
-use super::side_by_side::CellNodes;
+use super::cell_nodes::CellNodes;
 use super::{GpuRef, PoolKey};
 use crate::api::Mode;
 use crate::planner::changes::{instance_holder, whole_holders};

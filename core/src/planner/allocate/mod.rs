@@ -8,6 +8,7 @@
 //! it holds unless the inputs force a move (DESIGN.md §4, invariant 4). Every loop walks capacity
 //! in node-name, GPU and placement order, so the result is deterministic.
 
+mod cell_nodes;
 mod cells;
 mod exclusive;
 mod holders;
@@ -23,6 +24,7 @@ use super::nodes::NodeDesired;
 use crate::api::{AllocationSummary, Grant, Grants, Mode};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
+use cell_nodes::CellNodes;
 pub use cells::AllocationMemo;
 use cells::GpuBindings;
 use exclusive::{Domain, ExclusivePool};
@@ -31,7 +33,6 @@ use holders::{Current, Placings};
 use pools::Template;
 use report::Placed;
 use scope::Scope;
-use side_by_side::CellNodes;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::{Amounts, Step};
@@ -257,10 +258,12 @@ pub fn allocate(
             let cells = cells::cells(tenants, nodes);
             // The cores this process may use (its cgroup's CPU quota counts).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let parts = side_by_side::place_cells(tenants, nodes, &cells, threads)
-                .into_iter()
-                .map(Cow::Owned)
-                .collect();
+            let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
+                allocate_cell(&c.profiles(tenants), nodes, &c.scope)
+            })
+            .into_iter()
+            .map(Cow::Owned)
+            .collect();
             report::merge(tenants, &cells, parts)
         }
         Some(memo) => {

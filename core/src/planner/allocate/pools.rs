@@ -6,9 +6,9 @@
 //! bindings), over the same layouts: the pools are made from the nodes once per cell
 //! ([`Template`]) and each pass takes a copy, with the holders of its own current bindings.
 
+use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
 use super::scope::Scope;
-use super::side_by_side::CellNodes;
 use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
 use crate::api::{Mode, quantity_to_mib};
 use foldhash::{HashMap, HashMapExt};

@@ -1,7 +1,7 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
+use super::cell_nodes::CellNodes;
 use super::scope::Cell;
-use super::side_by_side::CellNodes;
 use super::{Allocator, CellGrants, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::policy::TenantProfile;

@@ -3,57 +3,23 @@
 //! them on threads of their own. Within a group the cells keep their order; the result is the
 //! same as one after the other (see the test below), only sooner on a machine with cores to spare.
 
+use super::cell_nodes::CellNodes;
 use super::cells::root;
 use super::scope::Cell;
-use super::{CellGrants, allocate_cell};
 use crate::planner::nodes::NodeDesired;
-use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::{Index, IndexMut};
 use std::sync::{Mutex, PoisonError};
 
 /// Below this many GPUs in the fleet's cells a thread's start costs more than it saves.
 const MIN_GPUS: usize = 4096;
 
-/// The nodes a cell's passes read and bind, by their position in the fleet: every node, or only
-/// those of the cells one thread places (the others belong to other threads).
-pub(super) struct CellNodes<'v, 'a> {
-    nodes: Vec<Option<&'v mut NodeDesired<'a>>>,
-}
-
-impl<'v, 'a> CellNodes<'v, 'a> {
-    /// Every node of the fleet.
-    pub fn all(nodes: &'v mut [NodeDesired<'a>]) -> Self {
-        CellNodes {
-            nodes: nodes.iter_mut().map(Some).collect(),
-        }
-    }
-}
-
-impl<'a> Index<usize> for CellNodes<'_, 'a> {
-    type Output = NodeDesired<'a>;
-
-    fn index(&self, n: usize) -> &NodeDesired<'a> {
-        // A cell reads only the nodes of its scope, and its thread holds all of them.
-        self.nodes[n].as_deref().expect("a cell reads only its own nodes")
-    }
-}
-
-impl IndexMut<usize> for CellNodes<'_, '_> {
-    fn index_mut(&mut self, n: usize) -> &mut Self::Output {
-        self.nodes[n]
-            .as_deref_mut()
-            .expect("a cell binds only on its own nodes")
-    }
-}
-
-/// Every cell's grants, in cell order, placed on up to `threads` threads.
-pub(super) fn place_cells(
-    tenants: &[TenantProfile],
+/// `place` of every cell, in cell order, on up to `threads` threads.
+pub(super) fn place_cells<R: Send>(
     nodes: &mut [NodeDesired],
     cells: &[Cell],
     threads: usize,
-) -> Vec<BTreeMap<String, CellGrants>> {
+    place: impl Fn(&Cell, &mut CellNodes) -> R + Sync,
+) -> Vec<R> {
     let groups = groups(cells, nodes.len());
     // What a cell costs grows with its GPUs; a cell no tenant asks for costs next to nothing.
     let weight = |group: &[usize]| -> usize {
@@ -67,10 +33,7 @@ pub(super) fn place_cells(
     let threads = threads.min(busy);
     if threads < 2 || groups.iter().map(|g| weight(g)).sum::<usize>() < MIN_GPUS {
         let mut all = CellNodes::all(nodes);
-        return cells
-            .iter()
-            .map(|c| allocate_cell(&c.profiles(tenants), &mut all, &c.scope))
-            .collect();
+        return cells.iter().map(|c| place(c, &mut all)).collect();
     }
     // Each group gets the nodes its cells hold.
     let mut group_of_node: Vec<Option<usize>> = vec![None; nodes.len()];
@@ -81,15 +44,11 @@ pub(super) fn place_cells(
             }
         }
     }
-    let mut views: Vec<CellNodes> = groups
-        .iter()
-        .map(|_| CellNodes {
-            nodes: (0..nodes.len()).map(|_| None).collect(),
-        })
-        .collect();
+    let len = nodes.len();
+    let mut views: Vec<CellNodes> = groups.iter().map(|_| CellNodes::none(len)).collect();
     for (n, node) in nodes.iter_mut().enumerate() {
         if let Some(g) = group_of_node[n] {
-            views[g].nodes[n] = Some(node);
+            views[g].hold(n, node);
         }
     }
     // The heaviest groups first; a thread that is done takes the next, so a group whose weight
@@ -98,17 +57,14 @@ pub(super) fn place_cells(
     queue.sort_by_key(|(g, _)| std::cmp::Reverse(weight(g)));
     let queue = Mutex::new(VecDeque::from(queue));
     let next = || queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
-    let placed: Vec<Vec<(usize, BTreeMap<String, CellGrants>)>> = std::thread::scope(|s| {
+    let placed: Vec<Vec<(usize, R)>> = std::thread::scope(|s| {
         let running: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
                     let mut done = vec![];
                     while let Some((group, mut view)) = next() {
                         for c in group {
-                            done.push((
-                                c,
-                                allocate_cell(&cells[c].profiles(tenants), &mut view, &cells[c].scope),
-                            ));
+                            done.push((c, place(&cells[c], &mut view)));
                         }
                     }
                     done
@@ -120,11 +76,9 @@ pub(super) fn place_cells(
             .map(|r| r.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect()
     });
-    let mut out: Vec<BTreeMap<String, CellGrants>> = (0..cells.len()).map(|_| BTreeMap::new()).collect();
-    for (c, grants) in placed.into_iter().flatten() {
-        out[c] = grants;
-    }
-    out
+    let mut placed: Vec<(usize, R)> = placed.into_iter().flatten().collect();
+    placed.sort_by_key(|(c, _)| *c);
+    placed.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The cells in groups that share no node, each group's cells in cell order; the groups in the
@@ -154,6 +108,7 @@ fn groups(cells: &[Cell], nodes: usize) -> Vec<Vec<usize>> {
 mod tests {
     use super::*;
     use crate::api::{GpuPartitionPlan, GpuTenant, Mode};
+    use crate::planner::allocate::allocate_cell;
     use crate::planner::allocate::cells::cells;
     use crate::planner::fixtures::*;
     use crate::planner::nodes::build_fleet;
@@ -205,7 +160,9 @@ mod tests {
         let placed = |threads: usize| {
             let mut fleet = build_fleet(&inventory, &plan_refs, &checks, None);
             let cells = cells(&check.valid, &fleet.nodes);
-            let grants = place_cells(&check.valid, &mut fleet.nodes, &cells, threads);
+            let grants = place_cells(&mut fleet.nodes, &cells, threads, |c, nodes| {
+                allocate_cell(&c.profiles(&check.valid), nodes, &c.scope)
+            });
             let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
             (groups(&cells, fleet.nodes.len()).len(), grants, specs)
         };

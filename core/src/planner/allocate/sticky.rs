@@ -13,11 +13,11 @@
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
+use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
 use super::pools::Template;
 use super::report::Placed;
 use super::scope::Scope;
-use super::side_by_side::CellNodes;
 use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
