@@ -36,7 +36,7 @@ impl<'a> Index<usize> for CellNodes<'_, 'a> {
     type Output = NodeDesired<'a>;
 
     fn index(&self, n: usize) -> &NodeDesired<'a> {
-        // A cell reads only the nodes of its scope, and its thread holds all of them.
+        // A cell reads only the nodes of its scope, and its view holds all of them.
         self.nodes[n].as_deref().expect("a cell reads only its own nodes")
     }
 }

@@ -157,23 +157,37 @@ mod tests {
             .iter()
             .map(|p| check_plan(p, &names, &models_of_selected_nodes(p, &inventory)))
             .collect();
+        let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
         let placed = |threads: usize| {
             let mut fleet = build_fleet(&inventory, &plan_refs, &checks, None);
             let cells = cells(&check.valid, &fleet.nodes);
+            ran_on.lock().unwrap().clear();
             let grants = place_cells(&mut fleet.nodes, &cells, threads, |c, nodes| {
+                ran_on
+                    .lock()
+                    .unwrap()
+                    .insert(format!("{:?}", std::thread::current().id()));
                 allocate_cell(&c.profiles(&check.valid), nodes, &c.scope)
             });
             let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
-            (groups(&cells, fleet.nodes.len()).len(), grants, specs)
+            let on_gpus = groups(&cells, fleet.nodes.len())
+                .iter()
+                .filter(|g| g.iter().any(|&c| !cells[c].scope.gpus.is_empty()))
+                .count();
+            (on_gpus, grants, specs)
         };
-        let (groups, one_grants, one_specs) = placed(1);
+        let (on_gpus, one_grants, one_specs) = placed(1);
+        let one_thread = ran_on.lock().unwrap().clone();
         let (_, two_grants, two_specs) = placed(2);
-        assert!(
-            groups >= 3,
-            "{groups} groups: the fleet must give the threads work to share"
-        );
-        assert!(one_grants.iter().map(|g| g.len()).sum::<usize>() > 0);
-        assert!(one_specs.iter().flat_map(|g| g.iter()).any(|g| !g.tenants.is_empty()));
+        let two_threads = ran_on.lock().unwrap().clone();
+        assert_eq!(one_thread.len(), 1);
+        assert_eq!(two_threads.len(), 2, "the cells ran on {two_threads:?}");
+        // Three groups hold GPUs (MIG, MPS, exclusive), and every kind is bound somewhere.
+        assert_eq!(on_gpus, 3);
+        let gpus = || one_specs.iter().flat_map(|g| g.iter());
+        assert!(gpus().any(|g| g.mode == Mode::Mps && !g.shares.is_empty()));
+        assert!(gpus().any(|g| g.mode == Mode::Exclusive && !g.tenants.is_empty()));
+        assert!(gpus().flat_map(|g| &g.mig_instances).any(|i| i.tenant.is_some()));
         assert_eq!(one_grants, two_grants);
         assert_eq!(one_specs, two_specs);
     }
