@@ -4,81 +4,13 @@
 //! A pool holds every NUMA domain of its kind across the fleet (100,000 at 50,000 nodes), so no
 //! grant may look at every domain: the pool keeps its domains indexed by free GPU count and by
 //! the tenants that took from them, and a grant looks only at the counts (a handful) and at its
-//! own tenant's domains. The choices are those of a scan in (count, domain) order.
+//! own tenant's domains ([`super::pools::ExclusivePool`]). The choices are those of a scan in
+//! (count, domain) order.
 
-use super::{Allocator, Pool, PoolKey, Shortfall};
+use super::allocator::Allocator;
+use super::pools::Pool;
+use super::units::{PoolKey, Shortfall};
 use crate::api::{Mode, TopologyPolicy};
-use foldhash::HashMap;
-use std::collections::{BTreeMap, BTreeSet};
-
-pub(super) struct Domain {
-    pub node: u32,
-    /// GPU positions still free (nobody holds them now first, when placing from current bindings).
-    pub free: Vec<u32>,
-}
-
-/// The exclusive GPUs of one pool, by NUMA domain, with the indexes a grant picks from.
-#[derive(Default)]
-pub(super) struct ExclusivePool {
-    domains: Vec<Domain>,
-    /// `by_free[c]`: the domains with `c` free GPUs, in domain order.
-    by_free: Vec<BTreeSet<usize>>,
-    /// Per tenant, the domains it took GPUs from and how many, so its later GPUs join its first.
-    by_user: HashMap<usize, BTreeMap<usize, usize>>,
-    free_gpus: u64,
-}
-
-impl ExclusivePool {
-    pub fn len(&self) -> usize {
-        self.domains.len()
-    }
-
-    pub fn domain(&self, d: usize) -> &Domain {
-        &self.domains[d]
-    }
-
-    pub fn free_gpus(&self) -> u64 {
-        self.free_gpus
-    }
-
-    pub fn push(&mut self, domain: Domain) {
-        let d = self.domains.len();
-        self.file(d, domain.free.len());
-        self.free_gpus += domain.free.len() as u64;
-        self.domains.push(domain);
-    }
-
-    fn file(&mut self, d: usize, free: usize) {
-        if self.by_free.len() <= free {
-            self.by_free.resize_with(free + 1, BTreeSet::new);
-        }
-        self.by_free[free].insert(d);
-    }
-
-    /// GPU `gpu` of domain `d` goes to tenant `t`.
-    fn take(&mut self, d: usize, gpu: u32, t: usize) {
-        let before = self.domains[d].free.len();
-        self.domains[d].free.retain(|&g| g != gpu);
-        let after = self.domains[d].free.len();
-        if after == before {
-            return;
-        }
-        self.by_free[before].remove(&d);
-        self.file(d, after);
-        self.free_gpus -= 1;
-        *self.by_user.entry(t).or_default().entry(d).or_default() += 1;
-    }
-
-    /// Domains with at least `min` free GPUs, fewest free first (then domain order).
-    fn fullest_first(&self, min: usize) -> impl Iterator<Item = usize> + '_ {
-        self.by_free.iter().skip(min.max(1)).flat_map(|set| set.iter().copied())
-    }
-
-    /// Domains with free GPUs, most free first (then domain order).
-    fn emptiest_first(&self) -> impl Iterator<Item = usize> + '_ {
-        self.by_free.iter().skip(1).rev().flat_map(|set| set.iter().copied())
-    }
-}
 
 impl Allocator<'_, '_, '_> {
     pub(super) fn take_exclusive(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
@@ -114,8 +46,7 @@ impl Allocator<'_, '_, '_> {
         // Placing from current bindings: GPUs added to a grant join the domain of those it kept.
         if self.sticky(key) && topology != TopologyPolicy::Ignore {
             let mut mine: Vec<(usize, usize)> = pool
-                .by_user
-                .get(&t)
+                .taken_by(t)
                 .map(|m| m.iter().map(|(&d, &c)| (c, d)).collect())
                 .unwrap_or_default();
             mine.sort_by_key(|&(c, d)| (std::cmp::Reverse(c), d));

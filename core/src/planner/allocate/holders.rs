@@ -2,7 +2,7 @@
 //! state both the pools (built from it) and the sticky placing (which keeps it) read.
 
 use super::cell_nodes::CellNodes;
-use super::{GpuRef, PoolKey};
+use super::units::{GpuRef, PoolKey};
 use crate::api::Mode;
 use crate::planner::changes::{instance_holder, whole_holders};
 use std::collections::BTreeMap;

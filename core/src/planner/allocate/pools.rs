@@ -9,10 +9,10 @@
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
 use super::scope::Scope;
-use super::{Domain, ExclusivePool, Family, MigPool, Pool, PoolKey, SharedGpu};
+use super::units::{Family, GpuRef, PoolKey};
 use crate::api::{Mode, quantity_to_mib};
 use foldhash::{HashMap, HashMapExt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Per pool placed from the current bindings, the units each tenant holds now, by its name as
 /// [`Current`] holds it.
@@ -267,5 +267,161 @@ impl Template {
             pools.insert(key.clone(), pool);
         }
         (pools, held)
+    }
+}
+
+pub(super) struct MigPool {
+    /// (GPU, instance position in its spec).
+    pub(super) slots: Vec<(GpuRef, u32)>,
+    /// Memory of one instance for the tenants' memory limits: as the driver reports the profile
+    /// (GpuNode status), else from the model's table (never above the GPU's memory), else the
+    /// profile name's nominal size; the largest over the pool's GPUs, so a limit is never exceeded.
+    pub(super) unit_mib: u64,
+    /// Slot indices in the order grants use them: plan order, and when placing from the current
+    /// bindings, instances nobody holds now first.
+    pub(super) order: Vec<usize>,
+    pub(super) taken: Vec<bool>,
+    /// Entries of `order` before this one are all taken.
+    pub(super) next: usize,
+    pub(super) free: usize,
+}
+
+#[derive(Clone)]
+pub(super) struct SharedGpu {
+    pub(super) at: GpuRef,
+    /// maxClients or replicas of the plan.
+    pub(super) setting: u32,
+    pub(super) memory_mib: u64,
+    pub(super) pinned_mib: Option<u64>,
+    /// Shares this GPU offers, fixed by its first tenant's policy (memory headroom).
+    pub(super) capacity: Option<u32>,
+    pub(super) used: u32,
+    pub(super) tier: Option<String>,
+    /// Taken by a `coLocation: Forbidden` tenant: nobody else may join.
+    pub(super) locked: bool,
+}
+
+pub(super) enum Pool {
+    Mig(MigPool),
+    Exclusive(ExclusivePool),
+    Shared {
+        gpus: Vec<SharedGpu>,
+        /// GPUs before this index are all in use.
+        next_empty: usize,
+        /// In-use GPUs with free shares, by the tier using them.
+        partial: HashMap<String, Vec<usize>>,
+    },
+}
+
+impl Pool {
+    /// Units still free, for the fair-share split (shared GPUs count at their nominal setting).
+    /// Units still free for claimants whose policies keep `headroom_percent` of an MPS GPU's memory.
+    pub(super) fn free(&self, family: &Family, headroom_percent: u32) -> u64 {
+        match self {
+            Pool::Mig(p) => p.free as u64,
+            Pool::Exclusive(p) => p.free_gpus(),
+            Pool::Shared { gpus, .. } => gpus
+                .iter()
+                .filter(|g| !g.locked)
+                .map(|g| {
+                    let capacity = g.capacity.unwrap_or_else(|| g.capacity_under(family, headroom_percent));
+                    u64::from(capacity.saturating_sub(g.used))
+                })
+                .sum(),
+        }
+    }
+}
+
+impl SharedGpu {
+    /// Memory one share stands for: an MPS client is pinned to memory / maxClients by the device
+    /// plugin's daemon (the plan's pinnedMemoryLimit may only repeat that value); a time-sliced
+    /// share is bookkeeping only (nothing bounds a process's memory there).
+    pub(super) fn share_mib(&self) -> u64 {
+        self.pinned_mib
+            .unwrap_or(self.memory_mib / u64::from(self.setting.max(1)))
+    }
+
+    /// Shares the GPU offers under a policy keeping `headroom_percent` of its memory: an MPS GPU
+    /// only the clients whose pinned memory fits in the rest; a time-sliced GPU its replicas.
+    pub(super) fn capacity_under(&self, family: &Family, headroom_percent: u32) -> u32 {
+        let usable = self.memory_mib * u64::from(100 - headroom_percent.min(100)) / 100;
+        match family {
+            Family::Shared(Mode::Mps) if self.share_mib() > 0 => self.setting.min((usable / self.share_mib()) as u32),
+            _ => self.setting,
+        }
+    }
+}
+
+pub(super) struct Domain {
+    pub(super) node: u32,
+    /// GPU positions still free (nobody holds them now first, when placing from current bindings).
+    pub(super) free: Vec<u32>,
+}
+
+/// The exclusive GPUs of one pool, by NUMA domain, with the indexes a grant picks from.
+#[derive(Default)]
+pub(super) struct ExclusivePool {
+    domains: Vec<Domain>,
+    /// `by_free[c]`: the domains with `c` free GPUs, in domain order.
+    by_free: Vec<BTreeSet<usize>>,
+    /// Per tenant, the domains it took GPUs from and how many, so its later GPUs join its first.
+    by_user: HashMap<usize, BTreeMap<usize, usize>>,
+    free_gpus: u64,
+}
+
+impl ExclusivePool {
+    pub(super) fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    pub(super) fn domain(&self, d: usize) -> &Domain {
+        &self.domains[d]
+    }
+
+    pub(super) fn free_gpus(&self) -> u64 {
+        self.free_gpus
+    }
+
+    /// The domains tenant `t` took GPUs from, and how many from each.
+    pub(super) fn taken_by(&self, t: usize) -> Option<&BTreeMap<usize, usize>> {
+        self.by_user.get(&t)
+    }
+
+    pub(super) fn push(&mut self, domain: Domain) {
+        let d = self.domains.len();
+        self.file(d, domain.free.len());
+        self.free_gpus += domain.free.len() as u64;
+        self.domains.push(domain);
+    }
+
+    pub(super) fn file(&mut self, d: usize, free: usize) {
+        if self.by_free.len() <= free {
+            self.by_free.resize_with(free + 1, BTreeSet::new);
+        }
+        self.by_free[free].insert(d);
+    }
+
+    /// GPU `gpu` of domain `d` goes to tenant `t`.
+    pub(super) fn take(&mut self, d: usize, gpu: u32, t: usize) {
+        let before = self.domains[d].free.len();
+        self.domains[d].free.retain(|&g| g != gpu);
+        let after = self.domains[d].free.len();
+        if after == before {
+            return;
+        }
+        self.by_free[before].remove(&d);
+        self.file(d, after);
+        self.free_gpus -= 1;
+        *self.by_user.entry(t).or_default().entry(d).or_default() += 1;
+    }
+
+    /// Domains with at least `min` free GPUs, fewest free first (then domain order).
+    pub(super) fn fullest_first(&self, min: usize) -> impl Iterator<Item = usize> + '_ {
+        self.by_free.iter().skip(min.max(1)).flat_map(|set| set.iter().copied())
+    }
+
+    /// Domains with free GPUs, most free first (then domain order).
+    pub(super) fn emptiest_first(&self) -> impl Iterator<Item = usize> + '_ {
+        self.by_free.iter().skip(1).rev().flat_map(|set| set.iter().copied())
     }
 }

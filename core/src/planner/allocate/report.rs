@@ -1,8 +1,10 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
+use super::allocator::Allocator;
 use super::cell_nodes::CellNodes;
+use super::pools::Pool;
 use super::scope::Cell;
-use super::{Allocator, CellGrants, Family, GpuRef, Pool, Shortfall, TenantGrants, Unit};
+use super::units::{CellGrants, Family, GpuRef, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::policy::TenantProfile;
 use std::borrow::Cow;

@@ -2,7 +2,7 @@
 //! capacity, and its tenants' requests. Its own module because the cells, their placing and
 //! their report all read it.
 
-use super::{Family, GpuRef};
+use super::units::{Family, GpuRef};
 use crate::policy::TenantProfile;
 use std::collections::BTreeSet;
 

@@ -1,7 +1,9 @@
 //! Shared GPUs (MPS, time-slicing): which GPU's shares a tenant takes, under its tier's
 //! co-location rule, its policy's caps and the memory headroom.
 
-use super::{Allocator, Family, Pool, PoolKey, Shortfall};
+use super::allocator::Allocator;
+use super::pools::Pool;
+use super::units::{Family, PoolKey, Shortfall};
 use crate::api::{CoLocation, Mode};
 
 impl Allocator<'_, '_, '_> {

@@ -13,26 +13,18 @@
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
 
+use super::allocator::{Allocator, Step};
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
+use super::pools::Pool;
 use super::pools::Template;
 use super::report::Placed;
 use super::scope::Scope;
-use super::{Allocator, Family, Pool, PoolKey, Reasons, Targets};
+use super::units::{Family, PoolKey, Reasons, Targets};
 use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-
-/// One grant of the blind pass: tenant, request, pool, units asked and received.
-#[derive(Clone, Debug)]
-pub(super) struct Step {
-    pub t: usize,
-    pub r: usize,
-    pub key: PoolKey,
-    pub asked: u32,
-    pub units: u32,
-}
 
 /// What the blind pass decided.
 pub(super) struct Amounts {
@@ -109,6 +101,22 @@ pub(super) fn place(
 }
 
 impl Allocator<'_, '_, '_> {
+    /// What this pass decided, for the placing pass.
+    pub(super) fn into_amounts(mut self) -> Amounts {
+        let shared_gpus = self
+            .pools
+            .keys()
+            .filter(|k| matches!(k.0, Family::Shared(_)))
+            .map(|k| (k.clone(), self.gpu_users(k)))
+            .collect();
+        Amounts {
+            targets: self.state.iter_mut().map(|s| std::mem::take(&mut s.by_pool)).collect(),
+            log: std::mem::take(&mut self.log),
+            why: self.state.iter_mut().map(|s| std::mem::take(&mut s.why)).collect(),
+            shared_gpus,
+        }
+    }
+
     /// Whether grants from pool `key` are placed from the current bindings.
     pub(super) fn sticky(&self, key: &PoolKey) -> bool {
         self.placing

@@ -1,0 +1,286 @@
+//! One pass of the allocator over a cell's pools: the tenants of a priority level served in turn
+//! (capacity dedicated to them, then open capacity by weighted fair share, then what rules kept
+//! from some to the others), each grant bound on the cell's GPUs, counted and logged. How a grant
+//! picks its units is the pools' own: MIG instances here, exclusive GPUs in [`super::exclusive`],
+//! shares in [`super::shared`]; [`super::sticky`] replays a pass's log from what runs now.
+
+use super::cell_nodes::CellNodes;
+use super::holders::{Current, Placings};
+use super::pools::{Held, Pool, Template};
+use super::scope::Scope;
+use super::units::{Family, GpuRef, PoolKey, Shortfall, Targets, Unit};
+use crate::api::Mode;
+use crate::mig::nominal_memory_mib;
+use crate::planner::fairshare::weighted_fair_share;
+use crate::policy::TenantProfile;
+use std::collections::BTreeMap;
+
+/// One grant of the blind pass: tenant, request, pool, units asked and received.
+#[derive(Clone, Debug)]
+pub(super) struct Step {
+    pub t: usize,
+    pub r: usize,
+    pub key: PoolKey,
+    pub asked: u32,
+    pub units: u32,
+}
+
+pub(super) struct TenantState {
+    pub(super) remaining: Vec<u32>,
+    pub(super) granted: Vec<u32>,
+    pub(super) memory_mib: u64,
+    /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
+    pub(super) units: Vec<Unit>,
+    /// Shares per shared GPU, merged into one grant each at the end.
+    pub(super) shares: BTreeMap<(Family, Vec<String>, usize), u32>,
+    /// Per request: the reason it is short, if it is.
+    pub(super) why: Vec<Option<Shortfall>>,
+    /// Units received per (request, pool).
+    pub(super) by_pool: Targets,
+}
+
+pub(super) struct Allocator<'n, 'v, 'a> {
+    pub(super) tenants: &'n [TenantProfile],
+    pub(super) nodes: &'n mut CellNodes<'v, 'a>,
+    /// The cell placed: only its families' pools exist, only its GPUs change.
+    pub(super) scope: &'n Scope,
+    pub(super) pools: BTreeMap<PoolKey, Pool>,
+    pub(super) state: Vec<TenantState>,
+    /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
+    pub(super) placing: Option<Placings>,
+    /// Per pool, the units each tenant holds now: (MIG slot or shared GPU, 0), or exclusive (domain, GPU position).
+    pub(super) held: Held<'n>,
+    /// Every grant in the order it was made: the blind pass's log is replayed by the placing pass.
+    pub(super) log: Vec<Step>,
+}
+
+impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
+    /// An allocator over `nodes`; a placing pass passes the current bindings and how each pool uses them.
+    pub(super) fn new(
+        tenants: &'n [TenantProfile],
+        nodes: &'n mut CellNodes<'v, 'a>,
+        scope: &'n Scope,
+        template: &Template,
+        current: Option<(&'n Current, &Placings)>,
+    ) -> Self {
+        let (pools, held) = template.pools(current);
+        let state = tenants
+            .iter()
+            .map(|t| TenantState {
+                remaining: t.requests.iter().map(|r| r.count).collect(),
+                granted: vec![0; t.requests.len()],
+                memory_mib: 0,
+                units: vec![],
+                shares: BTreeMap::new(),
+                why: vec![None; t.requests.len()],
+                by_pool: BTreeMap::new(),
+            })
+            .collect();
+        Allocator {
+            tenants,
+            nodes,
+            scope,
+            pools,
+            state,
+            placing: current.map(|(_, p)| p.clone()),
+            held,
+            log: vec![],
+        }
+    }
+}
+
+impl Allocator<'_, '_, '_> {
+    pub(super) fn serve_level(&mut self, level: &[usize]) {
+        // 1. Capacity dedicated to a tenant goes to it first.
+        for &t in level {
+            for r in 0..self.tenants[t].requests.len() {
+                let want = self.state[t].remaining[r];
+                self.take(t, r, want, true);
+            }
+        }
+        // 2. Open capacity: weighted fair share per kind of capacity.
+        let mut families: BTreeMap<Family, Vec<(usize, usize)>> = BTreeMap::new();
+        for &t in level {
+            for (r, req) in self.tenants[t].requests.iter().enumerate() {
+                families
+                    .entry(Family::of(req.mode, req.profile.as_deref()))
+                    .or_default()
+                    .push((t, r));
+            }
+        }
+        for (family, claims) in &families {
+            // The strictest headroom among the claimants: never promise shares a GPU cannot give.
+            let headroom = claims
+                .iter()
+                .map(|&(t, _)| self.tenants[t].headroom_percent)
+                .max()
+                .unwrap_or(0);
+            let available: u64 = self
+                .pools
+                .iter()
+                .filter(|((f, d), _)| f == family && d.is_empty())
+                .map(|(_, p)| p.free(family, headroom))
+                .sum();
+            let demands: Vec<(u64, u64)> = claims
+                .iter()
+                .map(|&(t, r)| (u64::from(self.state[t].remaining[r]), u64::from(self.tenants[t].weight)))
+                .collect();
+            let demand: u64 = demands.iter().map(|d| d.0).sum();
+            let shares = weighted_fair_share(available, &demands);
+            for (&(t, r), share) in claims.iter().zip(shares) {
+                if demand > available && u64::from(self.state[t].remaining[r]) > share {
+                    self.state[t].why[r] = Some(Shortfall::Capacity {
+                        available,
+                        demand,
+                        tenants: claims.len(),
+                        priority: self.tenants[t].priority,
+                    });
+                }
+                self.take(t, r, share as u32, false);
+            }
+        }
+        // 3. What rules kept from some tenants goes to the others (work-conserving).
+        for claims in families.values() {
+            for &(t, r) in claims {
+                let want = self.state[t].remaining[r];
+                if want > 0 {
+                    self.take(t, r, want, false);
+                }
+            }
+        }
+    }
+
+    /// Grants up to `want` units of request `r` to tenant `t`, from dedicated or open pools.
+    pub(super) fn take(&mut self, t: usize, r: usize, want: u32, dedicated: bool) {
+        if want == 0 {
+            return;
+        }
+        let req = &self.tenants[t].requests[r];
+        let family = Family::of(req.mode, req.profile.as_deref());
+        let name = &self.tenants[t].name;
+        let keys: Vec<PoolKey> = self
+            .pools
+            .keys()
+            .filter(|(f, d)| *f == family && if dedicated { d.contains(name) } else { d.is_empty() })
+            .cloned()
+            .collect();
+        let mut left = want;
+        for key in keys {
+            if left == 0 {
+                break;
+            }
+            left -= self.take_from(t, r, &key, left);
+        }
+    }
+
+    /// Grants up to `want` units of request `r` to tenant `t` from pool `key`, counted and logged.
+    pub(super) fn take_from(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
+        let got = match &key.0 {
+            Family::Mig(p) => self.take_mig(t, r, key, want, p),
+            Family::Exclusive => self.take_exclusive(t, r, key, want),
+            Family::Shared(_) => self.take_shared(t, r, key, want),
+        };
+        if got > 0 {
+            self.count(t, r, key, got);
+            self.log.push(Step {
+                t,
+                r,
+                key: key.clone(),
+                asked: want,
+                units: got,
+            });
+        }
+        got
+    }
+
+    pub(super) fn count(&mut self, t: usize, r: usize, key: &PoolKey, units: u32) {
+        if units > 0 {
+            *self.state[t].by_pool.entry((r, key.clone())).or_default() += units;
+        }
+    }
+
+    /// Units of request `r` tenant `t` has from pool `key` so far.
+    pub(super) fn have(&self, t: usize, r: usize, key: &PoolKey) -> u32 {
+        self.state[t].by_pool.get(&(r, key.clone())).copied().unwrap_or(0)
+    }
+
+    /// How many units of `unit_mib` the tenant's memory limit still allows (up to `want`).
+    pub(super) fn memory_allows(&mut self, t: usize, r: usize, unit_mib: u64, want: u32) -> u32 {
+        let Some(limit) = self.tenants[t].memory_limit_mib else {
+            return want;
+        };
+        if unit_mib == 0 {
+            return want;
+        }
+        let room = limit.saturating_sub(self.state[t].memory_mib) / unit_mib;
+        if room < u64::from(want) {
+            self.state[t].why[r] = Some(Shortfall::Memory { limit_mib: limit });
+        }
+        room.min(u64::from(want)) as u32
+    }
+
+    pub(super) fn record(&mut self, t: usize, r: usize, units: u32, unit_mib: u64) {
+        let s = &mut self.state[t];
+        s.remaining[r] -= units;
+        s.granted[r] += units;
+        s.memory_mib += unit_mib * u64::from(units);
+    }
+
+    pub(super) fn take_mig(&mut self, t: usize, r: usize, key: &PoolKey, want: u32, profile: &str) -> u32 {
+        let unit = match self.pools.get(key) {
+            Some(Pool::Mig(p)) => p.unit_mib,
+            _ => nominal_memory_mib(profile).unwrap_or(0),
+        };
+        let want = self.memory_allows(t, r, unit, want);
+        let Some(Pool::Mig(pool)) = self.pools.get_mut(key) else {
+            return 0;
+        };
+        let mut taken = Vec::new();
+        let mut k = pool.next;
+        while taken.len() < want as usize && k < pool.order.len() {
+            let s = pool.order[k];
+            if !pool.taken[s] {
+                pool.taken[s] = true;
+                taken.push(pool.slots[s]);
+            }
+            k += 1;
+        }
+        while pool.next < pool.order.len() && pool.taken[pool.order[pool.next]] {
+            pool.next += 1;
+        }
+        pool.free -= taken.len();
+        let n = taken.len() as u32;
+        for (at, inst) in taken {
+            self.bind_instance(t, at, inst);
+        }
+        self.record(t, r, n, unit);
+        n
+    }
+
+    pub(super) fn bind_instance(&mut self, t: usize, (node, gpu): GpuRef, inst: u32) {
+        let spec = &mut self.nodes[node as usize].gpus[gpu as usize];
+        spec.mig_instances[inst as usize].tenant = Some(self.tenants[t].name.clone());
+        self.state[t].units.push(Unit::Instance((node, gpu), inst));
+    }
+
+    pub(super) fn bind_whole(&mut self, t: usize, (node, gpu): GpuRef, mode: Mode, count: u32) {
+        let name = self.tenants[t].name.clone();
+        let nd = &mut self.nodes[node as usize];
+        let spec = &mut nd.gpus[gpu as usize];
+        if !spec.tenants.contains(&name) {
+            spec.tenants.push(name.clone());
+        }
+        if mode.is_shared() {
+            match spec.shares.iter_mut().find(|s| s.tenant == name) {
+                Some(s) => s.count += count,
+                None => {
+                    spec.shares.push(crate::api::TenantShares { tenant: name, count });
+                    spec.shares.sort();
+                }
+            }
+        }
+        if mode == Mode::Exclusive {
+            self.state[t].units.push(Unit::Gpu((node, gpu)));
+        }
+    }
+}

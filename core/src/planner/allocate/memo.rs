@@ -1,0 +1,407 @@
+//! The memo that lets a pass re-plan only the cells its change can affect.
+//!
+//! [`AllocationMemo`] keeps each cell's inputs and result from the last pass. A cell whose inputs
+//! are equal (the requests of its tenants with everything their policies say, and every GPU of
+//! its families: layout, dedication, what it is and what runs on it now) gets its last result
+//! back without being placed again: the allocation is a pure function of those inputs.
+
+use super::cells::{GpuBindings, cells};
+use super::report::{cells_of_tenants, merge_tenant};
+use super::scope::Cell;
+use super::units::{CellGrants, Family, GpuRef, TenantGrants};
+use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
+use crate::inventory::NodeGpu;
+use crate::planner::nodes::NodeDesired;
+use crate::policy::TenantProfile;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// One GPU as an allocation reads it, before any binding is written.
+#[derive(Clone, Debug, PartialEq)]
+struct GpuInput {
+    spec: GpuSpec,
+    dedicated: Vec<String>,
+    inventory: NodeGpu,
+}
+
+/// One node's GPUs as the last pass read them.
+struct NodeInput {
+    name: String,
+    /// The node's inventory revision then.
+    revision: Option<String>,
+    gpus: Vec<GpuInput>,
+}
+
+impl NodeInput {
+    fn of(node: &NodeDesired) -> NodeInput {
+        NodeInput {
+            name: node.inventory.name.clone(),
+            revision: node.inventory.revision.clone(),
+            gpus: (0..node.gpus.len()).map(|g| GpuInput::of(node, g)).collect(),
+        }
+    }
+
+    /// The node is as the last pass read it without comparing its GPUs: the nodes memo took it
+    /// back (the same revision, and no plan that changed since reaches it), and this memo read
+    /// it at that revision.
+    fn same_revision(&self, node: &NodeDesired) -> bool {
+        node.kept && self.revision.is_some() && self.revision == node.inventory.revision
+    }
+}
+
+impl GpuInput {
+    /// The GPU's layout without bindings or scrub policy: those are what the allocation writes (a
+    /// node taken back from the last pass carries them), not what it reads.
+    fn of(node: &NodeDesired, g: usize) -> GpuInput {
+        let spec = &node.gpus[g];
+        GpuInput {
+            spec: GpuSpec {
+                index: spec.index,
+                mode: spec.mode,
+                mig_instances: spec
+                    .mig_instances
+                    .iter()
+                    .map(|i| MigInstanceSpec {
+                        tenant: None,
+                        ..i.clone()
+                    })
+                    .collect(),
+                mps: spec.mps.clone(),
+                time_slicing: spec.time_slicing.clone(),
+                tenants: vec![],
+                shares: vec![],
+                scrub: ScrubMemory::default(),
+            },
+            dedicated: node.dedicated[g].clone(),
+            inventory: node.inventory.gpus[spec.index as usize].clone(),
+        }
+    }
+
+    /// Whether GPU `g` of `node` offers the families this one did: the same mode and MIG profiles.
+    fn offers_same(&self, node: &NodeDesired, g: usize) -> bool {
+        let spec = &node.gpus[g];
+        self.spec.mode == spec.mode
+            && self.spec.mig_instances.len() == spec.mig_instances.len()
+            && self
+                .spec
+                .mig_instances
+                .iter()
+                .zip(&spec.mig_instances)
+                .all(|(a, b)| a.profile == b.profile)
+    }
+
+    fn matches(&self, node: &NodeDesired, g: usize) -> bool {
+        let spec = &node.gpus[g];
+        let kept = &self.spec;
+        kept.index == spec.index
+            && kept.mode == spec.mode
+            && kept.mps == spec.mps
+            && kept.time_slicing == spec.time_slicing
+            && kept.mig_instances.len() == spec.mig_instances.len()
+            && kept
+                .mig_instances
+                .iter()
+                .zip(&spec.mig_instances)
+                .all(|(a, b)| a.profile == b.profile && a.placement == b.placement)
+            && self.dedicated == node.dedicated[g]
+            && node.inventory.gpus.get(spec.index as usize) == Some(&self.inventory)
+    }
+}
+
+/// A cell's inputs and result from an earlier pass.
+struct CellMemo {
+    gpus: Vec<GpuRef>,
+    tenants: Vec<TenantProfile>,
+    bindings: Vec<GpuBindings>,
+    grants: BTreeMap<String, CellGrants>,
+}
+
+/// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
+struct MergedTenant {
+    /// Its cells (index in that pass's cells) with its requests in each.
+    cells: Vec<(usize, Vec<usize>)>,
+    grants: TenantGrants,
+}
+
+/// Per tenant in order, the family of each request and whether a memory limit ties them
+/// together: what [`cells`] splits the fleet by besides the GPUs (which
+/// [`AllocationMemo::read_fleet`] compares).
+type TenantFamilies = Vec<(Vec<Family>, bool)>;
+
+/// The fleet's GPUs as the last pass read them, and each cell's tenants and result, by the cell's
+/// families. Kept by the controller between passes; a planner run without one places every cell.
+#[derive(Default)]
+pub struct AllocationMemo {
+    fleet: Vec<NodeInput>,
+    cells: HashMap<Vec<Family>, CellMemo>,
+    /// The last pass's cells, in order, and each tenant's grants merged from them.
+    cell_keys: Vec<Vec<Family>>,
+    merged: foldhash::HashMap<String, MergedTenant>,
+    /// Tenants whose grants in a cell placed this pass are not what that cell gave them in the
+    /// last pass: only their merged grants are built again.
+    regranted: foldhash::HashSet<String>,
+    /// The last pass's cells, and its tenants' families.
+    last_cells: Option<Vec<Cell>>,
+    families: TenantFamilies,
+    /// Cells placed, and cells taken from the memo, in the last pass.
+    pub placed: usize,
+    pub reused: usize,
+}
+
+impl AllocationMemo {
+    /// The pass's cells, and per cell whether it must be placed again: it is new, or one of its
+    /// GPUs or tenants is not as in the last pass. Takes the nodes as the planner built them,
+    /// before any binding is written, and keeps them for the next pass. The cells are the last
+    /// pass's when every GPU offers what it did (mode and MIG profiles: a node's memory or a
+    /// GPU's UUID changing leaves them) and every tenant requests the same families as then.
+    pub(super) fn cells_and_stale(
+        &mut self,
+        tenants: &[TenantProfile],
+        nodes: &[NodeDesired],
+    ) -> (Vec<Cell>, Vec<bool>) {
+        self.regranted.clear();
+        let (changed, same_offers) = self.read_fleet(nodes);
+        let same_families = self.read_families(tenants);
+        let cells = match self.last_cells.take() {
+            Some(last) if same_offers && same_families => last,
+            _ => cells(tenants, nodes),
+        };
+        let stale = self.stale_cells(&cells, tenants, &changed);
+        (cells, stale)
+    }
+
+    /// Keeps the pass's cells for the next pass.
+    pub(super) fn keep_cells(&mut self, cells: Vec<Cell>) {
+        self.last_cells = Some(cells);
+    }
+
+    /// Whether every tenant requests the same families as in the last pass; keeps this pass's
+    /// (built again only when they differ).
+    fn read_families(&mut self, tenants: &[TenantProfile]) -> bool {
+        let same = self.families.len() == tenants.len()
+            && self.families.iter().zip(tenants).all(|((of, limited), t)| {
+                *limited == t.memory_limit_mib.is_some()
+                    && of.len() == t.requests.len()
+                    && of
+                        .iter()
+                        .zip(&t.requests)
+                        .all(|(f, r)| f.is(r.mode, r.profile.as_deref()))
+            });
+        if !same {
+            self.families = tenants
+                .iter()
+                .map(|t| {
+                    let of = t.requests.iter().map(|r| Family::of(r.mode, r.profile.as_deref()));
+                    (of.collect(), t.memory_limit_mib.is_some())
+                })
+                .collect();
+        }
+        same
+    }
+
+    fn stale_cells(&self, cells: &[Cell], tenants: &[TenantProfile], changed: &[Vec<bool>]) -> Vec<bool> {
+        cells
+            .iter()
+            .map(|cell| match self.cells.get(&key(cell)) {
+                Some(m) => {
+                    m.gpus != cell.scope.gpus
+                        || cell.scope.gpus.iter().any(|&(n, g)| changed[n as usize][g as usize])
+                        || m.tenants.len() != cell.tenants.len()
+                        || m.tenants
+                            .iter()
+                            .zip(&cell.tenants)
+                            .any(|(kept, (t, requests))| !same_profile(kept, &tenants[*t], requests))
+                }
+                None => true,
+            })
+            .collect()
+    }
+
+    /// Compares every GPU with the last pass's (not those of a node taken back at its revision),
+    /// keeps this pass's, and says which changed, and whether the fleet's GPUs offer what the
+    /// last pass read them to offer (the same nodes in the same order, each with as many GPUs, each
+    /// GPU in the same mode with the same MIG profiles): what [`cells`] splits the fleet by. A
+    /// GPU whose memory, dedication or settings changed is placed again in its cell; the cells
+    /// stay.
+    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<bool>>, bool) {
+        let mut same = self.fleet.len() == nodes.len();
+        self.fleet.truncate(nodes.len());
+        let changed: Vec<Vec<bool>> = nodes
+            .iter()
+            .enumerate()
+            .map(|(n, node)| match self.fleet.get_mut(n) {
+                Some(kept) if kept.name == node.inventory.name && kept.same_revision(node) => {
+                    debug_assert!(
+                        kept.gpus.len() == node.gpus.len()
+                            && (0..node.gpus.len()).all(|g| kept.gpus[g].matches(node, g)),
+                        "node {}: the same revision {:?} with other GPUs",
+                        node.inventory.name,
+                        node.inventory.revision
+                    );
+                    vec![false; node.gpus.len()]
+                }
+                Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => {
+                    kept.revision.clone_from(&node.inventory.revision);
+                    kept.gpus
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(g, gpu)| {
+                            let unchanged = gpu.matches(node, g);
+                            if !unchanged {
+                                same &= gpu.offers_same(node, g);
+                                *gpu = GpuInput::of(node, g);
+                            }
+                            !unchanged
+                        })
+                        .collect()
+                }
+                kept => {
+                    same = false;
+                    match kept {
+                        Some(k) => *k = NodeInput::of(node),
+                        None => self.fleet.push(NodeInput::of(node)),
+                    }
+                    vec![true; node.gpus.len()]
+                }
+            })
+            .collect();
+        (changed, same)
+    }
+
+    /// Writes a remembered cell's bindings on `nodes`.
+    /// (Nodes taken back from the last pass carry them already.)
+    pub(super) fn recall(&self, cell: &Cell, nodes: &mut [NodeDesired]) {
+        let m = &self.cells[&key(cell)];
+        for (&(n, g), b) in m.gpus.iter().zip(&m.bindings) {
+            let node = &mut nodes[n as usize];
+            if !node.kept {
+                b.apply(&mut node.gpus, g as usize);
+            }
+        }
+    }
+
+    /// Remembers a cell just placed on `nodes` for its tenants' `profiles` ([`Cell::profiles`]).
+    pub(super) fn remember(
+        &mut self,
+        cell: &Cell,
+        profiles: Vec<TenantProfile>,
+        nodes: &[NodeDesired],
+        grants: BTreeMap<String, CellGrants>,
+    ) {
+        let bindings = cell
+            .scope
+            .gpus
+            .iter()
+            .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], &cell.scope))
+            .collect();
+        let key = key(cell);
+        match self.cells.get(&key) {
+            Some(last) => {
+                let moved = grants
+                    .iter()
+                    .filter(|(name, g)| last.grants.get(*name) != Some(*g))
+                    .map(|(name, _)| name);
+                let gone = last.grants.keys().filter(|name| !grants.contains_key(*name));
+                self.regranted.extend(moved.chain(gone).cloned());
+            }
+            None => self.regranted.extend(grants.keys().cloned()),
+        }
+        self.cells.insert(
+            key,
+            CellMemo {
+                gpus: cell.scope.gpus.clone(),
+                tenants: profiles,
+                bindings,
+                grants,
+            },
+        );
+    }
+
+    /// Forgets the cells this pass did not have.
+    pub(super) fn keep_only(&mut self, cells: &[Cell]) {
+        let live: BTreeSet<Vec<Family>> = cells.iter().map(key).collect();
+        self.cells.retain(|k, _| live.contains(k));
+    }
+
+    /// Every tenant's grants from its cells', all remembered, `stale` those placed this pass. A
+    /// tenant in the same cells with the same requests as in the last pass, given in each what
+    /// it was given then, gets its last merged grants back (a list shared, not copied).
+    pub(super) fn merge(
+        &mut self,
+        tenants: &[TenantProfile],
+        cells: &[Cell],
+        stale: &[bool],
+    ) -> BTreeMap<String, TenantGrants> {
+        let keys: Vec<Vec<Family>> = cells.iter().map(key).collect();
+        let same_cells = keys == self.cell_keys;
+        let mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>> =
+            keys.iter().map(|k| Cow::Borrowed(&self.cells[k].grants)).collect();
+        let of_tenants = cells_of_tenants(tenants, cells);
+        let mut out = BTreeMap::new();
+        for (t, of) in tenants.iter().zip(&of_tenants) {
+            let kept = self.merged.get(&t.name).filter(|m| {
+                same_cells
+                    && m.cells.len() == of.len()
+                    && m.cells
+                        .iter()
+                        .zip(of)
+                        .all(|((c, r), (now, requests))| c == now && r == requests)
+                    && !(m.cells.iter().any(|(c, _)| stale[*c]) && self.regranted.contains(&t.name))
+            });
+            let grants = match kept {
+                Some(m) => m.grants.clone(),
+                None => {
+                    let grants = merge_tenant(t, of, &mut parts);
+                    let merged = MergedTenant {
+                        cells: of.iter().map(|(c, r)| (*c, r.to_vec())).collect(),
+                        grants: grants.clone(),
+                    };
+                    self.merged.insert(t.name.clone(), merged);
+                    grants
+                }
+            };
+            out.insert(t.name.clone(), grants);
+        }
+        drop(parts);
+        let names: foldhash::HashSet<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+        self.merged.retain(|name, _| names.contains(name.as_str()));
+        self.cell_keys = keys;
+        out
+    }
+}
+
+/// Whether `kept` is `now` with only the requests at `requests`: every field compared, so a field
+/// added to [`TenantProfile`] must be added here.
+fn same_profile(kept: &TenantProfile, now: &TenantProfile, requests: &[usize]) -> bool {
+    let TenantProfile {
+        name,
+        tier,
+        priority,
+        weight,
+        co_location,
+        scrub,
+        requests: kept_requests,
+        memory_limit_mib,
+        headroom_percent,
+        max_mps_clients,
+        max_time_slicing_replicas,
+        topology,
+    } = kept;
+    *name == now.name
+        && *tier == now.tier
+        && *priority == now.priority
+        && *weight == now.weight
+        && *co_location == now.co_location
+        && *scrub == now.scrub
+        && *memory_limit_mib == now.memory_limit_mib
+        && *headroom_percent == now.headroom_percent
+        && *max_mps_clients == now.max_mps_clients
+        && *max_time_slicing_replicas == now.max_time_slicing_replicas
+        && *topology == now.topology
+        && kept_requests.len() == requests.len()
+        && kept_requests.iter().zip(requests).all(|(k, &r)| *k == now.requests[r])
+}
+
+fn key(cell: &Cell) -> Vec<Family> {
+    cell.scope.families.iter().cloned().collect()
+}
