@@ -55,6 +55,10 @@ pub const POD_SECURITY_AUDIT: &str = "pod-security.kubernetes.io/audit";
 /// device plugin and its DRA driver stay off `DRA` nodes: this operator's driver serves them).
 pub const DEVICE_ACCESS: &str = "gputenancy.io/device-access";
 
+/// The label Kubernetes puts on every namespace, its name (immutable): what the admission
+/// bindings select namespaces by.
+pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+
 /// Marks objects the controller writes (device-plugin ConfigMap, quotas, node labels) so that it
 /// updates and prunes only its own; value [`MANAGED_BY_VALUE`]. Read by the controller's writer.
 pub const MANAGED_BY: &str = "gputenancy.io/managed-by";

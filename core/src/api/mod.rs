@@ -3,6 +3,7 @@
 //! Every check the API server can make lives in these types as schema bounds or CEL rules
 //! (`x-kubernetes-validations`), so `kubectl apply` refuses bad objects before any controller sees them.
 
+mod common;
 mod conditions;
 mod node;
 mod plan;
@@ -10,6 +11,7 @@ mod policy;
 mod shared_vec;
 mod tenant;
 
+pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
 pub use conditions::{Condition, ConditionSet, condition_status, set_condition};
 pub use node::*;
 pub use plan::*;
@@ -19,8 +21,6 @@ pub use tenant::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 /// API group of every resource here.
 pub const GROUP: &str = "gputenancy.io";
@@ -28,45 +28,6 @@ pub const GROUP: &str = "gputenancy.io";
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` as written in manifests.
 pub const API_VERSION: &str = "gputenancy.io/v1alpha1";
-
-/// How a GPU is shared.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
-pub enum Mode {
-    /// Hardware partitions: separate memory, SMs, L2 and fault containment.
-    #[serde(rename = "MIG")]
-    Mig,
-    /// CUDA Multi-Process Service: concurrent processes on shared SMs, no memory or fault isolation.
-    #[serde(rename = "MPS")]
-    Mps,
-    /// Processes take turns on the whole GPU; no isolation.
-    TimeSlicing,
-    /// One tenant has the whole GPU.
-    Exclusive,
-}
-
-impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Mig, Mode::Mps, Mode::TimeSlicing, Mode::Exclusive];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Mig => "MIG",
-            Mode::Mps => "MPS",
-            Mode::TimeSlicing => "TimeSlicing",
-            Mode::Exclusive => "Exclusive",
-        }
-    }
-
-    /// Modes where several tenants' processes run on the same, unpartitioned GPU at once.
-    pub fn is_shared(self) -> bool {
-        matches!(self, Mode::Mps | Mode::TimeSlicing)
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// All four CRDs, in a stable order (the order of `gpu-tenancy crd` and of `crds/`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -217,18 +178,6 @@ pub fn mib_to_quantity(mib: u64) -> String {
     }
     format!("{value}{}", SUFFIXES[suffix])
 }
-
-/// The byte quantities the CRDs accept (a subset of Kubernetes quantities: no exponents, no milli).
-pub const QUANTITY_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?(k|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$";
-
-/// MIG profile names as NVIDIA writes them: `3g.40gb`, `1g.10gb+me`, `1g.24gb+gfx`, `1g.24gb-me`.
-pub const MIG_PROFILE_PATTERN: &str = r"^[1-7]g\.[0-9]+gb([+-][a-z]+(\.[a-z]+)?)?$";
-
-/// Names of tenants, tiers, policies and namespaces: RFC 1123 labels.
-pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
-
-/// Names of cluster objects such as PriorityClasses: RFC 1123 subdomains (dot-separated labels).
-pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 /// An object's name as `name_any` gives it (the name, else `generateName`), borrowed.
 pub fn name_of<K: kube::Resource>(o: &K) -> &str {

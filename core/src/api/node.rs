@@ -1,10 +1,11 @@
 //! `GpuNode`: one per GPU node. The controller owns `spec` (the resolved desired state), the agent
 //! owns `status` (what the GPUs really are, and whether the spec is applied).
 
-use super::{
-    BusyGpuPolicy, DeviceAccess, Mode, MpsSettings, ScrubMemory, SharedVec, TimeSlicingSettings,
-    conditions::conditions_schema,
-};
+use super::common::{MIG_PROFILE_PATTERN, Mode};
+use super::conditions::conditions_schema;
+use super::plan::{BusyGpuPolicy, DeviceAccess, MpsSettings, TimeSlicingSettings};
+use super::policy::ScrubMemory;
+use super::shared_vec::SharedVec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -99,7 +100,7 @@ pub struct TenantShares {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigInstanceSpec {
-    #[schemars(extend("pattern" = super::MIG_PROFILE_PATTERN))]
+    #[schemars(extend("pattern" = MIG_PROFILE_PATTERN))]
     pub profile: String,
     pub placement: Placement,
     /// Tenant this instance is reserved for, if any.

@@ -1,6 +1,7 @@
 //! `GpuPartitionPlan`: how the GPUs of selected nodes are cut.
 
-use super::{Mode, conditions::conditions_schema};
+use super::common::{MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
+use super::conditions::conditions_schema;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
@@ -107,7 +108,7 @@ pub struct MigSettings {
     /// Empty means MIG mode on with no instances (mig-parted's `all-enabled`).
     #[serde(default)]
     #[schemars(length(max = 7))]
-    #[schemars(extend("items" = {"type": "string", "pattern": super::MIG_PROFILE_PATTERN}))]
+    #[schemars(extend("items" = {"type": "string", "pattern": MIG_PROFILE_PATTERN}))]
     pub profiles: Vec<String>,
 }
 
@@ -124,7 +125,7 @@ pub struct MpsSettings {
     pub active_thread_percentage: Option<u32>,
     /// Default pinned device memory per client (`set_default_device_pinned_mem_limit`), e.g. `20Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = super::QUANTITY_PATTERN))]
+    #[schemars(extend("pattern" = QUANTITY_PATTERN))]
     pub pinned_memory_limit: Option<String>,
 }
 

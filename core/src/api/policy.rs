@@ -1,6 +1,7 @@
 //! `SharingPolicy`: which isolation each trust tier may use.
 
-use super::{Mode, conditions::conditions_schema};
+use super::common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Mode};
+use super::conditions::conditions_schema;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -56,7 +57,7 @@ pub struct SharingPolicySpec {
 #[serde(rename_all = "camelCase")]
 pub struct Tier {
     /// Name tenants use in `spec.tier`.
-    #[schemars(length(min = 1, max = 63), extend("pattern" = super::DNS_LABEL_PATTERN))]
+    #[schemars(length(min = 1, max = 63), extend("pattern" = DNS_LABEL_PATTERN))]
     pub name: String,
     /// Sharing modes tenants of this tier may receive.
     #[schemars(length(min = 1, max = 4), extend("x-kubernetes-list-type" = "set"))]
@@ -81,7 +82,7 @@ pub struct Tier {
     #[schemars(length(max = 32))]
     #[schemars(extend(
         "x-kubernetes-list-type" = "set",
-        "items" = {"type": "string", "maxLength": 253, "pattern": super::DNS_SUBDOMAIN_PATTERN},
+        "items" = {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN},
         "x-kubernetes-validations" = [
             {"rule": "self.all(c, !c.startsWith('system-'))",
              "message": "system PriorityClasses (system-node-critical, system-cluster-critical) preempt any pod; a tenant tier may not use them",

@@ -1,6 +1,8 @@
 //! `GpuTenant`: a team, its namespaces, what it asks for and its limits.
 
-use super::{Mode, SharedVec, conditions::conditions_schema};
+use super::common::{DNS_LABEL_PATTERN, MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
+use super::conditions::conditions_schema;
+use super::shared_vec::SharedVec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -27,7 +29,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct GpuTenantSpec {
     /// Trust tier, one of the referenced SharingPolicy's `spec.tiers[].name`.
-    #[schemars(length(min = 1, max = 63), extend("pattern" = super::DNS_LABEL_PATTERN))]
+    #[schemars(length(min = 1, max = 63), extend("pattern" = DNS_LABEL_PATTERN))]
     pub tier: String,
 
     /// Name of the SharingPolicy that defines the tier.
@@ -38,7 +40,7 @@ pub struct GpuTenantSpec {
     /// Namespaces whose pods use this tenant's capacity.
     #[serde(default)]
     #[schemars(length(max = 64))]
-    #[schemars(extend("x-kubernetes-list-type" = "set", "items" = {"type": "string", "maxLength": 63, "pattern": super::DNS_LABEL_PATTERN}))]
+    #[schemars(extend("x-kubernetes-list-type" = "set", "items" = {"type": "string", "maxLength": 63, "pattern": DNS_LABEL_PATTERN}))]
     pub namespaces: Vec<String>,
 
     /// Higher is served first when capacity is short.
@@ -83,7 +85,7 @@ pub struct ResourceRequest {
     pub mode: Mode,
     /// MIG profile name as the GPU reports it (e.g. `3g.40gb`); only and always with mode MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = super::MIG_PROFILE_PATTERN))]
+    #[schemars(extend("pattern" = MIG_PROFILE_PATTERN))]
     pub profile: Option<String>,
     /// MIG instances, whole GPUs (Exclusive) or client shares (MPS, TimeSlicing).
     #[schemars(range(min = 1, max = 10000))]
@@ -99,7 +101,7 @@ pub struct TenantLimits {
     pub max_gpus_per_pod: Option<u32>,
     /// Cap on the GPU memory of all grants together, e.g. `160Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("pattern" = super::QUANTITY_PATTERN))]
+    #[schemars(extend("pattern" = QUANTITY_PATTERN))]
     pub memory: Option<String>,
 }
 

@@ -17,7 +17,7 @@
 //! (`extendedResourceName: nvidia.com/mig-1g.10gb`) cannot be made: a class's selector sees the
 //! device, never the claim's namespace, so it would hand any tenant's device to any pod.
 
-use super::managed_labels;
+use super::settings::managed_labels;
 use crate::api::{ConditionSet, DeviceAccess, GpuNode, GpuTenant, condition_status};
 use crate::dra::DeviceKind;
 use crate::labels::TENANT;

@@ -27,6 +27,7 @@ mod admission;
 pub mod dra;
 mod nodes;
 mod quota;
+mod settings;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
 use crate::planner::{BindingChange, PlanInput, PlanMemo, plan_with};
@@ -39,7 +40,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 pub use admission::{
@@ -48,56 +48,7 @@ pub use admission::{
     untenanted_bindings,
 };
 pub use quota::QUOTA_NAME;
-
-/// Where the objects that are not per tenant go, and what the admission policies leave alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Settings {
-    /// Namespace of NVIDIA's device plugin, where its config ConfigMap lives (exempt: the plugin
-    /// and its MPS daemon are privileged).
-    pub device_plugin_namespace: String,
-    /// Name of the device plugin's config ConfigMap (the plugin's `config.name`).
-    pub device_plugin_config_map: String,
-    /// This operator's namespace (exempt: its agents are privileged).
-    pub operator_namespace: String,
-    /// More namespaces whose pods the admission policies never judge: the cluster's own and the
-    /// platform's node-level components (a privileged CSI driver, node-exporter's host mounts).
-    pub exempt_namespaces: Vec<String>,
-    /// DeviceClasses of other drivers whose ResourceClaims every namespace may make, beside each
-    /// tenant's own classes (`dra`). Every other class is refused: a class's name does not say
-    /// which devices its selectors reach, so none is trusted unless named.
-    pub claim_device_classes: Vec<String>,
-    /// RuntimeClasses that run NVIDIA's container runtime: a pod that asks for no GPU may not use
-    /// them (the runtime would honour an image's `NVIDIA_VISIBLE_DEVICES=all`).
-    pub nvidia_runtime_classes: Vec<String>,
-    /// Extended resources under a GPU prefix (`nvidia.com/`) that are not GPUs (a NIC's, say):
-    /// not refused by the allow-list of granted GPU resources.
-    pub allowed_resources: Vec<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            device_plugin_namespace: "nvidia-device-plugin".into(),
-            device_plugin_config_map: "gpu-tenancy-device-plugin-configs".into(),
-            operator_namespace: "gpu-tenancy-system".into(),
-            exempt_namespaces: vec!["kube-system".into(), "kube-public".into(), "kube-node-lease".into()],
-            claim_device_classes: vec![],
-            nvidia_runtime_classes: vec!["nvidia".into(), "nvidia-cdi".into(), "nvidia-legacy".into()],
-            allowed_resources: vec![],
-        }
-    }
-}
-
-impl Settings {
-    /// Every namespace the admission policies never judge.
-    pub fn exempt(&self) -> BTreeSet<String> {
-        self.exempt_namespaces
-            .iter()
-            .chain([&self.device_plugin_namespace, &self.operator_namespace])
-            .cloned()
-            .collect()
-    }
-}
+pub use settings::Settings;
 
 /// Everything the controller writes, and the problems found. Lists are sorted by name.
 #[derive(Serialize, Clone, Debug, Default, PartialEq)]
@@ -185,14 +136,6 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         changes: out.changes,
         problems: out.problems,
     }
-}
-
-/// Labels on every object this operator creates, so the controller finds what it owns.
-pub(crate) fn managed_labels() -> std::collections::BTreeMap<String, String> {
-    std::collections::BTreeMap::from([(
-        crate::labels::MANAGED_BY.to_string(),
-        crate::labels::MANAGED_BY_VALUE.to_string(),
-    )])
 }
 
 #[cfg(test)]

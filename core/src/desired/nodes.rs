@@ -2,7 +2,7 @@
 //! where their tier and dedications allow; the device plugin's ConfigMap; and each tenant's
 //! `Isolated` condition, which says plainly which grants Kubernetes enforces.
 
-use super::Settings;
+use super::settings::{Settings, managed_labels};
 use crate::api::{ConditionSet, DeviceAccess, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
 use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
@@ -41,7 +41,7 @@ pub fn render(
         // A DRA node: NVIDIA's device plugin has nothing to serve there, and a device not safe to
         // hand over is tainted in the node's ResourceSlice, not the whole node.
         if node.spec.device_access == DeviceAccess::Dra && !node.spec.gpus.is_empty() {
-            let mut labels = super::managed_labels();
+            let mut labels = managed_labels();
             labels.insert(DEVICE_ACCESS.into(), DeviceAccess::Dra.as_str().into());
             out.push(node_object(node.name_any(), labels, vec![]));
             continue;
@@ -53,7 +53,7 @@ pub fn render(
             .device_plugin_config
             .clone()
             .unwrap_or_else(|| UNPLANNED.to_string());
-        let mut labels = super::managed_labels();
+        let mut labels = managed_labels();
         labels.insert(DEVICE_PLUGIN_CONFIG.into(), key.clone());
         labels.insert(DEVICE_ACCESS.into(), DeviceAccess::DevicePlugin.as_str().into());
         let config = match NodeConfig::of_gpus(&node.spec.gpus) {
@@ -109,7 +109,7 @@ pub fn render(
         metadata: ObjectMeta {
             name: Some(settings.device_plugin_config_map.clone()),
             namespace: Some(settings.device_plugin_namespace.clone()),
-            labels: Some(super::managed_labels()),
+            labels: Some(managed_labels()),
             ..ObjectMeta::default()
         },
         data: Some(data),

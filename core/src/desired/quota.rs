@@ -25,7 +25,7 @@
 
 use super::admission::NamespaceRules;
 use super::dra::DraHoldings;
-use super::managed_labels;
+use super::settings::managed_labels;
 use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, resource_name};
 use crate::dra::claim_quota_key;

@@ -12,159 +12,17 @@
 use crate::api::{ConditionSet, GpuNode, condition_status};
 use crate::desired::Desired;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::api::resource::v1::DeviceClass;
-use kube::core::ApiResource;
 use kube::{Resource, ResourceExt};
+pub use owned::Seen;
 use owned::{Contained, owned, to_value};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::sync::Arc;
+pub use write::{Kind, Write};
 
 use super::stores::Snapshot;
-
-/// The kinds the controller writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    GpuNode,
-    SharingPolicy,
-    GpuTenant,
-    GpuPartitionPlan,
-    Namespace,
-    ResourceQuota,
-    ConfigMap,
-    Node,
-    ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
-    MutatingAdmissionPolicy,
-    MutatingAdmissionPolicyBinding,
-    DeviceClass,
-    Pod,
-}
-
-impl Kind {
-    pub fn api_resource(self) -> ApiResource {
-        use k8s_openapi::api::admissionregistration::v1 as adm;
-        use k8s_openapi::api::core::v1 as core;
-        match self {
-            Kind::GpuNode => ApiResource::erase::<crate::api::GpuNode>(&()),
-            Kind::SharingPolicy => ApiResource::erase::<crate::api::SharingPolicy>(&()),
-            Kind::GpuTenant => ApiResource::erase::<crate::api::GpuTenant>(&()),
-            Kind::GpuPartitionPlan => ApiResource::erase::<crate::api::GpuPartitionPlan>(&()),
-            Kind::Namespace => ApiResource::erase::<core::Namespace>(&()),
-            Kind::ResourceQuota => ApiResource::erase::<core::ResourceQuota>(&()),
-            Kind::ConfigMap => ApiResource::erase::<core::ConfigMap>(&()),
-            Kind::Node => ApiResource::erase::<core::Node>(&()),
-            Kind::ValidatingAdmissionPolicy => ApiResource::erase::<adm::ValidatingAdmissionPolicy>(&()),
-            Kind::ValidatingAdmissionPolicyBinding => ApiResource::erase::<adm::ValidatingAdmissionPolicyBinding>(&()),
-            Kind::MutatingAdmissionPolicy => ApiResource::erase::<adm::MutatingAdmissionPolicy>(&()),
-            Kind::MutatingAdmissionPolicyBinding => ApiResource::erase::<adm::MutatingAdmissionPolicyBinding>(&()),
-            Kind::DeviceClass => ApiResource::erase::<k8s_openapi::api::resource::v1::DeviceClass>(&()),
-            Kind::Pod => ApiResource::erase::<core::Pod>(&()),
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
-/// One request to the API server.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Write {
-    /// Server-side apply of `object` (creates it if missing), field manager `gpu-tenancy-controller`.
-    Apply {
-        kind: Kind,
-        namespace: Option<String>,
-        name: String,
-        object: Value,
-    },
-    /// Server-side apply of `object`'s status on the status subresource.
-    Status { kind: Kind, name: String, object: Value },
-    /// A JSON merge patch (of a Namespace's labels).
-    Patch { kind: Kind, name: String, patch: Value },
-    /// A Node's labels and taints, our keys only ([`NodePatch`]).
-    NodePatch(NodePatch),
-    Delete {
-        kind: Kind,
-        namespace: Option<String>,
-        name: String,
-    },
-    /// An Eviction of the pod `namespace/name` (of that `uid`) that the agent of `node` asked
-    /// for; made only if the pod runs on `node` and asks for a GPU (`controller::evict`).
-    Evict {
-        namespace: String,
-        name: String,
-        uid: String,
-        node: String,
-    },
-}
-
-impl Write {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Write::Apply { kind, .. }
-            | Write::Status { kind, .. }
-            | Write::Patch { kind, .. }
-            | Write::Delete { kind, .. } => *kind,
-            Write::NodePatch(_) => Kind::Node,
-            Write::Evict { .. } => Kind::Pod,
-        }
-    }
-
-    /// The object's name (without its namespace).
-    pub fn name(&self) -> &str {
-        match self {
-            Write::Apply { name, .. }
-            | Write::Status { name, .. }
-            | Write::Patch { name, .. }
-            | Write::Delete { name, .. }
-            | Write::Evict { name, .. } => name,
-            Write::NodePatch(p) => &p.name,
-        }
-    }
-
-    /// `apply`, `status`, `patch`, `delete` or `evict`: the metric label.
-    pub fn action(&self) -> &'static str {
-        match self {
-            Write::Apply { .. } => "apply",
-            Write::Status { .. } => "status",
-            Write::Patch { .. } | Write::NodePatch(_) => "patch",
-            Write::Delete { .. } => "delete",
-            Write::Evict { .. } => "evict",
-        }
-    }
-}
-
-impl fmt::Display for Write {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Write::Apply {
-                kind, namespace, name, ..
-            }
-            | Write::Delete { kind, namespace, name } => {
-                let ns = namespace.as_ref().map(|n| format!("{n}/")).unwrap_or_default();
-                write!(f, "{} {kind} {ns}{name}", self.action())
-            }
-            Write::Status { kind, name, .. } | Write::Patch { kind, name, .. } => {
-                write!(f, "{} {kind} {name}", self.action())
-            }
-            Write::NodePatch(p) => write!(f, "patch Node {}", p.name),
-            Write::Evict {
-                namespace, name, node, ..
-            } => write!(f, "evict Pod {namespace}/{name} (asked by the agent of {node})"),
-        }
-    }
-}
 
 /// An event for a person: on which object, normal or warning, why, and what happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,37 +42,6 @@ pub struct Diff {
 }
 
 pub use crate::runtime::object::contains;
-
-/// What a pass found already so in the owned objects, kept for the next pass ([`owned`]).
-#[derive(Debug, Default)]
-pub struct Seen {
-    config_maps: Contained<ConfigMap>,
-    namespaces: Contained<Namespace>,
-    quotas: Contained<Arc<ResourceQuota>>,
-    admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
-    admission_bindings: Contained<Arc<ValidatingAdmissionPolicyBinding>>,
-    device_classes: Contained<DeviceClass>,
-    mutating_policies: Contained<MutatingAdmissionPolicy>,
-    mutating_bindings: Contained<MutatingAdmissionPolicyBinding>,
-}
-
-impl Seen {
-    /// How many owned objects the last pass found contained in their live ones.
-    pub fn len(&self) -> usize {
-        self.config_maps.len()
-            + self.namespaces.len()
-            + self.quotas.len()
-            + self.admission_policies.len()
-            + self.admission_bindings.len()
-            + self.device_classes.len()
-            + self.mutating_policies.len()
-            + self.mutating_bindings.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// The status write of an object whose computed status differs from its live one.
 fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize>(
@@ -542,6 +369,7 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
 mod admission;
 mod node_patch;
 mod owned;
+mod write;
 pub use node_patch::NodePatch;
 #[cfg(test)]
 mod tests;

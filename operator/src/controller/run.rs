@@ -1,9 +1,9 @@
 //! The controller's process: stores, the metrics and health server, leader election, and the loop
 //! that runs a pass when something changed (debounced), only while leading.
 
-use super::Controller;
 use super::leader::{self, Election};
 use super::metrics::{Metrics, WriteAction};
+use super::pass::Controller;
 use crate::desired::Settings;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::http;

@@ -16,7 +16,7 @@
 //!   at once than `limits.maxGpusPerPod`.
 
 use super::cel::{exact, list, quote, shown, validation_with};
-use crate::desired::Settings;
+use crate::desired::settings::Settings;
 use crate::dra::{DRIVER, NOT_READY_TAINT};
 use k8s_openapi::api::admissionregistration::v1::Validation;
 use serde_json::{Value, json};

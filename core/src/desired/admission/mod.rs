@@ -41,9 +41,10 @@ mod claims;
 mod mutation;
 mod rules;
 
-use super::Settings;
 use super::dra::DraHoldings;
+use super::settings::{Settings, managed_labels};
 use crate::api::{GpuTenant, SharingPolicy};
+use crate::labels::NAMESPACE_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, NamedRuleWithOperations, ParamKind,
     ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
@@ -74,8 +75,6 @@ pub const UNTENANTED_CLAIMS_POLICY: &str = "gputenancy.io-claims-no-tenant";
 pub use mutation::MUTATION_PREFIX;
 
 /// The label the API server sets on every namespace to its name; no one can change it.
-pub(super) const NAME_LABEL: &str = "kubernetes.io/metadata.name";
-
 /// Which rule set governs each namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespaceRules {
@@ -162,7 +161,7 @@ pub fn coverage(binding: &ValidatingAdmissionPolicyBinding) -> Coverage {
         return Coverage::Unknown;
     }
     match selector.match_expressions.as_deref() {
-        Some([e]) if e.key == NAME_LABEL => {
+        Some([e]) if e.key == NAMESPACE_NAME => {
             let values: BTreeSet<String> = e.values.iter().flatten().cloned().collect();
             match e.operator.as_str() {
                 "In" => Coverage::Only(values),
@@ -172,10 +171,6 @@ pub fn coverage(binding: &ValidatingAdmissionPolicyBinding) -> Coverage {
         }
         _ => Coverage::Unknown,
     }
-}
-
-pub(super) fn labels() -> Value {
-    serde_json::to_value(super::managed_labels()).expect("labels serialise")
 }
 
 /// A policy on `resources` (of the core group unless named `group/resource`) that refuses what
@@ -192,7 +187,7 @@ fn policy(
     ValidatingAdmissionPolicy {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            labels: Some(super::managed_labels()),
+            labels: Some(managed_labels()),
             ..ObjectMeta::default()
         },
         spec: Some(ValidatingAdmissionPolicySpec {
@@ -246,7 +241,7 @@ fn binding(
     ValidatingAdmissionPolicyBinding {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            labels: Some(super::managed_labels()),
+            labels: Some(managed_labels()),
             ..ObjectMeta::default()
         },
         spec: ValidatingAdmissionPolicyBindingSpec {
@@ -255,7 +250,7 @@ fn binding(
             match_resources: Some(MatchResources {
                 namespace_selector: Some(LabelSelector {
                     match_expressions: Some(vec![LabelSelectorRequirement {
-                        key: NAME_LABEL.into(),
+                        key: NAMESPACE_NAME.into(),
                         operator: operator.into(),
                         values: Some(namespaces.iter().cloned().collect()),
                     }]),

@@ -10,7 +10,8 @@
 //! device plugin serves it there; the tenant asks for its DRA units by its own name).
 
 use super::rules::TenantRules;
-use super::{NAME_LABEL, labels};
+use crate::desired::settings::managed_labels;
+use crate::labels::NAMESPACE_NAME;
 use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,7 +50,7 @@ fn policy(name: &str, renames: &BTreeMap<String, String>) -> MutatingAdmissionPo
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": labels()},
+        "metadata": {"name": name, "labels": managed_labels()},
         "spec": {
             "failurePolicy": "Fail",
             "reinvocationPolicy": "Never",
@@ -67,11 +68,11 @@ fn binding(name: &str, namespaces: &BTreeSet<String>) -> MutatingAdmissionPolicy
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": labels()},
+        "metadata": {"name": name, "labels": managed_labels()},
         "spec": {
             "policyName": name,
             "matchResources": {"namespaceSelector": {"matchExpressions": [
-                {"key": NAME_LABEL, "operator": "In", "values": namespaces},
+                {"key": NAMESPACE_NAME, "operator": "In", "values": namespaces},
             ]}},
         }
     }))

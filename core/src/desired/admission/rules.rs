@@ -29,8 +29,8 @@
 
 use super::cel::{self, Who, quote, validation, validation_with, when};
 use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, TenantAdmission, condition_status};
-use crate::desired::Settings;
 use crate::desired::dra::DraHoldings;
+use crate::desired::settings::Settings;
 use crate::device_plugin::resource_name;
 use crate::labels::{DEDICATED, SCRUB_PENDING, SHARING};
 use k8s_openapi::api::admissionregistration::v1::Validation;

@@ -7,7 +7,7 @@
 pub mod evict;
 pub mod mps;
 
-use super::Options;
+use super::options::Options;
 use super::pod_resources::{self, Holdings};
 use crate::api::{BusyGpuPolicy, EvictionRequest, GpuNodeSpec, GpuNodeStatus, GpuReason, GpuStatus, condition_status};
 use k8s_openapi::api::core::v1::Pod;

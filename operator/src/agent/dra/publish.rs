@@ -32,7 +32,7 @@ pub async fn publish(client: &Client, node: &str, devices: &[DraDevice]) -> Resu
     }
     let generation = current + 1;
     let want = slices(node, devices, generation);
-    let pp = PatchParams::apply(crate::agent::FIELD_MANAGER).force();
+    let pp = PatchParams::apply(crate::agent::field_manager::FIELD_MANAGER).force();
     let mut writes = 0;
     for s in &want {
         api.patch(&s.name_any(), &pp, &Patch::Apply(s)).await?;

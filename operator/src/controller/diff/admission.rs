@@ -17,7 +17,8 @@
 //! the order within a pass does not matter. An older selector (the label selectors of earlier
 //! versions) reads as covering nothing, so an upgrade holds namespaces rather than drop them.
 
-use super::{Kind, Seen, Write, owned};
+use super::owned::{Seen, owned};
+use super::write::{Kind, Write};
 use crate::controller::stores::Snapshot;
 use crate::desired::{
     CLAIMS_PREFIX, Coverage, Desired, POLICY_PREFIX, TENANTS_CLAIMS_POLICY, TENANTS_POLICY, UNTENANTED_CLAIMS_POLICY,

@@ -10,13 +10,20 @@
 //! contains it. A resourceVersion names one state of one object on the API server; an object
 //! without one (not read from an API server) is always compared.
 
-use super::{Kind, Write};
+use super::write::{Kind, Write};
 use crate::runtime::object::contains;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Resource;
 use serde::Serialize;
 use serde_json::Value;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// An object's namespace and name.
 type Key = (Option<String>, String);
@@ -100,5 +107,36 @@ pub(super) fn owned<'d, D, T, L>(
             namespace: key.0.clone(),
             name: key.1.clone(),
         });
+    }
+}
+
+/// What a pass found already so in the owned objects, kept for the next pass ([`owned()`]).
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub(super) config_maps: Contained<ConfigMap>,
+    pub(super) namespaces: Contained<Namespace>,
+    pub(super) quotas: Contained<Arc<ResourceQuota>>,
+    pub(super) admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
+    pub(super) admission_bindings: Contained<Arc<ValidatingAdmissionPolicyBinding>>,
+    pub(super) device_classes: Contained<DeviceClass>,
+    pub(super) mutating_policies: Contained<MutatingAdmissionPolicy>,
+    pub(super) mutating_bindings: Contained<MutatingAdmissionPolicyBinding>,
+}
+
+impl Seen {
+    /// How many owned objects the last pass found contained in their live ones.
+    pub fn len(&self) -> usize {
+        self.config_maps.len()
+            + self.namespaces.len()
+            + self.quotas.len()
+            + self.admission_policies.len()
+            + self.admission_bindings.len()
+            + self.device_classes.len()
+            + self.mutating_policies.len()
+            + self.mutating_bindings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

@@ -8,6 +8,8 @@ use crate::desired::Settings;
 use crate::planner::fixtures::{TenantBuilder, mig_group, now, plan_for, policy};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use std::sync::Arc;
 
 fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
     Node {

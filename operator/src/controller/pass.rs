@@ -1,0 +1,191 @@
+//! One pass of the controller: a snapshot of the stores, the desired state (from the last pass's
+//! memo, checked against a full pass when asked), the diff against the snapshot, the writes and
+//! the events; and the desired state of a snapshot on its own, as tests and `plan` of a live
+//! cluster compute it.
+
+use super::stores::{self, Snapshot, Stores};
+use super::{diff, writer};
+use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
+use crate::inventory::NodeInventory;
+use crate::planner::PlanInput;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The planner's node inputs from the cluster ([`crate::inventory::cluster_inventories`]).
+pub fn node_inventories(s: &Snapshot) -> Vec<NodeInventory> {
+    crate::inventory::cluster_inventories(&s.nodes, &s.gpu_nodes)
+}
+
+/// Condition times at whole seconds, as Kubernetes writes them.
+pub fn now_seconds() -> Time {
+    let now = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// The desired state of the cluster in `s`.
+pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
+    desired_with_memo(s, settings, now, None)
+}
+
+/// [`desired_of`], placing again only the parts of the fleet whose inputs changed since the pass
+/// `memo` kept ([`crate::planner::plan_with`]).
+pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
+    let nodes = node_inventories(s);
+    desired_with(
+        &PlanInput {
+            policies: &s.policies,
+            tenants: &s.tenants,
+            plans: &s.plans,
+            nodes: &nodes,
+        },
+        settings,
+        now,
+        memo,
+    )
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassReport {
+    /// The writes made, as `action Kind name`.
+    pub writes: Vec<String>,
+    /// Writes that failed, with their errors.
+    pub failed: Vec<String>,
+    /// Writes made, as (kind, action), for the metrics.
+    pub done: Vec<(diff::Kind, &'static str)>,
+    /// Time spent planning (the pure part: desired state and diff), and in the whole pass.
+    pub plan_time: Duration,
+    pub total_time: Duration,
+    /// The desired state alone (planned from the memo), and the allocation's cells placed and
+    /// taken from the memo.
+    pub desired_time: Duration,
+    pub cells: (usize, usize),
+    /// With `--check-incremental`: the full pass's time, computed beside the incremental one.
+    pub full_time: Option<Duration>,
+    /// With `--check-incremental`: the incremental pass differed from the full pass (whose
+    /// result was written).
+    pub incremental_differed: bool,
+    /// Tenants with the statuses of this pass (for the per-tenant metrics).
+    pub tenants: Vec<crate::api::GpuTenant>,
+}
+
+/// A pass's desired state, and how it was planned.
+struct Planned {
+    desired: Desired,
+    /// Planned from the memo, alone (the snapshot and the full pass not counted).
+    desired_time: Duration,
+    /// The allocation's cells placed, and taken from the memo.
+    cells: (usize, usize),
+    full_time: Option<Duration>,
+    differed: bool,
+}
+
+/// The controller: its stores, its writer and its settings.
+pub struct Controller {
+    pub stores: Stores,
+    pub(crate) writer: writer::Writer,
+    settings: Settings,
+    /// Notified on every change any store sees.
+    pub changed: Arc<Notify>,
+    /// What the last pass planned and rendered, so the next places again and renders again only
+    /// what its changes can affect.
+    memo: Mutex<DesiredMemo>,
+    /// The owned objects the last pass found already so, by resourceVersion
+    /// ([`diff::Seen`]), so the next compares only what changed.
+    seen: Mutex<diff::Seen>,
+    /// Also plan every pass from nothing, compare, and write the full pass's result if they differ.
+    pub check_incremental: bool,
+}
+
+impl Controller {
+    /// Creates the stores and spawns the watches that keep them current.
+    pub fn start(client: Client, settings: Settings, instance: Option<String>) -> Controller {
+        let changed = Arc::new(Notify::new());
+        let (stores, drive) = stores::stores(&client, &settings.device_plugin_namespace, changed.clone());
+        tokio::spawn(futures::StreamExt::for_each(drive, |()| async {}));
+        Controller {
+            stores,
+            writer: writer::Writer::new(client, instance),
+            settings,
+            changed,
+            memo: Mutex::default(),
+            seen: Mutex::default(),
+            check_incremental: false,
+        }
+    }
+
+    /// The desired state of `snapshot`, planned with the memo of the last pass; with
+    /// `check_incremental`, checked against the full pass.
+    fn plan(&self, snapshot: &Snapshot, now: &Time) -> Planned {
+        let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let started = Instant::now();
+        let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
+        let desired_time = started.elapsed();
+        let cells = (memo.plan.allocation.placed, memo.plan.allocation.reused);
+        if !self.check_incremental {
+            return Planned {
+                desired: d,
+                desired_time,
+                cells,
+                full_time: None,
+                differed: false,
+            };
+        }
+        let started = Instant::now();
+        let full = desired_of(snapshot, &self.settings, now);
+        let full_time = Some(started.elapsed());
+        let differed = full != d;
+        if differed {
+            // Fail closed: the full pass is the reference; forget everything kept.
+            tracing::error!("the incremental pass differs from the full pass; writing the full pass's result");
+            *memo = DesiredMemo::default();
+        }
+        Planned {
+            desired: full,
+            desired_time,
+            cells,
+            full_time,
+            differed,
+        }
+    }
+
+    /// One pass over the whole fleet: snapshot, desired state, diff, writes, events.
+    pub async fn pass(&self) -> PassReport {
+        let started = Instant::now();
+        let snapshot = self.stores.snapshot();
+        let Planned {
+            desired: d,
+            desired_time,
+            cells,
+            full_time,
+            differed,
+        } = self.plan(&snapshot, &now_seconds());
+        let diff = {
+            let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            diff::diff_with(&d, &snapshot, &mut seen)
+        };
+        let plan_time = started.elapsed();
+        let outcome = self.writer.write_all(&diff.writes).await;
+        self.writer.publish(&diff.notes).await;
+        PassReport {
+            writes: diff
+                .writes
+                .iter()
+                .map(ToString::to_string)
+                .filter(|w| !outcome.failed.iter().any(|(f, _)| f == w))
+                .collect(),
+            failed: outcome.failed.iter().map(|(w, e)| format!("{w}: {e}")).collect(),
+            done: outcome.done,
+            plan_time,
+            total_time: started.elapsed(),
+            desired_time,
+            cells,
+            full_time,
+            incremental_differed: differed,
+            tenants: d.tenants,
+        }
+    }
+}
