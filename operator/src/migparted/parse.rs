@@ -6,7 +6,7 @@
 //! MIG profile parser it calls in go-nvlib (`pkg/nvlib/device/mig_profile.go`, `parseMigProfile`).
 //! A few refusals are ours, marked so: a plan's device list cannot say what mig-parted lets through.
 
-use super::{DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, VERSION};
+use super::file::{DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, VERSION};
 use crate::devices::MAX_DEVICE_INDEX;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};

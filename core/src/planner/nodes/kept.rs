@@ -10,7 +10,7 @@
 //! now nor changed hands then (each marks a node it computes again `recomputed`). The incremental property test
 //! (`operator/tests/incremental.rs`) holds the result equal to a pass from nothing.
 
-use super::{Decided, NodeDesired, NodeState};
+use super::node::{Decided, NodeDesired, NodeState};
 use crate::api::{BusyGpuPolicy, DeviceAccess, GpuPartitionPlanSpec, GpuSpec, SharedVec};
 use crate::inventory::NodeInventory;
 use crate::selectors::ParsedSelector;
