@@ -4,10 +4,15 @@
 //! go through its raw function table (`Nvml::lib()`), because the wrapper does not offer them
 //! (and its `possible_placements` returns an empty list). Profile IDs and placements always come
 //! from the driver: other GPUs number them differently than the static tables. Discovery is here,
-//! the mutations in [`execute`].
+//! the mutations in [`execute`], how busy the GPUs are in [`usage`]; below them all, the loaded
+//! library ([`handle`]) and its return codes made errors ([`ffi`]).
 
 mod execute;
+mod ffi;
+mod handle;
 mod usage;
+
+pub use handle::NvmlGpus;
 
 pub use super::ActionError;
 
@@ -16,13 +21,13 @@ use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
 use crate::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
-use crate::gpu::scrub::{self, Amount, CudaLib, ScrubReport};
-use nvml_wrapper::Nvml;
+use crate::gpu::scrub::{self, Amount, ScrubReport};
+use ffi::{Ci, check, err, not_offered, optional, sym};
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::{NvmlError, nvml_try};
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::*;
-use std::ffi::{CStr, OsStr};
+use std::ffi::CStr;
 use std::ptr;
 
 const MIB: u64 = 1024 * 1024;
@@ -31,101 +36,7 @@ const MIB: u64 = 1024 * 1024;
 /// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)`).
 const PROFILE_INFO_V2: u32 = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
 
-/// A compute instance as NVML lists it.
-struct Ci {
-    handle: nvmlComputeInstance_t,
-    id: u32,
-    /// Compute slices of its profile.
-    slices: u32,
-}
-
-/// An initialised NVML library, and where scrubs get their CUDA library.
-pub struct NvmlGpus {
-    nvml: Nvml,
-    cuda: CudaLib,
-    /// GPM samples and per-process sample timestamps kept between readings ([`usage`]).
-    usage: std::sync::Mutex<usage::UsageMemory>,
-}
-
-impl Drop for NvmlGpus {
-    fn drop(&mut self) {
-        self.free_usage();
-    }
-}
-
-fn err(what: &str, e: NvmlError) -> String {
-    format!("{what}: {e}")
-}
-
-/// A function of the raw table, or which one the library lacks.
-fn sym<T, E: std::fmt::Display>(r: Result<&T, E>) -> Result<&T, String> {
-    r.map_err(|e| format!("the NVML library lacks a function the agent needs: {e}"))
-}
-
-/// A query whose answer may legitimately not exist: `Ok(None)` when the GPU or the driver does not
-/// support it; any other error is an error (the GPU cannot be read, so nothing is assumed).
-fn optional<T>(r: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Whether a raw return code means "no such profile here" (skip it) rather than a failed read.
-fn not_offered(code: nvmlReturn_t) -> bool {
-    code == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED || code == nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
-}
-
-/// Turns a raw NVML return code into a `Result`.
-fn check(what: impl FnOnce() -> String, code: nvmlReturn_t) -> Result<(), String> {
-    nvml_try(code).map_err(|e| err(&what(), e))
-}
-
 impl NvmlGpus {
-    /// Loads NVML from `lib` (the system's `libnvidia-ml.so.1` when `None`) and initialises it.
-    pub fn open(lib: Option<&OsStr>) -> Result<NvmlGpus, String> {
-        // The driver ships `libnvidia-ml.so.1`; the unversioned name often exists only with
-        // development packages, so try the versioned one first.
-        let names: Vec<&OsStr> = match lib {
-            Some(l) => vec![l],
-            None => vec![OsStr::new("libnvidia-ml.so.1"), OsStr::new("libnvidia-ml.so")],
-        };
-        let mut load_error = String::new();
-        for name in &names {
-            match Nvml::builder().lib_path(name).init() {
-                Ok(nvml) => {
-                    return Ok(NvmlGpus {
-                        nvml,
-                        cuda: CudaLib::default(),
-                        usage: Default::default(),
-                    });
-                }
-                Err(NvmlError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
-                Err(NvmlError::LibloadingError(_)) => {}
-                Err(e) => {
-                    let name = name.to_string_lossy();
-                    return Err(format!("NVML library {name} failed to initialise (nvmlInit_v2): {e}"));
-                }
-            }
-        }
-        let tried: Vec<String> = names.iter().map(|n| n.to_string_lossy().into_owned()).collect();
-        Err(format!(
-            "cannot load the NVML library {}: {load_error}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1",
-            tried.join(" or ")
-        ))
-    }
-
-    /// Scrubs load CUDA from `cuda` (the system's `libcuda.so.1` by default).
-    pub fn with_cuda(mut self, cuda: CudaLib) -> NvmlGpus {
-        self.cuda = cuda;
-        self
-    }
-
-    fn lib(&self) -> &NvmlLib {
-        self.nvml.lib()
-    }
-
     /// Everything the agent publishes about the node's GPUs. A GPU that any per-device query fails
     /// for is reported with reason `Unreadable` and the error, nothing else: it is never mistaken
     /// for an idle GPU without MIG (fails closed), and the other GPUs are read as usual.

@@ -1,7 +1,8 @@
 //! Carrying out NVML actions (the mutations), and reading their outcome: return codes, and the
 //! activation status of a MIG mode change.
 
-use super::{Ci, NvmlGpus, check, err, sym};
+use super::ffi::{Ci, check, err, sym};
+use super::handle::NvmlGpus;
 use crate::api::GpuReason;
 use crate::gpu::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
 use crate::gpu::backend::ActionError;

@@ -10,10 +10,11 @@
 //! Raw handles through the function table: nvml-wrapper's `GpmSample` borrows the `Nvml` it came
 //! from, which a struct owning both cannot hold.
 
-use super::NvmlGpus;
+use super::ffi::{check, sym};
 use crate::api::{GpuNodeStatus, GpuStatus};
 use crate::attribution::ProcessSample;
 use crate::gpu::Usage;
+use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::*;
 use std::collections::BTreeMap;
@@ -47,14 +48,15 @@ pub(super) struct UsageMemory {
     process_seen: BTreeMap<u32, u64>,
 }
 
-impl NvmlGpus {
-    /// How busy the GPUs of `status` are now (GPUs it could not read are skipped).
-    pub(super) fn read_usage(&self, status: &GpuNodeStatus) -> Usage {
-        let mut memory = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+impl UsageMemory {
+    /// How busy the GPUs of `status` are now, read through `nvml` (GPUs it could not read are
+    /// skipped); the samples and timestamps this reading takes are kept for the next.
+    pub(super) fn read(&mut self, nvml: &Nvml, status: &GpuNodeStatus) -> Usage {
+        let memory = self;
         let mut out = Usage::default();
         let mut kept = Vec::new();
         for g in status.gpus.iter().filter(|g| !g.uuid.is_empty()) {
-            let Ok(dev) = self.nvml.device_by_index(g.index) else {
+            let Ok(dev) = nvml.device_by_index(g.index) else {
                 continue;
             };
             if g.mig_mode.is_some_and(|m| m.current) {
@@ -63,9 +65,9 @@ impl NvmlGpus {
                     .entry(g.index)
                     .or_insert_with(|| dev.gpm_support().unwrap_or(false));
                 if supported {
-                    // SAFETY: the handle belongs to `dev`, which lives as long as `self.nvml`.
+                    // SAFETY: the handle belongs to `dev`, which lives as long as `nvml`.
                     let handle = unsafe { dev.handle() };
-                    for (gi, ratio) in self.instance_usage(&mut memory, g, handle, &mut kept) {
+                    for (gi, ratio) in memory.instance_usage(nvml, g, handle, &mut kept) {
                         out.instances.insert((g.index, gi), ratio);
                     }
                 }
@@ -105,7 +107,7 @@ impl NvmlGpus {
         let gone: Vec<(u32, String)> = memory.gpm.keys().filter(|k| !kept.contains(*k)).cloned().collect();
         for k in gone {
             if let Some(last) = memory.gpm.remove(&k) {
-                self.free(last.sample);
+                free(nvml, last.sample);
             }
         }
         out
@@ -114,8 +116,8 @@ impl NvmlGpus {
     /// Each instance of `g` with a MIG device UUID: its GPM graphics utilization since its last
     /// sample, 0 to 1 (none on the first sample, or when GPM fails for it). Keys read go to `kept`.
     fn instance_usage(
-        &self,
-        memory: &mut UsageMemory,
+        &mut self,
+        nvml: &Nvml,
         g: &GpuStatus,
         dev: nvmlDevice_t,
         kept: &mut Vec<(u32, String)>,
@@ -125,23 +127,22 @@ impl NvmlGpus {
             let Some(uuid) = &i.uuid else { continue };
             let key = (g.index, uuid.clone());
             kept.push(key.clone());
-            if let Some(last) = memory.gpm.get(&key)
+            if let Some(last) = self.gpm.get(&key)
                 && last.taken.elapsed() < GPM_MIN_INTERVAL
             {
                 // Too soon for a new sample: the last figure still stands.
                 out.extend(last.ratio.map(|r| (i.gpu_instance_id, r)));
                 continue;
             }
-            let sample = match self.mig_sample(dev, i.gpu_instance_id) {
+            let sample = match mig_sample(nvml, dev, i.gpu_instance_id) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(gpu = g.index, gi = i.gpu_instance_id, error = %e, "no GPM sample");
                     continue;
                 }
             };
-            let ratio = match memory.gpm.get(&key) {
-                Some(last) => self
-                    .graphics_util(&last.sample, &sample)
+            let ratio = match self.gpm.get(&key) {
+                Some(last) => graphics_util(nvml, &last.sample, &sample)
                     .map_err(|e| tracing::debug!(gpu = g.index, gi = i.gpu_instance_id, error = %e, "nvmlGpmMetricsGet failed"))
                     .ok(),
                 None => None,
@@ -152,60 +153,59 @@ impl NvmlGpus {
                 taken: Instant::now(),
                 ratio,
             };
-            if let Some(previous) = memory.gpm.insert(key, next) {
-                self.free(previous.sample);
+            if let Some(previous) = self.gpm.insert(key, next) {
+                free(nvml, previous.sample);
             }
         }
         out
     }
 
-    /// A new sample of GPU instance `gi` of `dev`.
-    fn mig_sample(&self, dev: nvmlDevice_t, gi: u32) -> Result<RawSample, String> {
-        let lib = self.lib();
-        let alloc = super::sym(lib.nvmlGpmSampleAlloc.as_ref())?;
-        let get = super::sym(lib.nvmlGpmMigSampleGet.as_ref())?;
-        let mut s: nvmlGpmSample_t = std::ptr::null_mut();
-        super::check(|| "nvmlGpmSampleAlloc".into(), unsafe { alloc(&mut s) })?;
-        let sample = RawSample(s);
-        match super::check(|| format!("nvmlGpmMigSampleGet(GPU instance {gi})"), unsafe {
-            get(dev, gi, sample.0)
-        }) {
-            Ok(()) => Ok(sample),
-            Err(e) => {
-                self.free(sample);
-                Err(e)
-            }
+    /// Frees the samples kept (when the backend goes), through the library that allocated them.
+    pub(super) fn free_all(&mut self, nvml: &Nvml) {
+        for (_, last) in std::mem::take(&mut self.gpm) {
+            free(nvml, last.sample);
         }
     }
+}
 
-    /// NVML_GPM_METRIC_GRAPHICS_UTIL between two samples ("percentage of time any compute/graphics
-    /// app was active", the instance's counterpart of nvmlDeviceGetUtilizationRates' `gpu`), 0 to 1.
-    fn graphics_util(&self, first: &RawSample, second: &RawSample) -> Result<f64, String> {
-        let get = super::sym(self.lib().nvmlGpmMetricsGet.as_ref())?;
-        // SAFETY: all-zero is a valid request (null samples and names, ID 0); filled in below.
-        let mut m: nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
-        m.version = NVML_GPM_METRICS_GET_VERSION;
-        m.numMetrics = 1;
-        m.sample1 = first.0;
-        m.sample2 = second.0;
-        m.metrics[0].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
-        super::check(|| "nvmlGpmMetricsGet".into(), unsafe { get(&mut m) })?;
-        super::check(|| "nvmlGpmMetricsGet(GRAPHICS_UTIL)".into(), m.metrics[0].nvmlReturn)?;
-        Ok((m.metrics[0].value / 100.0).clamp(0.0, 1.0))
-    }
-
-    fn free(&self, s: RawSample) {
-        if let Ok(f) = self.lib().nvmlGpmSampleFree.as_ref() {
-            // SAFETY: allocated by this library's nvmlGpmSampleAlloc, freed once (moved in).
-            unsafe { f(s.0) };
+/// A new sample of GPU instance `gi` of `dev`.
+fn mig_sample(nvml: &Nvml, dev: nvmlDevice_t, gi: u32) -> Result<RawSample, String> {
+    let lib = nvml.lib();
+    let alloc = sym(lib.nvmlGpmSampleAlloc.as_ref())?;
+    let get = sym(lib.nvmlGpmMigSampleGet.as_ref())?;
+    let mut s: nvmlGpmSample_t = std::ptr::null_mut();
+    check(|| "nvmlGpmSampleAlloc".into(), unsafe { alloc(&mut s) })?;
+    let sample = RawSample(s);
+    match check(|| format!("nvmlGpmMigSampleGet(GPU instance {gi})"), unsafe {
+        get(dev, gi, sample.0)
+    }) {
+        Ok(()) => Ok(sample),
+        Err(e) => {
+            free(nvml, sample);
+            Err(e)
         }
     }
+}
 
-    /// Frees the samples kept (when the backend goes).
-    pub(super) fn free_usage(&mut self) {
-        let memory = std::mem::take(self.usage.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for (_, last) in memory.gpm {
-            self.free(last.sample);
-        }
+/// NVML_GPM_METRIC_GRAPHICS_UTIL between two samples ("percentage of time any compute/graphics
+/// app was active", the instance's counterpart of nvmlDeviceGetUtilizationRates' `gpu`), 0 to 1.
+fn graphics_util(nvml: &Nvml, first: &RawSample, second: &RawSample) -> Result<f64, String> {
+    let get = sym(nvml.lib().nvmlGpmMetricsGet.as_ref())?;
+    // SAFETY: all-zero is a valid request (null samples and names, ID 0); filled in below.
+    let mut m: nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
+    m.version = NVML_GPM_METRICS_GET_VERSION;
+    m.numMetrics = 1;
+    m.sample1 = first.0;
+    m.sample2 = second.0;
+    m.metrics[0].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
+    check(|| "nvmlGpmMetricsGet".into(), unsafe { get(&mut m) })?;
+    check(|| "nvmlGpmMetricsGet(GRAPHICS_UTIL)".into(), m.metrics[0].nvmlReturn)?;
+    Ok((m.metrics[0].value / 100.0).clamp(0.0, 1.0))
+}
+
+fn free(nvml: &Nvml, s: RawSample) {
+    if let Ok(f) = nvml.lib().nvmlGpmSampleFree.as_ref() {
+        // SAFETY: allocated by this library's nvmlGpmSampleAlloc, freed once (moved in).
+        unsafe { f(s.0) };
     }
 }
