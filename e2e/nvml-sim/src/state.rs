@@ -211,7 +211,16 @@ pub struct ScrubEntry {
     pub bytes: u64,
 }
 
+/// A PCI address: domain, bus, device, function.
+pub type PciAddress = (u32, u32, u32, u32);
+
 impl SimGpu {
+    /// Where the simulator puts a GPU on the PCI bus: domain 0, bus 0x18 + index, device 0,
+    /// function 0 (what `nvmlDeviceGetPciInfo_v3` reports as `00000000:18:00.0` for GPU 0).
+    pub fn pci_address(&self) -> PciAddress {
+        (0, 0x18 + self.index, 0, 0)
+    }
+
     pub fn model(&self) -> &'static GpuModel {
         mig::model_by_name(&self.model).expect("state names a known model")
     }

@@ -471,7 +471,7 @@ pub async fn ensure_operator_namespaces(client: &Client) {
     let keep = Cleanup::new();
     for ns in [
         gpu_tenancy::desired::Settings::default().device_plugin_namespace,
-        procs::CONTROLLER_NAMESPACE.to_string(),
+        gpu_tenancy::desired::Settings::default().operator_namespace,
     ] {
         if !kubectl_async(vec!["get".into(), "namespace".into(), ns.clone()])
             .await

@@ -4,15 +4,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use super::*;
-
-/// A PCI address: domain, bus, device, function.
-pub type PciAddress = (u32, u32, u32, u32);
-
-/// Where the simulator puts a GPU on the PCI bus: domain 0, bus 0x18 + index, device 0,
-/// function 0 (what `nvmlDeviceGetPciInfo_v3` reports as `00000000:18:00.0` for GPU 0).
-pub fn pci_address(g: &SimGpu) -> PciAddress {
-    (0, 0x18 + g.index, 0, 0)
-}
+use crate::state::PciAddress;
 
 /// One hexadecimal field as C's `%x` reads it (an optional `0x`), at most 32 bits.
 fn hex(s: &str) -> Option<u32> {
@@ -59,7 +51,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
         if dev.is_null() {
             return Err(ERR_INVALID_ARGUMENT);
         }
-        let g = st.gpus.iter().find(|g| pci_address(g) == wanted).ok_or(ERR_NOT_FOUND)?;
+        let g = st
+            .gpus
+            .iter()
+            .find(|g| g.pci_address() == wanted)
+            .ok_or(ERR_NOT_FOUND)?;
         unsafe { out(dev, pack(K_DEVICE, g.index, 0, 0) as nvmlDevice_t) }
     })
 }

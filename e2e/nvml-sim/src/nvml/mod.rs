@@ -302,7 +302,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nv
         let g = device(st, dev)?;
         // SAFETY: all-zero is a valid nvmlPciInfo_t.
         let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
-        let (domain, bus, dev_no, _function) = lookup::pci_address(g);
+        let (domain, bus, dev_no, _function) = g.pci_address();
         info.domain = domain;
         info.bus = bus;
         info.device = dev_no;

@@ -1,6 +1,9 @@
 //! Grants lost or doubled: tenant statuses against the GpuNode specs.
 
-use super::*;
+use super::model::{Class, Finding, Kind, Snapshot, f, headroom_of, quantity_mib};
+use gpu_tenancy::api::{GpuNode, GpuSpec, Mode};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One unit of capacity: a MIG instance (by placement start), or a whole GPU's shares of a mode.
 type Unit = (String, u32, Mode, Option<u32>);

@@ -1,6 +1,9 @@
 //! Pods that exist and break their tenant's isolation.
 
-use super::*;
+use super::model::{Class, Finding, Kind, Snapshot, f, tier_of};
+use gpu_tenancy::api::Mode;
+use kube::ResourceExt;
+use std::collections::BTreeSet;
 
 /// Namespaces whose GPU pods belong to no tenant by design (the cluster's own, the device plugin's).
 const SYSTEM_NAMESPACES: [&str; 5] = [
