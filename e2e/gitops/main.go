@@ -25,16 +25,6 @@ import (
 	"os"
 )
 
-const usage = `usage:
-  gitops argocd-health-test DIR
-  gitops argocd-health [--dir DIR] FILE|-
-  gitops kstatus FILE|-
-  gitops flux-apply-wait --kubeconfig FILE [--timeout 60s] [--interval 5s] [--fail-fast] FILES...
-`
-
-// exitUsage is the exit code of usage, read and connection errors (1 and 2 have meanings).
-const exitUsage = 3
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
