@@ -49,22 +49,22 @@ func main() {
 		return
 	}
 	if len(os.Args) < 2 {
-		usage()
+		printUsage()
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "up":
-		if err := up(os.Args[2:]); err != nil {
+		if err := cmdUp(os.Args[2:]); err != nil {
 			fmt.Fprintf(os.Stderr, "controlplane up: %v\n", err)
 			os.Exit(1)
 		}
 	case "down":
-		if err := down(os.Args[2:]); err != nil {
+		if err := cmdDown(os.Args[2:]); err != nil {
 			fmt.Fprintf(os.Stderr, "controlplane down: %v\n", err)
 			os.Exit(1)
 		}
 	case "status":
-		if err := status(os.Args[2:]); err != nil {
+		if err := cmdStatus(os.Args[2:]); err != nil {
 			fmt.Fprintf(os.Stderr, "controlplane status: %v\n", err)
 			os.Exit(1)
 		}
@@ -73,15 +73,15 @@ func main() {
 	case "version":
 		fmt.Println(kubernetesVersion())
 	case "-h", "--help", "help":
-		usage()
+		printUsage()
 	default:
 		fmt.Fprintf(os.Stderr, "controlplane: unknown subcommand %q\n", os.Args[1])
-		usage()
+		printUsage()
 		os.Exit(2)
 	}
 }
 
-func usage() {
+func printUsage() {
 	fmt.Fprint(os.Stderr, `usage:
   controlplane up --dir DIR [--die-with-parent=true] [--ready-timeout=120s] [--keep] [--scheduler] [-- EXTRA_KUBE_APISERVER_FLAGS...]
       start embedded etcd + kube-apiserver on 127.0.0.1 (free ports) and the garbage collector,
@@ -123,7 +123,7 @@ func kubernetesVersion() string {
 // ---------------------------------------------------------------------------------------------
 // up
 
-func up(args []string) error {
+func cmdUp(args []string) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	dir := fs.String("dir", "", "state directory (created; previous state in it is discarded)")
 	dieWithParent := fs.Bool("die-with-parent", true, "terminate when the parent process exits (Linux PR_SET_PDEATHSIG)")
@@ -391,7 +391,7 @@ func waitReady(ctx context.Context, server string, c *pki, apiDone <-chan error)
 // ---------------------------------------------------------------------------------------------
 // status, down
 
-func status(args []string) error {
+func cmdStatus(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	dir := fs.String("dir", "", "state directory given to up")
 	if err := fs.Parse(args); err != nil {
@@ -408,7 +408,7 @@ func status(args []string) error {
 	return nil
 }
 
-func down(args []string) error {
+func cmdDown(args []string) error {
 	fs := flag.NewFlagSet("down", flag.ContinueOnError)
 	dir := fs.String("dir", "", "state directory given to up")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait before SIGKILL")
