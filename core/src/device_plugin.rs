@@ -4,7 +4,7 @@
 //! The plugin applies one sharing setting to every whole (non-MIG) GPU of a node: `rename` and
 //! `devices` on a sharing resource are parsed and dropped (k8s-device-plugin#1786). It refuses MPS
 //! on a node with MIG devices ("sharing using MPS is not supported for MIG devices",
-//! `internal/plugin/mps.go`). Both rules live here, once: plans are checked with [`node_config`]
+//! `internal/plugin/mps.go`). Both rules live here, once: plans are checked with [`NodeConfig::of_gpus`]
 //! and the controller renders what the same function returns.
 
 use crate::api::{GpuGroup, GpuSpec, Mode};

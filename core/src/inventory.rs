@@ -128,7 +128,7 @@ pub struct NodeGpu {
 }
 
 /// A GPU node as the planner sees it: from the inventory file offline, from its Node and GpuNode in
-/// a cluster ([`crate::planner::node_inventory`]).
+/// a cluster ([`cluster_inventories`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInventory {
     pub name: String,

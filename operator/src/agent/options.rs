@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct Options {
     pub node: String,
-    /// The NVML and CUDA libraries of [`run`]'s backend (other backends ignore them).
+    /// The NVML and CUDA libraries of [`super::run`]'s backend (other backends ignore them).
     pub nvml_lib: Option<OsString>,
     pub cuda_lib: Option<PathBuf>,
     /// How often the GPUs are read again without a spec change (drift).
@@ -41,6 +41,6 @@ pub enum AgentMode {
     /// plugin's pod after a MIG change, reports its MPS daemon and lists the pods on a busy GPU.
     #[default]
     DevicePlugin,
-    /// Through this agent as a DRA kubelet plugin ([`dra`]); it runs its own MPS daemon.
+    /// Through this agent as a DRA kubelet plugin ([`super::dra`]); it runs its own MPS daemon.
     Dra(Box<DraOptions>),
 }

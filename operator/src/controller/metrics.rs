@@ -1,4 +1,4 @@
-//! The controller's Prometheus metrics, served as OpenMetrics text on `/metrics` ([`super::http`]).
+//! The controller's Prometheus metrics, served as OpenMetrics text on `/metrics` ([`crate::runtime::http`]).
 //!
 //! Every name starts with `gpu_tenancy_controller_`. Counters get the `_total` suffix and the pass
 //! histogram its `_seconds` unit from `prometheus-client`, as OpenMetrics requires:
