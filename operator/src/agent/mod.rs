@@ -20,10 +20,12 @@ pub mod attribution;
 pub mod device_plugin;
 pub mod dra;
 mod field_manager;
+mod known;
 pub mod metrics;
 mod options;
 pub mod pitfalls;
 pub mod pod_resources;
+mod spec_changes;
 
 pub use field_manager::FIELD_MANAGER;
 pub use options::{AgentMode, Options};
@@ -38,6 +40,7 @@ use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use known::Known;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -140,30 +143,40 @@ pub struct Passed {
     pub next: Next,
 }
 
-/// One pass: read the GpuNode, apply its spec, publish what changed.
-pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Options) -> Result<Passed, PassError> {
-    let api: Api<GpuNode> = Api::all(client.clone());
+/// Reads this node's GpuNode, creating it if missing.
+async fn read_or_create(api: &Api<GpuNode>, opts: &Options) -> Result<GpuNode, PassError> {
     let read = |source| PassError::Read {
         node: opts.node.clone(),
         source,
     };
-    let node = match api.get_opt(&opts.node).await.map_err(read)? {
+    if let Some(n) = api.get_opt(&opts.node).await.map_err(read)? {
+        return Ok(n);
+    }
+    let created = api
+        .create(&PostParams::default(), &GpuNode::new(&opts.node, Default::default()))
+        .await;
+    match created {
+        Ok(n) => Ok(n),
+        Err(kube::Error::Api(e)) if e.code == 409 => api.get(&opts.node).await.map_err(read),
+        Err(source) => Err(PassError::Create {
+            node: opts.node.clone(),
+            source,
+        }),
+    }
+}
+
+/// One pass: apply the GpuNode's spec, publish what changed. The GpuNode and the node's label
+/// are read only where `known` does not have them ([`known`]): a poll reads neither.
+async fn pass<G: Gpus + 'static>(
+    client: &Client,
+    gpus: &Arc<G>,
+    opts: &Options,
+    known: &mut Known,
+) -> Result<Passed, PassError> {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let node = match known.take_gpu_node() {
         Some(n) => n,
-        None => {
-            let created = api
-                .create(&PostParams::default(), &GpuNode::new(&opts.node, Default::default()))
-                .await;
-            match created {
-                Ok(n) => n,
-                Err(kube::Error::Api(e)) if e.code == 409 => api.get(&opts.node).await.map_err(read)?,
-                Err(source) => {
-                    return Err(PassError::Create {
-                        node: opts.node.clone(),
-                        source,
-                    });
-                }
-            }
-        }
+        None => read_or_create(&api, opts).await?,
     };
     let spec = node.spec.clone();
     let prev = node.status.clone();
@@ -238,11 +251,13 @@ pub async fn pass<G: Gpus + 'static>(client: &Client, gpus: &Arc<G>, opts: &Opti
     if mig_changed && device_plugin {
         restart_device_plugin(client, opts).await;
     }
-    label_config_state(client, opts, config_state(&status)).await;
+    label_config_state(client, opts, config_state(&status), known).await;
     let retry = status
         .gpus
         .iter()
         .any(|g| g.reason.is_some_and(GpuReason::retries_soon));
+    // What the API server now holds (`claims` aside: the DRA plugin's, never read here).
+    known.keep_gpu_node(node, status);
     Ok(Passed {
         generation,
         next: if retry { Next::Retry } else { Next::Poll },
@@ -336,27 +351,39 @@ async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&G
     }
 }
 
-/// Keeps `gputenancy.io/config.state` on the node; written only when it changes.
-async fn label_config_state(client: &Client, opts: &Options, state: ConfigState) {
+/// Keeps `gputenancy.io/config.state` on the node; written only when it changes. The label as
+/// last read or written is kept in `known`: only this agent writes it, so it is read once, and
+/// again after a write that failed.
+async fn label_config_state(client: &Client, opts: &Options, state: ConfigState, known: &mut Known) {
     let state = state.as_str();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let current = match nodes.get_opt(&opts.node).await {
-        Ok(Some(n)) => n.labels().get(CONFIG_STATE).cloned(),
-        Ok(None) => return, // no Node object (outside a cluster's node set): nothing to label
-        Err(e) => {
-            tracing::warn!(error = %e, "could not read the node");
-            return;
-        }
-    };
-    if current.as_deref() == Some(state) {
+    if known.config_state() == Some(state) {
         return;
     }
+    let nodes: Api<Node> = Api::all(client.clone());
+    if known.config_state().is_none() {
+        let current = match nodes.get_opt(&opts.node).await {
+            Ok(Some(n)) => n.labels().get(CONFIG_STATE).cloned(),
+            Ok(None) => return, // no Node object (outside a cluster's node set): nothing to label
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the node");
+                return;
+            }
+        };
+        if current.as_deref() == Some(state) {
+            known.set_config_state(current);
+            return;
+        }
+    }
     let patch = json!({"metadata": {"labels": {CONFIG_STATE: state}}});
-    if let Err(e) = nodes
+    match nodes
         .patch(&opts.node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        tracing::warn!(error = %e, "could not label the node");
+        Ok(_) => known.set_config_state(Some(state.to_string())),
+        Err(e) => {
+            known.set_config_state(None);
+            tracing::warn!(error = %e, "could not label the node");
+        }
     }
 }
 
@@ -375,16 +402,13 @@ pub async fn run(
         .map_err(RunError::Nvml)?
         .with_cuda(cuda);
     let api: Api<GpuNode> = Api::all(client.clone());
-    let generations = watcher(
-        api,
-        watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
-    )
-    .default_backoff()
-    .applied_objects()
-    .map(|ev| {
-        ev.map(|n| n.metadata.generation)
-            .map_err(|e| format!("watching the GpuNode failed: {e}"))
-    });
+    let generations = spec_changes::spec_changes(
+        watcher(
+            api,
+            watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
+        )
+        .default_backoff(),
+    );
     let gpus = Arc::new(gpus);
     let AgentMode::Dra(dra_opts) = opts.mode.clone() else {
         return run_node(client, gpus, opts, generations, shutdown).await;
@@ -412,8 +436,10 @@ pub async fn run(
 }
 
 /// Runs until `shutdown`: a pass at once, on every new spec generation `generations` brings (the
-/// GpuNode's `metadata.generation` as it changes) and every `poll`; failed passes are retried
-/// with backoff. Writes go to this node's objects only, as a real agent's do.
+/// GpuNode's `metadata.generation` as it changes; `None` for the GpuNode gone) and every `poll`;
+/// failed passes are retried with backoff. A pass on a new generation reads the GpuNode; a poll
+/// starts from what the last pass read and wrote ([`known`]), and a pass that failed forgets it.
+/// Writes go to this node's objects only, as a real agent's do.
 pub async fn run_node<G: Gpus + 'static>(
     client: Client,
     gpus: Arc<G>,
@@ -428,6 +454,7 @@ pub async fn run_node<G: Gpus + 'static>(
     let mut wait = Duration::ZERO;
     tokio::pin!(shutdown);
     let mut last_generation: Option<i64> = None;
+    let mut known = Known::default();
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
@@ -436,13 +463,16 @@ pub async fn run_node<G: Gpus + 'static>(
                 match ev {
                     // Our own status writes come back as events; only a new spec is worth a pass.
                     Some(Ok(g)) if g == last_generation => continue,
-                    Some(Ok(g)) => last_generation = g,
+                    Some(Ok(g)) => {
+                        last_generation = g;
+                        known.forget_gpu_node();
+                    }
                     Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }
                     None => return Err(RunError::WatchEnded(opts.node.clone())),
                 }
             }
         }
-        let passed = pass(&client, &gpus, &opts).await;
+        let passed = pass(&client, &gpus, &opts, &mut known).await;
         // The watch's event for the generation a pass just read and applied (the GpuNode this
         // pass created, or the one found at start) brings nothing new: no second pass for it.
         // Why: that pass re-read both objects, one more read of each per node the API server
@@ -462,6 +492,8 @@ pub async fn run_node<G: Gpus + 'static>(
                 tracing::info!(node = %opts.node, retry_in = ?wait, "a GPU's NVML call or scrub failed: applying again");
             }
             Err(e) => {
+                // Whatever failed (a read, NVML, a write), the next pass reads everything again.
+                known = Known::default();
                 wait = backoff.next();
                 tracing::warn!(node = %opts.node, step = e.step(), error = %e, retry_in = ?wait, "agent pass failed");
             }

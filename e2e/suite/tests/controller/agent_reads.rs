@@ -3,10 +3,14 @@
 //! created), and brings no second pass. A fleet joining at once made every agent read its GpuNode
 //! and its Node twice, on the API server that was already the bottleneck (`make bench-fleet`).
 
+use crate::observe::{applied, wait_nodes};
 use crate::support::*;
+use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::Cleanup;
 use gpu_tenancy_e2e::procs::SimAgent;
-use serde_json::Value;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::{Value, json};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,6 +18,11 @@ use std::time::{Duration, Instant};
 /// The completed requests in the audit log after byte `offset` on GpuNode `name` (its status
 /// too) with `verb`.
 fn requests(log: &Path, offset: u64, name: &str, verb: &str) -> Vec<Value> {
+    requests_on(log, offset, "gpunodes", name, verb)
+}
+
+/// [`requests`] on the object `name` of `resource`.
+fn requests_on(log: &Path, offset: u64, resource: &str, name: &str, verb: &str) -> Vec<Value> {
     let mut f = std::fs::File::open(log).unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
     f.seek(SeekFrom::Start(offset)).expect("seeking in the audit log");
     let mut text = String::new();
@@ -23,10 +32,21 @@ fn requests(log: &Path, offset: u64, name: &str, verb: &str) -> Vec<Value> {
         .filter(|e| {
             e["stage"] == "ResponseComplete"
                 && e["verb"] == verb
-                && e["objectRef"]["resource"] == "gpunodes"
+                && e["objectRef"]["resource"] == resource
                 && e["objectRef"]["name"] == name
         })
         .collect()
+}
+
+/// The audit log the control plane of `e2e/run.sh` writes next to its kubeconfig.
+fn audit_log() -> std::path::PathBuf {
+    let log = gpu_tenancy_e2e::kubeconfig_path().with_file_name("audit.log");
+    assert!(
+        log.is_file(),
+        "{} is missing: this test reads the audit log that e2e/controlplane writes next to its kubeconfig (run it with e2e/run.sh)",
+        log.display()
+    );
+    log
 }
 
 fn log_len(log: &Path) -> u64 {
@@ -40,12 +60,7 @@ const SETTLE: Duration = Duration::from_secs(5);
 async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_restarts() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
-    let log = gpu_tenancy_e2e::kubeconfig_path().with_file_name("audit.log");
-    assert!(
-        log.is_file(),
-        "{} is missing: this test reads the audit log that e2e/controlplane writes next to its kubeconfig (run it with e2e/run.sh)",
-        log.display()
-    );
+    let log = audit_log();
     let name = "reads-0";
     let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n";
     // A poll far beyond the test, so every read counted comes from the start and the watch.
@@ -79,5 +94,85 @@ async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_res
         "a restarted agent read GpuNode {name} {gets} times: its first pass reads it, and the watch's first event \
          (the same generation) brings nothing new"
     );
+    assert!(agent.is_running(), "the agent stopped");
+}
+
+/// The agent's reads of its GpuNode and its Node after byte `offset` of the audit log.
+fn agent_gets(log: &Path, offset: u64, name: &str) -> (usize, usize) {
+    (
+        requests_on(log, offset, "gpunodes", name, "get").len(),
+        requests_on(log, offset, "nodes", name, "get").len(),
+    )
+}
+
+/// GPU instances on the simulated GPU 0, as the simulator holds them (read from its state file,
+/// not from the API server, so the test's own reads count nothing).
+fn instances_on_gpu0(agent: &SimAgent) -> usize {
+    agent.sim_state()["gpus"][0]["gis"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_back() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let log = audit_log();
+    let name = "reads-1";
+    let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n";
+    let mut agent = SimAgent::start_polling(&client, &cleanup, name, "reads", config, 1).await;
+    let api: Api<GpuNode> = Api::all(client.clone());
+    wait_nodes(&client, &[name.to_string()], 30, "the agent's GpuNode", |n| n.status.is_some()).await;
+    // A spec as the controller writes it: one instance on GPU 0.
+    let spec = json!({"gpus": [{"index": 0, "mode": "MIG", "migInstances": [
+        {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]}]});
+    api.patch(
+        name,
+        &PatchParams::apply("e2e-reads").force(),
+        &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": name}, "spec": spec})),
+    )
+    .await
+    .expect("the test writes the GpuNode spec");
+    wait_nodes(&client, &[name.to_string()], 60, "the spec applied", applied).await;
+    assert_eq!(instances_on_gpu0(&agent), 1, "the spec's instance is not on the simulated GPU");
+    tokio::time::sleep(SETTLE).await;
+
+    // Idle for about four polls: NVML is read each time, the API server not at all.
+    let offset = log_len(&log);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        agent_gets(&log, offset, name),
+        (0, 0),
+        "idle polls read the GpuNode and the Node (gets of each): a poll needs only what the last pass read and wrote"
+    );
+
+    // A reboot takes the instance away: the next poll, reading nothing, puts it back.
+    agent.sim_ctl(&["reboot"]);
+    assert_eq!(instances_on_gpu0(&agent), 0, "the simulated reboot left the instance");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while instances_on_gpu0(&agent) == 0 {
+        assert!(Instant::now() < deadline, "no poll put the instance back within 20 s of the reboot");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        agent_gets(&log, offset, name),
+        (0, 0),
+        "repairing drift read the GpuNode or the Node (gets of each)"
+    );
+    assert!(
+        !requests(&log, offset, name, "patch").is_empty(),
+        "the repair was not published in the GpuNode's status"
+    );
+
+    // Deleted: the watch says so, and the next pass reads it (missing) and creates it again.
+    let offset = log_len(&log);
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("the test deletes the GpuNode");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while requests(&log, offset, name, "create").is_empty() {
+        assert!(Instant::now() < deadline, "the agent did not create its deleted GpuNode again within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_nodes(&client, &[name.to_string()], 30, "the GpuNode back with a status", |n| n.status.is_some()).await;
     assert!(agent.is_running(), "the agent stopped");
 }
