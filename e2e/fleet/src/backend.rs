@@ -47,6 +47,8 @@ pub struct Tally {
     pub scrubs: AtomicU64,
     /// Busy processes started.
     pub processes: AtomicU64,
+    /// Reads of a node's GPUs (`discover`): every agent pass, polls included, starts with one.
+    pub gpu_reads: AtomicU64,
 }
 
 #[derive(Clone, Debug)]
@@ -194,6 +196,7 @@ impl MemGpus {
 
 impl Gpus for MemGpus {
     fn discover(&self) -> Result<GpuNodeStatus, String> {
+        self.tally.gpu_reads.fetch_add(1, Ordering::Relaxed);
         let mut st = self.lock();
         let now = Instant::now();
         let mut gpus = Vec::with_capacity(st.gpus.len());

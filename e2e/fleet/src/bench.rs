@@ -68,9 +68,14 @@ pub struct Idle {
     pub controller_writes_by_kind: BTreeMap<String, u64>,
     pub agent_writes: u64,
     pub agent_writes_by_kind: BTreeMap<String, u64>,
+    /// The agents' reads of the API server: none, as polls start from what the last pass read.
     pub agent_reads: u64,
+    /// The agents' reads of their GPUs: that every agent still polls.
+    pub agent_gpu_reads: u64,
     pub controller_cpu_seconds: f64,
     pub controller_passes: u64,
+    /// The API server's (and etcd's) CPU while nothing changes: the agents' watches and polls.
+    pub control_plane_cpu_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -292,12 +297,17 @@ pub async fn run(
     }
 
     say(&format!(
-        "idle for {}s: nothing changes, every agent keeps polling; target: 0 writes ...",
+        "idle for {}s: nothing changes, every agent keeps polling its GPUs; target: 0 writes, 0 agent reads ...",
         opts.idle.as_secs()
     ));
     let m = mark(fleet, ctl).await?;
     let reads_before = fleet.agent_counts.reads();
+    let gpu_reads_before = fleet.tally.gpu_reads.load(Ordering::Relaxed);
     tokio::time::sleep(opts.idle).await;
+    let idle_control_plane_cpu = ctl
+        .control_plane_cpu_seconds()
+        .zip(m.control_plane_cpu)
+        .map(|(now, then)| now - then);
     let idle = measure("idle", fleet, ctl, &m, true, m.at.elapsed().as_secs_f64(), 0).await?;
     report.idle = Idle {
         seconds: idle.seconds,
@@ -306,8 +316,10 @@ pub async fn run(
         agent_writes: idle.agent_writes,
         agent_writes_by_kind: idle.agent_writes_by_kind,
         agent_reads: fleet.agent_counts.reads() - reads_before,
+        agent_gpu_reads: fleet.tally.gpu_reads.load(Ordering::Relaxed) - gpu_reads_before,
         controller_cpu_seconds: idle.controller_cpu_seconds,
         controller_passes: idle.controller_passes,
+        control_plane_cpu_seconds: idle_control_plane_cpu,
     };
 
     let tenant = generate::tenant_name(1);
@@ -448,6 +460,15 @@ pub fn failures(r: &Report) -> Vec<String> {
             r.tenant_change_others_moved_units, r.tenant_change_moved_grants
         ));
     }
+    if r.idle.agent_reads > 0 {
+        out.push(format!(
+            "idle: the agents read the API server {} times with nothing changed (polls start from what their last pass read)",
+            r.idle.agent_reads
+        ));
+    }
+    if r.idle.agent_gpu_reads == 0 && r.idle.seconds >= 1.0 {
+        out.push("idle: no agent read its GPUs: the polls that find drift stopped".to_string());
+    }
     if r.idle.agent_writes > 0 {
         out.push(format!(
             "idle: the agents wrote {} times with nothing changed: {:?}",
@@ -523,10 +544,18 @@ pub fn table(r: &Report) -> String {
         format!("{} / {}", r.idle.controller_writes, r.idle.agent_writes),
     );
     line(
-        "idle: agent reads, controller CPU, controller passes",
+        "idle: agent reads of the API server / of their GPUs",
+        format!("{} / {}", r.idle.agent_reads, r.idle.agent_gpu_reads),
+    );
+    line(
+        "idle: controller CPU, passes; control plane CPU",
         format!(
-            "{}, {:.2} s, {}",
-            r.idle.agent_reads, r.idle.controller_cpu_seconds, r.idle.controller_passes
+            "{:.2} s, {}; {}",
+            r.idle.controller_cpu_seconds,
+            r.idle.controller_passes,
+            r.idle
+                .control_plane_cpu_seconds
+                .map_or("not measured".to_string(), |s| format!("{s:.2} s"))
         ),
     );
     let t = &r.tenant_change;
