@@ -78,18 +78,31 @@ mod tests {
 
     #[test]
     fn a_start_on_a_missing_gpunode_tells_nothing_until_it_is_created() {
-        assert_eq!(told(vec![Event::Init, Event::InitDone, Event::Apply(node(1))]), vec![Some(1)]);
+        assert_eq!(
+            told(vec![Event::Init, Event::InitDone, Event::Apply(node(1))]),
+            vec![Some(1)]
+        );
     }
 
     #[test]
     fn every_listed_and_changed_generation_is_told() {
-        let events = vec![Event::Init, Event::InitApply(node(3)), Event::InitDone, Event::Apply(node(4))];
+        let events = vec![
+            Event::Init,
+            Event::InitApply(node(3)),
+            Event::InitDone,
+            Event::Apply(node(4)),
+        ];
         assert_eq!(told(events), vec![Some(3), Some(4)]);
     }
 
     #[test]
     fn a_deletion_is_told_as_none() {
-        let events = vec![Event::Init, Event::InitApply(node(2)), Event::InitDone, Event::Delete(node(2))];
+        let events = vec![
+            Event::Init,
+            Event::InitApply(node(2)),
+            Event::InitDone,
+            Event::Delete(node(2)),
+        ];
         assert_eq!(told(events), vec![Some(2), None]);
     }
 
@@ -111,7 +124,14 @@ mod tests {
 
     #[test]
     fn a_relist_that_shows_it_again_tells_its_generation() {
-        let events = vec![Event::Init, Event::InitApply(node(2)), Event::InitDone, Event::Init, Event::InitApply(node(2)), Event::InitDone];
+        let events = vec![
+            Event::Init,
+            Event::InitApply(node(2)),
+            Event::InitDone,
+            Event::Init,
+            Event::InitApply(node(2)),
+            Event::InitDone,
+        ];
         assert_eq!(told(events), vec![Some(2), Some(2)]);
     }
 
@@ -119,7 +139,10 @@ mod tests {
     fn watch_errors_are_passed_on() {
         let events = futures::stream::iter(vec![Err(watcher::Error::NoResourceVersion), Ok(Event::Apply(node(1)))]);
         let out: Vec<_> = block_on(spec_changes(events).collect());
-        assert!(matches!(&out[0], Err(e) if e.contains("watching the GpuNode failed")), "{out:?}");
+        assert!(
+            matches!(&out[0], Err(e) if e.contains("watching the GpuNode failed")),
+            "{out:?}"
+        );
         assert_eq!(out[1], Ok(Some(1)));
     }
 }

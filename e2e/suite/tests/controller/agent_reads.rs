@@ -120,7 +120,10 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
     let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n";
     let mut agent = SimAgent::start_polling(&client, &cleanup, name, "reads", config, 1).await;
     let api: Api<GpuNode> = Api::all(client.clone());
-    wait_nodes(&client, &[name.to_string()], 30, "the agent's GpuNode", |n| n.status.is_some()).await;
+    wait_nodes(&client, &[name.to_string()], 30, "the agent's GpuNode", |n| {
+        n.status.is_some()
+    })
+    .await;
     // A spec as the controller writes it: one instance on GPU 0.
     let spec = json!({"gpus": [{"index": 0, "mode": "MIG", "migInstances": [
         {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]}]});
@@ -132,7 +135,11 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
     .await
     .expect("the test writes the GpuNode spec");
     wait_nodes(&client, &[name.to_string()], 60, "the spec applied", applied).await;
-    assert_eq!(instances_on_gpu0(&agent), 1, "the spec's instance is not on the simulated GPU");
+    assert_eq!(
+        instances_on_gpu0(&agent),
+        1,
+        "the spec's instance is not on the simulated GPU"
+    );
     tokio::time::sleep(SETTLE).await;
 
     // Idle for about four polls: NVML is read each time, the API server not at all.
@@ -149,7 +156,10 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
     assert_eq!(instances_on_gpu0(&agent), 0, "the simulated reboot left the instance");
     let deadline = Instant::now() + Duration::from_secs(20);
     while instances_on_gpu0(&agent) == 0 {
-        assert!(Instant::now() < deadline, "no poll put the instance back within 20 s of the reboot");
+        assert!(
+            Instant::now() < deadline,
+            "no poll put the instance back within 20 s of the reboot"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(SETTLE).await;
@@ -170,9 +180,19 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
         .expect("the test deletes the GpuNode");
     let deadline = Instant::now() + Duration::from_secs(30);
     while requests(&log, offset, name, "create").is_empty() {
-        assert!(Instant::now() < deadline, "the agent did not create its deleted GpuNode again within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not create its deleted GpuNode again within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    wait_nodes(&client, &[name.to_string()], 30, "the GpuNode back with a status", |n| n.status.is_some()).await;
+    wait_nodes(
+        &client,
+        &[name.to_string()],
+        30,
+        "the GpuNode back with a status",
+        |n| n.status.is_some(),
+    )
+    .await;
     assert!(agent.is_running(), "the agent stopped");
 }
