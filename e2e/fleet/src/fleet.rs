@@ -142,7 +142,8 @@ pub struct FleetOptions {
 
 struct Shared {
     views: Mutex<BTreeMap<String, NodeView>>,
-    wakers: Mutex<HashMap<String, watch::Sender<Option<i64>>>>,
+    /// Per node, its GpuNode as last seen with a new generation: what wakes its agent.
+    wakers: Mutex<HashMap<String, watch::Sender<Option<GpuNode>>>>,
     plan_watch: Mutex<Option<PlanWatch>>,
 }
 
@@ -325,15 +326,15 @@ impl Fleet {
         let name = n.name.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let generations = futures::stream::unfold(rx, |mut rx| async move {
+            let seen = futures::stream::unfold(rx, |mut rx| async move {
                 rx.changed().await.ok()?;
-                let g = *rx.borrow_and_update();
-                Some((Ok(g), rx))
+                let n = rx.borrow_and_update().clone();
+                Some((Ok(n), rx))
             });
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            if let Err(e) = agent::run_node(client, gpus, opts, generations, shutdown).await {
+            if let Err(e) = agent::run_node(client, gpus, opts, seen, shutdown).await {
                 tracing::warn!(node = %name, error = %e, "agent stopped");
             }
         });
@@ -370,8 +371,10 @@ impl Shared {
         if let Some(tx) = lock(&self.wakers).get(&name) {
             // Only a new spec wakes the agent (its own status writes come back here too).
             tx.send_if_modified(|g| {
-                let changed = *g != view.generation;
-                *g = view.generation;
+                let changed = g.as_ref().map(|g| g.metadata.generation) != Some(view.generation);
+                if changed {
+                    *g = Some(n.clone());
+                }
                 changed
             });
         }

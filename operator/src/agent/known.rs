@@ -1,16 +1,18 @@
 //! What the agent's last pass read and wrote, so that a poll reads nothing from the API server.
 //!
-//! A poll is there for drift on the GPUs (a reboot, someone with nvidia-smi): it needs NVML, the
-//! spec and the status last published, not a fresh copy of either. The spec changes only with a
-//! new `metadata.generation`, which the watch brings (and that pass reads the GpuNode again); the
-//! status is this agent's own (field manager `gpu-tenancy-agent`), so what it last wrote is the
-//! newest there is: a read could only be as new, or, from a lagging cache, older. At a poll of 30 s
+//! A pass needs NVML, the spec and the status last published, not a fresh copy of the GpuNode. The
+//! spec changes only with a new `metadata.generation`, which the watch brings with the object, so
+//! a pass for it takes its spec from there; the status is this agent's own (field manager
+//! `gpu-tenancy-agent`), so what it last wrote is the newest there is: a read could only be as new,
+//! or, from a lagging cache, older. A poll is there for drift on the GPUs (a reboot, someone with
+//! nvidia-smi) and starts from the same. So the GpuNode is read when the agent starts and after a
+//! pass that failed, and at no other time. At a poll of 30 s
 //! each of 1,000 idle agents read its GpuNode (a quorum read from etcd, about 5 ms of the API
 //! server's CPU) and its Node every time: a fifth of a core of the API server for nothing
-//! (README, "Fleet benchmark").
+//! (README, "Fleet benchmark"), and every agent read its GpuNode again for each new spec.
 //!
-//! Forgotten whenever the agent cannot be sure: a new generation or the GpuNode gone (the watch),
-//! and any pass that failed, so the next pass reads both again.
+//! Forgotten whenever the agent cannot be sure: the GpuNode gone (the watch) and any pass that
+//! failed, so the next pass reads both again.
 
 use crate::api::{GpuNode, GpuNodeStatus};
 
@@ -37,7 +39,16 @@ impl Known {
         self.gpu_node = Some(node);
     }
 
-    /// The next pass reads the GpuNode again (a new spec, or the GpuNode gone).
+    /// A new generation as the watch brings it: its spec, with the status this agent last
+    /// published. With none known (at start, after a failed pass), nothing: the pass reads it.
+    pub fn new_generation(&mut self, mut seen: GpuNode) {
+        if let Some(mine) = self.gpu_node.take() {
+            seen.status = mine.status;
+            self.gpu_node = Some(seen);
+        }
+    }
+
+    /// The next pass reads the GpuNode again (it is gone: the pass creates it).
     pub fn forget_gpu_node(&mut self) {
         self.gpu_node = None;
     }

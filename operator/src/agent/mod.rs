@@ -402,7 +402,7 @@ pub async fn run(
         .map_err(RunError::Nvml)?
         .with_cuda(cuda);
     let api: Api<GpuNode> = Api::all(client.clone());
-    let generations = spec_changes::spec_changes(
+    let seen = spec_changes::spec_changes(
         watcher(
             api,
             watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
@@ -411,7 +411,7 @@ pub async fn run(
     );
     let gpus = Arc::new(gpus);
     let AgentMode::Dra(dra_opts) = opts.mode.clone() else {
-        return run_node(client, gpus, opts, generations, shutdown).await;
+        return run_node(client, gpus, opts, seen, shutdown).await;
     };
     // Both halves stop on the one shutdown.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -429,25 +429,25 @@ pub async fn run(
         *dra_opts,
         stopped(stop_rx.clone()),
     );
-    let common = run_node(client, gpus, opts, generations, stopped(stop_rx));
+    let common = run_node(client, gpus, opts, seen, stopped(stop_rx));
     let (p, c) = tokio::join!(plugin, common);
     p.map_err(RunError::Dra)?;
     c
 }
 
-/// Runs until `shutdown`: a pass at once, on every new spec generation `generations` brings (the
-/// GpuNode's `metadata.generation` as it changes; `None` for the GpuNode gone) and every `poll`;
-/// failed passes are retried with backoff. A pass on a new generation reads the GpuNode; a poll
-/// starts from what the last pass read and wrote ([`known`]), and a pass that failed forgets it.
+/// Runs until `shutdown`: a pass at once, on every new spec generation `seen` brings (the GpuNode
+/// as the watch sees it; `None` for the GpuNode gone) and every `poll`; failed passes are retried
+/// with backoff. A pass starts from what the last pass read and wrote ([`known`]), with a new
+/// generation's spec; the GpuNode is read at start, after a failed pass and when it is gone.
 /// Writes go to this node's objects only, as a real agent's do.
 pub async fn run_node<G: Gpus + 'static>(
     client: Client,
     gpus: Arc<G>,
     opts: Options,
-    generations: impl Stream<Item = Result<Option<i64>, String>>,
+    seen: impl Stream<Item = Result<Option<GpuNode>, String>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let mut changes = std::pin::pin!(generations);
+    let mut changes = std::pin::pin!(seen);
     let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
     // Passes that left a GPU failed: from a second apart up to a poll apart.
     let mut repair = crate::runtime::backoff::Backoff::new(Duration::from_secs(1), opts.poll);
@@ -462,9 +462,13 @@ pub async fn run_node<G: Gpus + 'static>(
             ev = changes.next() => {
                 match ev {
                     // Our own status writes come back as events; only a new spec is worth a pass.
-                    Some(Ok(g)) if g == last_generation => continue,
-                    Some(Ok(g)) => {
-                        last_generation = g;
+                    Some(Ok(Some(n))) if n.metadata.generation == last_generation => continue,
+                    Some(Ok(Some(n))) => {
+                        last_generation = n.metadata.generation;
+                        known.new_generation(n);
+                    }
+                    Some(Ok(None)) => {
+                        last_generation = None;
                         known.forget_gpu_node();
                     }
                     Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }

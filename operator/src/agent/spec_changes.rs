@@ -1,9 +1,10 @@
-//! The production agent's source of spec changes: its watch on its own GpuNode, as the generations
-//! [`super::run_node`] compares. `Some(generation)` for the GpuNode as it is now, `None` when it
-//! is gone: deleted while watched, or missing from a watch's new list though it was there before
-//! (a deletion while the watch was down sends no event of its own). Either way the next pass reads
-//! it again, and creates it if it is missing; polls read nothing ([`super::known`]), so without
-//! this an agent whose GpuNode was deleted would not notice until a write of its failed.
+//! The production agent's source of spec changes: its watch on its own GpuNode, as
+//! [`super::run_node`] reads it. `Some(gpu_node)` for the GpuNode as the watch sees it now (a pass
+//! for a new generation takes its spec from it, [`super::known`]), `None` when it is gone: deleted
+//! while watched, or missing from a watch's new list though it was there before (a deletion while
+//! the watch was down sends no event of its own). Then the next pass reads it again, and creates it
+//! if it is missing; polls read nothing, so without this an agent whose GpuNode was deleted would
+//! not notice until a write of its failed.
 
 use crate::api::GpuNode;
 use futures::{Stream, StreamExt};
@@ -18,13 +19,13 @@ struct Seen {
 }
 
 impl Seen {
-    /// The generation (or the GpuNode gone) an event tells, if it tells one.
-    fn read(&mut self, event: Event<GpuNode>) -> Option<Option<i64>> {
+    /// The GpuNode (or `None`, gone) an event tells of, if it tells anything.
+    fn read(&mut self, event: Event<GpuNode>) -> Option<Option<GpuNode>> {
         match event {
             Event::Apply(n) | Event::InitApply(n) => {
                 self.present = true;
                 self.listed = true;
-                Some(n.metadata.generation)
+                Some(Some(n))
             }
             Event::Delete(_) => {
                 self.present = false;
@@ -44,11 +45,11 @@ impl Seen {
     }
 }
 
-/// The generations `events` (a watch on one GpuNode) bring, `None` for the GpuNode gone; watch
-/// errors as text (the watch retries them with its backoff).
+/// The GpuNode as `events` (a watch on it) bring it, `None` for it gone; watch errors as text (the
+/// watch retries them with its backoff).
 pub fn spec_changes(
     events: impl Stream<Item = Result<Event<GpuNode>, watcher::Error>>,
-) -> impl Stream<Item = Result<Option<i64>, String>> {
+) -> impl Stream<Item = Result<Option<GpuNode>, String>> {
     events
         .scan(Seen::default(), |seen, event| {
             let told = match event {
@@ -71,9 +72,15 @@ mod tests {
         n
     }
 
+    /// The generations told, `None` for the GpuNode gone.
     fn told(events: Vec<Event<GpuNode>>) -> Vec<Option<i64>> {
         let out: Vec<_> = block_on(spec_changes(futures::stream::iter(events.into_iter().map(Ok))).collect());
-        out.into_iter().map(|r| r.expect("no watch error")).collect()
+        out.into_iter()
+            .map(|r| {
+                r.expect("no watch error")
+                    .map(|n| n.metadata.generation.expect("a generation"))
+            })
+            .collect()
     }
 
     #[test]
@@ -143,6 +150,9 @@ mod tests {
             matches!(&out[0], Err(e) if e.contains("watching the GpuNode failed")),
             "{out:?}"
         );
-        assert_eq!(out[1], Ok(Some(1)));
+        assert!(
+            matches!(&out[1], Ok(Some(n)) if n.metadata.generation == Some(1)),
+            "{out:?}"
+        );
     }
 }

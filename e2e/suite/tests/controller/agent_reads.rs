@@ -112,7 +112,7 @@ fn instances_on_gpu0(agent: &SimAgent) -> usize {
 }
 
 #[tokio::test]
-async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_back() {
+async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_deleted_gpunode_comes_back() {
     let cleanup = Cleanup::new();
     let client = setup(&cleanup).await;
     let log = audit_log();
@@ -124,7 +124,10 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
         n.status.is_some()
     })
     .await;
-    // A spec as the controller writes it: one instance on GPU 0.
+    tokio::time::sleep(SETTLE).await;
+    // A spec as the controller writes it: one instance on GPU 0. The watch brings it whole: the
+    // pass that applies it reads nothing.
+    let offset = log_len(&log);
     let spec = json!({"gpus": [{"index": 0, "mode": "MIG", "migInstances": [
         {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}, "tenant": "a"}]}]});
     api.patch(
@@ -134,6 +137,20 @@ async fn idle_polls_read_nothing_yet_repair_drift_and_bring_a_deleted_gpunode_ba
     )
     .await
     .expect("the test writes the GpuNode spec");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while instances_on_gpu0(&agent) == 0 || requests(&log, offset, name, "patch").len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the spec's instance and the agent's status not within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        agent_gets(&log, offset, name),
+        (0, 0),
+        "applying a new spec read the GpuNode or the Node (gets of each): the watch brought the spec, the status is the agent's own"
+    );
     wait_nodes(&client, &[name.to_string()], 60, "the spec applied", applied).await;
     assert_eq!(
         instances_on_gpu0(&agent),
