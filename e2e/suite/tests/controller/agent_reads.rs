@@ -53,6 +53,16 @@ fn log_len(log: &Path) -> u64 {
     std::fs::metadata(log).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Waits until `done` (read from files: the audit log, the simulator's state, so the test's own
+/// requests count nothing), failing with `what` after `secs`.
+async fn wait_for(what: &str, secs: u64, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Long enough for the watch's first event to arrive and any pass it started to finish.
 const SETTLE: Duration = Duration::from_secs(5);
 
@@ -67,11 +77,10 @@ async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_res
     let offset = log_len(&log);
     let mut agent = SimAgent::start_polling(&client, &cleanup, name, "reads", config, 600).await;
     // Waiting on the audit log, not on reads of the test's own that it would count.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while requests(&log, offset, name, "patch").is_empty() {
-        assert!(Instant::now() < deadline, "the agent published no status within 30 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("the agent's first status", 30, || {
+        !requests(&log, offset, name, "patch").is_empty()
+    })
+    .await;
     tokio::time::sleep(SETTLE).await;
     let gets = requests(&log, offset, name, "get").len();
     assert_eq!(
@@ -137,14 +146,10 @@ async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_dele
     )
     .await
     .expect("the test writes the GpuNode spec");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while instances_on_gpu0(&agent) == 0 || requests(&log, offset, name, "patch").len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the spec's instance and the agent's status not within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("the spec's instance and the agent's status", 30, || {
+        instances_on_gpu0(&agent) == 1 && requests(&log, offset, name, "patch").len() >= 2
+    })
+    .await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(
         agent_gets(&log, offset, name),
@@ -171,14 +176,10 @@ async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_dele
     // A reboot takes the instance away: the next poll, reading nothing, puts it back.
     agent.sim_ctl(&["reboot"]);
     assert_eq!(instances_on_gpu0(&agent), 0, "the simulated reboot left the instance");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while instances_on_gpu0(&agent) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no poll put the instance back within 20 s of the reboot"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("a poll putting the instance back after the reboot", 20, || {
+        instances_on_gpu0(&agent) == 1
+    })
+    .await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(
         agent_gets(&log, offset, name),
@@ -195,14 +196,10 @@ async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_dele
     api.delete(name, &DeleteParams::default())
         .await
         .expect("the test deletes the GpuNode");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while requests(&log, offset, name, "create").is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not create its deleted GpuNode again within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("the agent creating its deleted GpuNode again", 30, || {
+        !requests(&log, offset, name, "create").is_empty()
+    })
+    .await;
     wait_nodes(
         &client,
         &[name.to_string()],
