@@ -303,6 +303,9 @@ pub fn settle(
     let mut changed = Vec::new();
     // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
     let mut counted: HashSet<String> = HashSet::new();
+    // The changes listed below, counted here so their list is made once at its size (a fleet
+    // planned from empty changes every unit: a list grown by doubling copies it again and again).
+    let mut listed = 0;
     for (n, node) in nodes.iter_mut().enumerate() {
         if node.kept && !node.recomputed && !node.changing && same_scrub {
             continue;
@@ -311,6 +314,7 @@ pub fn settle(
         let diffs = unit_diffs(node);
         let scrub = scrub_of_gpus(node, &diffs, &scrub_of);
         let changing = !diffs.is_empty();
+        listed += diffs.len();
         if changing {
             changed.push(n);
             for d in &diffs {
@@ -369,7 +373,7 @@ pub fn settle(
             _ => ChangeReason::TenantAdded,
         }
     };
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(listed);
     for node in changed.into_iter().map(|n| &nodes[n]) {
         for d in unit_diffs(node) {
             let spec = node.gpus.iter().find(|s| s.index == d.gpu);

@@ -178,7 +178,12 @@ pub(super) fn merge_tenant(
                 .flatten();
             per_request[r] = Some((summary, short));
         }
-        grants.extend(g.grants);
+        // A tenant in one cell (nearly every tenant) keeps that cell's list as it is.
+        if grants.is_empty() {
+            grants = g.grants;
+        } else {
+            grants.extend(g.grants);
+        }
         memory_mib += g.memory_mib;
     }
     grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
