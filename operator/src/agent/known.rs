@@ -5,14 +5,12 @@
 //! a pass for it takes its spec from there; the status is this agent's own (field manager
 //! `gpu-tenancy-agent`), so what it last wrote is the newest there is: a read could only be as new,
 //! or, from a lagging cache, older. A poll is there for drift on the GPUs (a reboot, someone with
-//! nvidia-smi) and starts from the same. So the GpuNode is read when the agent starts and after a
-//! pass that failed, and at no other time. At a poll of 30 s
-//! each of 1,000 idle agents read its GpuNode (a quorum read from etcd, about 5 ms of the API
-//! server's CPU) and its Node every time: a fifth of a core of the API server for nothing
-//! (README, "Fleet benchmark"), and every agent read its GpuNode again for each new spec.
+//! nvidia-smi) and starts from the same. So the GpuNode is read when the agent starts, after a
+//! pass that failed, and when it is gone (the watch says so), and at no other time.
 //!
-//! Forgotten whenever the agent cannot be sure: the GpuNode gone (the watch) and any pass that
-//! failed, so the next pass reads both again.
+//! Why: each of 1,000 idle agents read its GpuNode (a quorum read from etcd, about 5 ms of the API
+//! server's CPU) and its Node at every 30 s poll, 0.15-0.23 of a core of the API server for
+//! nothing, and read its GpuNode again for each new spec (README, "Fleet benchmark").
 
 use crate::api::{GpuNode, GpuNodeStatus};
 
