@@ -557,10 +557,14 @@ async fn every_way_around_tenant_isolation_is_refused_by_the_api_server() {
         users.insert(ns, developer(&cleanup, ns).await);
     }
     // Policies and RoleBindings reach the API server's caches a moment after they are written.
-    // A tenant namespace is reached once the no-tenant rules no longer judge it (both refuse the
-    // probe, naming NVIDIA's device-selecting variables; only the no-tenant rules say whose it is
-    // not). Waiting for the variables alone let the no-tenant rules answer: a CI run once met
-    // them in every tenant namespace, case after case.
+    // A tenant namespace is reached once its tenant's rules judge it (they refuse the probe,
+    // naming NVIDIA's device-selecting variables) and the no-tenant rules no longer do. The
+    // refusal alone cannot show the second: while a namespace moves it is under both policies,
+    // and the API server answers with the first denial in its own list of policies, an order the
+    // test cannot know (a CI run got the tenant's message, then the no-tenant rules refused the
+    // first legitimate cases).
+    // So a tenant namespace must also admit, dry-run, a pod only the no-tenant rules refuse: one
+    // tolerating its own tenant's dedicated nodes.
     let untenanted = "belongs to no GpuTenant";
     let probe = pod(
         json!({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}),
@@ -583,6 +587,20 @@ async fn every_way_around_tenant_isolation_is_refused_by_the_api_server() {
         )
         .await
         .unwrap_err();
+        let own_nodes = pod(json!({}), toleration("gputenancy.io/dedicated", ns));
+        let tenanted = ![NONE_NS, FORGED_NS].contains(ns);
+        let _ = eventually(
+            &format!("namespace {ns} under only its tenant's rules"),
+            || {
+                let (u, p) = (u.clone(), own_nodes.clone());
+                async move { create(&u, ns, &p, false).await }
+            },
+            |r| match r {
+                Ok(()) => tenanted,
+                Err(e) => !tenanted && e.contains(untenanted),
+            },
+        )
+        .await;
     }
 
     let mut failures = Vec::new();
