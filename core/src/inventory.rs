@@ -134,8 +134,9 @@ pub struct NodeInventory {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<NodeGpu>,
-    /// Whether the node's agent has reported its GPUs. A node that has not is counted as waiting
-    /// and not planned: the planner never guesses what a node has.
+    /// Whether the node's agent has reported its GPUs, in its status or in the declaration of a
+    /// GpuNode it created. A node that has not is counted as waiting and not planned: the planner
+    /// never guesses what a node has.
     pub reported: bool,
     /// The node's GpuNode as it is now (spec the controller wrote, whether the agent applied it):
     /// the rollout step's input. `None` offline and for a node without a GpuNode.
@@ -345,11 +346,15 @@ impl NodeInventory {
     /// (what the agent found), and what runs now. Bindings and layouts come from the GpuNode's
     /// spec where it covers a GPU (the controller's last decision, applied or on its way), else
     /// from what the agent reports as applied, so feeding the planner its own output changes
-    /// nothing. A node whose GpuNode has no status yet is not `reported`.
+    /// nothing. A node whose GpuNode has no status yet is `reported` only where its agent
+    /// declared the GPUs it found when it created it (the GPUs held nothing: [`crate::api::FOUND_GPUS_ANNOTATION`]).
     pub fn from_cluster(name: &str, labels: &BTreeMap<String, String>, gpu_node: Option<&GpuNode>) -> NodeInventory {
         let status = gpu_node.and_then(|n| n.status.as_ref());
+        // The GPUs' facts: from the declaration until the agent publishes a status, then from that.
+        let declared = gpu_node.and_then(GpuNode::found_gpus);
+        let found = declared.as_ref().or(status);
         let spec = gpu_node.map(|n| &n.spec);
-        let gpus = status
+        let gpus = found
             .map(|s| {
                 s.gpus
                     .iter()
@@ -364,7 +369,7 @@ impl NodeInventory {
             name: name.to_string(),
             labels: labels.clone(),
             gpus,
-            reported: status.is_some_and(|s| s.gpu_count.is_some() || !s.gpus.is_empty()),
+            reported: found.is_some_and(|s| s.gpu_count.is_some() || !s.gpus.is_empty()),
             revision: None,
             current: gpu_node.map(|n| CurrentNode {
                 spec: n.spec.clone(),
@@ -549,6 +554,113 @@ mod tests {
         assert!(!handover_pending(&spec, Some(&status)));
         status.gpus[0].applied_tenants = vec![];
         assert!(handover_pending(&spec, Some(&status)));
+    }
+
+    /// A node planned from the GPUs its agent declared is planned from the same facts as from the
+    /// status the agent publishes once it applied the spec: the status gives the planner nothing
+    /// new to rewrite the spec for. Before the declaration, and with one that does not parse, the
+    /// node waits for its agent.
+    #[test]
+    fn a_declared_node_reads_as_its_first_status_will() {
+        use crate::api::{
+            FOUND_GPUS_ANNOTATION, GpuNodeSpec, GpuNodeStatus, GpuStatus, MigInstanceSpec, MigInstanceStatus,
+            MigProfileStatus, ModelProfiles,
+        };
+        let found = GpuNodeStatus {
+            gpu_count: Some(2),
+            gpus: (0..2)
+                .map(|i| GpuStatus {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    pci_device_id: "0x233010DE".into(),
+                    memory_mib: 81559,
+                    numa_node: Some(i as i32),
+                    compute_capability: Some("9.0".into()),
+                    ..GpuStatus::default()
+                })
+                .collect(),
+            mig_profiles: vec![ModelProfiles {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                profiles: vec![MigProfileStatus {
+                    id: 9,
+                    name: "3g.40gb".into(),
+                    memory_mib: 40192,
+                    ..MigProfileStatus::default()
+                }],
+            }],
+            ..GpuNodeStatus::default()
+        };
+        let labels = BTreeMap::from([("pool".to_string(), "p".to_string())]);
+        let mut node = GpuNode::new("n", GpuNodeSpec::default());
+        assert!(!NodeInventory::from_cluster("n", &labels, Some(&node)).reported);
+        let annotate = |node: &mut GpuNode, text: String| {
+            node.metadata.annotations = Some(BTreeMap::from([(FOUND_GPUS_ANNOTATION.to_string(), text)]));
+        };
+        annotate(&mut node, "{\"gpus\": 2}".into());
+        assert!(
+            !NodeInventory::from_cluster("n", &labels, Some(&node)).reported,
+            "a declaration that does not parse is not read"
+        );
+        annotate(&mut node, serde_json::to_string(&found.facts()).unwrap());
+        // As the API server returns a new GpuNode: the schema's default status.
+        node.status = Some(GpuNodeStatus {
+            observed_generation: Some(0),
+            ..GpuNodeStatus::default()
+        });
+        let declared = NodeInventory::from_cluster("n", &labels, Some(&node));
+        assert!(declared.reported);
+
+        // The agent applies a spec and publishes what it found and did.
+        let placement = Placement { start: 0, size: 4 };
+        node.spec.gpus = (0..2)
+            .map(|i| GpuSpec {
+                index: i,
+                mode: Mode::Mig,
+                mig_instances: vec![MigInstanceSpec {
+                    profile: "3g.40gb".into(),
+                    placement,
+                    tenant: Some("t".into()),
+                }],
+                mps: None,
+                time_slicing: None,
+                tenants: vec![],
+                shares: vec![],
+                scrub: Default::default(),
+            })
+            .collect::<Vec<_>>()
+            .into();
+        let mut status = found.clone();
+        for g in &mut status.gpus {
+            g.applied = Some(true);
+            g.applied_mode = Some(Mode::Mig);
+            g.instances = vec![MigInstanceStatus {
+                profile: "3g.40gb".into(),
+                placement,
+                tenant: Some("t".into()),
+                ..MigInstanceStatus::default()
+            }];
+        }
+        node.status = Some(status);
+        let reported = NodeInventory::from_cluster("n", &labels, Some(&node));
+        assert!(reported.reported);
+        // What ran before the spec (nothing, then the spec's) aside, the facts are the same.
+        let facts = |inv: &NodeInventory| -> Vec<NodeGpu> {
+            inv.gpus
+                .iter()
+                .map(|g| NodeGpu {
+                    instances: vec![],
+                    instance_tenants: BTreeMap::new(),
+                    mode: None,
+                    tenants: vec![],
+                    shares: BTreeMap::new(),
+                    ..g.clone()
+                })
+                .collect()
+        };
+        assert_eq!(facts(&declared), facts(&reported));
+        assert_eq!(declared.gpus[1].numa_node, 1);
+        assert_eq!(declared.gpus[0].profile_memory_mib["3g.40gb"], 40192);
     }
 
     /// The share counts of a shared GPU come back as the planner's previous state, from the file's

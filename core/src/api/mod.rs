@@ -5,6 +5,7 @@
 
 mod common;
 mod conditions;
+mod found;
 mod node;
 mod plan;
 mod policy;
@@ -13,6 +14,7 @@ mod tenant;
 
 pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
 pub use conditions::{Condition, ConditionSet, condition_status, set_condition};
+pub use found::FOUND_GPUS_ANNOTATION;
 pub use node::*;
 pub use plan::*;
 pub use policy::*;

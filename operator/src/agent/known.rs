@@ -18,7 +18,7 @@ use crate::api::{GpuNode, GpuNodeStatus};
 #[derive(Clone, Debug, Default)]
 pub(super) struct Known {
     /// The GpuNode as the last pass read it (or created it), its status as that pass published it
-    /// (or found it already so).
+    /// (or found it already so; none where the pass created it with its GPUs declared).
     gpu_node: Option<GpuNode>,
     /// The node's `gputenancy.io/config.state` label as last read or written; `None` to read it.
     config_state: Option<String>,
@@ -34,6 +34,12 @@ impl Known {
     /// Keeps `node` (as read) with `published`, the status now on the API server.
     pub fn keep_gpu_node(&mut self, mut node: GpuNode, published: GpuNodeStatus) {
         node.status = Some(published);
+        self.gpu_node = Some(node);
+    }
+
+    /// Keeps `node` as created with its GPUs declared: no status published yet.
+    pub fn keep_declared(&mut self, mut node: GpuNode) {
+        node.status = None;
         self.gpu_node = Some(node);
     }
 

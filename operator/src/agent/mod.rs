@@ -1,6 +1,7 @@
 //! `gpu-tenancy agent run`: the node agent, the Kubernetes loop around the GPU layer ([`crate::gpu`]).
 //!
-//! It creates its node's GpuNode if missing, watches it, and on every change of the spec (and every
+//! It creates its node's GpuNode if missing (declaring the GPUs it found where they hold nothing,
+//! so the controller plans the node before a first status: [`join`]), watches it, and on every change of the spec (and every
 //! `poll` interval, to find drift: a reboot, someone with nvidia-smi) applies the spec to the GPUs
 //! with the published status as the previous state, so who had each GPU and when it was scrubbed
 //! survives restarts. The status is written with server-side apply (field manager
@@ -20,6 +21,7 @@ pub mod attribution;
 pub mod device_plugin;
 pub mod dra;
 mod field_manager;
+mod join;
 mod known;
 pub mod metrics;
 mod options;
@@ -40,7 +42,7 @@ use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use known::Known;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -143,28 +145,6 @@ pub struct Passed {
     pub next: Next,
 }
 
-/// Reads this node's GpuNode, creating it if missing.
-async fn read_or_create(api: &Api<GpuNode>, opts: &Options) -> Result<GpuNode, PassError> {
-    let read = |source| PassError::Read {
-        node: opts.node.clone(),
-        source,
-    };
-    if let Some(n) = api.get_opt(&opts.node).await.map_err(read)? {
-        return Ok(n);
-    }
-    let created = api
-        .create(&PostParams::default(), &GpuNode::new(&opts.node, Default::default()))
-        .await;
-    match created {
-        Ok(n) => Ok(n),
-        Err(kube::Error::Api(e)) if e.code == 409 => api.get(&opts.node).await.map_err(read),
-        Err(source) => Err(PassError::Create {
-            node: opts.node.clone(),
-            source,
-        }),
-    }
-}
-
 /// One pass: apply the GpuNode's spec, publish what changed. The GpuNode and the node's label
 /// are read only where `known` does not have them ([`known`]): a poll reads neither.
 async fn pass<G: Gpus + 'static>(
@@ -176,7 +156,20 @@ async fn pass<G: Gpus + 'static>(
     let api: Api<GpuNode> = Api::all(client.clone());
     let node = match known.take_gpu_node() {
         Some(n) => n,
-        None => read_or_create(&api, opts).await?,
+        None => match join::read_or_create(&api, gpus, opts).await? {
+            join::Joined::Read(n) => n,
+            join::Joined::Declared(n) => {
+                // Its first status comes with the spec planned from what it declared, or at the
+                // next poll: nothing to apply (an empty spec) and nothing to publish yet.
+                tracing::info!(node = %opts.node, "GpuNode created with the GPUs found declared");
+                let generation = n.metadata.generation;
+                known.keep_declared(n);
+                return Ok(Passed {
+                    generation,
+                    next: Next::Poll,
+                });
+            }
+        },
     };
     let spec = node.spec.clone();
     let prev = node.status.clone();

@@ -3,7 +3,7 @@
 //! created), and brings no second pass. A fleet joining at once made every agent read its GpuNode
 //! and its Node twice, on the API server that was already the bottleneck (`make bench-fleet`).
 
-use crate::observe::{applied, wait_nodes};
+use crate::observe::{applied, apply_plan, wait_nodes};
 use crate::support::*;
 use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::Cleanup;
@@ -77,11 +77,18 @@ async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_res
     let offset = log_len(&log);
     let mut agent = SimAgent::start_polling(&client, &cleanup, name, "reads", config, 600).await;
     // Waiting on the audit log, not on reads of the test's own that it would count.
-    wait_for("the agent's first status", 30, || {
-        !requests(&log, offset, name, "patch").is_empty()
+    wait_for("the agent creating its GpuNode", 30, || {
+        !requests(&log, offset, name, "create").is_empty()
     })
     .await;
     tokio::time::sleep(SETTLE).await;
+    // Its GPU holds nothing: it is declared on the GpuNode, and with no spec yet (no controller)
+    // and no poll due, no status is written.
+    assert_eq!(
+        requests(&log, offset, name, "patch").len(),
+        0,
+        "the agent published a status before any spec or poll, though it declared its GPUs"
+    );
     let gets = requests(&log, offset, name, "get").len();
     assert_eq!(
         gets, 1,
@@ -94,6 +101,13 @@ async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_res
         "the agent did not create its GpuNode once"
     );
 
+    let declared = Api::<GpuNode>::all(client.clone()).get(name).await.unwrap();
+    assert!(
+        declared.found_gpus().is_some_and(|f| f.gpus.len() == 1),
+        "GpuNode {name} does not declare the one GPU found: {:?}",
+        declared.metadata.annotations
+    );
+
     let offset = log_len(&log);
     agent.restart();
     tokio::time::sleep(SETTLE).await;
@@ -103,7 +117,111 @@ async fn an_agent_reads_its_gpunode_once_when_it_creates_it_and_once_when_it_res
         "a restarted agent read GpuNode {name} {gets} times: its first pass reads it, and the watch's first event \
          (the same generation) brings nothing new"
     );
+    // A GpuNode it did not create in this life gets its status at once (the declaring is done
+    // only by the pass that creates it).
+    assert_eq!(
+        requests(&log, offset, name, "patch").len(),
+        1,
+        "the restarted agent did not publish its status once"
+    );
     assert!(agent.is_running(), "the agent stopped");
+}
+
+/// The agent's writes of GpuNode `name`'s status, and others' writes of its spec (the
+/// controller's), after byte `offset` of the audit log.
+fn status_and_spec_writes(log: &Path, offset: u64, name: &str) -> (usize, usize) {
+    let patches = requests(log, offset, name, "patch");
+    let status = patches
+        .iter()
+        .filter(|e| e["objectRef"]["subresource"] == "status")
+        .count();
+    (status, patches.len() - status)
+}
+
+/// A new node whose GPUs hold nothing is planned from what its agent declared on the GpuNode it
+/// created: one spec from the controller, one status from the agent (the applied one), and the
+/// status changes nothing in the plan. A node whose GPUs hold MIG instances declares nothing: it
+/// publishes its status first, and is planned from it, keeping the instances.
+#[tokio::test]
+async fn a_new_node_with_empty_gpus_is_planned_from_its_declaration_and_writes_one_status() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let log = audit_log();
+    let name = "join-0";
+    cleanup.add("GpuPartitionPlan", "join");
+    let c = std::sync::Arc::new(start_controller(&client).await);
+    let controller = run_passes(c.clone());
+    apply_plan(&client, mig_plan("join", json!(["3g.40gb", "3g.40gb"]))).await;
+    let offset = log_len(&log);
+    // No poll within the test: every status comes from a spec.
+    let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 2}\n";
+    let mut agent = SimAgent::start_polling(&client, &cleanup, name, "join", config, 600).await;
+    wait_nodes(
+        &client,
+        &[name.to_string()],
+        60,
+        "the new node's layout applied",
+        applied,
+    )
+    .await;
+    tokio::time::sleep(SETTLE).await;
+    let (status, spec) = status_and_spec_writes(&log, offset, name);
+    assert_eq!(
+        (status, spec),
+        (1, 1),
+        "a new node with empty GPUs took (status writes, spec writes); want one spec planned from its declaration \
+         and one status, the applied one"
+    );
+    let gpu_node = Api::<GpuNode>::all(client.clone()).get(name).await.unwrap();
+    assert!(
+        gpu_node
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .any(|(k, _)| k == gpu_tenancy::api::FOUND_GPUS_ANNOTATION),
+        "GpuNode {name} was not created with its GPUs declared"
+    );
+    let layout = |a: &SimAgent| -> Vec<Value> {
+        let s = a.sim_state();
+        s["gpus"].as_array().unwrap().iter().map(|g| g["gis"].clone()).collect()
+    };
+    let before = layout(&agent);
+    assert!(
+        before.iter().all(|g| g.as_array().is_some_and(|a| a.len() == 2)),
+        "{before:?}"
+    );
+
+    // The agent stops and its GpuNode goes: the node comes back with two instances on each GPU.
+    agent.kill();
+    Api::<GpuNode>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("the test deletes the GpuNode");
+    tokio::time::sleep(SETTLE).await;
+    let offset = log_len(&log);
+    agent.restart();
+    wait_nodes(&client, &[name.to_string()], 60, "the node back and applied", applied).await;
+    tokio::time::sleep(SETTLE).await;
+    let back = Api::<GpuNode>::all(client.clone()).get(name).await.unwrap();
+    assert_eq!(
+        back.found_gpus(),
+        None,
+        "GPUs holding MIG instances were declared: {:?}",
+        back.metadata.annotations
+    );
+    let (status, spec) = status_and_spec_writes(&log, offset, name);
+    assert!(
+        status >= 2 && spec == 1,
+        "a node with instances took {status} status writes and {spec} spec writes: want its status first, then \
+         the spec planned from it, then the applied status"
+    );
+    assert_eq!(
+        layout(&agent),
+        before,
+        "the plan made from the status did not keep the instances the GPUs held"
+    );
+    controller.abort();
 }
 
 /// The agent's reads of its GpuNode and its Node after byte `offset` of the audit log.
