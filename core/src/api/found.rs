@@ -48,11 +48,11 @@ impl GpuNodeStatus {
         self.gpu_count.is_none() && self.gpus.is_empty() && self.driver.is_none() && self.conditions.is_empty()
     }
 
-    /// The facts of the GPUs the planner reads (model, memory, NUMA node, MIG profiles), without
-    /// what the agent did or saw running.
+    /// The facts of the GPUs the planner reads (model, memory, NUMA node, compute capability,
+    /// UUID, MIG profiles), without what the agent did or saw running. Nothing more: the
+    /// annotation stays on the object, in every later write of it.
     pub fn facts(&self) -> GpuNodeStatus {
         GpuNodeStatus {
-            driver: self.driver.clone(),
             gpu_count: self.gpu_count,
             gpus: self
                 .gpus
@@ -64,10 +64,7 @@ impl GpuNodeStatus {
                     pci_device_id: g.pci_device_id.clone(),
                     memory_mib: g.memory_mib,
                     numa_node: g.numa_node,
-                    minor_number: g.minor_number,
                     compute_capability: g.compute_capability.clone(),
-                    compute_mode: g.compute_mode.clone(),
-                    mig_mode: g.mig_mode,
                     profiles: g.profiles.clone(),
                     ..GpuStatus::default()
                 })

@@ -2,6 +2,7 @@
 //! plane's audit log: its watch's first event is for the GpuNode its first pass already read (or
 //! created), and brings no second pass. A fleet joining at once made every agent read its GpuNode
 //! and its Node twice, on the API server that was already the bottleneck (`make bench-fleet`).
+//! And what a joining node writes: with empty GPUs declared, one spec and one status.
 
 use crate::observe::{applied, apply_plan, wait_nodes};
 use crate::support::*;
