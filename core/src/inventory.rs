@@ -562,35 +562,8 @@ mod tests {
     /// node waits for its agent.
     #[test]
     fn a_declared_node_reads_as_its_first_status_will() {
-        use crate::api::{
-            FOUND_GPUS_ANNOTATION, GpuNodeSpec, GpuNodeStatus, GpuStatus, MigInstanceSpec, MigInstanceStatus,
-            MigProfileStatus, ModelProfiles,
-        };
-        let found = GpuNodeStatus {
-            gpu_count: Some(2),
-            gpus: (0..2)
-                .map(|i| GpuStatus {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    name: "NVIDIA H100 80GB HBM3".into(),
-                    pci_device_id: "0x233010DE".into(),
-                    memory_mib: 81559,
-                    numa_node: Some(i as i32),
-                    compute_capability: Some("9.0".into()),
-                    ..GpuStatus::default()
-                })
-                .collect(),
-            mig_profiles: vec![ModelProfiles {
-                name: "NVIDIA H100 80GB HBM3".into(),
-                profiles: vec![MigProfileStatus {
-                    id: 9,
-                    name: "3g.40gb".into(),
-                    memory_mib: 40192,
-                    ..MigProfileStatus::default()
-                }],
-            }],
-            ..GpuNodeStatus::default()
-        };
+        use crate::api::{FOUND_GPUS_ANNOTATION, GpuNodeSpec, GpuNodeStatus, MigInstanceSpec, MigInstanceStatus};
+        let found = crate::api::found::two_empty_h100s();
         let labels = BTreeMap::from([("pool".to_string(), "p".to_string())]);
         let mut node = GpuNode::new("n", GpuNodeSpec::default());
         assert!(!NodeInventory::from_cluster("n", &labels, Some(&node)).reported);

@@ -87,27 +87,45 @@ impl GpuNode {
     }
 }
 
+/// What an agent finds on two empty H100s, one per NUMA node, with their 3g.40gb profile (test
+/// input here and for the planner's reading of a declaration).
+#[cfg(test)]
+pub(crate) fn two_empty_h100s() -> GpuNodeStatus {
+    use super::{MigProfileStatus, ModelProfiles};
+    GpuNodeStatus {
+        gpu_count: Some(2),
+        gpus: (0..2)
+            .map(|i| GpuStatus {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                pci_device_id: "0x233010DE".into(),
+                memory_mib: 81559,
+                numa_node: Some(i as i32),
+                compute_capability: Some("9.0".into()),
+                ..GpuStatus::default()
+            })
+            .collect(),
+        mig_profiles: vec![ModelProfiles {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            profiles: vec![MigProfileStatus {
+                id: 9,
+                name: "3g.40gb".into(),
+                memory_mib: 40192,
+                ..MigProfileStatus::default()
+            }],
+        }],
+        ..GpuNodeStatus::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{MigInstanceStatus, Placement, ProcessStatus};
 
     fn found() -> GpuNodeStatus {
-        GpuNodeStatus {
-            gpu_count: Some(2),
-            gpus: (0..2)
-                .map(|i| GpuStatus {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    name: "NVIDIA H100 80GB HBM3".into(),
-                    pci_device_id: "0x233010DE".into(),
-                    memory_mib: 81559,
-                    numa_node: Some(i as i32),
-                    ..GpuStatus::default()
-                })
-                .collect(),
-            ..GpuNodeStatus::default()
-        }
+        two_empty_h100s()
     }
 
     #[test]

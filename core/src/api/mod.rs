@@ -5,7 +5,7 @@
 
 mod common;
 mod conditions;
-mod found;
+pub(crate) mod found;
 mod node;
 mod plan;
 mod policy;
