@@ -23,7 +23,7 @@
 //!   read: the node waits for its agent's status.
 //! - It is written by the node's agent, which also writes the status: trusted as that is.
 
-use super::{GpuNode, GpuNodeStatus, GpuStatus};
+use super::node::{GpuNode, GpuNodeStatus, GpuStatus};
 
 /// The annotation of a GpuNode its agent created, with the GPUs it found (JSON of
 /// [`GpuNodeStatus::facts`]).
@@ -91,7 +91,7 @@ impl GpuNode {
 /// input here and for the planner's reading of a declaration).
 #[cfg(test)]
 pub(crate) fn two_empty_h100s() -> GpuNodeStatus {
-    use super::{MigProfileStatus, ModelProfiles};
+    use super::node::{MigProfileStatus, ModelProfiles};
     GpuNodeStatus {
         gpu_count: Some(2),
         gpus: (0..2)
@@ -122,7 +122,7 @@ pub(crate) fn two_empty_h100s() -> GpuNodeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{MigInstanceStatus, Placement, ProcessStatus};
+    use crate::api::node::{MigInstanceStatus, Placement, ProcessStatus};
 
     fn found() -> GpuNodeStatus {
         two_empty_h100s()

@@ -5,7 +5,8 @@
 //! A declared node's first status waits for the spec planned from the declaration, or else for
 //! the agent's next poll (a node no plan selects still shows its GPUs a poll after joining).
 
-use super::{Options, PassError};
+use super::options::Options;
+use super::pass_error::PassError;
 use crate::api::{FOUND_GPUS_ANNOTATION, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use crate::gpu::Gpus;
 use crate::gpu::apply::{ApplyOptions, apply};
