@@ -1,10 +1,10 @@
 //! `gpu-tenancy agent run`: the node agent, the Kubernetes loop around the GPU layer ([`crate::gpu`]).
 //!
 //! It creates its node's GpuNode if missing (declaring the GPUs it found where they hold nothing,
-//! so the controller plans the node before a first status: [`join`]), watches it, and on every change of the spec (and every
-//! `poll` interval, to find drift: a reboot, someone with nvidia-smi) applies the spec to the GPUs
-//! with the published status as the previous state, so who had each GPU and when it was scrubbed
-//! survives restarts. The status is written with server-side apply (field manager
+//! so the controller plans the node before a first status: [`join`]), watches it, and on every
+//! change of the spec (and every `poll` interval, to find drift: a reboot, someone with
+//! nvidia-smi) applies the spec to the GPUs with the published status as the previous state, so
+//! who had each GPU and when it was scrubbed survives restarts. The status is written with server-side apply (field manager
 //! `gpu-tenancy-agent`) only when it changed, and the node's `gputenancy.io/config.state` label says
 //! `pending`, `success` or `failed` as mig-manager users expect. After a MIG change the device
 //! plugin's pod on this node is deleted so it re-reads the devices. Under `busyGpuPolicy: Evict`, the
