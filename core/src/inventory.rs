@@ -347,7 +347,8 @@ impl NodeInventory {
     /// spec where it covers a GPU (the controller's last decision, applied or on its way), else
     /// from what the agent reports as applied, so feeding the planner its own output changes
     /// nothing. A node whose GpuNode has no status yet is `reported` only where its agent
-    /// declared the GPUs it found when it created it (the GPUs held nothing: [`crate::api::FOUND_GPUS_ANNOTATION`]).
+    /// declared the GPUs it found when it created it, which it does where they held nothing
+    /// ([`crate::api::FOUND_GPUS_ANNOTATION`]).
     pub fn from_cluster(name: &str, labels: &BTreeMap<String, String>, gpu_node: Option<&GpuNode>) -> NodeInventory {
         let status = gpu_node.and_then(|n| n.status.as_ref());
         // The GPUs' facts: from the declaration until the agent publishes a status, then from that.
