@@ -243,9 +243,22 @@ fn scrub_of_gpus(node: &NodeDesired, diffs: &[UnitDiff], scrub_of: &HashMap<&str
         .collect()
 }
 
+/// Whether any GPU of the node has an instance or a tenant now: a node that does not adds
+/// nothing to [`holdings`] now.
+fn holds_now(node: &NodeDesired) -> bool {
+    node.inventory
+        .gpus
+        .iter()
+        .any(|g| !g.instances.is_empty() || !g.tenants.is_empty())
+}
+
 /// Units each tenant of `of` holds, per kind: now (`planned` false) or in the plan. Only the
 /// tenants whose changes need a count: nearly every pass changes few bindings, or none.
-fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &HashSet<&str>) -> HashMap<(&'a str, Kind<'a>), u32> {
+fn holdings<'a, 'i: 'a>(
+    nodes: impl IntoIterator<Item = &'a NodeDesired<'i>>,
+    planned: bool,
+    of: &HashSet<&str>,
+) -> HashMap<(&'a str, Kind<'a>), u32> {
     let mut out: HashMap<(&str, Kind), u32> = HashMap::new();
     if of.is_empty() {
         return out;
@@ -287,12 +300,57 @@ fn holdings<'a>(nodes: &'a [NodeDesired], planned: bool, of: &HashSet<&str>) -> 
     out
 }
 
+/// What a change's reason is read from, beside its [`BindingChange`]: the modes its units are
+/// counted in now and in the plan (the profile, for an instance, is the change's own).
+#[derive(Clone, Copy)]
+struct ReasonFacts {
+    old_mode: Mode,
+    new_mode: Mode,
+    plan_changed: bool,
+}
+
+/// A node's changes, listed from its unit diffs (with the scrub policies just computed), their
+/// reasons still to find ([`ChangeReason::TenantAdded`] until then).
+fn listed(node: &NodeDesired, diffs: &[UnitDiff], scrub: &[ScrubMemory]) -> Vec<(BindingChange, ReasonFacts)> {
+    diffs
+        .iter()
+        .map(|d| {
+            let scrubs = node
+                .gpus
+                .iter()
+                .position(|s| s.index == d.gpu)
+                .is_some_and(|g| scrub[g] != ScrubMemory::Never);
+            let change = BindingChange {
+                node: node.inventory.name.clone(),
+                gpu: d.gpu,
+                profile: d.instance.map(|(p, _)| p.to_string()),
+                placement: d.instance.map(|(_, at)| at),
+                reason: ChangeReason::TenantAdded,
+                // Tenants joining a shared GPU whose tenants stay hand nothing over: no scrub.
+                scrub: scrubs
+                    && (d.instance.is_some() || gpu_changes_hands(Some(d.old_kind.0), &d.old, d.new_kind.0, &d.new)),
+                may_evict: d.leaving().next().is_some(),
+                old_tenants: d.old.iter().map(|t| t.to_string()).collect(),
+                new_tenants: d.new.iter().map(|t| t.to_string()).collect(),
+            };
+            let facts = ReasonFacts {
+                old_mode: d.old_kind.0,
+                new_mode: d.new_kind.0,
+                plan_changed: d.plan_changed,
+            };
+            (change, facts)
+        })
+        .collect()
+}
+
 /// Sets every planned GPU's scrub policy ([`scrub_policies`]; `tenants` valid, unknown previous
 /// owners counting as `Always`) and returns every binding the plan changes, sorted by node, GPU
-/// and placement (the GPU used whole first). Each node's units are compared once; the nodes with
-/// changes (few, in nearly every pass) once more, for the reasons. A node taken back from the last
-/// pass whose bindings no cell moved, none of which changed hands then, keeps its scrub policies
-/// and has no change, unless the tenants' `scrubMemory` is not as then (`same_scrub` false).
+/// and placement (the GPU used whole first). Each node's units are compared once, and its changes
+/// listed then, while its GPUs are in cache (a fleet planned from empty changes every unit; a
+/// second walk for the reasons read it all from memory again at 50,000 nodes). A node taken back
+/// from the last pass whose bindings no cell moved, none of which changed hands then, keeps its
+/// scrub policies and has no change, unless the tenants' `scrubMemory` is not as then
+/// (`same_scrub` false).
 pub fn settle(
     nodes: &mut [NodeDesired],
     tenants: &[GpuTenant],
@@ -300,23 +358,26 @@ pub fn settle(
     same_scrub: bool,
 ) -> Vec<BindingChange> {
     let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
-    let mut changed = Vec::new();
+    // Each changed node's changes, joined into one list at its size below.
+    let mut per_node: Vec<Vec<(BindingChange, ReasonFacts)>> = Vec::new();
     // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
     let mut counted: HashSet<String> = HashSet::new();
-    // The changes listed below, counted here so their list is made once at its size (a fleet
-    // planned from empty changes every unit: a list grown by doubling copies it again and again).
-    let mut listed = 0;
+    // The nodes that may hold something now, for the holdings before the plan: nodes of a fleet
+    // planned from empty are not read again.
+    let mut holding_now: Vec<usize> = Vec::new();
     for (n, node) in nodes.iter_mut().enumerate() {
         if node.kept && !node.recomputed && !node.changing && same_scrub {
+            holding_now.push(n);
             continue;
+        }
+        if holds_now(node) {
+            holding_now.push(n);
         }
         node.recomputed = true;
         let diffs = unit_diffs(node);
         let scrub = scrub_of_gpus(node, &diffs, &scrub_of);
         let changing = !diffs.is_empty();
-        listed += diffs.len();
         if changing {
-            changed.push(n);
             for d in &diffs {
                 for t in d.leaving().chain(d.joining()) {
                     // A copy only of names not seen yet: a fleet planned from empty changes
@@ -326,6 +387,7 @@ pub fn settle(
                     }
                 }
             }
+            per_node.push(listed(node, &diffs, &scrub));
         }
         drop(diffs);
         node.changing = changing;
@@ -336,61 +398,50 @@ pub fn settle(
             }
         }
     }
-    if changed.is_empty() {
+    if per_node.is_empty() {
         return Vec::new();
     }
     let counted: HashSet<&str> = counted.iter().map(String::as_str).collect();
     let nodes: &[NodeDesired] = nodes;
     let exists: HashSet<&str> = tenants.iter().map(crate::api::name_of).collect();
     let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
-    let before = holdings(nodes, false, &counted);
+    let before = holdings(holding_now.iter().map(|&n| &nodes[n]), false, &counted);
     // Read only for a tenant that leaves a unit: none in a fleet planned from empty.
     let after = std::cell::LazyCell::new(|| holdings(nodes, true, &counted));
     let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
-    let reason = |d: &UnitDiff| -> ChangeReason {
-        if let Some(o) = d.leaving().next() {
-            if !exists.contains(o) {
+    let reason = |c: &BindingChange, n: ReasonFacts| -> ChangeReason {
+        let (old, new) = (&c.old_tenants, &c.new_tenants);
+        let old_kind = (n.old_mode, c.profile.as_deref());
+        let new_kind = (n.new_mode, c.profile.as_deref());
+        if let Some(o) = old.iter().find(|t| !new.contains(t)) {
+            if !exists.contains(o.as_str()) {
                 return ChangeReason::TenantRemoved;
             }
-            let Some(&mine) = priority.get(o) else {
+            let Some(&mine) = priority.get(o.as_str()) else {
                 return ChangeReason::TenantInvalid;
             };
-            if d.plan_changed {
+            if n.plan_changed {
                 return ChangeReason::PlanChanged;
             }
-            if count(&after, o, d.old_kind) >= count(&before, o, d.old_kind) {
+            if count(&after, o, old_kind) >= count(&before, o, old_kind) {
                 return ChangeReason::Repacked;
             }
-            let by = d.new.iter().find(|n| priority.get(*n).is_some_and(|&p| p > mine));
+            let by = new.iter().find(|t| priority.get(t.as_str()).is_some_and(|&p| p > mine));
             return match by {
-                Some(by) => ChangeReason::Preempted { by: by.to_string() },
+                Some(by) => ChangeReason::Preempted { by: by.clone() },
                 None => ChangeReason::GrantShrank,
             };
         }
-        match d.joining().next() {
-            _ if d.plan_changed => ChangeReason::PlanChanged,
-            Some(j) if count(&before, j, d.new_kind) > 0 => ChangeReason::GrantGrew,
+        match new.iter().find(|t| !old.contains(t)) {
+            _ if n.plan_changed => ChangeReason::PlanChanged,
+            Some(j) if count(&before, j, new_kind) > 0 => ChangeReason::GrantGrew,
             _ => ChangeReason::TenantAdded,
         }
     };
-    let mut out = Vec::with_capacity(listed);
-    for node in changed.into_iter().map(|n| &nodes[n]) {
-        for d in unit_diffs(node) {
-            let spec = node.gpus.iter().find(|s| s.index == d.gpu);
-            out.push(BindingChange {
-                node: node.inventory.name.clone(),
-                gpu: d.gpu,
-                profile: d.instance.map(|(p, _)| p.to_string()),
-                placement: d.instance.map(|(_, at)| at),
-                reason: reason(&d),
-                // Tenants joining a shared GPU whose tenants stay hand nothing over: no scrub.
-                scrub: spec.is_some_and(|s| s.scrub != ScrubMemory::Never)
-                    && (d.instance.is_some() || gpu_changes_hands(Some(d.old_kind.0), &d.old, d.new_kind.0, &d.new)),
-                may_evict: d.leaving().next().is_some(),
-                old_tenants: d.old.iter().map(|t| t.to_string()).collect(),
-                new_tenants: d.new.iter().map(|t| t.to_string()).collect(),
-            });
-        }
+    let mut out = Vec::with_capacity(per_node.iter().map(Vec::len).sum());
+    for (mut change, n) in per_node.into_iter().flatten() {
+        change.reason = reason(&change, n);
+        out.push(change);
     }
     out.sort_by(|a, b| (&a.node, a.gpu, a.placement, &a.profile).cmp(&(&b.node, b.gpu, b.placement, &b.profile)));
     out
