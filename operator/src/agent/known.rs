@@ -13,6 +13,8 @@
 //! nothing, and read its GpuNode again for each new spec (README, "Fleet benchmark").
 
 use crate::api::{GpuNode, GpuNodeStatus};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// What the next pass may start from without reading.
 #[derive(Clone, Debug, Default)]
@@ -22,12 +24,16 @@ pub(super) struct Known {
     gpu_node: Option<GpuNode>,
     /// The node's `gputenancy.io/config.state` label as last read or written; `None` to read it.
     config_state: Option<String>,
+    /// When the pass that created the GpuNode with its GPUs declared ended, while no spec has
+    /// come since and no status was published ([`Known::awaiting_spec`]).
+    declared_at: Option<Instant>,
 }
 
 impl Known {
     /// The GpuNode to apply, if known; taken, so a pass that fails before it is put back leaves
     /// nothing known.
     pub fn take_gpu_node(&mut self) -> Option<GpuNode> {
+        self.declared_at = None;
         self.gpu_node.take()
     }
 
@@ -41,11 +47,20 @@ impl Known {
     pub fn keep_declared(&mut self, mut node: GpuNode) {
         node.status = None;
         self.gpu_node = Some(node);
+        self.declared_at = Some(Instant::now());
+    }
+
+    /// The GpuNode created with its GPUs declared, where no spec has come since, no status was
+    /// published and `patience` has not passed since: its first status waits for the spec.
+    pub fn awaiting_spec(&self, patience: Duration) -> Option<&GpuNode> {
+        let declared = self.declared_at?;
+        (declared.elapsed() < patience).then_some(self.gpu_node.as_ref()?)
     }
 
     /// A new generation as the watch brings it: its spec, with the status this agent last
     /// published. With none known (at start, after a failed pass), nothing: the pass reads it.
     pub fn new_generation(&mut self, mut seen: GpuNode) {
+        self.declared_at = None;
         if let Some(mine) = self.gpu_node.take() {
             seen.status = mine.status;
             self.gpu_node = Some(seen);
@@ -55,6 +70,7 @@ impl Known {
     /// The next pass reads the GpuNode again (it is gone: the pass creates it).
     pub fn forget_gpu_node(&mut self) {
         self.gpu_node = None;
+        self.declared_at = None;
     }
 
     pub fn config_state(&self) -> Option<&str> {

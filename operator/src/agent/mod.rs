@@ -127,13 +127,23 @@ async fn pass<G: Gpus + 'static>(
     known: &mut Known,
 ) -> Result<Passed, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
+    if let Some(declared) = known.awaiting_spec(opts.poll * join::SPEC_PATIENCE_POLLS)
+        && join::still_as_declared(gpus, declared).await
+    {
+        // A poll before the spec: the declaration still says all the controller needs.
+        return Ok(Passed {
+            generation: declared.metadata.generation,
+            next: Next::Poll,
+        });
+    }
     let node = match known.take_gpu_node() {
         Some(n) => n,
         None => match join::read_or_create(&api, gpus, opts).await? {
             join::Joined::Read(n) => n,
             join::Joined::Declared(n) => {
-                // Its first status comes with the spec planned from what it declared, or at the
-                // next poll: nothing to apply (an empty spec) and nothing to publish yet.
+                // Its first status comes with the spec planned from what it declared, or at a
+                // poll that finds the GPUs changed or the spec late ([`join`]): nothing to apply
+                // (an empty spec) and nothing to publish yet.
                 tracing::info!(node = %opts.node, "GpuNode created with the GPUs found declared");
                 let generation = n.metadata.generation;
                 known.keep_declared(n);

@@ -226,6 +226,80 @@ async fn a_new_node_with_empty_gpus_is_planned_from_its_declaration_and_writes_o
     controller.abort();
 }
 
+/// A declared node's first status waits for its spec: polls that find its GPUs as declared
+/// publish nothing (while a fleet joins, the controller's pass writing the specs can outlast a
+/// poll), one that finds a process on them publishes at once (the controller must plan from what
+/// runs), and a node no spec ever comes to (no controller here) publishes after 10 polls.
+#[tokio::test]
+async fn a_declared_node_waits_for_its_spec_unless_its_gpus_change_or_no_spec_comes() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let log = audit_log();
+    let (busy, idle) = ("declared-busy", "declared-idle");
+    let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n";
+    let offset = log_len(&log);
+    // Polls a second apart; no controller, so no spec comes.
+    let agent_busy = SimAgent::start_polling(&client, &cleanup, busy, "declared", config, 1).await;
+    let mut agent_idle = SimAgent::start_polling(&client, &cleanup, idle, "declared", config, 1).await;
+    wait_for("both agents creating their GpuNodes", 30, || {
+        [busy, idle]
+            .iter()
+            .all(|n| !requests(&log, offset, n, "create").is_empty())
+    })
+    .await;
+    let created = Instant::now();
+    // About four polls, each reading GPUs that are as declared.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for n in [busy, idle] {
+        assert_eq!(
+            status_and_spec_writes(&log, offset, n),
+            (0, 0),
+            "agent {n} published a status at a poll before any spec, though its GPUs are as it declared them"
+        );
+    }
+
+    // A process starts on the busy node's GPU: its declaration no longer says what runs.
+    agent_busy.sim_ctl(&["attach", "--gpu", "0", "--pid", "4243", "--tenant", "someone"]);
+    wait_for("a poll publishing the busy node's status", 10, || {
+        status_and_spec_writes(&log, offset, busy).0 >= 1
+    })
+    .await;
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let published = api.get(busy).await.expect("reading the busy node's GpuNode");
+    assert!(
+        published.found_gpus().is_none(),
+        "GpuNode {busy}'s declaration is still read after the agent published its status"
+    );
+    let st = published.status.unwrap_or_default();
+    assert!(
+        st.gpus
+            .first()
+            .is_some_and(|g| g.processes.iter().any(|p| p.pid == 4243)),
+        "the status published for the process does not show it: {:?}",
+        st.gpus
+    );
+
+    // No spec comes to the idle node: its status after its patience, ten polls, not before.
+    wait_for("the idle node's status once no spec came", 30, || {
+        status_and_spec_writes(&log, offset, idle).0 >= 1
+    })
+    .await;
+    let waited = created.elapsed();
+    assert!(
+        waited >= Duration::from_secs(8),
+        "the idle node published its first status {waited:?} after joining: want about ten polls (10 s)"
+    );
+    assert!(
+        api.get(idle)
+            .await
+            .expect("reading the idle node's GpuNode")
+            .status
+            .is_some_and(|s| s.gpu_count == Some(1)),
+        "the idle node's status does not show its GPU"
+    );
+    assert!(agent_idle.is_running(), "the idle node's agent stopped");
+}
+
 /// The agent's reads of its GpuNode and its Node after byte `offset` of the audit log.
 fn agent_gets(log: &Path, offset: u64, name: &str) -> (usize, usize) {
     (
@@ -249,8 +323,10 @@ async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_dele
     let config = "gpus:\n- {pciDeviceId: \"0x233010DE\", count: 1}\n";
     let mut agent = SimAgent::start_polling(&client, &cleanup, name, "reads", config, 1).await;
     let api: Api<GpuNode> = Api::all(client.clone());
-    wait_nodes(&client, &[name.to_string()], 30, "the agent's GpuNode", |n| {
-        n.status.is_some()
+    // Its first status: no spec comes (no controller), so a poll publishes it once the agent's
+    // patience for a spec is over (ten polls).
+    wait_nodes(&client, &[name.to_string()], 30, "the agent's first status", |n| {
+        n.status.as_ref().is_some_and(|s| !s.is_unpublished())
     })
     .await;
     tokio::time::sleep(SETTLE).await;
