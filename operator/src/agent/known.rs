@@ -82,3 +82,55 @@ impl Known {
         self.config_state = state;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::GpuNodeSpec;
+
+    fn node(generation: i64) -> GpuNode {
+        let mut n = GpuNode::new("n", GpuNodeSpec::default());
+        n.metadata.generation = Some(generation);
+        n
+    }
+
+    #[tokio::test]
+    async fn a_declared_node_awaits_its_spec_until_patience_or_a_new_generation() {
+        let patience = Duration::from_millis(100);
+        let mut known = Known::default();
+        assert!(
+            known.awaiting_spec(patience).is_none(),
+            "nothing declared, nothing awaited"
+        );
+
+        known.keep_declared(node(1));
+        assert_eq!(
+            known.awaiting_spec(patience).and_then(|n| n.metadata.generation),
+            Some(1)
+        );
+        tokio::time::sleep(patience).await;
+        assert!(known.awaiting_spec(patience).is_none(), "awaited past its patience");
+
+        // The spec comes: no longer awaited, whatever the time.
+        known.keep_declared(node(1));
+        known.new_generation(node(2));
+        assert!(known.awaiting_spec(patience).is_none(), "awaited after its spec came");
+        assert!(known.take_gpu_node().is_some_and(|n| n.metadata.generation == Some(2)));
+
+        // A pass that takes it (a poll past patience publishes) ends the wait too.
+        known.keep_declared(node(1));
+        let taken = known.take_gpu_node().expect("the declared node");
+        known.keep_gpu_node(taken, GpuNodeStatus::default());
+        assert!(
+            known.awaiting_spec(patience).is_none(),
+            "awaited after a status was published"
+        );
+
+        known.keep_declared(node(1));
+        known.forget_gpu_node();
+        assert!(
+            known.awaiting_spec(patience).is_none(),
+            "awaited after the GpuNode was gone"
+        );
+    }
+}
