@@ -6,7 +6,8 @@
 # as a process, then `gpu-tenancy-fleet bench` grows a fleet of agents (each the agent's own loop
 # on in-memory GPUs) from BENCH_FLEET_START_NODES to BENCH_FLEET_NODES, idles BENCH_FLEET_IDLE
 # seconds, changes a tenant and a plan, and prints the table (JSON: target/bench-fleet.json).
-# Exit 1 when an invariant target broke (writes while idle, a rollout past maxUnavailable).
+# Exit 1 when an invariant target broke (writes while idle, a rollout past maxUnavailable, joining
+# nodes publishing statuses before their specs).
 #
 #   BENCH_FLEET_NODES=1000 BENCH_FLEET_START_NODES=100 BENCH_FLEET_IDLE=300 (defaults)
 #   BENCH_FLEET_PLAN_NODES=50000  also time `gpu-tenancy plan` on that many nodes (0: skip)

@@ -2,7 +2,8 @@
 //! controller`, measuring side by side what the controller and the agents cost as the fleet grows,
 //! idles, takes a tenant change and rolls out a plan change. Prints a table, writes JSON, and fails
 //! when an invariant target is broken (writes while idle, more of a plan's nodes changing at once
-//! than its maxUnavailable allows, a phase that never converged).
+//! than its maxUnavailable allows, a phase that never converged, joining nodes publishing statuses
+//! before their specs).
 
 use crate::cluster;
 use crate::fleet::Fleet;
@@ -448,6 +449,15 @@ pub fn failures(r: &Report) -> Vec<String> {
             ));
         }
     }
+    if let Some(p) = r.phases.first()
+        && let Some(extra) = first_statuses_past_specs(p)
+    {
+        out.push(format!(
+            "{}: the agents wrote {extra} GpuNode statuses more than the controller's specs and the injected NVML \
+             failures explain (a joining node publishes once, with its spec applied): {:?}",
+            p.name, p.agent_writes_by_kind
+        ));
+    }
     if r.idle.controller_writes > 0 {
         out.push(format!(
             "idle: the controller wrote {} times with nothing changed: {:?}",
@@ -486,6 +496,18 @@ pub fn failures(r: &Report) -> Vec<String> {
         ));
     }
     out
+}
+
+/// In a phase of nodes joining an empty fleet, the agents' GpuNode status writes beyond one per
+/// spec the controller wrote and one per injected NVML failure (a failed pass reports it, the
+/// retry publishes again), if any. A node that declared its GPUs publishes once its spec is
+/// applied: statuses written before the spec cost the API server a write of the whole object each
+/// (README, "A declared node waits for its spec").
+fn first_statuses_past_specs(p: &Phase) -> Option<u64> {
+    let count = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    let statuses = count(&p.agent_writes_by_kind, "PATCH gpunodes/status");
+    let explained = count(&p.controller_writes_by_kind, "GpuNode/apply") + p.injected_nvml_failures;
+    (statuses > explained).then(|| statuses - explained)
 }
 
 /// The table for people.
@@ -633,4 +655,39 @@ pub fn table(r: &Report) -> String {
 fn incremental_vs_full(p: &Phase) -> String {
     let ms = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     format!("{} / {}", ms(p.desired_ms_median), ms(p.full_ms_median))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(statuses: u64, specs: u64, failures: u64) -> Report {
+        Report {
+            phases: vec![Phase {
+                name: "converge at 10 nodes".into(),
+                agent_writes_by_kind: [("PATCH gpunodes/status".to_string(), statuses)].into(),
+                controller_writes_by_kind: [("GpuNode/apply".to_string(), specs)].into(),
+                injected_nvml_failures: failures,
+                ..Phase::default()
+            }],
+            ..Report::default()
+        }
+    }
+
+    fn names_extra_statuses(r: &Report) -> bool {
+        failures(r).iter().any(|f| f.contains("GpuNode statuses more than"))
+    }
+
+    #[test]
+    fn a_joining_fleet_writes_one_status_per_spec_and_injected_failure() {
+        assert!(!names_extra_statuses(&joined(10, 10, 0)));
+        assert!(!names_extra_statuses(&joined(13, 10, 3)));
+        // Statuses published before their specs (the agents' polls, a slow controller pass).
+        assert!(names_extra_statuses(&joined(16, 10, 3)));
+        assert!(
+            failures(&joined(16, 10, 3))
+                .iter()
+                .any(|f| f.contains("wrote 3 GpuNode statuses"))
+        );
+    }
 }
