@@ -127,7 +127,7 @@ async fn pass<G: Gpus + 'static>(
     known: &mut Known,
 ) -> Result<Passed, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
-    if let Some(declared) = known.awaiting_spec(opts.poll * join::SPEC_PATIENCE_POLLS)
+    if let Some(declared) = known.awaiting_spec(opts.poll.saturating_mul(join::SPEC_PATIENCE_POLLS))
         && join::still_as_declared(gpus, declared).await
     {
         // A poll before the spec: the declaration still says all the controller needs.
