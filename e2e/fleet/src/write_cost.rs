@@ -1,7 +1,10 @@
 //! What one write of a GpuNode's status costs the API server, beside the same bytes written as a
 //! ConfigMap's data: the control plane's CPU (from `/proc`) over writes made one at a time,
 //! rounds of each alternating, in the bench's own converged cluster (the controller and the agents
-//! running, so each write's watch events reach them as a real one's do).
+//! running, so each write's watch events reach them as a real one's do). A third kind of round
+//! sends the status as the agent once did, with the API server's default field validation
+//! (`Warn`: the apply body parsed twice), beside the agent's own (`Ignore`, see
+//! [`gpu_tenancy::runtime::client::apply_params`]): the saving measured in every run.
 //!
 //! Why: a fleet's first convergence is bound by the API server's CPU on this 2-core machine, and
 //! a joining node's GpuNode takes a create, two status writes (its inventory, then what it
@@ -11,8 +14,9 @@
 
 use crate::probe::Controller;
 use gpu_tenancy::api::GpuNode;
+use gpu_tenancy::runtime::client::apply_params;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -33,6 +37,9 @@ pub struct WriteCost {
     /// Control plane CPU per write, median over the rounds, and the rounds' range.
     pub gpunode_status_ms: f64,
     pub gpunode_status_ms_range: (f64, f64),
+    /// The same status written with the server's default field validation (`Warn`).
+    pub gpunode_status_default_validation_ms: f64,
+    pub gpunode_status_default_validation_ms_range: (f64, f64),
     pub config_map_ms: f64,
     pub config_map_ms_range: (f64, f64),
 }
@@ -65,6 +72,21 @@ fn median_and_range(v: &mut [f64]) -> (f64, (f64, f64)) {
     }
 }
 
+/// The kinds of write a round makes, in the order the rounds alternate.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Round {
+    /// The GpuNode status as its agent sends it.
+    Agent,
+    /// The same status with the API server's default field validation (`Warn`).
+    DefaultValidation,
+    /// The status's bytes as a ConfigMap's data.
+    ConfigMap,
+}
+
+impl Round {
+    const ALL: [Round; 3] = [Round::Agent, Round::DefaultValidation, Round::ConfigMap];
+}
+
 /// Where the measured writes go, and how each is sent.
 struct Targets {
     nodes: Api<GpuNode>,
@@ -75,10 +97,14 @@ struct Targets {
 }
 
 impl Targets {
-    /// The status as the agent sends it (its field manager, forced as the agent's are).
-    async fn write_status(&self, status: Value) -> Result<(), kube::Error> {
+    /// The status as the agent sends it (its field manager and apply parameters), or with the
+    /// server's default field validation.
+    async fn write_status(&self, status: Value, default_validation: bool) -> Result<(), kube::Error> {
         let body = json!({"apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()), "status": status});
-        let agent = PatchParams::apply(gpu_tenancy::agent::FIELD_MANAGER).force();
+        let mut agent = apply_params(gpu_tenancy::agent::FIELD_MANAGER);
+        if default_validation {
+            agent.field_validation = None;
+        }
         self.nodes
             .patch_status(&self.node, &agent, &Patch::Apply(body))
             .await
@@ -88,50 +114,49 @@ impl Targets {
     async fn write_config_map(&self, status: &Value) -> Result<(), kube::Error> {
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP},
                           "data": {"status": status.to_string()}});
-        let bench = PatchParams::apply(BENCH_MANAGER).force();
+        let bench = apply_params(BENCH_MANAGER);
         self.config_maps
             .patch(CONFIG_MAP, &bench, &Patch::Apply(body))
             .await
             .map(drop)
     }
 
-    /// Control plane CPU per write (ms) of each round: GpuNode status rounds, ConfigMap rounds.
-    async fn rounds(&self, ctl: &Controller, rounds: usize, per_round: usize) -> Result<(Vec<f64>, Vec<f64>), String> {
-        let (mut on_node, mut on_map) = (Vec::new(), Vec::new());
+    /// Control plane CPU per write (ms) of each round, by kind ([`Round::ALL`]'s order).
+    async fn rounds(&self, ctl: &Controller, rounds: usize, per_round: usize) -> Result<[Vec<f64>; 3], String> {
+        let mut ms: [Vec<f64>; 3] = Default::default();
         let mut k = 0;
         for _ in 0..rounds {
-            for to_node in [true, false] {
+            for (i, round) in Round::ALL.into_iter().enumerate() {
                 // Let the last round's watch events and the controller's pass settle.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let before = cpu(ctl)?;
                 for _ in 0..per_round {
                     k += 1;
                     let body = variant(&self.status, k);
-                    match to_node {
-                        true => self.write_status(body).await.map_err(|e| {
-                            format!("writing GpuNode {}'s status (as its agent) failed: {e}", self.node)
-                        })?,
-                        false => self
+                    match round {
+                        Round::Agent | Round::DefaultValidation => self
+                            .write_status(body, round == Round::DefaultValidation)
+                            .await
+                            .map_err(|e| {
+                                format!("writing GpuNode {}'s status (as its agent) failed: {e}", self.node)
+                            })?,
+                        Round::ConfigMap => self
                             .write_config_map(&body)
                             .await
                             .map_err(|e| format!("applying ConfigMap default/{CONFIG_MAP} failed: {e}"))?,
                     }
                 }
-                let ms = (cpu(ctl)? - before) * 1000.0 / per_round as f64;
-                match to_node {
-                    true => on_node.push(ms),
-                    false => on_map.push(ms),
-                }
+                ms[i].push((cpu(ctl)? - before) * 1000.0 / per_round as f64);
             }
         }
-        Ok((on_node, on_map))
+        Ok(ms)
     }
 
     /// Puts the node's status back as its agent wrote it and deletes the ConfigMap, whatever the
     /// rounds did; says what could not be undone.
     async fn undo(&self) -> Result<(), String> {
         let mut left = Vec::new();
-        if let Err(e) = self.write_status(self.status.clone()).await {
+        if let Err(e) = self.write_status(self.status.clone(), false).await {
             left.push(format!(
                 "GpuNode {}'s status keeps a marked message per GPU ({e}); its agent writes it again on its next poll",
                 self.node
@@ -173,13 +198,15 @@ pub async fn measure(client: &Client, ctl: &Controller, rounds: usize, per_round
     };
     let measured = targets.rounds(ctl, rounds, per_round).await;
     let undone = targets.undo().await;
-    let (mut on_node, mut on_map) = match (measured, undone) {
+    let [mut on_node, mut on_node_default, mut on_map] = match (measured, undone) {
         (Ok(m), Ok(())) => m,
         (Ok(_), Err(u)) => return Err(u),
         (Err(e), Ok(())) => return Err(e),
         (Err(e), Err(u)) => return Err(format!("{e}; and {u}")),
     };
     let (gpunode_status_ms, gpunode_status_ms_range) = median_and_range(&mut on_node);
+    let (gpunode_status_default_validation_ms, gpunode_status_default_validation_ms_range) =
+        median_and_range(&mut on_node_default);
     let (config_map_ms, config_map_ms_range) = median_and_range(&mut on_map);
     Ok(WriteCost {
         status_bytes: targets.status.to_string().len(),
@@ -188,6 +215,8 @@ pub async fn measure(client: &Client, ctl: &Controller, rounds: usize, per_round
         writes_per_round: per_round,
         gpunode_status_ms,
         gpunode_status_ms_range,
+        gpunode_status_default_validation_ms,
+        gpunode_status_default_validation_ms_range,
         config_map_ms,
         config_map_ms_range,
     })

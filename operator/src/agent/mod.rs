@@ -40,6 +40,7 @@ use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::scrub::CudaLib;
 use crate::labels::{CONFIG_STATE, ConfigState};
+use crate::runtime::client::apply_params;
 use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -213,7 +214,7 @@ async fn pass<G: Gpus + 'static>(
     if !unchanged {
         api.patch_status(
             &opts.node,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &apply_params(FIELD_MANAGER),
             &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status})),
         )
         .await
@@ -316,11 +317,7 @@ async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&G
     }
     let patch = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status});
     if let Err(e) = api
-        .patch_status(
-            &opts.node,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
-        )
+        .patch_status(&opts.node, &apply_params(FIELD_MANAGER), &Patch::Apply(patch))
         .await
     {
         tracing::warn!(node = %opts.node, error = %e, "cannot report the NVML failure in the GpuNode status");

@@ -3,6 +3,7 @@
 //! failed and the loop retries with backoff.
 
 use super::diff::{Kind, Note, Write};
+use crate::runtime::client::apply_params;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -66,7 +67,7 @@ impl Writer {
     }
 
     async fn write(&self, w: &Write) -> Result<(), kube::Error> {
-        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let apply = apply_params(FIELD_MANAGER);
         match w {
             Write::Apply {
                 kind,

@@ -173,6 +173,17 @@ async fn a_new_node_with_empty_gpus_is_planned_from_its_declaration_and_writes_o
         "a new node with empty GPUs took (status writes, spec writes); want one spec planned from its declaration \
          and one status, the applied one"
     );
+    // Both server-side applies (the controller's spec, the agent's status) ask the API server to
+    // parse their body once: no strict second parse for warnings nobody reads.
+    let strict: Vec<Value> = requests(&log, offset, name, "patch")
+        .into_iter()
+        .map(|e| e["requestURI"].clone())
+        .filter(|uri| !uri.as_str().is_some_and(|u| u.contains("fieldValidation=Ignore")))
+        .collect();
+    assert!(
+        strict.is_empty(),
+        "applies to GpuNode {name} without fieldValidation=Ignore: {strict:?}"
+    );
     let declared = |n: &GpuNode| {
         n.metadata
             .annotations

@@ -77,7 +77,7 @@ async fn publish_claims(client: Client, node: String, mut saved: tokio::sync::wa
                 "apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode",
                 "status": {"claims": claims},
             });
-            let pp = kube::api::PatchParams::apply(CLAIMS_FIELD_MANAGER).force();
+            let pp = crate::runtime::client::apply_params(CLAIMS_FIELD_MANAGER);
             match api.patch_status(&node, &pp, &kube::api::Patch::Apply(body)).await {
                 Ok(_) => {
                     backoff.reset();

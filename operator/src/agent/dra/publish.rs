@@ -5,7 +5,7 @@
 use super::devices::{DRIVER, DraDevice};
 use super::slices::{same, slices};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch};
 use kube::{Client, ResourceExt};
 
 /// What a publish did.
@@ -32,7 +32,7 @@ pub async fn publish(client: &Client, node: &str, devices: &[DraDevice]) -> Resu
     }
     let generation = current + 1;
     let want = slices(node, devices, generation);
-    let pp = PatchParams::apply(crate::agent::field_manager::FIELD_MANAGER).force();
+    let pp = crate::runtime::client::apply_params(crate::agent::field_manager::FIELD_MANAGER);
     let mut writes = 0;
     for s in &want {
         api.patch(&s.name_any(), &pp, &Patch::Apply(s)).await?;
