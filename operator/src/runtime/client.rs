@@ -9,8 +9,9 @@ use std::future::Future;
 /// Why `fieldValidation=Ignore`: with the server's default (`Warn`) every apply body is parsed as
 /// YAML twice, once to apply and once more, strictly, only to warn of unknown or duplicate fields;
 /// that second parse was about 8% of the control plane's CPU for a GpuNode status write (profiled
-/// on the API server of `e2e/`). Nothing here reads the warnings, and the bodies are typed
-/// objects serialised from the same types the CRDs are generated from, so no warning could come
+/// on the API server of `e2e/`). Nothing here reads the warnings (kube-rs does not surface them),
+/// and the bodies are typed objects serialised from the types the schemas come from (this crate's,
+/// which the CRDs are generated from; k8s-openapi's for built-in kinds), so no warning could come
 /// but from version skew, where the server prunes the unknown field in every mode alike.
 pub fn apply_params(manager: &str) -> PatchParams {
     PatchParams::apply(manager).force().validation_ignore()
