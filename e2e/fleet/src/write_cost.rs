@@ -7,8 +7,8 @@
 //! [`gpu_tenancy::runtime::client::apply_params`]): the saving measured in every run.
 //!
 //! Why: a fleet's first convergence is bound by the API server's CPU on this 2-core machine, and
-//! a joining node's GpuNode takes a create, two status writes (its inventory, then what it
-//! applied) and a spec write. This tells how much of that is the object's shape (a CRD status of
+//! a joining node's GpuNode takes a create (its GPUs declared), a spec write and a status write
+//! (what it applied). This tells how much of that is the object's shape (a CRD status of
 //! many typed fields, validated, merged field by field, decoded and encoded as maps) rather than
 //! its bytes.
 

@@ -1,4 +1,5 @@
-//! What the commands that run in a cluster share: a runtime, a client, and the shutdown signal.
+//! What the commands that run in a cluster share: a runtime, a client, the parameters of every
+//! server-side apply, and the shutdown signal.
 
 use kube::api::PatchParams;
 use std::future::Future;
