@@ -15,6 +15,9 @@ use crate::mig::{GpuModel, model_by_name, model_by_pci_id};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+mod cluster;
+pub use cluster::{ClusterInventories, cluster_inventories};
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct InventoryFile {
@@ -303,42 +306,6 @@ impl InventoryFile {
         }
         if errors.is_empty() { Ok(nodes) } else { Err(errors) }
     }
-}
-
-/// The planner's node inputs from a cluster's objects, as the controller reads them (and `plan`
-/// from `kubectl get nodes,gpunodes -o yaml`): every Node that has a GpuNode or is labelled a GPU
-/// node (`nvidia.com/gpu.present=true`), with its labels, and its GpuNode (what the agent
-/// reports, what the controller last wrote), sorted by name. A Node with no GpuNode status yet
-/// is waiting for its agent. A GpuNode whose Node is gone is not planned.
-pub fn cluster_inventories(nodes: &[k8s_openapi::api::core::v1::Node], gpu_nodes: &[GpuNode]) -> Vec<NodeInventory> {
-    use kube::ResourceExt;
-    let by_name: BTreeMap<String, &GpuNode> = gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
-    let mut out: Vec<NodeInventory> = nodes
-        .iter()
-        .filter(|n| {
-            by_name.contains_key(&n.name_any())
-                || n.labels().get(crate::labels::GPU_PRESENT).is_some_and(|v| v == "true")
-        })
-        .map(|n| {
-            let gpu_node = by_name.get(&n.name_any()).copied();
-            let mut inv = NodeInventory::from_cluster(&n.name_any(), n.labels(), gpu_node);
-            inv.revision = revision(n, gpu_node);
-            inv
-        })
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
-}
-
-/// The revision of a node's inventory read from its Node and GpuNode (none: `-`): both
-/// resourceVersions, or `None` where the Node has none (an object not read from an API server).
-fn revision(node: &k8s_openapi::api::core::v1::Node, gpu_node: Option<&GpuNode>) -> Option<String> {
-    let of_node = node.metadata.resource_version.as_deref()?;
-    let of_gpu_node = match gpu_node {
-        Some(g) => g.metadata.resource_version.as_deref()?,
-        None => "-",
-    };
-    Some(format!("{of_node}/{of_gpu_node}"))
 }
 
 impl NodeInventory {
@@ -707,46 +674,5 @@ mod tests {
                 .unwrap();
         let nodes = file.resolve().unwrap();
         assert!(nodes[0].gpus[0].model.is_none());
-    }
-
-    /// A node read from the cluster carries both objects' resourceVersions as its revision (what
-    /// the planner's memo trusts); an object not read from an API server carries none.
-    #[test]
-    fn a_cluster_node_is_revised_by_its_objects_resource_versions() {
-        use k8s_openapi::api::core::v1::Node;
-        let node = |name: &str, rv: Option<&str>| {
-            let mut n = Node::default();
-            n.metadata.name = Some(name.into());
-            n.metadata.resource_version = rv.map(Into::into);
-            n.metadata.labels = Some(BTreeMap::from([(
-                crate::labels::GPU_PRESENT.to_string(),
-                "true".to_string(),
-            )]));
-            n
-        };
-        let gpu_node = |name: &str, rv: Option<&str>| {
-            let mut g = GpuNode::new(name, Default::default());
-            g.metadata.resource_version = rv.map(Into::into);
-            g
-        };
-        let nodes = [
-            node("a", Some("10")),
-            node("b", Some("11")),
-            node("c", None),
-            node("d", Some("13")),
-        ];
-        let gpu_nodes = [
-            gpu_node("a", Some("20")),
-            gpu_node("c", Some("21")),
-            gpu_node("d", None),
-        ];
-        let revisions: Vec<Option<String>> = cluster_inventories(&nodes, &gpu_nodes)
-            .into_iter()
-            .map(|i| i.revision)
-            .collect();
-        assert_eq!(
-            revisions,
-            [Some("10/20".to_string()), Some("11/-".to_string()), None, None]
-        );
     }
 }

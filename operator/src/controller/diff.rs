@@ -20,6 +20,7 @@ use owned::{Contained, owned, to_value};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 pub use write::{Kind, Write};
 
 use super::stores::Snapshot;
@@ -84,7 +85,7 @@ fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, St
 
 /// Node labels and taints: only our keys change; other writers' taints are kept, and the patch
 /// fails only if the taints changed since they were read (the next pass reads them again).
-fn node_patches(desired: &[Node], live: &[Node], out: &mut Vec<Write>) {
+fn node_patches(desired: &[Node], live: &[Arc<Node>], out: &mut Vec<Write>) {
     let wanted: BTreeMap<String, &Node> = desired.iter().map(|n| (n.name_any(), n)).collect();
     for l in live {
         let name = l.name_any();
@@ -206,7 +207,7 @@ fn notes(d: &Desired, live: &Snapshot) -> Vec<Note> {
         flips(Kind::GpuPartitionPlan, name, was, now, &mut out);
     }
     // A rollout step: nodes of a plan whose spec changes in this pass.
-    let live_specs: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let live_specs: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), &**n)).collect();
     let mut steps: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for n in &d.nodes {
         if let (Some(plan), Some(l)) = (&n.spec.plan, live_specs.get(&n.name_any()))
@@ -277,7 +278,7 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
     );
     node_patches(&d.node_labels, &live.nodes, &mut writes);
 
-    let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), &**n)).collect();
     for n in &d.nodes {
         let current = live_nodes.get(&n.name_any());
         // A node that is waiting for its agent and has no GpuNode gets none: nothing to say yet.

@@ -16,7 +16,7 @@ mod run;
 pub mod stores;
 pub mod writer;
 
-pub use pass::{Controller, PassReport, desired_of, desired_with_memo, node_inventories, now_seconds};
+pub use pass::{Controller, PassMemo, PassReport, desired_of, desired_with_memo, node_inventories, now_seconds};
 pub use run::{LeaderOptions, Options, run};
 
 /// The default of the controller's `--metrics-addr` (metrics and probes, [`crate::runtime::http`]).

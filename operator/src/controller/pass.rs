@@ -6,7 +6,7 @@
 use super::stores::{self, Snapshot, Stores};
 use super::{diff, writer};
 use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
-use crate::inventory::NodeInventory;
+use crate::inventory::{ClusterInventories, NodeInventory};
 use crate::planner::PlanInput;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
@@ -17,6 +17,14 @@ use tokio::sync::Notify;
 /// The planner's node inputs from the cluster ([`crate::inventory::cluster_inventories`]).
 pub fn node_inventories(s: &Snapshot) -> Vec<NodeInventory> {
     crate::inventory::cluster_inventories(&s.nodes, &s.gpu_nodes)
+}
+
+/// What a pass keeps for the next: the planner's and the renderer's memo, and the nodes'
+/// inventories by revision.
+#[derive(Default)]
+pub struct PassMemo {
+    pub desired: DesiredMemo,
+    pub inventories: ClusterInventories,
 }
 
 /// Condition times at whole seconds, as Kubernetes writes them.
@@ -32,14 +40,21 @@ pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
 
 /// [`desired_of`], placing again only the parts of the fleet whose inputs changed since the pass
 /// `memo` kept ([`crate::planner::plan_with`]).
-pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
-    let nodes = node_inventories(s);
+pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut PassMemo>) -> Desired {
+    let read;
+    let (nodes, memo) = match memo {
+        Some(PassMemo { desired, inventories }) => (inventories.read(&s.nodes, &s.gpu_nodes), Some(desired)),
+        None => {
+            read = node_inventories(s);
+            (&read[..], None)
+        }
+    };
     desired_with(
         &PlanInput {
             policies: &s.policies,
             tenants: &s.tenants,
             plans: &s.plans,
-            nodes: &nodes,
+            nodes,
         },
         settings,
         now,
@@ -92,7 +107,7 @@ pub struct Controller {
     pub changed: Arc<Notify>,
     /// What the last pass planned and rendered, so the next places again and renders again only
     /// what its changes can affect.
-    memo: Mutex<DesiredMemo>,
+    memo: Mutex<PassMemo>,
     /// The owned objects the last pass found already so, by resourceVersion
     /// ([`diff::Seen`]), so the next compares only what changed.
     seen: Mutex<diff::Seen>,
@@ -124,7 +139,7 @@ impl Controller {
         let started = Instant::now();
         let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
         let desired_time = started.elapsed();
-        let cells = (memo.plan.allocation.placed, memo.plan.allocation.reused);
+        let cells = (memo.desired.plan.allocation.placed, memo.desired.plan.allocation.reused);
         if !self.check_incremental {
             return Planned {
                 desired: d,
@@ -141,7 +156,7 @@ impl Controller {
         if differed {
             // Fail closed: the full pass is the reference; forget everything kept.
             tracing::error!("the incremental pass differs from the full pass; writing the full pass's result");
-            *memo = DesiredMemo::default();
+            *memo = PassMemo::default();
         }
         Planned {
             desired: full,

@@ -28,8 +28,9 @@ use tokio::sync::Notify;
 /// type, where it is listed (`cluster`: every namespace or cluster-scoped; `device_plugin_namespace`:
 /// the device plugin's namespace only), which objects (`all`, or `owned`: labelled
 /// `gputenancy.io/managed-by=gpu-tenancy`) and how a snapshot holds them (`copy`: the objects, as
-/// the planner reads them; `share`: the store's own references, for what only the diff reads: the
-/// owned objects, thousands of admission policies at fleet size, are never copied). Adding a kind
+/// the planner reads them; `share`: the store's own references, never copied: the owned objects,
+/// thousands of admission policies at fleet size, and the Nodes and GpuNodes, which the pass reads
+/// only into inventories, and those only where they changed, [`crate::inventory::ClusterInventories`]). Adding a kind
 /// here adds its store, its field in a snapshot, its wait for the first list and its watch.
 macro_rules! kinds {
     ($($field:ident: $kind:ty, $scope:ident, $which:ident, $hold:ident;)*) => {
@@ -86,8 +87,8 @@ kinds! {
     policies: SharingPolicy, cluster, All, copy;
     tenants: GpuTenant, cluster, All, copy;
     plans: GpuPartitionPlan, cluster, All, copy;
-    gpu_nodes: GpuNode, cluster, All, copy;
-    nodes: Node, cluster, All, copy;
+    gpu_nodes: GpuNode, cluster, All, share;
+    nodes: Node, cluster, All, share;
     namespaces: Namespace, cluster, All, copy;
     quotas: ResourceQuota, cluster, Owned, share;
     config_maps: ConfigMap, device_plugin_namespace, Owned, share;

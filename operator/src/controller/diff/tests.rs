@@ -62,8 +62,8 @@ fn snapshot() -> Snapshot {
         policies: vec![policy()],
         tenants: vec![TenantBuilder::new("acme", "external").mig("3g.40gb", 2).build()],
         plans: vec![plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])],
-        gpu_nodes: vec![reported("n1")],
-        nodes: vec![cluster_node("n1", "h100", true)],
+        gpu_nodes: vec![Arc::new(reported("n1"))],
+        nodes: vec![Arc::new(cluster_node("n1", "h100", true))],
         ..Snapshot::default()
     }
 }
@@ -87,14 +87,14 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                 Kind::GpuNode => {
                     let mut o: GpuNode = serde_json::from_value(object.clone()).unwrap();
                     let live = s.gpu_nodes.iter_mut().find(|n| n.name_any() == o.name_any());
-                    match live {
+                    match live.map(Arc::make_mut) {
                         Some(l) => {
                             l.spec = o.spec;
                             l.metadata.generation = l.metadata.generation.map(|g| g + 1);
                         }
                         None => {
                             o.metadata.generation = Some(1);
-                            s.gpu_nodes.push(o);
+                            s.gpu_nodes.push(Arc::new(o));
                         }
                     }
                 }
@@ -130,7 +130,7 @@ fn apply(s: &mut Snapshot, d: &Diff) {
             },
             Write::NodePatch(p) => {
                 // As the API server applies it (RFC 6902, the json-patch crate).
-                let n = s.nodes.iter_mut().find(|n| n.name_any() == p.name).unwrap();
+                let n = Arc::make_mut(s.nodes.iter_mut().find(|n| n.name_any() == p.name).unwrap());
                 let mut value = serde_json::to_value(&*n).unwrap();
                 let ops: json_patch::Patch = serde_json::from_value(p.operations()).unwrap();
                 json_patch::patch(&mut value, &ops).unwrap_or_else(|e| panic!("{w}: {e}"));
@@ -261,7 +261,7 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     };
     assert_eq!(patch.taints.clone().unwrap().1[1].key, "gputenancy.io/scrub-pending");
     agent_applies(&mut s);
-    let n = &mut s.gpu_nodes[0];
+    let n = Arc::make_mut(&mut s.gpu_nodes[0]);
     let spec = n.spec.clone();
     for g in &mut n.status.as_mut().unwrap().gpus {
         let want = spec.gpus.iter().find(|x| x.index == g.index).unwrap();
@@ -366,7 +366,7 @@ fn a_node_that_leaves_every_plan_keeps_only_the_unplanned_config() {
 fn a_node_waiting_for_its_agent_gets_no_gpunode() {
     let mut s = snapshot();
     s.gpu_nodes.clear();
-    s.nodes[0]
+    Arc::make_mut(&mut s.nodes[0])
         .metadata
         .labels
         .as_mut()
@@ -408,7 +408,7 @@ fn contains_ignores_what_the_server_adds() {
 
 /// The simulated agent: reports the current spec applied.
 fn agent_applies(s: &mut Snapshot) {
-    for n in &mut s.gpu_nodes {
+    for n in s.gpu_nodes.iter_mut().map(Arc::make_mut) {
         let mut st = n.status.clone().unwrap_or_default();
         if st.observed_generation == n.metadata.generation {
             continue;
@@ -503,7 +503,7 @@ fn a_hand_over_from_a_removed_tenant_scrubs_then_settles() {
 fn eviction_requests_are_evicted_only_under_the_evict_policy() {
     let mut s = snapshot();
     settle(&mut s);
-    let n = &mut s.gpu_nodes[0];
+    let n = Arc::make_mut(&mut s.gpu_nodes[0]);
     n.status.as_mut().unwrap().eviction_requests = vec![crate::api::EvictionRequest {
         namespace: "acme".into(),
         name: "trainer".into(),
@@ -512,7 +512,7 @@ fn eviction_requests_are_evicted_only_under_the_evict_policy() {
     }];
     let w = writes(&diff(&desired_of(&s, &Settings::default(), &now()), &s));
     assert!(!w.iter().any(|x| x.starts_with("evict")), "{w:?}");
-    s.gpu_nodes[0].spec.busy_gpu_policy = crate::api::BusyGpuPolicy::Evict;
+    Arc::make_mut(&mut s.gpu_nodes[0]).spec.busy_gpu_policy = crate::api::BusyGpuPolicy::Evict;
     let d = diff(&desired_of(&s, &Settings::default(), &now()), &s);
     let evictions: Vec<&Write> = d.writes.iter().filter(|w| matches!(w, Write::Evict { .. })).collect();
     assert_eq!(
