@@ -5,10 +5,10 @@
 //!
 //! `kubectl get nodes,gpunodes,gputenants,gpupartitionplans,sharingpolicies -o json > cluster.json`
 //! (say at the end of `make bench-fleet`'s convergence), then
-//! `target/release/examples/pass_profile cluster.json [COPIES] [CHANGES]`: COPIES times each Node
-//! and GpuNode under new names (5 turns a 1,000-node bench fleet into 5,000 nodes; the tenants
-//! stay as they are), CHANGES tenant changes (the first MPS tenant ±1 share, a new
-//! resourceVersion each time).
+//! `target/release/examples/pass_profile cluster.json [COPIES] [CHANGES] [new]`: COPIES times the
+//! bench's fleet, its nodes and tenants under new names (5 turns 1,000 nodes and 333 tenants into
+//! 5,000 and 1,665), CHANGES tenant changes (the first MPS tenant ±1 share, a new
+//! resourceVersion each time); `new` times only the pass as it is now.
 
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, Mode, SharingPolicy};
 use gpu_tenancy::controller::stores::Snapshot;
@@ -32,6 +32,8 @@ fn main() -> Result<(), String> {
         .ok_or("usage: pass_profile CLUSTER.json [COPIES] [CHANGES]")?;
     let copies: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
     let changes: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(12);
+    // `new`: only the pass as it is now (for a profiler).
+    let only_new = args.next().as_deref() == Some("new");
     let mut s = read(&path, copies)?;
     let settings = Settings::default();
     let now = Time(jiff::Timestamp::from_second(0).map_err(|e| e.to_string())?);
@@ -60,12 +62,29 @@ fn main() -> Result<(), String> {
     };
     let mut after_memo = PassMemo::default();
     let mut after = |s: &Snapshot| desired_with_memo(&s.clone(), &settings, &now, Some(&mut after_memo));
-    if before(&s) != after(&s) {
+    let first = after(&s);
+    if before(&s) != first {
         return Err("the two ways differ on the cluster as read".into());
     }
+    // On a converged cluster none to GpuNodes and Nodes (a dump of those kinds alone lacks the
+    // namespaces, quotas and admission objects, which the diff would create).
+    let mut writes: std::collections::BTreeMap<String, usize> = Default::default();
+    for w in gpu_tenancy::controller::diff::diff(&first, &s).writes {
+        let w = w.to_string();
+        *writes
+            .entry(w.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .or_default() += 1;
+    }
+    println!("writes the cluster as read needs, by kind: {writes:?}");
     let (mut times_before, mut times_after) = (vec![], vec![]);
     for step in 1..=changes {
         change_a_tenant(&mut s, step)?;
+        if only_new {
+            let at = Instant::now();
+            measured(&mut after, &s);
+            times_after.push(at.elapsed().as_secs_f64() * 1e3);
+            continue;
+        }
         let at = Instant::now();
         let b = black_box(before(&s));
         times_before.push(at.elapsed().as_secs_f64() * 1e3);
@@ -76,55 +95,83 @@ fn main() -> Result<(), String> {
             return Err(format!("change {step}: the two ways differ"));
         }
     }
-    println!("tenant change, copy and read every node: {}", stats(times_before));
+    if !only_new {
+        println!("tenant change, copy and read every node: {}", stats(times_before));
+    }
     println!("tenant change, shared and read where changed: {}", stats(times_after));
     Ok(())
 }
 
-/// The objects of a `kubectl get -o json` list, each Node and GpuNode `copies` times.
+/// A pass after the first, for a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'`.
+#[inline(never)]
+fn measured(pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired, s: &Snapshot) {
+    black_box(pass(s));
+}
+
+/// The objects of a `kubectl get -o json` list; with `copies` above 1, each Node, GpuNode and
+/// GpuTenant that many times ([`copy`]).
 fn read(path: &str, copies: usize) -> Result<Snapshot, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let list: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
     let items = list["items"].as_array().ok_or(format!("{path}: not a list (items)"))?;
     let mut s = Snapshot::default();
     for item in items {
-        let parse = |what: &str| format!("{path}: a {what} that does not parse");
-        match item["kind"].as_str() {
-            Some("Node") => {
-                let n: Node = serde_json::from_value(item.clone()).map_err(|_| parse("Node"))?;
-                s.nodes.extend(copied(&n, copies).into_iter().map(Arc::new));
+        let kind = item["kind"].as_str().unwrap_or_default();
+        let copies = if matches!(kind, "Node" | "GpuNode" | "GpuTenant") {
+            copies
+        } else {
+            1
+        };
+        let text = serde_json::to_string(item).map_err(|e| format!("{path}: {e}"))?;
+        for k in 0..copies {
+            let text = copy(&text, k);
+            let parse = |e: serde_json::Error| format!("{path}: a {kind} that does not parse: {e}");
+            match kind {
+                "Node" => s
+                    .nodes
+                    .push(Arc::new(serde_json::from_str::<Node>(&text).map_err(parse)?)),
+                "GpuNode" => s
+                    .gpu_nodes
+                    .push(Arc::new(serde_json::from_str::<GpuNode>(&text).map_err(parse)?)),
+                "GpuTenant" => s.tenants.push(serde_json::from_str::<GpuTenant>(&text).map_err(parse)?),
+                "GpuPartitionPlan" => s
+                    .plans
+                    .push(serde_json::from_str::<GpuPartitionPlan>(&text).map_err(parse)?),
+                "SharingPolicy" => s
+                    .policies
+                    .push(serde_json::from_str::<SharingPolicy>(&text).map_err(parse)?),
+                _ => {}
             }
-            Some("GpuNode") => {
-                let n: GpuNode = serde_json::from_value(item.clone()).map_err(|_| parse("GpuNode"))?;
-                s.gpu_nodes.extend(copied(&n, copies).into_iter().map(Arc::new));
-            }
-            Some("GpuTenant") => s
-                .tenants
-                .push(serde_json::from_value::<GpuTenant>(item.clone()).map_err(|_| parse("GpuTenant"))?),
-            Some("GpuPartitionPlan") => s
-                .plans
-                .push(serde_json::from_value::<GpuPartitionPlan>(item.clone()).map_err(|_| parse("GpuPartitionPlan"))?),
-            Some("SharingPolicy") => s
-                .policies
-                .push(serde_json::from_value::<SharingPolicy>(item.clone()).map_err(|_| parse("SharingPolicy"))?),
-            _ => {}
         }
     }
     Ok(s)
 }
 
-/// `o` and `copies - 1` more of it, named `NAME-cK`.
-fn copied<K: kube::Resource + Clone>(o: &K, copies: usize) -> Vec<K> {
-    (0..copies)
-        .map(|k| {
-            let mut c = o.clone();
-            if k > 0 {
-                let name = c.meta().name.clone().unwrap_or_default();
-                c.meta_mut().name = Some(format!("{name}-c{k}"));
-            }
-            c
-        })
-        .collect()
+/// Copy `k` of an object of the bench's fleet (JSON): copy 0 is the object itself; in the others
+/// every node name (`fleet-NNNNN`) and tenant name (`fleet-tNNNN`, so also its namespaces) gets
+/// `-cK`. Each copy is then the bench's converged fleet again, its own nodes running its own
+/// tenants' grants, and a pass over all copies finds nothing to move, as over one fleet.
+fn copy(json: &str, k: usize) -> String {
+    if k == 0 {
+        return json.to_string();
+    }
+    let mut out = String::with_capacity(json.len() + 64);
+    let mut rest = json;
+    while let Some(at) = rest.find("fleet-") {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let name = &from["fleet-".len()..];
+        let tenant = usize::from(name.starts_with('t'));
+        let digits = name[tenant..].bytes().take_while(u8::is_ascii_digit).count();
+        let end = "fleet-".len() + tenant + digits;
+        out.push_str(&from[..end]);
+        if digits > 0 {
+            out.push_str(&format!("-c{k}"));
+        }
+        rest = &from[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The first MPS tenant asks for one more share on odd steps, one fewer on even ones, as the
