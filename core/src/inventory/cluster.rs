@@ -21,10 +21,11 @@ pub fn cluster_inventories<N: Borrow<Node>, G: Borrow<GpuNode>>(nodes: &[N], gpu
 
 /// The inventories of the controller's last pass, each with the revision it was read at
 /// ([`NodeInventory::revision`]). A pass reads only the nodes whose Node or GpuNode changed (or
-/// appeared) and takes the others back as they were: at 5,000 nodes, reading every node's
-/// GpuNode status again (each GPU, MIG instance and profile) was a pass's largest cost outside
-/// the planner, whatever changed. Objects not read from an API server have no revision and are
-/// always read again, as [`cluster_inventories`] reads them.
+/// appeared) and takes the others back as they were: copying and reading every node's objects
+/// again (each GPU, MIG instance and profile of its GpuNode's status), whatever changed, was more
+/// than half of a tenant's change on a converged bench cluster's objects (README, `pass_profile`).
+/// Objects not read from an API server have no revision and are always read again, as
+/// [`cluster_inventories`] reads them.
 #[derive(Debug, Default)]
 pub struct ClusterInventories {
     /// Sorted by name.
