@@ -2,8 +2,11 @@
 //! a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'
 //! target/release/examples/change_profile 5000 4 tenant`; `fresh` for the full pass of a fleet
 //! nothing runs on yet.
+#[path = "support/stats.rs"]
+mod stats;
 #[path = "../tests/support/fleet.rs"]
 mod support;
+use stats::stats;
 
 use gpu_tenancy::desired::DesiredMemo;
 use gpu_tenancy::planner::PlanMemo;
@@ -25,16 +28,6 @@ fn measured_full(f: &support::Fleet) {
 #[inline(never)]
 fn measured_desired(f: &support::Fleet, memo: &mut DesiredMemo) {
     black_box(support::desired_with(f, Some(memo)));
-}
-
-fn stats(mut t: Vec<f64>) -> String {
-    t.sort_by(f64::total_cmp);
-    format!(
-        "median {:6.1} ms (min {:6.1}, max {:6.1})",
-        t[t.len() / 2],
-        t[0],
-        t[t.len() - 1]
-    )
 }
 
 fn main() {

@@ -10,6 +10,10 @@
 //! 5,000 and 1,665), CHANGES tenant changes (the first MPS tenant ±1 share, a new
 //! resourceVersion each time); `new` times only the pass as it is now.
 
+#[path = "support/stats.rs"]
+mod stats;
+use stats::stats;
+
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, Mode, SharingPolicy};
 use gpu_tenancy::controller::stores::Snapshot;
 use gpu_tenancy::controller::{PassMemo, desired_with_memo};
@@ -188,14 +192,4 @@ fn change_a_tenant(s: &mut Snapshot, step: u32) -> Result<(), String> {
     *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
     tenant.metadata.resource_version = Some(format!("change-{step}"));
     Ok(())
-}
-
-fn stats(mut t: Vec<f64>) -> String {
-    t.sort_by(f64::total_cmp);
-    format!(
-        "median {:6.1} ms (min {:6.1}, max {:6.1})",
-        t[t.len() / 2],
-        t[0],
-        t[t.len() - 1]
-    )
 }

@@ -1,0 +1,12 @@
+//! The examples' one line of timings.
+
+/// Median, minimum and maximum of `t` (milliseconds; not empty).
+pub fn stats(mut t: Vec<f64>) -> String {
+    t.sort_by(f64::total_cmp);
+    format!(
+        "median {:6.1} ms (min {:6.1}, max {:6.1})",
+        t[t.len() / 2],
+        t[0],
+        t[t.len() - 1]
+    )
+}
