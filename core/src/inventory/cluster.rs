@@ -88,9 +88,13 @@ fn planned<'a, N: Borrow<Node>, G: Borrow<GpuNode>>(
     out
 }
 
-/// An object's name; one not read from an API server may have none (`""`, as `name_any` has it).
+/// An object's name, borrowed, as `ResourceExt::name_any` has it: its `generateName` or `""` for
+/// one not read from an API server that has none.
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.name.as_deref().unwrap_or_default()
+    meta.name
+        .as_deref()
+        .or(meta.generate_name.as_deref())
+        .unwrap_or_default()
 }
 
 fn read(name: &str, node: &Node, gpu_node: Option<&GpuNode>) -> NodeInventory {
