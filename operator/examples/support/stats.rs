@@ -1,7 +1,10 @@
 //! The examples' one line of timings.
 
-/// Median, minimum and maximum of `t` (milliseconds; not empty).
+/// Median, minimum and maximum of `t` (milliseconds).
 pub fn stats(mut t: Vec<f64>) -> String {
+    if t.is_empty() {
+        return "nothing timed (give at least one change)".into();
+    }
     t.sort_by(f64::total_cmp);
     format!(
         "median {:6.1} ms (min {:6.1}, max {:6.1})",
