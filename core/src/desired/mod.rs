@@ -63,7 +63,8 @@ pub struct Desired {
     /// SharingPolicies with their status.
     pub policies: Vec<SharingPolicy>,
     /// Tenant namespaces with the labels this operator owns.
-    pub namespaces: Vec<Namespace>,
+    /// Shared with the quota memo.
+    pub namespaces: Vec<Arc<Namespace>>,
     /// One per tenant namespace; shared with the quota memo.
     pub resource_quotas: Vec<Arc<ResourceQuota>>,
     /// Planned nodes with the labels and taints this operator owns (nothing else).

@@ -105,18 +105,39 @@ pub fn split(total: u64, n: usize, position: usize) -> u64 {
     total / n + u64::from((position as u64) < total % n)
 }
 
+/// What a tenant's namespaces are made of, whichever of them.
+#[derive(Debug, PartialEq)]
+struct TenantInputs {
+    name: String,
+    /// The Pod Security level of its tier.
+    level: &'static str,
+    /// Its grants per quota key.
+    grants: BTreeMap<String, u64>,
+}
+
+impl TenantInputs {
+    fn of(t: &GpuTenant, policies: &[SharingPolicy], dra: &DraHoldings) -> TenantInputs {
+        TenantInputs {
+            name: t.name_any(),
+            level: pod_security(t, policies).label_value(),
+            grants: granted(t, dra),
+        }
+    }
+}
+
 /// What one namespace's Namespace and ResourceQuota are made of, besides the fleet's resource
 /// names: equal inputs render equal objects.
 #[derive(Debug, PartialEq)]
-struct Inputs {
-    /// The tenants claiming the namespace (one: its tenant's; more: nobody's).
-    owners: Vec<String>,
-    /// The Pod Security level of its tenant's tier.
-    level: &'static str,
-    /// Its tenant's grants, the namespace's place among the tenant's and how many it has.
-    grants: BTreeMap<String, u64>,
-    position: usize,
-    count: usize,
+enum Inputs {
+    /// One tenant claims it: that tenant's inputs, the namespace's place among the tenant's
+    /// namespaces and how many it has.
+    Sole {
+        tenant: Arc<TenantInputs>,
+        position: usize,
+        count: usize,
+    },
+    /// The tenants claiming it (more than one: it is nobody's).
+    Contested(Vec<String>),
 }
 
 /// Each namespace's objects as the last pass rendered them, and the resource names they list, for
@@ -127,7 +148,7 @@ struct Inputs {
 #[derive(Debug, Default)]
 pub struct QuotaMemo {
     names: BTreeSet<String>,
-    rendered: HashMap<String, (Inputs, Namespace, Arc<ResourceQuota>)>,
+    rendered: HashMap<String, (Inputs, Arc<Namespace>, Arc<ResourceQuota>)>,
 }
 
 /// Every tenant namespace's Namespace and ResourceQuota, sorted by namespace; with a memo, those
@@ -138,7 +159,7 @@ pub fn render(
     rules: &NamespaceRules,
     dra: &DraHoldings,
     mut memo: Option<&mut QuotaMemo>,
-) -> (Vec<Namespace>, Vec<Arc<ResourceQuota>>) {
+) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
     let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
         .into_iter()
         .map(|n| format!("requests.{n}"))
@@ -155,14 +176,26 @@ pub fn render(
     {
         last = std::mem::take(&mut m.rendered);
     }
-    let mut kept = HashMap::new();
-    let mut namespaces = Vec::new();
-    let mut quotas = Vec::new();
+    // A tenant's name, level and grants are the same for each of its namespaces: read once.
+    let mut of_tenant: HashMap<*const GpuTenant, Arc<TenantInputs>> = HashMap::new();
+    let mut kept = HashMap::with_capacity(if memo.is_some() { claims.len() } else { 0 });
+    let mut namespaces = Vec::with_capacity(claims.len());
+    let mut quotas = Vec::with_capacity(claims.len());
     for (ns, owners) in claims {
-        let inputs = inputs(&owners, ns, policies, dra);
+        let inputs = match owners.as_slice() {
+            [t] => Inputs::Sole {
+                tenant: of_tenant
+                    .entry(std::ptr::from_ref(*t))
+                    .or_insert_with(|| Arc::new(TenantInputs::of(t, policies, dra)))
+                    .clone(),
+                position: t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
+                count: t.spec.namespaces.len(),
+            },
+            _ => Inputs::Contested(owners.iter().map(|t| t.name_any()).collect()),
+        };
         let (namespace, quota) = match last.remove(ns) {
             Some((was, namespace, quota)) if was == inputs => (namespace, quota),
-            _ => (namespace(ns, &inputs), Arc::new(quota(ns, &inputs, &names))),
+            _ => (Arc::new(namespace(ns, &inputs)), Arc::new(quota(ns, &inputs, &names))),
         };
         namespaces.push(namespace.clone());
         quotas.push(quota.clone());
@@ -177,30 +210,11 @@ pub fn render(
     (namespaces, quotas)
 }
 
-fn inputs(owners: &[&GpuTenant], ns: &str, policies: &[SharingPolicy], dra: &DraHoldings) -> Inputs {
-    match owners {
-        [t] => Inputs {
-            owners: vec![t.name_any()],
-            level: pod_security(t, policies).label_value(),
-            grants: granted(t, dra),
-            position: t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
-            count: t.spec.namespaces.len(),
-        },
-        _ => Inputs {
-            owners: owners.iter().map(|t| t.name_any()).collect(),
-            level: PodSecurity::default().label_value(),
-            grants: BTreeMap::new(),
-            position: 0,
-            count: 1,
-        },
-    }
-}
-
 /// The tenant's name, when it alone claims the namespace.
 fn sole(inputs: &Inputs) -> Option<&str> {
-    match inputs.owners.as_slice() {
-        [t] => Some(t),
-        _ => None,
+    match inputs {
+        Inputs::Sole { tenant, .. } => Some(&tenant.name),
+        Inputs::Contested(_) => None,
     }
 }
 
@@ -214,8 +228,12 @@ fn labels(inputs: &Inputs) -> BTreeMap<String, String> {
 
 fn namespace(ns: &str, inputs: &Inputs) -> Namespace {
     let mut labels = labels(inputs);
+    let level = match inputs {
+        Inputs::Sole { tenant, .. } => tenant.level,
+        Inputs::Contested(_) => PodSecurity::default().label_value(),
+    };
     for key in [POD_SECURITY_ENFORCE, POD_SECURITY_WARN, POD_SECURITY_AUDIT] {
-        labels.insert(key.into(), inputs.level.into());
+        labels.insert(key.into(), level.into());
     }
     Namespace {
         metadata: ObjectMeta {
@@ -228,30 +246,33 @@ fn namespace(ns: &str, inputs: &Inputs) -> Namespace {
 }
 
 fn quota(ns: &str, inputs: &Inputs, names: &BTreeSet<String>) -> ResourceQuota {
-    let Inputs {
-        grants,
-        position,
-        count,
-        ..
-    } = inputs;
+    let none = BTreeMap::new();
+    let (grants, position, count) = match inputs {
+        Inputs::Sole {
+            tenant,
+            position,
+            count,
+        } => (&tenant.grants, *position, *count),
+        Inputs::Contested(_) => (&none, 0, 1),
+    };
     let hard = names
         .iter()
         .chain(grants.keys())
         .map(|key| {
             let total = grants.get(key).copied().unwrap_or(0);
-            (key.clone(), Quantity(split(total, *count, *position).to_string()))
+            (key.clone(), Quantity(split(total, count, position).to_string()))
         })
         .collect();
-    let note = match sole(inputs) {
-        Some(t) if *count > 1 => format!(
-            "share {} of {count} of GpuTenant {t}'s grant, split evenly over its namespaces",
+    let note = match inputs {
+        Inputs::Sole { tenant, .. } if count > 1 => format!(
+            "share {} of {count} of GpuTenant {}'s grant, split evenly over its namespaces",
             position + 1,
+            tenant.name,
         ),
-        Some(t) => format!("GpuTenant {t}'s grant"),
-        None => format!(
+        Inputs::Sole { tenant, .. } => format!("GpuTenant {}'s grant", tenant.name),
+        Inputs::Contested(owners) => format!(
             "claimed by {}: a namespace belongs to one tenant, so it gets no GPUs",
-            inputs
-                .owners
+            owners
                 .iter()
                 .map(|t| format!("GpuTenant/{t}"))
                 .collect::<Vec<_>>()

@@ -127,7 +127,7 @@ fn node_patches(desired: &[Node], live: &[Arc<Node>], out: &mut Vec<Write>) {
 
 /// Tenant namespaces: created or labelled as desired; a namespace that is no longer a tenant's
 /// loses our labels (never the namespace: it holds the tenant's workloads).
-fn namespace_writes(d: &Desired, live: &Snapshot, seen: &mut Contained<Namespace>, out: &mut Vec<Write>) {
+fn namespace_writes(d: &Desired, live: &Snapshot, seen: &mut Contained<Arc<Namespace>>, out: &mut Vec<Write>) {
     let mut desired = Vec::new();
     let mut deletes = Vec::new();
     owned(

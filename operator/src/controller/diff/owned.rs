@@ -114,7 +114,7 @@ pub(super) fn owned<'d, D, T, L>(
 #[derive(Debug, Default)]
 pub struct Seen {
     pub(super) config_maps: Contained<ConfigMap>,
-    pub(super) namespaces: Contained<Namespace>,
+    pub(super) namespaces: Contained<Arc<Namespace>>,
     pub(super) quotas: Contained<Arc<ResourceQuota>>,
     pub(super) admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
     pub(super) admission_bindings: Contained<Arc<ValidatingAdmissionPolicyBinding>>,
