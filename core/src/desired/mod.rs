@@ -67,8 +67,9 @@ pub struct Desired {
     pub namespaces: Vec<Arc<Namespace>>,
     /// One per tenant namespace; shared with the quota memo.
     pub resource_quotas: Vec<Arc<ResourceQuota>>,
-    /// Planned nodes with the labels and taints this operator owns (nothing else).
-    pub node_labels: Vec<Node>,
+    /// Planned nodes with the labels and taints this operator owns (nothing else); shared with
+    /// the memo.
+    pub node_labels: Vec<Arc<Node>>,
     /// The device plugin's config: one key per distinct node config.
     pub config_maps: Vec<ConfigMap>,
     /// Per tenant and kind of device it holds on DRA nodes, the class its claims use.
@@ -95,21 +96,23 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
     desired_with(input, settings, now, None)
 }
 
-/// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]) and the
-/// quotas as rendered.
+/// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]), and the
+/// quotas and node labels as rendered.
 #[derive(Default)]
 pub struct DesiredMemo {
     pub plan: PlanMemo,
     quotas: quota::QuotaMemo,
+    node_labels: nodes::NodeLabelsMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
-/// and taking back the quotas of tenants whose grants are unchanged.
+/// and taking back the quotas of tenants whose grants are unchanged and the labels of nodes whose
+/// inputs are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, quota_memo) = match memo {
-        Some(m) => (Some(&mut m.plan), Some(&mut m.quotas)),
-        None => (None, None),
+    let (plan_memo, quota_memo, nodes_memo) = match memo {
+        Some(m) => (Some(&mut m.plan), Some(&mut m.quotas), Some(&mut m.node_labels)),
+        None => (None, None, None),
     };
     let mut out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
@@ -117,8 +120,9 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);
     let admission = admission::render(input.policies, &mut out.tenants, &namespace_rules, settings, &holdings);
-    let (node_labels, config_maps) = nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings);
-    let tenants = nodes::isolation_conditions(out.tenants, &node_labels, now);
+    let (node_labels, config_maps, roles) =
+        nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings, nodes_memo);
+    let tenants = nodes::isolation_conditions(out.tenants, &roles, now);
     Desired {
         nodes: out.nodes,
         tenants,

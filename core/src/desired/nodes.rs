@@ -3,7 +3,9 @@
 //! `Isolated` condition, which says plainly which grants Kubernetes enforces.
 
 use super::settings::{Settings, managed_labels};
-use crate::api::{ConditionSet, DeviceAccess, GpuNode, GpuPartitionPlan, GpuTenant, Mode, set_condition};
+use crate::api::{
+    ConditionSet, DeviceAccess, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuTenant, Mode, name_of, set_condition,
+};
 use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
 use crate::inventory::handover_pending;
@@ -11,101 +13,235 @@ use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, SCRUB_PENDIN
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
-/// The one tenant every GPU of a node is dedicated to by its plan, if there is one: such a node is
-/// tainted for that tenant, so no other tenant's pod runs there.
-fn dedicated_to(node: &GpuNode, plans: &[GpuPartitionPlan], inventory: Option<&NodeInventory>) -> Option<String> {
-    let plan = plans.iter().find(|p| Some(p.name_any()) == node.spec.plan)?;
-    let all_listed = inventory.is_none_or(|inv| inv.gpus.len() == node.spec.gpus.len());
+/// The tenant a plan dedicates every GPU to, if one: its nodes are tainted for that tenant.
+fn sole_tenant(plan: &GpuPartitionPlan) -> Option<&str> {
     let mut owners = plan.spec.gpus.iter().map(|g| g.tenants.as_slice());
     let first = owners.next()?;
     match first {
-        [only] if all_listed && !node.spec.gpus.is_empty() && owners.all(|o| o == first) => Some(only.clone()),
+        [only] if owners.all(|o| o == first) => Some(only),
         _ => None,
     }
 }
 
-pub fn render(
-    nodes: &[GpuNode],
-    plans: &[GpuPartitionPlan],
+/// What one node's labels, taints and plugin config are made of: equal inputs render equal
+/// objects.
+#[derive(Debug, PartialEq)]
+struct NodeInputs {
+    /// The spec planned for it.
+    spec: GpuNodeSpec,
+    /// The revision of its inventory (its Node's and GpuNode's), which says its current spec and
+    /// hand-over; an inventory without one is never taken back.
+    revision: String,
+    /// The known tenant its plan dedicates it to.
+    dedicated: Option<String>,
+}
+
+/// One node as rendered.
+#[derive(Debug)]
+struct RenderedNode {
+    name: String,
+    inputs: NodeInputs,
+    node: Arc<Node>,
+    /// Its device-plugin config, under its key.
+    config: Option<(String, NodeConfig)>,
+    /// Served by DRA.
+    dra: bool,
+    /// Labelled and tainted for its dedicated tenant.
+    dedicated: bool,
+}
+
+/// Each node's labels and taints as the last pass rendered them, sorted by name, for the next
+/// pass to take back where the inputs are equal (ISSUE 18, item 4: every node was rendered on
+/// every pass). `operator/tests/incremental.rs` holds the desired state with the memo equal to
+/// one rendered from nothing after random changes.
+#[derive(Debug, Default)]
+pub struct NodeLabelsMemo {
+    last: Vec<RenderedNode>,
+}
+
+/// What the rendered nodes say about each tenant's isolation: the nodes dedicated to a tenant
+/// and the DRA nodes, by name.
+#[derive(Debug, Default)]
+pub struct NodeRoles<'a> {
+    dedicated: HashMap<&'a str, &'a str>,
+    dra: HashSet<&'a str>,
+}
+
+/// Per planned node, its labels and taints (shared with the memo), and the device plugin's
+/// ConfigMap; with a memo, the nodes whose inputs are the last pass's are taken back.
+pub fn render<'a>(
+    nodes: &'a [GpuNode],
+    plans: &'a [GpuPartitionPlan],
     inventory: &[NodeInventory],
     tenants: &[GpuTenant],
     settings: &Settings,
-) -> (Vec<Node>, Vec<ConfigMap>) {
-    let known: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
-    let by_name: BTreeMap<&str, &NodeInventory> = inventory.iter().map(|n| (n.name.as_str(), n)).collect();
-    let mut configs: BTreeMap<String, NodeConfig> = BTreeMap::new();
-    let mut out = Vec::new();
-    for node in nodes {
-        // A DRA node: NVIDIA's device plugin has nothing to serve there, and a device not safe to
-        // hand over is tainted in the node's ResourceSlice, not the whole node.
-        if node.spec.device_access == DeviceAccess::Dra && !node.spec.gpus.is_empty() {
-            let mut labels = managed_labels();
-            labels.insert(DEVICE_ACCESS.into(), DeviceAccess::Dra.as_str().into());
-            out.push(node_object(node.name_any(), labels, vec![]));
-            continue;
-        }
-        // One source for the label and the GpuNode: the planner's key (UNPLANNED for a node with
-        // no GPUs planned, which gets no taints of ours either).
-        let key = node
-            .spec
-            .device_plugin_config
-            .clone()
-            .unwrap_or_else(|| UNPLANNED.to_string());
-        let mut labels = managed_labels();
-        labels.insert(DEVICE_PLUGIN_CONFIG.into(), key.clone());
-        labels.insert(DEVICE_ACCESS.into(), DeviceAccess::DevicePlugin.as_str().into());
-        let config = match NodeConfig::of_gpus(&node.spec.gpus) {
-            Ok(c) if !node.spec.gpus.is_empty() && key != UNPLANNED => c,
-            _ => {
-                out.push(node_object(node.name_any(), labels, vec![]));
-                continue;
-            }
-        };
-        configs.insert(key, config);
-        let mut taints = Vec::new();
-        if let Some(Sharing::Mps { .. } | Sharing::TimeSlicing { .. }) = config.sharing {
-            let mode = node
-                .spec
-                .gpus
-                .iter()
-                .map(|g| g.mode)
-                .find(|m| m.is_shared())
-                .unwrap_or(Mode::TimeSlicing);
-            labels.insert(SHARING.into(), mode.to_string());
-            taints.push(taint(SHARING, mode.as_str()));
-        }
-        // A hand-over in progress (this spec, or the current one not yet applied): no new pods
-        // until the agent has scrubbed (DESIGN.md §4 invariant 3).
-        let inv = by_name.get(node.name_any().as_str()).copied();
-        let current = inv.and_then(|i| i.current.as_ref());
-        let new_handover = match current {
-            Some(c) => hands_over(&c.spec, &node.spec),
-            None => handover_pending(&node.spec, None),
-        };
-        if new_handover || current.is_some_and(|c| c.handover_pending) {
-            taints.push(taint(SCRUB_PENDING, "true"));
-        }
-        if let Some(tenant) = dedicated_to(node, plans, inv)
-            && known.contains(&tenant)
-        {
-            labels.insert(DEDICATED.into(), tenant.clone());
-            taints.push(taint(DEDICATED, &tenant));
-        }
-        out.push(node_object(node.name_any(), labels, taints));
+    memo: Option<&mut NodeLabelsMemo>,
+) -> (Vec<Arc<Node>>, Vec<ConfigMap>, NodeRoles<'a>) {
+    let known: HashSet<&str> = tenants.iter().map(name_of).collect();
+    let by_name: HashMap<&str, &NodeInventory> = inventory.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut dedicating: HashMap<&str, Option<&str>> = HashMap::new();
+    for p in plans {
+        // The first of two plans of one name, as a lookup by name finds it.
+        dedicating.entry(name_of(p)).or_insert_with(|| sole_tenant(p));
     }
+    let mut memo = memo;
+    let mut last = memo
+        .as_deref_mut()
+        .map(|m| std::mem::take(&mut m.last).into_iter().peekable());
+    let mut rendered = Vec::with_capacity(nodes.len());
+    let mut roles = NodeRoles::default();
+    for node in nodes {
+        let name = name_of(node);
+        let inv = by_name.get(name).copied();
+        // Dedicated by its plan to a tenant that exists, every GPU of the node listed.
+        let dedicated = node
+            .spec
+            .plan
+            .as_deref()
+            .and_then(|p| dedicating.get(p).copied().flatten())
+            .filter(|t| {
+                known.contains(t)
+                    && !node.spec.gpus.is_empty()
+                    && inv.is_none_or(|inv| inv.gpus.len() == node.spec.gpus.len())
+            });
+        let revision = inv.and_then(|i| i.revision.as_deref());
+        let was = last.as_mut().and_then(|last| {
+            // Both lists are sorted by name: the last pass's nodes before this one are gone.
+            while last.next_if(|l| l.name.as_str() < name).is_some() {}
+            last.next_if(|l| l.name == name)
+        });
+        let same = |w: &RenderedNode| {
+            revision.is_some_and(|r| r == w.inputs.revision)
+                && w.inputs.dedicated.as_deref() == dedicated
+                && w.inputs.spec == node.spec
+        };
+        let entry = match was {
+            Some(w) if same(&w) => {
+                // The revision stands for the inventory: checked in every test run.
+                debug_assert_eq!(
+                    render_node(node, inv, dedicated, revision).node,
+                    w.node,
+                    "node {name} taken back from the last pass as it renders now"
+                );
+                w
+            }
+            _ => render_node(node, inv, dedicated, revision),
+        };
+        if entry.dra {
+            roles.dra.insert(name);
+        }
+        if let Some(t) = dedicated.filter(|_| entry.dedicated) {
+            roles.dedicated.insert(name, t);
+        }
+        rendered.push(entry);
+    }
+    let mut configs: BTreeMap<&str, NodeConfig> = BTreeMap::new();
+    for r in &rendered {
+        if let Some((key, config)) = &r.config {
+            configs.insert(key.as_str(), *config);
+        }
+    }
+    let config_map = config_map(&configs, settings);
+    let out = rendered.iter().map(|r| r.node.clone()).collect();
+    if let Some(m) = memo {
+        m.last = rendered;
+    }
+    (out, vec![config_map], roles)
+}
+
+/// One node's labels, taints and plugin config.
+fn render_node(
+    node: &GpuNode,
+    inv: Option<&NodeInventory>,
+    dedicated: Option<&str>,
+    revision: Option<&str>,
+) -> RenderedNode {
+    let mut out = RenderedNode {
+        name: node.name_any(),
+        inputs: NodeInputs {
+            spec: node.spec.clone(),
+            revision: revision.unwrap_or_default().to_string(),
+            dedicated: dedicated.map(str::to_string),
+        },
+        node: Arc::default(),
+        config: None,
+        dra: false,
+        dedicated: false,
+    };
+    // A DRA node: NVIDIA's device plugin has nothing to serve there, and a device not safe to
+    // hand over is tainted in the node's ResourceSlice, not the whole node.
+    if node.spec.device_access == DeviceAccess::Dra && !node.spec.gpus.is_empty() {
+        let mut labels = managed_labels();
+        labels.insert(DEVICE_ACCESS.into(), DeviceAccess::Dra.as_str().into());
+        out.node = Arc::new(node_object(out.name.clone(), labels, vec![]));
+        out.dra = true;
+        return out;
+    }
+    // One source for the label and the GpuNode: the planner's key (UNPLANNED for a node with
+    // no GPUs planned, which gets no taints of ours either).
+    let key = node
+        .spec
+        .device_plugin_config
+        .clone()
+        .unwrap_or_else(|| UNPLANNED.to_string());
+    let mut labels = managed_labels();
+    labels.insert(DEVICE_PLUGIN_CONFIG.into(), key.clone());
+    labels.insert(DEVICE_ACCESS.into(), DeviceAccess::DevicePlugin.as_str().into());
+    let config = match NodeConfig::of_gpus(&node.spec.gpus) {
+        Ok(c) if !node.spec.gpus.is_empty() && key != UNPLANNED => c,
+        _ => {
+            out.node = Arc::new(node_object(out.name.clone(), labels, vec![]));
+            return out;
+        }
+    };
+    let mut taints = Vec::new();
+    if let Some(Sharing::Mps { .. } | Sharing::TimeSlicing { .. }) = config.sharing {
+        let mode = node
+            .spec
+            .gpus
+            .iter()
+            .map(|g| g.mode)
+            .find(|m| m.is_shared())
+            .unwrap_or(Mode::TimeSlicing);
+        labels.insert(SHARING.into(), mode.to_string());
+        taints.push(taint(SHARING, mode.as_str()));
+    }
+    out.config = Some((key, config));
+    // A hand-over in progress (this spec, or the current one not yet applied): no new pods
+    // until the agent has scrubbed (DESIGN.md §4 invariant 3).
+    let current = inv.and_then(|i| i.current.as_ref());
+    let new_handover = match current {
+        Some(c) => hands_over(&c.spec, &node.spec),
+        None => handover_pending(&node.spec, None),
+    };
+    if new_handover || current.is_some_and(|c| c.handover_pending) {
+        taints.push(taint(SCRUB_PENDING, "true"));
+    }
+    if let Some(tenant) = dedicated {
+        labels.insert(DEDICATED.into(), tenant.to_string());
+        taints.push(taint(DEDICATED, tenant));
+        out.dedicated = true;
+    }
+    out.node = Arc::new(node_object(out.name.clone(), labels, taints));
+    out
+}
+
+/// The device plugin's ConfigMap: one key per distinct node config, and the unplanned one.
+fn config_map(configs: &BTreeMap<&str, NodeConfig>, settings: &Settings) -> ConfigMap {
     let mut data: BTreeMap<String, String> = configs
         .iter()
         .map(|(k, c)| {
             (
-                k.clone(),
+                k.to_string(),
                 serde_saphyr::to_string(&c.render()).expect("a plugin config serialises"),
             )
         })
         .collect();
     data.insert(UNPLANNED.into(), UNPLANNED_CONFIG.into());
-    let config_map = ConfigMap {
+    ConfigMap {
         metadata: ObjectMeta {
             name: Some(settings.device_plugin_config_map.clone()),
             namespace: Some(settings.device_plugin_namespace.clone()),
@@ -114,8 +250,7 @@ pub fn render(
         },
         data: Some(data),
         ..ConfigMap::default()
-    };
-    (out, vec![config_map])
+    }
 }
 
 /// Does `new` hand some GPU or instance of `old` to a tenant that did not have it? (Freeing a unit
@@ -167,16 +302,8 @@ fn taint(key: &str, value: &str) -> Taint {
 /// (`DedicatedNodes` when all are); otherwise `False` with reason `CountsOnly`, naming the nodes
 /// where the quota enforces how many units the tenant uses but the device plugin chooses which
 /// GPU or instance a pod gets.
-pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &Time) -> Vec<GpuTenant> {
-    let dedicated: BTreeMap<String, String> = nodes
-        .iter()
-        .filter_map(|n| Some((n.name_any(), n.labels().get(DEDICATED)?.clone())))
-        .collect();
-    let dra: BTreeSet<String> = nodes
-        .iter()
-        .filter(|n| n.labels().get(DEVICE_ACCESS).map(String::as_str) == Some(DeviceAccess::Dra.as_str()))
-        .map(|n| n.name_any())
-        .collect();
+pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, roles: &NodeRoles, now: &Time) -> Vec<GpuTenant> {
+    let NodeRoles { dedicated, dra } = roles;
     for t in &mut tenants {
         let name = t.name_any();
         let generation = t.metadata.generation;
@@ -185,14 +312,17 @@ pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, nodes: &[Node], now: &T
             status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
             continue;
         }
-        let on_own = |node: &str| dedicated.get(node) == Some(&name);
+        let on_own = |node: &str| dedicated.get(node) == Some(&name.as_str());
         let shared: BTreeSet<&str> = status
             .grants
             .iter()
-            .filter(|g| !on_own(&g.node) && !dra.contains(&g.node))
+            .filter(|g| !on_own(&g.node) && !dra.contains(g.node.as_str()))
             .map(|g| g.node.as_str())
             .collect();
-        let any_dra = status.grants.iter().any(|g| !on_own(&g.node) && dra.contains(&g.node));
+        let any_dra = status
+            .grants
+            .iter()
+            .any(|g| !on_own(&g.node) && dra.contains(g.node.as_str()));
         let (ok, reason, message) = if shared.is_empty() && !any_dra {
             (
                 true,

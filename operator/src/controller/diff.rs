@@ -85,8 +85,8 @@ fn ours(labels: &BTreeMap<String, String>, keys: &[&str]) -> BTreeMap<String, St
 
 /// Node labels and taints: only our keys change; other writers' taints are kept, and the patch
 /// fails only if the taints changed since they were read (the next pass reads them again).
-fn node_patches(desired: &[Node], live: &[Arc<Node>], out: &mut Vec<Write>) {
-    let wanted: BTreeMap<String, &Node> = desired.iter().map(|n| (n.name_any(), n)).collect();
+fn node_patches(desired: &[Arc<Node>], live: &[Arc<Node>], out: &mut Vec<Write>) {
+    let wanted: BTreeMap<String, &Node> = desired.iter().map(|n| (n.name_any(), &**n)).collect();
     for l in live {
         let name = l.name_any();
         let want = wanted.get(&name);
