@@ -97,12 +97,13 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
 }
 
 /// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]), and the
-/// quotas and node labels as rendered.
+/// quotas, node labels and admission bindings as rendered.
 #[derive(Default)]
 pub struct DesiredMemo {
     pub plan: PlanMemo,
     quotas: quota::QuotaMemo,
     node_labels: nodes::NodeLabelsMemo,
+    bindings: admission::BindingsMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
@@ -110,16 +111,28 @@ pub struct DesiredMemo {
 /// inputs are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, quota_memo, nodes_memo) = match memo {
-        Some(m) => (Some(&mut m.plan), Some(&mut m.quotas), Some(&mut m.node_labels)),
-        None => (None, None, None),
+    let (plan_memo, quota_memo, nodes_memo, bindings_memo) = match memo {
+        Some(m) => (
+            Some(&mut m.plan),
+            Some(&mut m.quotas),
+            Some(&mut m.node_labels),
+            Some(&mut m.bindings),
+        ),
+        None => (None, None, None, None),
     };
     let mut out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);
-    let admission = admission::render(input.policies, &mut out.tenants, &namespace_rules, settings, &holdings);
+    let admission = admission::render(
+        input.policies,
+        &mut out.tenants,
+        &namespace_rules,
+        settings,
+        &holdings,
+        bindings_memo,
+    );
     let (node_labels, config_maps, roles) =
         nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings, nodes_memo);
     let tenants = nodes::isolation_conditions(out.tenants, &roles, now);

@@ -53,7 +53,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Prefix of each tenant's binding name (`gputenancy.io-tenant-<name>`), of the tenants' pod
@@ -87,10 +87,10 @@ pub struct NamespaceRules {
 
 impl NamespaceRules {
     pub fn of(tenants: &[GpuTenant], exempt: BTreeSet<String>) -> NamespaceRules {
-        let mut claims: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut claims: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for t in tenants {
             for ns in &t.spec.namespaces {
-                claims.entry(ns.as_str()).or_default().push(t.name_any());
+                claims.entry(ns.as_str()).or_default().push(crate::api::name_of(t));
             }
         }
         let mut out = NamespaceRules {
@@ -101,7 +101,7 @@ impl NamespaceRules {
             if let [only] = owners.as_slice()
                 && !out.exempt.contains(ns)
             {
-                out.tenants.entry(only.clone()).or_default().insert(ns.to_string());
+                out.tenants.entry(only.to_string()).or_default().insert(ns.to_string());
             }
         }
         out
@@ -117,10 +117,15 @@ impl NamespaceRules {
 
     /// The namespaces the no-tenant policy leaves alone: exempt or a tenant's.
     pub fn untenanted_excluded(&self) -> BTreeSet<String> {
+        self.excluded().into_iter().map(str::to_string).collect()
+    }
+
+    /// [`NamespaceRules::untenanted_excluded`], borrowed.
+    fn excluded(&self) -> BTreeSet<&str> {
         self.exempt
             .iter()
             .chain(self.tenants.values().flatten())
-            .cloned()
+            .map(String::as_str)
             .collect()
     }
 }
@@ -326,15 +331,34 @@ pub struct Admission {
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
 }
 
+/// The bindings the last pass rendered, for the next to take back while the namespaces they
+/// name are the same (ISSUE 18, item 4: two per tenant were rendered on every pass, and the
+/// no-tenant ones name every tenant namespace). Shared with the passes' output.
+#[derive(Debug, Default)]
+pub struct BindingsMemo {
+    /// Per tenant, the namespaces its bindings name, and the bindings.
+    tenants: HashMap<String, (BTreeSet<String>, [Arc<ValidatingAdmissionPolicyBinding>; 2])>,
+    /// The namespaces the no-tenant bindings leave out, and the bindings.
+    untenanted: Option<(BTreeSet<String>, [Arc<ValidatingAdmissionPolicyBinding>; 2])>,
+}
+
 /// Every policy and binding. Sets each tenant's `status.admission`, which the tenants' policies
-/// read as their parameter.
+/// read as their parameter. With a memo, the bindings whose namespaces are the last pass's are
+/// taken back.
 pub fn render(
     policies: &[SharingPolicy],
     tenants: &mut [GpuTenant],
     namespaces: &NamespaceRules,
     settings: &Settings,
     dra: &DraHoldings,
+    memo: Option<&mut BindingsMemo>,
 ) -> Admission {
+    let mut last = BindingsMemo::default();
+    let mut memo = memo;
+    if let Some(m) = memo.as_deref_mut() {
+        last = std::mem::take(m);
+    }
+    let mut kept = BindingsMemo::default();
     let mut out = Admission::default();
     // The names every DeviceClass gets as an extended resource, for the classes trusted anyway.
     let mut allowed = settings.allowed_resources.clone();
@@ -364,8 +388,17 @@ pub fn render(
             out.mutating_policies.push(p);
             out.mutating_bindings.push(b);
         }
-        out.bindings
-            .extend(tenant_bindings(&rules.name, ns).into_iter().flatten().map(Arc::new));
+        let bindings = match last.tenants.remove(&rules.name) {
+            Some((was, bindings)) if was == *ns => bindings,
+            _ => match tenant_bindings(&rules.name, ns) {
+                Some(b) => b.map(Arc::new),
+                None => continue,
+            },
+        };
+        out.bindings.extend(bindings.iter().cloned());
+        if memo.is_some() {
+            kept.tenants.insert(rules.name, (ns.clone(), bindings));
+        }
     }
     // One pod policy and one claims policy for every tenant (each tenant's binding names the
     // tenant as the parameter): the API server matches every request it admits against each
@@ -398,8 +431,20 @@ pub fn render(
         claims::untenanted(settings),
         None,
     )));
-    out.bindings
-        .extend(untenanted_bindings(&namespaces.untenanted_excluded()).map(Arc::new));
+    let excluded = namespaces.excluded();
+    let untenanted = match last.untenanted {
+        Some((was, bindings)) if was.iter().map(String::as_str).eq(excluded.iter().copied()) => (was, bindings),
+        _ => {
+            let excluded: BTreeSet<String> = excluded.into_iter().map(str::to_string).collect();
+            let bindings = untenanted_bindings(&excluded).map(Arc::new);
+            (excluded, bindings)
+        }
+    };
+    out.bindings.extend(untenanted.1.iter().cloned());
+    if let Some(m) = memo {
+        kept.untenanted = Some(untenanted);
+        *m = kept;
+    }
 
     let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
     out.policies.push(Arc::new(keys_policy));

@@ -79,7 +79,7 @@ impl TenantRules {
         let valid = status.is_some_and(|s| condition_status(&s.conditions, ConditionSet::VALID) == Some(true));
         let tier = policies
             .iter()
-            .find(|p| p.name_any() == t.spec.policy_ref)
+            .find(|p| crate::api::name_of(*p) == t.spec.policy_ref)
             .and_then(|p| p.spec.tier(&t.spec.tier));
         let granted = match (valid, tier) {
             (true, Some(tier)) => {
