@@ -82,7 +82,7 @@ pub struct Desired {
     /// Which rule set governs each namespace: what the admission bindings say, as data, so the
     /// controller can order a change of rule sets without a namespace under none.
     #[serde(skip)]
-    pub namespace_rules: NamespaceRules,
+    pub namespace_rules: Arc<NamespaceRules>,
     /// Per GPU or MIG instance whose tenant changes: old and new tenant, why, scrub and eviction.
     pub changes: Vec<BindingChange>,
     /// Not written when empty: `plan -o json` prints its own, which name their files.
@@ -104,6 +104,7 @@ pub struct DesiredMemo {
     quotas: quota::QuotaMemo,
     node_labels: nodes::NodeLabelsMemo,
     bindings: admission::BindingsMemo,
+    namespace_rules: admission::RulesMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
@@ -111,17 +112,21 @@ pub struct DesiredMemo {
 /// inputs are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, quota_memo, nodes_memo, bindings_memo) = match memo {
+    let (plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo) = match memo {
         Some(m) => (
             Some(&mut m.plan),
             Some(&mut m.quotas),
             Some(&mut m.node_labels),
             Some(&mut m.bindings),
+            Some(&mut m.namespace_rules),
         ),
-        None => (None, None, None, None),
+        None => (None, None, None, None, None),
     };
     let mut out = plan_with(input, &exempt, now, plan_memo);
-    let namespace_rules = NamespaceRules::of(&out.tenants, exempt);
+    let namespace_rules = match rules_memo {
+        Some(m) => NamespaceRules::of_with(&out.tenants, exempt, m),
+        None => Arc::new(NamespaceRules::of(&out.tenants, exempt)),
+    };
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
     let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
     let device_classes = dra::device_classes(&holdings);

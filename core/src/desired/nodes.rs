@@ -13,7 +13,7 @@ use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, SCRUB_PENDIN
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// The tenant a plan dedicates every GPU to, if one: its nodes are tainted for that tenant.
@@ -313,12 +313,15 @@ pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, roles: &NodeRoles, now:
             continue;
         }
         let on_own = |node: &str| dedicated.get(node) == Some(&name.as_str());
-        let shared: BTreeSet<&str> = status
+        // Grants come sorted by node: a sort of what is sorted, then each node once.
+        let mut shared: Vec<&str> = status
             .grants
             .iter()
             .filter(|g| !on_own(&g.node) && !dra.contains(g.node.as_str()))
             .map(|g| g.node.as_str())
             .collect();
+        shared.sort_unstable();
+        shared.dedup();
         let any_dra = status
             .grants
             .iter()

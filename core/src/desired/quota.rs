@@ -56,9 +56,14 @@ fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> 
     let mut names = BTreeSet::from([RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]);
     // A fleet has a few profiles over hundreds of thousands of instances: each named once.
     let mut profiles: BTreeSet<&str> = BTreeSet::new();
+    let mut last = "";
     for n in nodes {
-        for g in n.spec.gpus.iter() {
-            profiles.extend(g.mig_instances.iter().map(|i| i.profile.as_str()));
+        for i in n.spec.gpus.iter().flat_map(|g| &g.mig_instances) {
+            // A GPU's instances mostly repeat a profile: each run looked up once.
+            if i.profile != last {
+                last = &i.profile;
+                profiles.insert(last);
+            }
         }
     }
     names.extend(profiles.into_iter().map(mig_resource));

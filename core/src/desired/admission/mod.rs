@@ -107,6 +107,27 @@ impl NamespaceRules {
         out
     }
 
+    /// [`NamespaceRules::of`], taken back from `memo` while every tenant's name and namespaces
+    /// and the exempt namespaces are the last pass's (ISSUE 18, item 4: they were worked out
+    /// again on every pass).
+    pub fn of_with(tenants: &[GpuTenant], exempt: BTreeSet<String>, memo: &mut RulesMemo) -> Arc<NamespaceRules> {
+        let same = memo.rules.exempt == exempt
+            && memo.tenants.len() == tenants.len()
+            && memo
+                .tenants
+                .iter()
+                .zip(tenants)
+                .all(|((name, namespaces), t)| name == crate::api::name_of(t) && *namespaces == t.spec.namespaces);
+        if !same {
+            memo.rules = Arc::new(NamespaceRules::of(tenants, exempt));
+            memo.tenants = tenants
+                .iter()
+                .map(|t| (crate::api::name_of(t).to_string(), t.spec.namespaces.clone()))
+                .collect();
+        }
+        memo.rules.clone()
+    }
+
     /// The tenant whose rules govern `ns`, if one does.
     pub fn owner(&self, ns: &str) -> Option<&str> {
         self.tenants
@@ -128,6 +149,14 @@ impl NamespaceRules {
             .map(String::as_str)
             .collect()
     }
+}
+
+/// The last pass's [`NamespaceRules`] and what they were worked out from.
+#[derive(Debug, Default)]
+pub struct RulesMemo {
+    /// Each tenant's name and namespaces, in order.
+    tenants: Vec<(String, Vec<String>)>,
+    rules: Arc<NamespaceRules>,
 }
 
 /// The namespaces a binding of ours applies its policy to, read back from its selector.

@@ -259,7 +259,7 @@ mod tests {
             }
         }
         let mut d = Desired {
-            namespace_rules: rules.clone(),
+            namespace_rules: Arc::new(rules.clone()),
             ..Desired::default()
         };
         for name in [TENANTS_POLICY, TENANTS_CLAIMS_POLICY] {
