@@ -108,11 +108,11 @@ fn controller_pass(c: &mut Criterion) {
         let d = support::desired_with(&f, None);
         let live = Snapshot {
             policies: versioned(&d.policies),
-            tenants: versioned(&d.tenants),
+            tenants: shared(&d.tenants),
             plans: versioned(&d.plans),
             gpu_nodes: shared(&d.nodes),
             nodes: shared(&copies(&d.node_labels)),
-            namespaces: versioned(&copies(&d.namespaces)),
+            namespaces: shared(&copies(&d.namespaces)),
             quotas: shared(&copies(&d.resource_quotas)),
             config_maps: shared(&d.config_maps),
             admission_policies: shared(&copies(&d.admission_policies)),

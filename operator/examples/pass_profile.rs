@@ -137,7 +137,9 @@ fn read(path: &str, copies: usize) -> Result<Snapshot, String> {
                 "GpuNode" => s
                     .gpu_nodes
                     .push(Arc::new(serde_json::from_str::<GpuNode>(&text).map_err(parse)?)),
-                "GpuTenant" => s.tenants.push(serde_json::from_str::<GpuTenant>(&text).map_err(parse)?),
+                "GpuTenant" => s
+                    .tenants
+                    .push(Arc::new(serde_json::from_str::<GpuTenant>(&text).map_err(parse)?)),
                 "GpuPartitionPlan" => s
                     .plans
                     .push(serde_json::from_str::<GpuPartitionPlan>(&text).map_err(parse)?),
@@ -187,7 +189,7 @@ fn change_a_tenant(s: &mut Snapshot, step: u32) -> Result<(), String> {
         .enumerate()
         .find_map(|(t, tenant)| Some((t, tenant.spec.resources.iter().position(|r| r.mode == Mode::Mps)?)))
         .ok_or("no tenant asks for MPS shares")?;
-    let tenant = &mut s.tenants[t];
+    let tenant = Arc::make_mut(&mut s.tenants[t]);
     let count = &mut tenant.spec.resources[r].count;
     *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
     tenant.metadata.resource_version = Some(format!("change-{step}"));

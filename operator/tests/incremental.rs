@@ -14,6 +14,7 @@ use gpu_tenancy::planner::{PlanMemo, PlanOutput};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use support::desired_with as desired;
 use support::run_with as plan;
 
@@ -156,14 +157,14 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
     match *change {
         Change::Resize { tenant, request, count } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
-                let resources = &mut f.tenants[t].spec.resources;
+                let resources = &mut Arc::make_mut(&mut f.tenants[t]).spec.resources;
                 let r = request % resources.len();
                 resources[r].count = count;
             }
         }
         Change::Add { seed } => {
             *added += 1;
-            f.tenants.push(support::tenant(1000 + *added, seed));
+            f.tenants.push(Arc::new(support::tenant(1000 + *added, seed)));
         }
         Change::Remove { tenant } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
@@ -172,12 +173,12 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
         }
         Change::Priority { tenant, priority } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
-                f.tenants[t].spec.priority = priority;
+                Arc::make_mut(&mut f.tenants[t]).spec.priority = priority;
             }
         }
         Change::MemoryLimit { tenant, gib } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
-                f.tenants[t].spec.limits = gib.map(|g| TenantLimits {
+                Arc::make_mut(&mut f.tenants[t]).spec.limits = gib.map(|g| TenantLimits {
                     max_gpus_per_pod: None,
                     memory: Some(format!("{g}Gi")),
                 });
@@ -209,12 +210,12 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
         }
         Change::Tier { tenant, tier } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
-                f.tenants[t].spec.tier = ["external", "internal", "experimental"][tier].into();
+                Arc::make_mut(&mut f.tenants[t]).spec.tier = ["external", "internal", "experimental"][tier].into();
             }
         }
         Change::Reorder { tenant } => {
             if let Some(t) = pick(tenant, f.tenants.len()) {
-                f.tenants[t].spec.resources.rotate_left(1);
+                Arc::make_mut(&mut f.tenants[t]).spec.resources.rotate_left(1);
             }
         }
         Change::Namespaces { tenant, other } => {
@@ -223,7 +224,7 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
                 Some(o) => f.tenants[o].spec.namespaces.first().cloned(),
                 None => Some(format!("ns-extra-{}", f.tenants[t].spec.namespaces.len())),
             };
-            let ns = &mut f.tenants[t].spec.namespaces;
+            let ns = &mut Arc::make_mut(&mut f.tenants[t]).spec.namespaces;
             match theirs {
                 _ if ns.len() > 1 => drop(ns.remove(0)),
                 Some(n) if !ns.contains(&n) => ns.insert(0, n),
@@ -381,7 +382,8 @@ fn one_more_mps_share_places_only_the_mps_cell() {
         .iter_mut()
         .find(|t| t.spec.resources.iter().any(|r| r.mode == Mode::Mps))
         .expect("the fleet has an MPS tenant");
-    t.spec
+    Arc::make_mut(t)
+        .spec
         .resources
         .iter_mut()
         .find(|r| r.mode == Mode::Mps)

@@ -104,7 +104,7 @@ fn a_thousand_nodes_keep_the_invariants_and_plan_deterministically() {
 fn a_thousand_nodes_with_memory_limits_keep_the_invariants() {
     let mut f = support::fleet(1000, 8, 400, 7);
     for (i, t) in f.tenants.iter_mut().enumerate().filter(|(i, _)| i % 3 == 0) {
-        t.spec.limits = Some(TenantLimits {
+        std::sync::Arc::make_mut(t).spec.limits = Some(TenantLimits {
             max_gpus_per_pod: None,
             memory: Some(format!("{}Gi", 40 + (i % 7) * 30)),
         });

@@ -11,6 +11,7 @@ use gpu_tenancy::planner::PlanOutput;
 use kube::ResourceExt;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use support::run;
 
@@ -179,7 +180,7 @@ fn granted(out: &PlanOutput) -> BTreeMap<(String, Kind), u32> {
 }
 
 /// Bindings moved away from tenants that still exist: (unit, kind, tenant).
-fn moved(before: &[NodeInventory], after: &PlanOutput, tenants: &[GpuTenant]) -> Vec<(Unit, Kind, String)> {
+fn moved(before: &[NodeInventory], after: &PlanOutput, tenants: &[Arc<GpuTenant>]) -> Vec<(Unit, Kind, String)> {
     let exists: BTreeSet<String> = tenants.iter().map(|t| t.name_any()).collect();
     let planned = units_planned(&after.nodes);
     let mut out = Vec::new();
@@ -329,7 +330,7 @@ proptest! {
             let mut frees: Option<Option<String>> = None;
             match s {
                 Step::Add(seed) if f.tenants.len() < 8 => {
-                    f.tenants.push(support::tenant(next_name, seed));
+                    f.tenants.push(Arc::new(support::tenant(next_name, seed)));
                     changed = f.tenants.last().unwrap().name_any();
                     next_name += 1;
                 }
@@ -338,11 +339,11 @@ proptest! {
                     let r = &t.spec.resources[0];
                     fits = free_units(&f.nodes).get(&(r.mode, r.profile.clone())).copied().unwrap_or(0) >= r.count;
                     changed = t.name_any();
-                    f.tenants.push(t);
+                    f.tenants.push(Arc::new(t));
                     next_name += 1;
                 }
                 Step::AddShared(seed) if f.tenants.len() < 8 => {
-                    f.tenants.push(shared_tenant(next_name, seed));
+                    f.tenants.push(Arc::new(shared_tenant(next_name, seed)));
                     changed = f.tenants.last().unwrap().name_any();
                     next_name += 1;
                 }
@@ -354,7 +355,7 @@ proptest! {
                     let i = i % f.tenants.len();
                     let name = f.tenants[i].name_any();
                     changed = name.clone();
-                    let resources = &mut f.tenants[i].spec.resources;
+                    let resources = &mut Arc::make_mut(&mut f.tenants[i]).spec.resources;
                     let r = r % resources.len();
                     if n <= resources[r].count {
                         frees = Some(Some(name));
@@ -453,7 +454,7 @@ fn adding_a_tenant_to_the_examples_moves_nothing() {
     let inventory: InventoryFile = serde_saphyr::from_str(&read("inventory.yaml")).unwrap();
     let mut f = support::Fleet {
         policies,
-        tenants: tenants.clone(),
+        tenants: tenants.iter().cloned().map(Arc::new).collect(),
         plans,
         nodes: inventory.resolve().unwrap(),
     };
@@ -466,7 +467,7 @@ fn adding_a_tenant_to_the_examples_moves_nothing() {
     .unwrap();
     newcomer.spec.policy_ref = "default".into();
     tenants.push(newcomer);
-    f.tenants = tenants;
+    f.tenants = tenants.into_iter().map(Arc::new).collect();
     let next = run(&f);
     let moves = moved(&f.nodes, &next, &f.tenants);
     println!("bindings moved by adding team-new to the examples: {}", moves.len());
@@ -501,8 +502,8 @@ fn a_shared_grant_moves_only_when_another_tier_needs_its_gpu() {
             t
         };
         f.tenants = vec![
-            shares(support::tenant(0, 1), "internal", 4),
-            shares(support::tenant(1, 2), "experimental", 3),
+            Arc::new(shares(support::tenant(0, 1), "internal", 4)),
+            Arc::new(shares(support::tenant(1, 2), "experimental", 3)),
         ];
         let (a, c) = (f.tenants[0].name_any(), f.tenants[1].name_any());
         for g in &mut f.nodes[1].gpus {

@@ -14,7 +14,7 @@ fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory
     desired(
         &PlanInput {
             policies: &policies,
-            tenants,
+            tenants: &crate::planner::fixtures::shared(tenants),
             plans,
             nodes,
         },
@@ -363,7 +363,7 @@ fn the_memo_renders_admission_again_under_other_settings() {
     let policies = [policy()];
     let input = PlanInput {
         policies: &policies,
-        tenants: &t,
+        tenants: &crate::planner::fixtures::shared(&t),
         plans: &plans,
         nodes: &nodes,
     };

@@ -9,6 +9,7 @@ use crate::inventory::{AppliedState, NodeGpu};
 use crate::policy::TenantProfile;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use serde::Serialize;
+use std::borrow::Borrow;
 
 /// One GPU used whole (MPS, TimeSlicing, Exclusive), or one MIG instance, whose tenants change.
 #[derive(Serialize, Clone, Debug, PartialEq, Eq)]
@@ -351,9 +352,9 @@ fn listed(node: &NodeDesired, diffs: &[UnitDiff], scrub: &[ScrubMemory]) -> Vec<
 /// from the last pass whose bindings no cell moved, none of which changed hands then, keeps its
 /// scrub policies and has no change, unless the tenants' `scrubMemory` is not as then
 /// (`same_scrub` false).
-pub fn settle(
+pub fn settle<T: Borrow<GpuTenant>>(
     nodes: &mut [NodeDesired],
-    tenants: &[GpuTenant],
+    tenants: &[T],
     valid: &[TenantProfile],
     same_scrub: bool,
 ) -> Vec<BindingChange> {
@@ -403,7 +404,7 @@ pub fn settle(
     }
     let counted: HashSet<&str> = counted.iter().map(String::as_str).collect();
     let nodes: &[NodeDesired] = nodes;
-    let exists: HashSet<&str> = tenants.iter().map(crate::api::name_of).collect();
+    let exists: HashSet<&str> = tenants.iter().map(|t| crate::api::name_of(t.borrow())).collect();
     let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
     let before = holdings(holding_now.iter().map(|&n| &nodes[n]), false, &counted);
     // Read only for a tenant that leaves a unit: none in a fleet planned from empty.

@@ -8,6 +8,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 
+/// Tenants as the planner reads them: shared, as the controller's stores hold them.
+pub fn shared(tenants: &[GpuTenant]) -> Vec<std::sync::Arc<GpuTenant>> {
+    tenants.iter().cloned().map(std::sync::Arc::new).collect()
+}
+
 pub fn now() -> Time {
     Time(jiff::Timestamp::from_second(1_700_000_000).unwrap())
 }

@@ -21,12 +21,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use serde::Serialize;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// Everything the planner looks at.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanInput<'a> {
     pub policies: &'a [SharingPolicy],
-    pub tenants: &'a [GpuTenant],
+    pub tenants: &'a [Arc<GpuTenant>],
     pub plans: &'a [GpuPartitionPlan],
     pub nodes: &'a [NodeInventory],
 }

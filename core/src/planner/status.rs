@@ -11,6 +11,7 @@ use crate::policy::{PlanCheck, TenantCheck};
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 /// Sets conditions of one object, all stamped with its generation and the same time.
@@ -92,13 +93,13 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
     }
 }
 
-pub fn tenant_statuses(
-    tenants: &[GpuTenant],
+pub fn tenant_statuses<T: Borrow<GpuTenant>>(
+    tenants: &[T],
     check: &TenantCheck,
     mut grants: BTreeMap<String, TenantGrants>,
     now: &Time,
 ) -> Vec<GpuTenant> {
-    let mut out: Vec<GpuTenant> = tenants.iter().map(without_grants).collect();
+    let mut out: Vec<GpuTenant> = tenants.iter().map(|t| without_grants(t.borrow())).collect();
     crate::api::sort_by_name(&mut out);
     for t in &mut out {
         let name = t.name_any();
@@ -346,9 +347,9 @@ pub fn plan_statuses(
 
 /// Policy statuses: the tier names for `kubectl get`, how many tenants refer to each policy, and
 /// whether it has problems of its own.
-pub fn policy_statuses(
+pub fn policy_statuses<T: Borrow<GpuTenant>>(
     policies: &[SharingPolicy],
-    tenants: &[GpuTenant],
+    tenants: &[T],
     problems: &[Problem],
     now: &Time,
 ) -> Vec<SharingPolicy> {
@@ -366,7 +367,13 @@ pub fn policy_statuses(
                 .collect::<Vec<_>>()
                 .join(","),
         );
-        status.tenants = Some(tenants.iter().filter(|t| t.spec.policy_ref == name).count() as u32);
+        status.tenants = Some(
+            tenants
+                .iter()
+                .map(Borrow::borrow)
+                .filter(|t: &&GpuTenant| t.spec.policy_ref == name)
+                .count() as u32,
+        );
         let own: Vec<&Problem> = problems
             .iter()
             .filter(|x| x.object == format!("SharingPolicy/{name}"))

@@ -10,7 +10,7 @@ fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory
     plan(
         &PlanInput {
             policies: &policies,
-            tenants,
+            tenants: &crate::planner::fixtures::shared(tenants),
             plans,
             nodes,
         },

@@ -45,22 +45,23 @@ const KIND: &str = "GpuTenant";
 /// Checks tenants against policies: the policy and tier exist, the tier allows every requested
 /// mode, requests are not duplicated, limits parse, no namespace belongs to two tenants or is
 /// `exempt` from the admission policies, and no tenant asks for both MPS and time-slicing shares.
-pub fn check_tenants(
+pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
     policies: &[SharingPolicy],
-    tenants: &[GpuTenant],
+    tenants: &[T],
     exempt: &std::collections::BTreeSet<String>,
 ) -> TenantCheck {
     let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
     let mut check = TenantCheck::default();
 
     let mut owners: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for t in tenants {
+    let tenants: Vec<&GpuTenant> = tenants.iter().map(|t| t.borrow()).collect();
+    for t in &tenants {
         for ns in &t.spec.namespaces {
             owners.entry(ns.as_str()).or_default().push(t.name_any());
         }
     }
 
-    let mut sorted: Vec<&GpuTenant> = tenants.iter().collect();
+    let mut sorted = tenants;
     crate::api::sort_refs_by_name(&mut sorted);
     for t in sorted {
         let name = t.name_any();

@@ -3,7 +3,7 @@
 use super::load::{FileProblem, Limits, load};
 use super::output::{Output, print_table};
 use super::validate::inventories;
-use crate::api::{ConditionSet, GpuNode, Mode};
+use crate::api::{ConditionSet, GpuNode, GpuTenant, Mode};
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::InventoryFile;
 use crate::planner::PlanInput;
@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What `plan -o json` prints: the desired state with problems as `FILE: Kind/name: field: message`
 /// (in place of the planner's own, which name no file).
@@ -121,10 +122,11 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
     } else {
         crate::inventory::cluster_inventories(&loaded.cluster_nodes, &loaded.nodes)
     };
+    let tenants: Vec<Arc<GpuTenant>> = loaded.tenants.iter().cloned().map(Arc::new).collect();
     let out = desired(
         &PlanInput {
             policies: &loaded.policies,
-            tenants: &loaded.tenants,
+            tenants: &tenants,
             plans: &loaded.plans,
             nodes: &nodes,
         },

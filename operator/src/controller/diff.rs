@@ -19,6 +19,7 @@ pub use owned::Seen;
 use owned::{Contained, owned, to_value};
 use serde::Serialize;
 use serde_json::json;
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 pub use write::{Kind, Write};
@@ -45,14 +46,14 @@ pub struct Diff {
 pub use crate::runtime::object::contains;
 
 /// The status write of an object whose computed status differs from its live one.
-fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize>(
+fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize, L: Borrow<T>>(
     kind: Kind,
     desired: &[T],
-    live: &[T],
+    live: &[L],
     status_of: impl Fn(&T) -> Option<&S>,
     out: &mut Vec<Write>,
 ) {
-    let live: BTreeMap<String, &T> = live.iter().map(|l| (l.name_any(), l)).collect();
+    let live: BTreeMap<String, &T> = live.iter().map(|l| (l.borrow().name_any(), l.borrow())).collect();
     for d in desired {
         let Some(want) = status_of(d) else { continue };
         let Some(l) = live.get(&d.name_any()) else { continue };
@@ -130,7 +131,7 @@ fn node_patches(desired: &[Arc<Node>], live: &[Arc<Node>], out: &mut Vec<Write>)
 fn namespace_writes(d: &Desired, live: &Snapshot, seen: &mut Contained<Arc<Namespace>>, out: &mut Vec<Write>) {
     let mut desired = Vec::new();
     let mut deletes = Vec::new();
-    owned(
+    owned::<_, Namespace, _>(
         Kind::Namespace,
         &d.namespaces,
         &live.namespaces,

@@ -47,7 +47,7 @@ impl Fleet {
 #[derive(Clone)]
 pub struct Fleet {
     pub policies: Vec<SharingPolicy>,
-    pub tenants: Vec<GpuTenant>,
+    pub tenants: Vec<std::sync::Arc<GpuTenant>>,
     pub plans: Vec<GpuPartitionPlan>,
     pub nodes: Vec<NodeInventory>,
 }
@@ -165,7 +165,9 @@ pub fn fleet(nodes: usize, gpus_per_node: u32, tenants: usize, seed: u64) -> Fle
             }
         })
         .collect();
-    let tenants = (0..tenants).map(|i| draw_tenant(&mut rng, i)).collect();
+    let tenants = (0..tenants)
+        .map(|i| std::sync::Arc::new(draw_tenant(&mut rng, i)))
+        .collect();
     Fleet {
         policies: vec![policy],
         tenants,
@@ -316,7 +318,7 @@ pub mod changes {
                 Some((t, r))
             })
             .expect("the fleet has MPS tenants");
-        let count = &mut f.tenants[t].spec.resources[r].count;
+        let count = &mut std::sync::Arc::make_mut(&mut f.tenants[t]).spec.resources[r].count;
         *count = if step % 2 == 1 { *count + 1 } else { *count - 1 };
     }
 

@@ -12,7 +12,7 @@ fn run(tenants: &[GpuTenant], plans: &[GpuPartitionPlan], nodes: &[NodeInventory
     let policies = [policy()];
     let input = PlanInput {
         policies: &policies,
-        tenants,
+        tenants: &crate::planner::fixtures::shared(tenants),
         plans,
         nodes,
     };
@@ -276,7 +276,7 @@ fn required_topology_moves_a_lower_priority_tenant_out_of_the_way() {
     let run = |tenants: &[GpuTenant], nodes: &[NodeInventory]| {
         let input = PlanInput {
             policies: &policies,
-            tenants,
+            tenants: &crate::planner::fixtures::shared(tenants),
             plans: &plans,
             nodes,
         };

@@ -129,7 +129,7 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
     let nodes = inventory.resolve().unwrap();
     let (ext, exp) = (names.next(), names.next());
     let (ext_ns, exp_ns) = (format!("{ext}-ns"), format!("{exp}-ns"));
-    let tenants = vec![
+    let tenants = [
         tenant(
             &ext,
             "external",
@@ -156,7 +156,7 @@ async fn tenant_admission_policies_refuse_and_admit_pods() {
     let d: Desired = desired(
         &PlanInput {
             policies: &policies,
-            tenants: &tenants,
+            tenants: &tenants.iter().cloned().map(std::sync::Arc::new).collect::<Vec<_>>(),
             plans: &plans,
             nodes: &nodes,
         },

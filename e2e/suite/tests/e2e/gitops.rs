@@ -348,7 +348,7 @@ fn statuses(tenants: &[GpuTenant], extra_plans: &[GpuPartitionPlan]) -> Desired 
     desired(
         &PlanInput {
             policies: &policies,
-            tenants,
+            tenants: &tenants.iter().cloned().map(std::sync::Arc::new).collect::<Vec<_>>(),
             plans: &plans,
             nodes: &nodes,
         },

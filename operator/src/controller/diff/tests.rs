@@ -60,7 +60,9 @@ fn reported(name: &str) -> GpuNode {
 fn snapshot() -> Snapshot {
     Snapshot {
         policies: vec![policy()],
-        tenants: vec![TenantBuilder::new("acme", "external").mig("3g.40gb", 2).build()],
+        tenants: vec![Arc::new(
+            TenantBuilder::new("acme", "external").mig("3g.40gb", 2).build(),
+        )],
         plans: vec![plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])],
         gpu_nodes: vec![Arc::new(reported("n1"))],
         nodes: vec![Arc::new(cluster_node("n1", "h100", true))],
@@ -102,7 +104,7 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                     let mut o: Namespace = serde_json::from_value(object.clone()).unwrap();
                     o.meta_mut().resource_version = Some(next_version());
                     s.namespaces.retain(|x| x.name_any() != o.name_any());
-                    s.namespaces.push(o);
+                    s.namespaces.push(Arc::new(o));
                 }
                 Kind::ResourceQuota => put(&mut s.quotas, object),
                 Kind::ConfigMap => put(&mut s.config_maps, object),
@@ -115,7 +117,7 @@ fn apply(s: &mut Snapshot, d: &Diff) {
             },
             Write::Status { kind, name, object } => match kind {
                 Kind::GpuTenant => {
-                    let t = s.tenants.iter_mut().find(|t| &t.name_any() == name).unwrap();
+                    let t = Arc::make_mut(s.tenants.iter_mut().find(|t| &t.name_any() == name).unwrap());
                     t.status = serde_json::from_value(object["status"].clone()).unwrap();
                 }
                 Kind::GpuPartitionPlan => {
@@ -141,7 +143,7 @@ fn apply(s: &mut Snapshot, d: &Diff) {
                 name,
                 patch,
             } => {
-                let n = s.namespaces.iter_mut().find(|n| &n.name_any() == name).unwrap();
+                let n = Arc::make_mut(s.namespaces.iter_mut().find(|n| &n.name_any() == name).unwrap());
                 let labels = n.metadata.labels.get_or_insert_with(Default::default);
                 for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
                     match v.as_str() {
@@ -294,8 +296,8 @@ fn a_tenant_change_writes_only_what_changes() {
     let mut s = snapshot();
     settle(&mut s);
     // acme asks for one instance fewer: its status, its quota, its instance binding in the GpuNode spec.
-    s.tenants[0].spec.resources[0].count = 1;
-    s.tenants[0].metadata.generation = Some(2);
+    Arc::make_mut(&mut s.tenants[0]).spec.resources[0].count = 1;
+    Arc::make_mut(&mut s.tenants[0]).metadata.generation = Some(2);
     let d = pass(&s);
     assert_eq!(
         writes(&d),
@@ -383,7 +385,7 @@ fn flipping_conditions_make_events() {
     let mut s = snapshot();
     let d = pass(&s);
     apply(&mut s, &d);
-    s.tenants[0].spec.resources[0].count = 5; // more 3g.40gb than the two GPUs hold
+    Arc::make_mut(&mut s.tenants[0]).spec.resources[0].count = 5; // more 3g.40gb than the two GPUs hold
     let d = pass(&s);
     let short: Vec<&Note> = d.notes.iter().filter(|n| n.reason == "CapacityShort").collect();
     assert_eq!(short.len(), 1, "{:?}", d.notes);
@@ -445,14 +447,14 @@ fn a_hand_over_from_a_removed_tenant_scrubs_then_settles() {
         "h100",
         vec![crate::planner::fixtures::group("all", crate::api::Mode::Mps)],
     )];
-    s.tenants = vec![
+    s.tenants = crate::planner::fixtures::shared(&[
         TenantBuilder::new("a", "internal")
             .want(crate::api::Mode::Mps, 5)
             .build(),
         TenantBuilder::new("b", "internal")
             .want(crate::api::Mode::Mps, 2)
             .build(),
-    ];
+    ]);
     for _ in 0..3 {
         let d = pass(&s);
         apply(&mut s, &d);
@@ -575,7 +577,7 @@ fn owned_objects_found_already_so_are_compared_again_only_when_either_side_chang
     assert_eq!(writes(&pass_seen(&s, &mut seen)), Vec::<String>::new());
 
     // The tenant changes: the same live objects, other desired ones.
-    s.tenants[0].spec.resources[0].count = 1;
+    Arc::make_mut(&mut s.tenants[0]).spec.resources[0].count = 1;
     let d = pass_seen(&s, &mut seen);
     assert!(
         writes(&d).contains(&"apply ResourceQuota acme/gpu-tenancy".to_string()),
