@@ -108,8 +108,10 @@ pub struct DesiredMemo {
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
-/// and taking back the quotas of tenants whose grants are unchanged and the labels of nodes whose
-/// inputs are.
+/// and taking back what is rendered from unchanged inputs: the quotas of tenants whose grants are
+/// unchanged, the labels of nodes whose spec, inventory and dedicated tenant are, the admission
+/// bindings of tenants whose namespaces are, and the namespace rules while every tenant's name
+/// and namespaces are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
     let (plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo) = match memo {

@@ -174,10 +174,13 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
         let name = node.name_any();
         let plan = node.spec.plan.clone();
         let cur = current_of(node);
+        // Compared once: on a converged fleet every node's spec is equal, and comparing GPU by
+        // GPU is most of this step.
+        let same_spec = cur.is_some_and(|c| c.spec == node.spec);
         let (write_desired, changing) = match cur {
             None => (true, false),
             Some(c) if is_changing(c) => (true, true),
-            Some(c) if c.spec == node.spec => (true, false),
+            Some(_) if same_spec => (true, false),
             Some(c) if !in_service(c) || node.spec.gpus.is_empty() => (true, false),
             Some(_) => match &plan {
                 None => (true, true),
@@ -194,7 +197,7 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
         };
         let progress = match cur {
             _ if !write_desired => Progress::HeldBack,
-            Some(c) if c.spec == node.spec && c.generation == c.observed_generation => match &c.applied {
+            Some(c) if same_spec && c.generation == c.observed_generation => match &c.applied {
                 AppliedState::Applied => Progress::Applied,
                 AppliedState::Failed(m) => Progress::Failed(m.clone()),
                 AppliedState::Pending => Progress::Pending,

@@ -53,11 +53,12 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
     let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
     let mut check = TenantCheck::default();
 
-    let mut owners: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    // Names borrowed: a fleet's tenants have thousands of namespaces, nearly all with one owner.
+    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     let tenants: Vec<&GpuTenant> = tenants.iter().map(|t| t.borrow()).collect();
     for t in &tenants {
         for ns in &t.spec.namespaces {
-            owners.entry(ns.as_str()).or_default().push(t.name_any());
+            owners.entry(ns.as_str()).or_default().push(crate::api::name_of(*t));
         }
     }
 
@@ -86,7 +87,7 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
                     ),
                 ));
             }
-            let others: Vec<&String> = owners[ns.as_str()].iter().filter(|o| **o != name).collect();
+            let others: Vec<&&str> = owners[ns.as_str()].iter().filter(|o| **o != name).collect();
             if !others.is_empty() {
                 let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
                 problems.push(problem(
