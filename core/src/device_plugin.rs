@@ -75,10 +75,21 @@ pub fn mig_resource(profile: &str) -> String {
 /// whole GPUs, `nvidia.com/gpu.shared` for MPS and time-slicing shares (the plugin ignores a
 /// `rename`, so both modes share it), `nvidia.com/mig-<profile>` for MIG instances.
 pub fn resource_name(mode: Mode, profile: Option<&str>) -> String {
+    let mut name = String::new();
+    push_resource_name(&mut name, mode, profile);
+    name
+}
+
+/// [`resource_name`] appended to `out`: a quota key (`requests.<name>`) is built in one string,
+/// for every grant of every tenant on every pass, without a second string and a `format!`.
+pub fn push_resource_name(out: &mut String, mode: Mode, profile: Option<&str>) {
     match mode {
-        Mode::Mig => mig_resource(profile.unwrap_or_default()),
-        Mode::Exclusive => RESOURCE_GPU.into(),
-        Mode::Mps | Mode::TimeSlicing => RESOURCE_SHARED.into(),
+        Mode::Mig => {
+            out.push_str(MIG_RESOURCE_PREFIX);
+            out.push_str(profile.unwrap_or_default());
+        }
+        Mode::Exclusive => out.push_str(RESOURCE_GPU),
+        Mode::Mps | Mode::TimeSlicing => out.push_str(RESOURCE_SHARED),
     }
 }
 

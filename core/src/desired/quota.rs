@@ -27,7 +27,7 @@ use super::admission::NamespaceRules;
 use super::dra::DraHoldings;
 use super::settings::managed_labels;
 use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
-use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, resource_name};
+use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, push_resource_name, resource_name};
 use crate::dra::claim_quota_key;
 use crate::labels::{POD_SECURITY_AUDIT, POD_SECURITY_ENFORCE, POD_SECURITY_WARN, TENANT};
 use crate::planner::PlanOutput;
@@ -38,6 +38,9 @@ use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+/// The prefix of a quota key on a resource's requests.
+const REQUESTS: &str = "requests.";
+
 /// Name of the ResourceQuota in each tenant namespace.
 pub const QUOTA_NAME: &str = "gpu-tenancy";
 
@@ -45,7 +48,7 @@ pub const QUOTA_NAME: &str = "gpu-tenancy";
 fn pod_security(tenant: &GpuTenant, policies: &[SharingPolicy]) -> PodSecurity {
     policies
         .iter()
-        .find(|p| p.name_any() == tenant.spec.policy_ref)
+        .find(|p| crate::api::name_of(*p) == tenant.spec.policy_ref)
         .and_then(|p| p.spec.tier(&tenant.spec.tier))
         .map(|t| t.pod_security)
         .unwrap_or_default()
@@ -90,16 +93,18 @@ fn granted(tenant: &GpuTenant, dra: &DraHoldings) -> BTreeMap<String, u64> {
         return out;
     }
     for a in status.map(|s| s.allocation.as_slice()).unwrap_or_default() {
-        *out.entry(format!("requests.{}", resource_name(a.mode, a.profile.as_deref())))
-            .or_insert(0) += u64::from(a.granted);
+        let mut key = String::with_capacity(REQUESTS.len() + 32);
+        key.push_str(REQUESTS);
+        push_resource_name(&mut key, a.mode, a.profile.as_deref());
+        *out.entry(key).or_insert(0) += u64::from(a.granted);
     }
-    let name = tenant.name_any();
-    for (kind, units) in dra.of_tenant(&name) {
-        if let Some(n) = out.get_mut(&format!("requests.{}", kind.device_plugin_resource())) {
+    let name = crate::api::name_of(tenant);
+    for (kind, units) in dra.of_tenant(name) {
+        if let Some(n) = out.get_mut(&format!("{REQUESTS}{}", kind.device_plugin_resource())) {
             *n = n.saturating_sub(units);
         }
-        out.insert(claim_quota_key(&kind.class_name(&name)), units);
-        out.insert(format!("requests.{}", kind.extended_resource(&name)), units);
+        out.insert(claim_quota_key(&kind.class_name(name)), units);
+        out.insert(format!("{REQUESTS}{}", kind.extended_resource(name)), units);
     }
     out
 }
@@ -167,7 +172,7 @@ pub fn render(
 ) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
     let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
         .into_iter()
-        .map(|n| format!("requests.{n}"))
+        .map(|n| format!("{REQUESTS}{n}"))
         .collect();
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
     for t in &out.tenants {
