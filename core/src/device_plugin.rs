@@ -68,7 +68,7 @@ imex:
 
 /// The resource name of a MIG profile under the `mixed` strategy.
 pub fn mig_resource(profile: &str) -> String {
-    format!("{MIG_RESOURCE_PREFIX}{profile}")
+    resource_name(Mode::Mig, Some(profile))
 }
 
 /// The resource name a grant of `mode` (and MIG `profile`) is used through: `nvidia.com/gpu` for
