@@ -19,6 +19,7 @@ mod report;
 mod scope;
 mod shared;
 mod side_by_side;
+mod stable;
 mod sticky;
 mod units;
 
@@ -133,9 +134,14 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
         }
     };
     // Once more from that result, every unit kept: shares over shared GPUs are then split as the
-    // next plan would split them (feeding the output back changes nothing). Where that result
-    // is what runs now and every pool kept first, this pass would be the one just made (the
-    // same inputs place the same), so that one is kept.
+    // next plan would split them (feeding the output back changes nothing). Where that pass
+    // would keep every unit of the result ([`stable`]: nearly every change), or the result is
+    // what runs now and every pool kept first (the same inputs place the same), it would give
+    // the result back, so the result is kept.
+    let first = match first {
+        Some((first, _)) if first.stable => return cell.again_in_debug(nodes, &amounts, first),
+        first => first,
+    };
     let placed = Current::from_plan(nodes, &cell.scope.gpus);
     if let Some((first, placings)) = first
         && placings.is_empty()
@@ -204,6 +210,37 @@ impl CellPasses<'_> {
                 }
             }
         }
+    }
+
+    /// The grants of `stable`, a placement that placing again from itself gives back
+    /// ([`stable`]). Debug builds (every test) place again all the same, and compare.
+    fn again_in_debug(&self, nodes: &mut CellNodes, amounts: &Amounts, stable: Placed) -> BTreeMap<String, CellGrants> {
+        let grants = stable.grants(self.tenants, nodes);
+        if cfg!(debug_assertions) {
+            let placed = Current::from_plan(nodes, &self.scope.gpus);
+            unbind_cell(nodes, self.scope);
+            let again = sticky::place(
+                self.tenants,
+                nodes,
+                self.scope,
+                &self.template,
+                &placed,
+                &Placings::new(),
+                amounts,
+                &self.order,
+            )
+            .expect("a stable placement places again");
+            assert!(
+                Current::from_plan(nodes, &self.scope.gpus) == placed,
+                "a placement found stable moved when placed again"
+            );
+            assert_eq!(
+                again.grants(self.tenants, nodes),
+                grants,
+                "a stable placement's grants changed"
+            );
+        }
+        grants
     }
 
     /// The blind pass's placement, where no placing from current bindings gives its amounts.

@@ -14,6 +14,9 @@ use std::collections::BTreeMap;
 /// kept, on the nodes it placed.
 pub(super) struct Placed {
     tenants: Vec<PlacedTenant>,
+    /// Placing again from this result, every unit kept, gives it back ([`super::stable`]);
+    /// `false` where that is not shown.
+    pub(super) stable: bool,
 }
 
 struct PlacedTenant {
@@ -95,7 +98,10 @@ impl Allocator<'_, '_, '_> {
             p.memory_mib = s.memory_mib;
             p.shortfalls = shortfalls;
         }
-        Placed { tenants: placed }
+        Placed {
+            tenants: placed,
+            stable: false,
+        }
     }
 }
 

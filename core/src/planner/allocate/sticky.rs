@@ -97,7 +97,10 @@ pub(super) fn place(
     for (s, why) in a.state.iter_mut().zip(&amounts.why) {
         s.why = why.clone();
     }
-    Ok(a.finish())
+    let stable = a.is_stable(amounts, order);
+    let mut placed = a.finish();
+    placed.stable = stable;
+    Ok(placed)
 }
 
 impl Allocator<'_, '_, '_> {
