@@ -5,6 +5,7 @@
 mod allocate;
 mod changes;
 mod fairshare;
+mod models;
 mod nodes;
 pub mod rollout;
 mod status;
@@ -19,6 +20,7 @@ use crate::policy::{PlanCheck, TenantProfile, check_plan, check_policies, check_
 use crate::problem::Problem;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use models::ModelsMemo;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -65,6 +67,8 @@ pub struct PlanMemo {
     /// The valid tenants' `scrubMemory` in the last pass, by name: the scrub policies of the nodes
     /// taken back hold only while they are the same.
     scrub: Vec<(String, ScrubMemory)>,
+    /// The GPU models of the nodes each plan selected.
+    models: ModelsMemo,
 }
 
 impl PlanMemo {
@@ -122,7 +126,12 @@ pub fn plan(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time) -> PlanOut
 
 /// [`plan`], reusing what `memo` kept of the parts of the fleet whose inputs are unchanged, and
 /// keeping this run's for the next.
-pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo: Option<&mut PlanMemo>) -> PlanOutput {
+pub fn plan_with(
+    input: &PlanInput,
+    exempt: &BTreeSet<String>,
+    now: &Time,
+    mut memo: Option<&mut PlanMemo>,
+) -> PlanOutput {
     let mut problems = check_policies(input.policies);
     let tenant_check = check_tenants(input.policies, input.tenants, exempt);
     problems.extend(tenant_check.invalid.values().flatten().cloned());
@@ -130,15 +139,19 @@ pub fn plan_with(input: &PlanInput, exempt: &BTreeSet<String>, now: &Time, memo:
     let tenant_names: BTreeSet<String> = input.tenants.iter().map(|t| t.name_any()).collect();
     let mut plans: Vec<&GpuPartitionPlan> = input.plans.iter().collect();
     crate::api::sort_refs_by_name(&mut plans);
+    let models: Vec<_> = match memo.as_deref_mut() {
+        Some(m) => m.models.of(&plans, input.nodes),
+        None => plans.iter().map(|p| models_of_selected_nodes(p, input.nodes)).collect(),
+    };
     let plan_checks: Vec<_> = plans
         .iter()
-        .map(|p| check_plan(p, &tenant_names, &models_of_selected_nodes(p, input.nodes)))
+        .zip(&models)
+        .map(|(p, models)| check_plan(p, &tenant_names, models))
         .collect();
     for c in &plan_checks {
         problems.extend(c.problems.iter().cloned());
     }
 
-    let mut memo = memo;
     if let Some(m) = memo.as_deref_mut() {
         m.read_plans(&plans, &plan_checks);
     }
