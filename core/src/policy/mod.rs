@@ -53,12 +53,17 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
     let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
     let mut check = TenantCheck::default();
 
-    // Names borrowed: a fleet's tenants have thousands of namespaces, nearly all with one owner.
-    let mut owners: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    // Names borrowed, hashed, and a list only for a namespace of two owners: a fleet's tenants
+    // have thousands of namespaces, nearly all with one owner.
+    let mut owners: foldhash::HashMap<&str, (&str, Vec<&str>)> = foldhash::HashMap::default();
     let tenants: Vec<&GpuTenant> = tenants.iter().map(|t| t.borrow()).collect();
     for t in &tenants {
+        let name = crate::api::name_of(*t);
         for ns in &t.spec.namespaces {
-            owners.entry(ns.as_str()).or_default().push(crate::api::name_of(*t));
+            owners
+                .entry(ns.as_str())
+                .and_modify(|(_, more)| more.push(name))
+                .or_insert((name, Vec::new()));
         }
     }
 
@@ -87,7 +92,8 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
                     ),
                 ));
             }
-            let others: Vec<&&str> = owners[ns.as_str()].iter().filter(|o| **o != name).collect();
+            let (first, more) = &owners[ns.as_str()];
+            let others: Vec<&&str> = std::iter::once(first).chain(more).filter(|o| **o != name).collect();
             if !others.is_empty() {
                 let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
                 problems.push(problem(
@@ -136,7 +142,8 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
             },
         };
 
-        let mut seen: BTreeMap<(Mode, Option<&str>), usize> = BTreeMap::new();
+        // A tenant has a few requests: a list scanned, not a map built per tenant.
+        let mut seen: Vec<((Mode, Option<&str>), usize)> = Vec::new();
         for (i, r) in t.spec.resources.iter().enumerate() {
             if let Some(tier) = tier
                 && !tier.modes.contains(&r.mode)
@@ -163,7 +170,15 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
                 )),
                 _ => {}
             }
-            if let Some(first) = seen.insert((r.mode, r.profile.as_deref()), i) {
+            let kind = (r.mode, r.profile.as_deref());
+            let repeated = match seen.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, last)) => Some(std::mem::replace(last, i)),
+                None => {
+                    seen.push((kind, i));
+                    None
+                }
+            };
+            if let Some(first) = repeated {
                 problems.push(problem(
                     format!("spec.resources[{i}]"),
                     format!(
@@ -181,15 +196,14 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
         // "Setting the 'rename' field ... is not yet supported"). A quota on that name cannot keep
         // a count per mode, so a tenant with both could use its time-slicing count on MPS GPUs
         // granted to others.
-        let shared: Vec<usize> = t
+        let mut shared = t
             .spec
             .resources
             .iter()
             .enumerate()
             .filter(|(_, r)| r.mode.is_shared())
-            .map(|(i, _)| i)
-            .collect();
-        if let [first, second, ..] = shared[..]
+            .map(|(i, _)| i);
+        if let (Some(first), Some(second)) = (shared.next(), shared.next())
             && t.spec.resources[first].mode != t.spec.resources[second].mode
         {
             problems.push(problem(
