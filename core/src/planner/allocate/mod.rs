@@ -121,10 +121,16 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
         order,
     };
     // How much each tenant gets: blind to what runs now.
-    let amounts = blind_pass(tenants, nodes, scope, &cell.template, &cell.order).into_amounts();
+    let mut blind = blind_pass(tenants, nodes, scope, &cell.template, &cell.order);
+    let amounts = blind.amounts();
     // Which units: from the current bindings. Where nothing runs now (a fleet planned from
     // empty) there is nothing to keep, and the blind pass's placement, on the nodes now, stands
-    // for that pass.
+    // for that pass: kept as it is where placing again from it would give it back ([`stable`]).
+    if cell.now.holds_nothing() && blind.is_stable(&amounts, &cell.order) {
+        let placed = blind.finish();
+        return cell.again_in_debug(nodes, &amounts, placed);
+    }
+    drop(blind);
     let first = if cell.now.holds_nothing() {
         None
     } else {

@@ -104,8 +104,9 @@ pub(super) fn place(
 }
 
 impl Allocator<'_, '_, '_> {
-    /// What this pass decided, for the placing pass.
-    pub(super) fn into_amounts(mut self) -> Amounts {
+    /// What this pass decided, for the placing pass (the pass can still be finished: its
+    /// reasons are copied, its counts per pool and log taken).
+    pub(super) fn amounts(&mut self) -> Amounts {
         let shared_gpus = self
             .pools
             .keys()
@@ -115,7 +116,7 @@ impl Allocator<'_, '_, '_> {
         Amounts {
             targets: self.state.iter_mut().map(|s| std::mem::take(&mut s.by_pool)).collect(),
             log: std::mem::take(&mut self.log),
-            why: self.state.iter_mut().map(|s| std::mem::take(&mut s.why)).collect(),
+            why: self.state.iter().map(|s| s.why.clone()).collect(),
             shared_gpus,
         }
     }
