@@ -29,14 +29,12 @@ impl ModelsMemo {
                 .all(|((name, revision), n)| *name == n.name && n.revision.as_ref() == Some(revision));
         if !same_nodes {
             self.by_selector.clear();
-            self.nodes = match nodes
+            // A node without a revision: none is kept, and the next pass reads every node.
+            self.nodes = nodes
                 .iter()
                 .map(|n| Some((n.name.clone(), n.revision.clone()?)))
-                .collect()
-            {
-                Some(all) => all,
-                None => Vec::new(),
-            };
+                .collect::<Option<_>>()
+                .unwrap_or_default();
         }
         let models: Vec<Vec<&'static GpuModel>> = plans
             .iter()

@@ -36,8 +36,8 @@ use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::Amounts;
-use units::CellGrants;
 pub use units::TenantGrants;
+use units::{CellGrants, PoolKey};
 
 /// Grants for every tenant, placed cell by cell ([`cells`]). With a memo, a cell whose inputs
 /// are those of the memo's last pass gets its last result back; the result is the same either way.
@@ -155,17 +155,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
     {
         return first.grants(tenants, nodes);
     }
-    unbind_cell(nodes, scope);
-    let kept = match sticky::place(
-        tenants,
-        nodes,
-        scope,
-        &cell.template,
-        &placed,
-        &Placings::new(),
-        &amounts,
-        &cell.order,
-    ) {
+    let kept = match cell.place_again(nodes, &placed, &amounts) {
         Ok(kept) => kept,
         Err(_) => match cell.place_from_now(nodes, &amounts) {
             // The first placement again (the same inputs place the same).
@@ -218,24 +208,31 @@ impl CellPasses<'_> {
         }
     }
 
+    /// Places `amounts` again from `placed`, a placement just made, every unit kept: the pass
+    /// that makes a result the one the next plan would make.
+    fn place_again(&self, nodes: &mut CellNodes, placed: &Current, amounts: &Amounts) -> Result<Placed, Vec<PoolKey>> {
+        unbind_cell(nodes, self.scope);
+        sticky::place(
+            self.tenants,
+            nodes,
+            self.scope,
+            &self.template,
+            placed,
+            &Placings::new(),
+            amounts,
+            &self.order,
+        )
+    }
+
     /// The grants of `stable`, a placement that placing again from itself gives back
     /// ([`stable`]). Debug builds (every test) place again all the same, and compare.
     fn again_in_debug(&self, nodes: &mut CellNodes, amounts: &Amounts, stable: Placed) -> BTreeMap<String, CellGrants> {
         let grants = stable.grants(self.tenants, nodes);
         if cfg!(debug_assertions) {
             let placed = Current::from_plan(nodes, &self.scope.gpus);
-            unbind_cell(nodes, self.scope);
-            let again = sticky::place(
-                self.tenants,
-                nodes,
-                self.scope,
-                &self.template,
-                &placed,
-                &Placings::new(),
-                amounts,
-                &self.order,
-            )
-            .expect("a stable placement places again");
+            let again = self
+                .place_again(nodes, &placed, amounts)
+                .expect("a stable placement places again");
             assert!(
                 Current::from_plan(nodes, &self.scope.gpus) == placed,
                 "a placement found stable moved when placed again"
