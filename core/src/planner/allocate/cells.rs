@@ -154,7 +154,7 @@ fn cell_at(cells: &mut [Option<Cell>], root: usize) -> &mut Cell {
 
 /// What a cell's allocation wrote on one GPU: its whole-GPU tenants and shares (a GPU not in MIG
 /// mode belongs to one family), or the tenants of its instances of the cell's families.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) struct GpuBindings {
     tenants: Vec<String>,
     shares: Vec<TenantShares>,
@@ -174,6 +174,18 @@ impl GpuBindings {
                 .map(|(k, i)| (k, i.tenant.clone()))
                 .collect(),
         }
+    }
+
+    /// Whether these are [`GpuBindings::of`] `spec` and `scope`, found without copying anything.
+    pub fn are_of(&self, spec: &GpuSpec, scope: &Scope) -> bool {
+        self.tenants == spec.tenants
+            && self.shares == spec.shares
+            && self.instances.iter().map(|(k, t)| (*k, t.as_ref())).eq(spec
+                .mig_instances
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| scope.has_mig(&i.profile))
+                .map(|(k, i)| (k, i.tenant.as_ref())))
     }
 
     /// Whether none of `scope`'s families binds a tenant on the GPU, found without copying

@@ -288,14 +288,33 @@ impl AllocationMemo {
         nodes: &[NodeDesired],
         grants: BTreeMap<String, CellGrants>,
     ) {
-        let bindings = cell
-            .scope
-            .gpus
-            .iter()
-            .map(|&(n, g)| GpuBindings::of(&nodes[n as usize].gpus[g as usize], &cell.scope))
-            .collect();
         let key = key(cell);
-        match self.cells.get(&key) {
+        let mut last = self.cells.remove(&key);
+        let spec = |&(n, g): &GpuRef| &nodes[n as usize].gpus[g as usize];
+        let bindings = match last.as_mut() {
+            // Over the same GPUs, a GPU's bindings are copied again only where they changed:
+            // a tenant's change rebinds a few of the MPS cell's 12,000 GPUs at 5,000 nodes.
+            Some(last) if last.gpus == cell.scope.gpus => {
+                let mut bindings = std::mem::take(&mut last.bindings);
+                for (at, b) in cell.scope.gpus.iter().zip(&mut bindings) {
+                    if !b.are_of(spec(at), &cell.scope) {
+                        *b = GpuBindings::of(spec(at), &cell.scope);
+                    }
+                    debug_assert!(
+                        *b == GpuBindings::of(spec(at), &cell.scope),
+                        "bindings kept that changed"
+                    );
+                }
+                bindings
+            }
+            _ => cell
+                .scope
+                .gpus
+                .iter()
+                .map(|at| GpuBindings::of(spec(at), &cell.scope))
+                .collect(),
+        };
+        match &last {
             Some(last) => {
                 let moved = grants
                     .iter()
