@@ -52,6 +52,9 @@ pub(super) struct Allocator<'n, 'v, 'a> {
     pub(super) held: Held<'n>,
     /// Every grant in the order it was made: the blind pass's log is replayed by the placing pass.
     pub(super) log: Vec<Step>,
+    /// Whether grants are bound on the nodes' GPU specs: not by a blind pass whose placement a
+    /// pass from what runs now replaces (nothing in a pass reads the specs' bindings back).
+    pub(super) binds: bool,
 }
 
 impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
@@ -85,6 +88,7 @@ impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
             placing: current.map(|(_, p)| p.clone()),
             held,
             log: vec![],
+            binds: true,
         }
     }
 }
@@ -258,12 +262,20 @@ impl Allocator<'_, '_, '_> {
     }
 
     pub(super) fn bind_instance(&mut self, t: usize, (node, gpu): GpuRef, inst: u32) {
-        let spec = &mut self.nodes[node as usize].gpus[gpu as usize];
-        spec.mig_instances[inst as usize].tenant = Some(self.tenants[t].name.clone());
+        if self.binds {
+            let spec = &mut self.nodes[node as usize].gpus[gpu as usize];
+            spec.mig_instances[inst as usize].tenant = Some(self.tenants[t].name.clone());
+        }
         self.state[t].units.push(Unit::Instance((node, gpu), inst));
     }
 
     pub(super) fn bind_whole(&mut self, t: usize, (node, gpu): GpuRef, mode: Mode, count: u32) {
+        if mode == Mode::Exclusive {
+            self.state[t].units.push(Unit::Gpu((node, gpu)));
+        }
+        if !self.binds {
+            return;
+        }
         let name = self.tenants[t].name.clone();
         let nd = &mut self.nodes[node as usize];
         let spec = &mut nd.gpus[gpu as usize];
@@ -278,9 +290,6 @@ impl Allocator<'_, '_, '_> {
                     spec.shares.sort();
                 }
             }
-        }
-        if mode == Mode::Exclusive {
-            self.state[t].units.push(Unit::Gpu((node, gpu)));
         }
     }
 }

@@ -121,7 +121,10 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
         order,
     };
     // How much each tenant gets: blind to what runs now.
-    let mut blind = blind_pass(tenants, nodes, scope, &cell.template, &cell.order);
+    // Its placement stands where nothing runs now; otherwise a pass from what runs now replaces
+    // it, and it binds nothing.
+    let binds = cell.now.holds_nothing();
+    let mut blind = blind_pass(tenants, nodes, scope, &cell.template, &cell.order, binds);
     let amounts = blind.amounts();
     // Which units: from the current bindings. Where nothing runs now (a fleet planned from
     // empty) there is nothing to keep, and the blind pass's placement, on the nodes now, stands
@@ -249,20 +252,23 @@ impl CellPasses<'_> {
     /// The blind pass's placement, where no placing from current bindings gives its amounts.
     fn as_blind(&self, nodes: &mut CellNodes) -> BTreeMap<String, CellGrants> {
         unbind_cell(nodes, self.scope);
-        let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order).finish();
+        let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish();
         placed.grants(self.tenants, nodes)
     }
 }
 
-/// The pass that decides how much each tenant gets, blind to what runs now.
+/// The pass that decides how much each tenant gets, blind to what runs now; `binds`: whether its
+/// grants are bound on the nodes.
 fn blind_pass<'n, 'v, 'a>(
     tenants: &'n [TenantProfile],
     nodes: &'n mut CellNodes<'v, 'a>,
     scope: &'n Scope,
     template: &Template,
     order: &[usize],
+    binds: bool,
 ) -> Allocator<'n, 'v, 'a> {
     let mut blind = Allocator::new(tenants, nodes, scope, template, None);
+    blind.binds = binds;
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         blind.serve_level(level);
     }
