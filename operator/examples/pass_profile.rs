@@ -19,7 +19,7 @@ use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, Mode, SharingPolicy
 use gpu_tenancy::controller::stores::Snapshot;
 use gpu_tenancy::controller::{PassMemo, desired_with_memo};
 use gpu_tenancy::desired::{DesiredMemo, Settings, desired_with};
-use gpu_tenancy::inventory::cluster_inventories;
+use gpu_tenancy::inventory::{NodeInventory, cluster_inventories};
 use gpu_tenancy::planner::{PlanInput, PlanMemo, plan_with};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -54,16 +54,8 @@ fn main() -> Result<(), String> {
     let mut before_memo = DesiredMemo::default();
     let mut before = |s: &Snapshot| {
         let s = &s.clone();
-        let nodes: Vec<Node> = s.nodes.iter().map(|n| (**n).clone()).collect();
-        let gpu_nodes: Vec<GpuNode> = s.gpu_nodes.iter().map(|n| (**n).clone()).collect();
-        let inventories = cluster_inventories(&nodes, &gpu_nodes);
-        let input = PlanInput {
-            policies: &s.policies,
-            tenants: &s.tenants,
-            plans: &s.plans,
-            nodes: &inventories,
-        };
-        desired_with(&input, &settings, &now, Some(&mut before_memo))
+        let inventories = copied_inventories(s);
+        desired_with(&input(s, &inventories), &settings, &now, Some(&mut before_memo))
     };
     let mut after_memo = PassMemo::default();
     let mut after = |s: &Snapshot| desired_with_memo(&s.clone(), &settings, &now, Some(&mut after_memo));
@@ -83,22 +75,10 @@ fn main() -> Result<(), String> {
     println!("writes the cluster as read needs, by kind: {writes:?}");
     // The planner alone, from a memo of its own, on the same objects: the part of the pass the
     // issue's 50 ms is about. (The nodes do not change here: their inventories are read once.)
-    let (nodes, gpu_nodes): (Vec<Node>, Vec<GpuNode>) = (
-        s.nodes.iter().map(|n| (**n).clone()).collect(),
-        s.gpu_nodes.iter().map(|n| (**n).clone()).collect(),
-    );
-    let inventories = cluster_inventories(&nodes, &gpu_nodes);
+    let inventories = copied_inventories(&s);
     let exempt = settings.exempt();
     let mut plan_memo = PlanMemo::default();
-    let mut planning = |s: &Snapshot| {
-        let input = PlanInput {
-            policies: &s.policies,
-            tenants: &s.tenants,
-            plans: &s.plans,
-            nodes: &inventories,
-        };
-        plan_with(&input, &exempt, &now, Some(&mut plan_memo))
-    };
+    let mut planning = |s: &Snapshot| plan_with(&input(s, &inventories), &exempt, &now, Some(&mut plan_memo));
     planning(&s);
     let (mut times_before, mut times_after, mut times_planning) = (vec![], vec![], vec![]);
     for step in 1..=changes {
@@ -131,6 +111,23 @@ fn main() -> Result<(), String> {
         stats(times_planning)
     );
     Ok(())
+}
+
+/// Every Node and GpuNode copied out of the snapshot and read as the planner's inventories.
+fn copied_inventories(s: &Snapshot) -> Vec<NodeInventory> {
+    let nodes: Vec<Node> = s.nodes.iter().map(|n| (**n).clone()).collect();
+    let gpu_nodes: Vec<GpuNode> = s.gpu_nodes.iter().map(|n| (**n).clone()).collect();
+    cluster_inventories(&nodes, &gpu_nodes)
+}
+
+/// The planner's input: the snapshot's policies, tenants and plans on `nodes`.
+fn input<'a>(s: &'a Snapshot, nodes: &'a [NodeInventory]) -> PlanInput<'a> {
+    PlanInput {
+        policies: &s.policies,
+        tenants: &s.tenants,
+        plans: &s.plans,
+        nodes,
+    }
 }
 
 /// A pass after the first, for a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'`.
