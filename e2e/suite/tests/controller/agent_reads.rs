@@ -380,11 +380,20 @@ async fn a_new_spec_and_idle_polls_read_nothing_yet_drift_is_repaired_and_a_dele
         "idle polls read the GpuNode and the Node (gets of each): a poll needs only what the last pass read and wrote"
     );
 
-    // A reboot takes the instance away: the next poll, reading nothing, puts it back.
+    // A reboot takes the instance away: the next poll, reading nothing, puts it back. The agent
+    // polls every second, so the instance may be back before the test looks: the simulator's
+    // log of NVML mutations after the reboot, holding a creation on GPU 0, is what shows that
+    // the reboot took it and a poll put it back.
+    let before_reboot = agent.mutations();
     agent.sim_ctl(&["reboot"]);
-    assert_eq!(instances_on_gpu0(&agent), 0, "the simulated reboot left the instance");
     wait_for("a poll putting the instance back after the reboot", 20, || {
         instances_on_gpu0(&agent) == 1
+            && agent.sim_log(before_reboot).iter().any(|e| {
+                e["gpu"] == 0
+                    && e["call"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with("nvmlDeviceCreateGpuInstance"))
+            })
     })
     .await;
     tokio::time::sleep(SETTLE).await;
