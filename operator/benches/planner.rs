@@ -38,7 +38,7 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// One change at 1,000 and 5,000 nodes on a fleet running its last plan, undone by the next:
+/// One change at 1,000, 5,000 and 50,000 nodes on a fleet running its last plan, undone by the next:
 /// `tenant_change`, a tenant asks for one more MPS share, then one fewer; `node_change`, one
 /// node's inventory changes (a GPU's memory as its agent reports it, a new revision), another node
 /// each time; `plan_change`, the time-slicing plan's replicas go 4 -> 5 -> 4 (a quarter of the
@@ -51,7 +51,7 @@ fn incremental(c: &mut Criterion) {
         ("node_change", support::changes::node),
         ("plan_change", support::changes::replicas),
     ];
-    for (nodes, tenants) in [(1000, 400), (5000, 2000)] {
+    for (nodes, tenants) in [(1000, 400), (5000, 2000), (50_000, 20_000)] {
         let mut fleet = support::fleet(nodes, 8, tenants, 42);
         let first = support::run(&fleet);
         fleet.nodes = support::with_current(&fleet.nodes, &first.nodes);
