@@ -11,7 +11,9 @@
 //! resourceVersion each time); `new` times only the pass as it is now. The planner alone
 //! (`plan_with` from its memo) is timed on the same changes too. `PASS_PROFILE_PAUSE_MS=N` waits N
 //! ms before each change, as a controller idles between changes (the allocator may give memory
-//! back meanwhile, and the next pass fault it in again).
+//! back meanwhile, and the next pass fault it in again). `PASS_PROFILE_GROW=K` first plans the
+//! fleet grown in K steps (the first 1/K of its nodes, 2/K, ...), as a controller's memo is after a
+//! convergence, before the changes.
 
 #[path = "support/stats.rs"]
 mod stats;
@@ -61,6 +63,9 @@ fn main() -> Result<(), String> {
     };
     let mut after_memo = PassMemo::default();
     let mut after = |s: &Snapshot| desired_with_memo(&s.clone(), &settings, &now, Some(&mut after_memo));
+    if let Some(k) = std::env::var("PASS_PROFILE_GROW").ok().and_then(|v| v.parse().ok()) {
+        grow(&mut after, &s, k);
+    }
     let first = after(&s);
     if before(&s) != first {
         return Err("the two ways differ on the cluster as read".into());
@@ -129,6 +134,23 @@ fn main() -> Result<(), String> {
         stats(times_planning)
     );
     Ok(())
+}
+
+/// Plans the first 1/`k` of the fleet's nodes, then 2/`k`, ... (not the whole fleet), as a
+/// controller converging on a growing fleet does: its memo carries that history.
+fn grow(pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired, s: &Snapshot, k: usize) {
+    for step in 1..k {
+        let mut part = s.clone();
+        let n = s.nodes.len() * step / k;
+        part.nodes.truncate(n);
+        let names: std::collections::BTreeSet<&str> =
+            part.nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+        part.gpu_nodes
+            .retain(|g| g.metadata.name.as_deref().is_some_and(|name| names.contains(name)));
+        let at = Instant::now();
+        black_box(pass(&part));
+        println!("grown to {n} nodes: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
+    }
 }
 
 /// Every Node and GpuNode copied out of the snapshot and read as the planner's inventories.
