@@ -19,7 +19,7 @@ pub fn stats(mut t: Vec<f64>) -> String {
 pub fn minor_faults() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let after = &stat[stat.rfind(')')? + 2..];
+    let after = stat.get(stat.rfind(')')? + 2..)?;
     after.split(' ').nth(7)?.parse().ok()
 }
 
