@@ -123,18 +123,18 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
     // How much each tenant gets: blind to what runs now.
     // Its placement stands where nothing runs now; otherwise a pass from what runs now replaces
     // it, and it binds nothing.
-    let binds = cell.now.holds_nothing();
-    let mut blind = blind_pass(tenants, nodes, scope, &cell.template, &cell.order, binds);
+    let from_empty = cell.now.holds_nothing();
+    let mut blind = blind_pass(tenants, nodes, scope, &cell.template, &cell.order, from_empty);
     let amounts = blind.amounts();
     // Which units: from the current bindings. Where nothing runs now (a fleet planned from
     // empty) there is nothing to keep, and the blind pass's placement, on the nodes now, stands
     // for that pass: kept as it is where placing again from it would give it back ([`stable`]).
-    if cell.now.holds_nothing() && blind.is_stable(&amounts, &cell.order) {
+    if from_empty && blind.is_stable(&amounts, &cell.order) {
         let placed = blind.finish();
         return cell.again_in_debug(nodes, &amounts, placed);
     }
     drop(blind);
-    let first = if cell.now.holds_nothing() {
+    let first = if from_empty {
         None
     } else {
         match cell.place_from_now(nodes, &amounts) {

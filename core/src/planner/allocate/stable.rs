@@ -90,19 +90,19 @@ impl Allocator<'_, '_, '_> {
         // GPUs lets every opening through.
         let none = GpuUsers::new();
         let quota = amounts.shared_gpus.get(key).unwrap_or(&none);
-        let without_quota: u64 = users
-            .iter()
-            .filter(|((locked, name), _)| !quota.contains_key(&(*locked, (*name).to_string())))
-            .map(|(_, &n)| u64::from(n))
-            .sum();
-        let most: u64 = quota
+        // Users with a quota count max(c, q); the others c: every user's c, less the c of
+        // those with a quota, found by looking each quota up (nothing copied).
+        let mut counted_with_quota = 0u64;
+        let with_quota: u64 = quota
             .iter()
             .map(|((locked, name), &q)| {
                 let count = users.get(&(*locked, name.as_str())).copied().unwrap_or(0);
+                counted_with_quota += u64::from(count);
                 u64::from(count.max(q))
             })
-            .sum::<u64>()
-            + without_quota;
+            .sum();
+        let every_count: u64 = users.values().map(|&n| u64::from(n)).sum();
+        let most = with_quota + every_count - counted_with_quota;
         most <= gpus.len() as u64
     }
 }
