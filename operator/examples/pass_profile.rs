@@ -13,7 +13,10 @@
 //! ms before each change, as a controller idles between changes (the allocator may give memory
 //! back meanwhile, and the next pass fault it in again). `PASS_PROFILE_GROW=K` first plans the
 //! fleet grown in K steps (the first 1/K of its nodes, 2/K, ...), as a controller's memo is after a
-//! convergence, before the changes.
+//! convergence, before the changes. `PASS_PROFILE_CHECK=1` also plans each change from nothing
+//! after the pass, as the controller's `--check-incremental` does (the bench runs it so);
+//! `PASS_PROFILE_SHUFFLE=1` hands the nodes and tenants over in a hash map's order, as the
+//! controller's stores do, not by name.
 
 #[path = "support/stats.rs"]
 mod stats;
@@ -44,6 +47,15 @@ fn main() -> Result<(), String> {
     // `new`: only the pass as it is now (for a profiler).
     let only_new = args.next().as_deref() == Some("new");
     let mut s = read(&path, copies)?;
+    if std::env::var_os("PASS_PROFILE_SHUFFLE").is_some() {
+        // As a reflector's store hands them out: in its hash map's order, not by name.
+        use std::hash::{BuildHasher, RandomState};
+        let h = RandomState::new();
+        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| h.hash_one(&m.name);
+        s.nodes.sort_by_key(|o| key(&o.metadata));
+        s.gpu_nodes.sort_by_key(|o| key(&o.metadata));
+        s.tenants.sort_by_key(|o| key(&o.metadata));
+    }
     let settings = Settings::default();
     let now = Time(jiff::Timestamp::from_second(0).map_err(|e| e.to_string())?);
     println!(
@@ -93,6 +105,7 @@ fn main() -> Result<(), String> {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(std::time::Duration::from_millis);
+    let check = std::env::var_os("PASS_PROFILE_CHECK").is_some();
     for step in 1..=changes {
         if let Some(pause) = pause {
             std::thread::sleep(pause);
@@ -104,6 +117,9 @@ fn main() -> Result<(), String> {
             measured(&mut after, &s);
             times_after.push(at.elapsed().as_secs_f64() * 1e3);
             faults.extend(before.zip(minor_faults()).map(|(b, a)| a - b));
+            if check {
+                black_box(gpu_tenancy::controller::desired_of(&s, &settings, &now));
+            }
             let at = Instant::now();
             black_box(planning(&s));
             times_planning.push(at.elapsed().as_secs_f64() * 1e3);

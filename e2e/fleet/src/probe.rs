@@ -26,6 +26,8 @@ pub struct PassLine {
     /// (`--check-incremental`).
     pub desired_ms: Option<u64>,
     pub full_ms: Option<u64>,
+    /// Of `desired_ms`, the controller's thread on a core (the rest it waited for one).
+    pub desired_cpu_ms: Option<u64>,
 }
 
 /// The controller's counters at one moment.
@@ -234,6 +236,7 @@ pub fn parse_pass_lines(log: &str) -> Vec<PassLine> {
                 plan_ms: v.get("plan_ms")?.as_u64()?,
                 desired_ms: v.get("desired_ms").and_then(|x| x.as_u64()),
                 full_ms: v.get("full_ms").and_then(|x| x.as_u64()),
+                desired_cpu_ms: v.get("desired_cpu_ms").and_then(|x| x.as_u64()),
             })
         })
         .collect()

@@ -275,12 +275,12 @@ fn the_planner_time_is_read_from_the_controllers_log() {
     let log = "{\"level\":\"INFO\",\"message\":\"wrote\",\"write\":\"apply GpuNode a\"}\n\
         {\"level\":\"INFO\",\"message\":\"pass done\",\"writes\":587,\"plan_ms\":66}\n\
         not json\n\
-        {\"level\":\"INFO\",\"message\":\"pass done\",\"writes\":0,\"plan_ms\":150,\"desired_ms\":40,\"full_ms\":120}\n";
+        {\"level\":\"INFO\",\"message\":\"pass done\",\"writes\":0,\"plan_ms\":150,\"desired_ms\":40,\"desired_cpu_ms\":31,\"full_ms\":120}\n";
     let p = crate::probe::parse_pass_lines(log);
     assert_eq!(
         p.iter()
-            .map(|p| (p.writes, p.plan_ms, p.desired_ms, p.full_ms))
+            .map(|p| (p.writes, p.plan_ms, p.desired_ms, p.desired_cpu_ms, p.full_ms))
             .collect::<Vec<_>>(),
-        vec![(587, 66, None, None), (0, 150, Some(40), Some(120))]
+        vec![(587, 66, None, None, None), (0, 150, Some(40), Some(31), Some(120))]
     );
 }

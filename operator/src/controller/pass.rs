@@ -3,6 +3,7 @@
 //! the events; and the desired state of a snapshot on its own, as tests and `plan` of a live
 //! cluster compute it.
 
+use super::sched::ThreadRun;
 use super::stores::{self, Snapshot, Stores};
 use super::{diff, writer};
 use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
@@ -77,6 +78,9 @@ pub struct PassReport {
     /// The desired state alone (planned from the memo), and the allocation's cells placed and
     /// taken from the memo.
     pub desired_time: Duration,
+    /// Of `desired_time`, the pass's thread on a core and waiting for one (Linux only): on a
+    /// machine other processes keep busy, the wall time says more of them than of the pass.
+    pub desired_run: Option<ThreadRun>,
     pub cells: (usize, usize),
     /// With `--check-incremental`: the full pass's time, computed beside the incremental one.
     pub full_time: Option<Duration>,
@@ -92,6 +96,7 @@ struct Planned {
     desired: Desired,
     /// Planned from the memo, alone (the snapshot and the full pass not counted).
     desired_time: Duration,
+    desired_run: Option<ThreadRun>,
     /// The allocation's cells placed, and taken from the memo.
     cells: (usize, usize),
     full_time: Option<Duration>,
@@ -136,14 +141,17 @@ impl Controller {
     /// `check_incremental`, checked against the full pass.
     fn plan(&self, snapshot: &Snapshot, now: &Time) -> Planned {
         let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let started = Instant::now();
+        let (started, run) = (Instant::now(), ThreadRun::now());
         let d = desired_with_memo(snapshot, &self.settings, now, Some(&mut memo));
         let desired_time = started.elapsed();
+        // No await since `started`: the same thread ran the whole of it.
+        let desired_run = ThreadRun::now().zip(run).map(|(now, then)| now.since(then));
         let cells = (memo.desired.plan.allocation.placed, memo.desired.plan.allocation.reused);
         if !self.check_incremental {
             return Planned {
                 desired: d,
                 desired_time,
+                desired_run,
                 cells,
                 full_time: None,
                 differed: false,
@@ -161,6 +169,7 @@ impl Controller {
         Planned {
             desired: full,
             desired_time,
+            desired_run,
             cells,
             full_time,
             differed,
@@ -174,6 +183,7 @@ impl Controller {
         let Planned {
             desired: d,
             desired_time,
+            desired_run,
             cells,
             full_time,
             differed,
@@ -197,6 +207,7 @@ impl Controller {
             plan_time,
             total_time: started.elapsed(),
             desired_time,
+            desired_run,
             cells,
             full_time,
             incremental_differed: differed,

@@ -194,6 +194,8 @@ pub async fn run(
                     writes = report.writes.len(),
                     plan_ms = report.plan_time.as_millis() as u64,
                     desired_ms = report.desired_time.as_millis() as u64,
+                    desired_cpu_ms = report.desired_run.map(|r| r.on_cpu.as_millis() as u64),
+                    desired_wait_ms = report.desired_run.map(|r| r.waiting.as_millis() as u64),
                     full_ms = report.full_time.map(|t| t.as_millis() as u64),
                     cells_placed = report.cells.0,
                     cells_reused = report.cells.1,
