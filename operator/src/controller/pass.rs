@@ -70,8 +70,6 @@ pub struct PassReport {
     pub writes: Vec<String>,
     /// Writes that failed, with their errors.
     pub failed: Vec<String>,
-    /// Writes made, as (kind, action), for the metrics.
-    pub done: Vec<(diff::Kind, &'static str)>,
     /// Time spent planning (the pure part: desired state and diff), and in the whole pass.
     pub plan_time: Duration,
     pub total_time: Duration,
@@ -203,7 +201,6 @@ impl Controller {
                 .filter(|w| !outcome.failed.iter().any(|(f, _)| f == w))
                 .collect(),
             failed: outcome.failed.iter().map(|(w, e)| format!("{w}: {e}")).collect(),
-            done: outcome.done,
             plan_time,
             total_time: started.elapsed(),
             desired_time,

@@ -2,7 +2,7 @@
 //! that runs a pass when something changed (debounced), only while leading.
 
 use super::leader::{self, Election};
-use super::metrics::{Metrics, WriteAction};
+use super::metrics::Metrics;
 use super::pass::Controller;
 use crate::desired::Settings;
 use crate::runtime::backoff::Backoff;
@@ -42,16 +42,6 @@ pub struct Options {
 pub enum RunError {
     #[error("{0}")]
     Metrics(std::io::Error),
-}
-
-fn action(a: &str) -> WriteAction {
-    match a {
-        "apply" => WriteAction::Apply,
-        "status" => WriteAction::Status,
-        "delete" => WriteAction::Delete,
-        "evict" => WriteAction::Evict,
-        _ => WriteAction::Patch,
-    }
 }
 
 /// Waits for `rx` to say true (or for shutdown); returns false on shutdown.
@@ -118,6 +108,7 @@ pub async fn run(
     let identity = options.leader.as_ref().map(|l| l.identity.clone());
     let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
     controller.writer.set_in_flight(options.writes_in_flight);
+    controller.writer.count_in(metrics.clone());
     controller.check_incremental = options.check_incremental;
     tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
     tokio::select! {
@@ -180,9 +171,6 @@ pub async fn run(
             continue;
         }
         let report = controller.pass().await;
-        for (kind, a) in &report.done {
-            metrics.written(&kind.to_string(), action(a));
-        }
         metrics.set_tenants(&report.tenants);
         let ok = report.failed.is_empty();
         metrics.pass(report.total_time, ok);

@@ -3,12 +3,14 @@
 //! failed and the loop retries with backoff.
 
 use super::diff::{Kind, Note, Write};
+use super::metrics::Metrics;
 use crate::runtime::client::apply_params;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use std::sync::Arc;
 
 /// Field manager of everything the controller writes.
 pub const FIELD_MANAGER: &str = "gpu-tenancy-controller";
@@ -24,13 +26,14 @@ pub struct Writer {
     recorder: Recorder,
     /// Writes of one stage in flight at once (at least 1).
     in_flight: usize,
+    /// Where each write is counted as soon as it is made: a pass of thousands of writes takes
+    /// seconds, and `objects_written_total` moves while it lasts, not after.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// What a batch of writes did.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// Writes that succeeded, as (kind, action).
-    pub done: Vec<(Kind, &'static str)>,
     /// Writes that failed or were held back, each with why.
     pub failed: Vec<(String, String)>,
 }
@@ -45,7 +48,13 @@ impl Writer {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             in_flight: WRITES_IN_FLIGHT,
+            metrics: None,
         }
+    }
+
+    /// Counts every write made from now on in `metrics` (`objects_written_total`).
+    pub fn count_in(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
     }
 
     /// At most `n` writes of a stage in flight at once (0 counts as 1).
@@ -177,6 +186,9 @@ impl Writer {
             }
             let mut results = Vec::with_capacity(stage.len());
             while let Some(r) = in_flight.next().await {
+                if let (Some(metrics), (_, w, Ok(()))) = (&self.metrics, &r) {
+                    metrics.written(&w.kind().to_string(), w.action());
+                }
                 results.push(r);
                 if let Some((i, w)) = pending.next() {
                     in_flight.push(self.write_keyed(i, w));
@@ -186,10 +198,7 @@ impl Writer {
             results.sort_unstable_by_key(|r| r.0);
             for (_, w, result) in results {
                 match result {
-                    Ok(()) => {
-                        tracing::info!(write = %w, "wrote");
-                        outcome.done.push((w.kind(), w.action()));
-                    }
+                    Ok(()) => tracing::info!(write = %w, "wrote"),
                     Err(e) => {
                         tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
                         config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });

@@ -2,6 +2,7 @@
 //! delete) with what it says for logs and metrics.
 
 use super::node_patch::NodePatch;
+use crate::controller::metrics::WriteAction;
 use kube::core::ApiResource;
 use serde_json::Value;
 use std::fmt;
@@ -109,14 +110,14 @@ impl Write {
         }
     }
 
-    /// `apply`, `status`, `patch`, `delete` or `evict`: the metric label.
-    pub fn action(&self) -> &'static str {
+    /// What the write does to its object: the metric's label, and the log's first word.
+    pub fn action(&self) -> WriteAction {
         match self {
-            Write::Apply { .. } => "apply",
-            Write::Status { .. } => "status",
-            Write::Patch { .. } | Write::NodePatch(_) => "patch",
-            Write::Delete { .. } => "delete",
-            Write::Evict { .. } => "evict",
+            Write::Apply { .. } => WriteAction::Apply,
+            Write::Status { .. } => WriteAction::Status,
+            Write::Patch { .. } | Write::NodePatch(_) => WriteAction::Patch,
+            Write::Delete { .. } => WriteAction::Delete,
+            Write::Evict { .. } => WriteAction::Evict,
         }
     }
 }
