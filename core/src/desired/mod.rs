@@ -28,6 +28,7 @@ pub mod dra;
 mod nodes;
 mod quota;
 mod settings;
+mod tenant_key;
 
 use crate::api::{GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy};
 use crate::planner::{BindingChange, PlanInput, PlanMemo, plan_with};
@@ -103,7 +104,7 @@ pub struct DesiredMemo {
     pub plan: PlanMemo,
     quotas: quota::QuotaMemo,
     node_labels: nodes::NodeLabelsMemo,
-    bindings: admission::BindingsMemo,
+    admission: admission::AdmissionMemo,
     namespace_rules: admission::RulesMemo,
 }
 
@@ -119,7 +120,7 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
             Some(&mut m.plan),
             Some(&mut m.quotas),
             Some(&mut m.node_labels),
-            Some(&mut m.bindings),
+            Some(&mut m.admission),
             Some(&mut m.namespace_rules),
         ),
         None => (None, None, None, None, None),

@@ -25,6 +25,7 @@
 
 use super::admission::NamespaceRules;
 use super::dra::DraHoldings;
+use super::tenant_key::TenantKey;
 use super::settings::managed_labels;
 use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, push_resource_name, resource_name};
@@ -116,7 +117,7 @@ pub fn split(total: u64, n: usize, position: usize) -> u64 {
 }
 
 /// What a tenant's namespaces are made of, whichever of them.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 struct TenantInputs {
     name: String,
     /// The Pod Security level of its tier.
@@ -137,7 +138,7 @@ impl TenantInputs {
 
 /// What one namespace's Namespace and ResourceQuota are made of, besides the fleet's resource
 /// names: equal inputs render equal objects.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 enum Inputs {
     /// One tenant claims it: that tenant's inputs, the namespace's place among the tenant's
     /// namespaces and how many it has.
@@ -150,74 +151,140 @@ enum Inputs {
     Contested(Vec<String>),
 }
 
-/// Each namespace's objects as the last pass rendered them, and the resource names they list, for
-/// the next pass to take back where the inputs are equal (ISSUE 18, item 4: the quotas were
-/// rendered for every tenant namespace on every pass). The quotas are shared with the passes'
-/// output and the controller's diff, not copied. `operator/tests/incremental.rs` holds the desired
-/// state rendered with the memo equal to one rendered from nothing after random changes.
+impl Inputs {
+    /// Namespace `ns` of tenant `t`, which alone claims it.
+    fn sole(tenant: &Arc<TenantInputs>, t: &GpuTenant, ns: &str) -> Inputs {
+        Inputs::Sole {
+            tenant: tenant.clone(),
+            position: t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
+            count: t.spec.namespaces.len(),
+        }
+    }
+}
+
+/// The quotas as the last pass rendered them, for the next pass to take back (ISSUE 18, item 4:
+/// the quotas were rendered for every tenant namespace on every pass). While the fleet's resource
+/// names, the policies and the namespaces' owners ([`NamespaceRules`], the same `Arc` while every
+/// tenant's name and namespaces are) are the last pass's, each namespace has the same owner and
+/// place among its owner's namespaces: only the namespaces of a tenant whose inputs changed
+/// ([`TenantKey`]) are rendered again, in place. Otherwise everything is. The objects are shared
+/// with the passes' output and the controller's diff, not copied. `operator/tests/incremental.rs`
+/// holds the desired state rendered with the memo equal to one rendered from nothing after random
+/// changes.
 #[derive(Debug, Default)]
 pub struct QuotaMemo {
     names: BTreeSet<String>,
-    rendered: HashMap<String, (Inputs, Arc<Namespace>, Arc<ResourceQuota>)>,
+    policies: Vec<SharingPolicy>,
+    rules: Option<Arc<NamespaceRules>>,
+    /// Per tenant that alone claims a namespace: its inputs, and its namespaces' places in the
+    /// lists below.
+    tenants: HashMap<String, Rendered>,
+    namespaces: Vec<Arc<Namespace>>,
+    quotas: Vec<Arc<ResourceQuota>>,
+}
+
+#[derive(Debug)]
+struct Rendered {
+    key: TenantKey,
+    inputs: Arc<TenantInputs>,
+    at: Vec<usize>,
 }
 
 /// Every tenant namespace's Namespace and ResourceQuota, sorted by namespace; with a memo, those
-/// whose inputs are the last pass's are taken back.
+/// of tenants whose inputs are the last pass's are taken back.
 pub fn render(
     out: &PlanOutput,
     policies: &[SharingPolicy],
-    rules: &NamespaceRules,
+    rules: &Arc<NamespaceRules>,
     dra: &DraHoldings,
-    mut memo: Option<&mut QuotaMemo>,
+    memo: Option<&mut QuotaMemo>,
 ) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
     let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
         .into_iter()
         .map(|n| format!("{REQUESTS}{n}"))
         .collect();
+    let Some(m) = memo else {
+        let (namespaces, quotas, _) = render_all(&out.tenants, policies, rules, dra, &names);
+        return (namespaces, quotas);
+    };
+    let same = m.names == names && m.policies == policies && m.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
+    if same {
+        m.render_changed(&out.tenants, policies, dra);
+    } else {
+        let (namespaces, quotas, tenants) = render_all(&out.tenants, policies, rules, dra, &names);
+        *m = QuotaMemo {
+            names,
+            policies: policies.to_vec(),
+            rules: Some(rules.clone()),
+            tenants,
+            namespaces,
+            quotas,
+        };
+    }
+    (m.namespaces.clone(), m.quotas.clone())
+}
+
+impl QuotaMemo {
+    /// Renders again, in place, the namespaces of every tenant whose inputs changed. The
+    /// namespaces' owners are the last pass's, so a tenant not kept claims none alone.
+    fn render_changed(&mut self, tenants: &[GpuTenant], policies: &[SharingPolicy], dra: &DraHoldings) {
+        for t in tenants {
+            let name = crate::api::name_of(t);
+            let Some(r) = self.tenants.get_mut(name) else {
+                continue;
+            };
+            if r.key.is_of(t, name, dra) {
+                continue;
+            }
+            r.key = TenantKey::of(t, name, dra);
+            r.inputs = Arc::new(TenantInputs::of(t, policies, dra));
+            for &i in &r.at {
+                let ns = self.namespaces[i].metadata.name.clone().unwrap_or_default();
+                let inputs = Inputs::sole(&r.inputs, t, &ns);
+                self.namespaces[i] = Arc::new(namespace(&ns, &inputs));
+                self.quotas[i] = Arc::new(quota(&ns, &inputs, &self.names));
+            }
+        }
+    }
+}
+
+/// Every tenant namespace's objects, sorted by namespace, and per tenant that alone claims one,
+/// its inputs and its namespaces' places.
+fn render_all(
+    tenants: &[GpuTenant],
+    policies: &[SharingPolicy],
+    rules: &NamespaceRules,
+    dra: &DraHoldings,
+    names: &BTreeSet<String>,
+) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>, HashMap<String, Rendered>) {
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
-    for t in &out.tenants {
+    for t in tenants {
         for ns in t.spec.namespaces.iter().filter(|ns| !rules.exempt.contains(*ns)) {
             claims.entry(ns.as_str()).or_default().push(t);
         }
     }
-    let mut last = HashMap::new();
-    if let Some(m) = memo.as_deref_mut()
-        && m.names == names
-    {
-        last = std::mem::take(&mut m.rendered);
-    }
-    // A tenant's name, level and grants are the same for each of its namespaces: read once.
-    let mut of_tenant: HashMap<*const GpuTenant, Arc<TenantInputs>> = HashMap::new();
-    let mut kept = HashMap::with_capacity(if memo.is_some() { claims.len() } else { 0 });
+    let mut rendered: HashMap<String, Rendered> = HashMap::new();
     let mut namespaces = Vec::with_capacity(claims.len());
     let mut quotas = Vec::with_capacity(claims.len());
     for (ns, owners) in claims {
         let inputs = match owners.as_slice() {
-            [t] => Inputs::Sole {
-                tenant: of_tenant
-                    .entry(std::ptr::from_ref(*t))
-                    .or_insert_with(|| Arc::new(TenantInputs::of(t, policies, dra)))
-                    .clone(),
-                position: t.spec.namespaces.iter().position(|n| n == ns).unwrap_or(0),
-                count: t.spec.namespaces.len(),
-            },
+            [t] => {
+                let name = crate::api::name_of(*t);
+                // A tenant's name, level and grants are the same for each of its namespaces: read once.
+                let r = rendered.entry(name.to_string()).or_insert_with(|| Rendered {
+                    key: TenantKey::of(t, name, dra),
+                    inputs: Arc::new(TenantInputs::of(t, policies, dra)),
+                    at: Vec::new(),
+                });
+                r.at.push(namespaces.len());
+                Inputs::sole(&r.inputs, t, ns)
+            }
             _ => Inputs::Contested(owners.iter().map(|t| t.name_any()).collect()),
         };
-        let (namespace, quota) = match last.remove(ns) {
-            Some((was, namespace, quota)) if was == inputs => (namespace, quota),
-            _ => (Arc::new(namespace(ns, &inputs)), Arc::new(quota(ns, &inputs, &names))),
-        };
-        namespaces.push(namespace.clone());
-        quotas.push(quota.clone());
-        if memo.is_some() {
-            kept.insert(ns.to_string(), (inputs, namespace, quota));
-        }
+        namespaces.push(Arc::new(namespace(ns, &inputs)));
+        quotas.push(Arc::new(quota(ns, &inputs, names)));
     }
-    if let Some(m) = memo {
-        m.names = names;
-        m.rendered = kept;
-    }
-    (namespaces, quotas)
+    (namespaces, quotas, rendered)
 }
 
 /// The tenant's name, when it alone claims the namespace.

@@ -38,10 +38,13 @@
 
 mod cel;
 mod claims;
+mod memo;
 mod mutation;
 mod rules;
 
 use super::dra::DraHoldings;
+pub use memo::AdmissionMemo;
+use memo::BindingsMemo;
 use super::settings::{Settings, managed_labels};
 use crate::api::{GpuTenant, SharingPolicy};
 use crate::labels::NAMESPACE_NAME;
@@ -53,7 +56,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Prefix of each tenant's binding name (`gputenancy.io-tenant-<name>`), of the tenants' pod
@@ -360,35 +363,106 @@ pub struct Admission {
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
 }
 
-/// The bindings the last pass rendered, for the next to take back while the namespaces they
-/// name are the same (ISSUE 18, item 4: two per tenant were rendered on every pass, and the
-/// no-tenant ones name every tenant namespace). Shared with the passes' output.
-#[derive(Debug, Default)]
-pub struct BindingsMemo {
-    /// Per tenant, the namespaces its bindings name, and the bindings.
-    tenants: HashMap<String, (BTreeSet<String>, [Arc<ValidatingAdmissionPolicyBinding>; 2])>,
-    /// The namespaces the no-tenant bindings leave out, and the bindings.
-    untenanted: Option<(BTreeSet<String>, [Arc<ValidatingAdmissionPolicyBinding>; 2])>,
-}
-
 /// Every policy and binding. Sets each tenant's `status.admission`, which the tenants' policies
-/// read as their parameter. With a memo, the bindings whose namespaces are the last pass's are
-/// taken back.
+/// read as their parameter. With a memo, what the last pass worked out from the same inputs is
+/// taken back ([`memo`]).
 pub fn render(
     policies: &[SharingPolicy],
     tenants: &mut [GpuTenant],
-    namespaces: &NamespaceRules,
+    namespaces: &Arc<NamespaceRules>,
     settings: &Settings,
     dra: &DraHoldings,
-    memo: Option<&mut BindingsMemo>,
+    memo: Option<&mut AdmissionMemo>,
 ) -> Admission {
-    let mut last = BindingsMemo::default();
-    let mut memo = memo;
-    if let Some(m) = memo.as_deref_mut() {
-        last = std::mem::take(m);
-    }
-    let mut kept = BindingsMemo::default();
+    // Without a memo (`plan`), nothing is kept: a memo that is dropped after the pass.
+    let remember = memo.is_some();
+    let mut fresh = AdmissionMemo::default();
+    let memo = memo.unwrap_or(&mut fresh);
+    memo.rules.start(policies);
+    let kept = memo.bindings_under(namespaces);
     let mut out = Admission::default();
+    let mut last = std::mem::take(&mut memo.bindings);
+    for t in tenants.iter_mut() {
+        let (rules, admission) = if remember {
+            memo.rules.of(t, dra)
+        } else {
+            let rules = rules::TenantRules::of(t, policies, dra);
+            let admission = rules.granted.as_ref().map(rules::Granted::admission);
+            (Arc::new(rules), admission)
+        };
+        if let Some(status) = t.status.as_mut() {
+            status.admission = admission;
+        }
+        let Some(ns) = namespaces.tenants.get(&rules.name).filter(|ns| !ns.is_empty()) else {
+            continue;
+        };
+        if let Some((p, b)) = mutation::tenant(&rules, ns) {
+            out.mutating_policies.push(p);
+            out.mutating_bindings.push(b);
+        }
+        if kept.is_some() {
+            continue;
+        }
+        let bindings = match last.tenants.remove(&rules.name) {
+            Some((was, bindings)) if was == *ns => bindings,
+            _ => match tenant_bindings(&rules.name, ns) {
+                Some(b) => b.map(Arc::new),
+                None => continue,
+            },
+        };
+        out.bindings.extend(bindings.iter().cloned());
+        if remember {
+            memo.bindings.tenants.insert(rules.name.clone(), (ns.clone(), bindings));
+        }
+    }
+    memo.rules.finish(tenants.len());
+    out.policies = policies_of(settings, &namespaces.exempt);
+    match kept {
+        Some(bindings) => {
+            // Everything the bindings name is as it was: the last pass's, sorted.
+            memo.bindings = last;
+            out.bindings = bindings;
+        }
+        None => {
+            out.bindings.extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
+            out.bindings.push(Arc::new(config_keys(&namespaces.exempt).1));
+            crate::api::sort_shared_by_name(&mut out.bindings);
+            if remember {
+                memo.all_bindings = Some((namespaces.clone(), out.bindings.clone()));
+            }
+        }
+    }
+    crate::api::sort_shared_by_name(&mut out.policies);
+    crate::api::sort_by_name(&mut out.mutating_policies);
+    crate::api::sort_by_name(&mut out.mutating_bindings);
+    out
+}
+
+/// The no-tenant bindings: the last pass's while the namespaces they leave out are the same.
+fn untenanted(
+    namespaces: &NamespaceRules,
+    last: Option<(BTreeSet<String>, [Arc<ValidatingAdmissionPolicyBinding>; 2])>,
+    memo: &mut BindingsMemo,
+) -> [Arc<ValidatingAdmissionPolicyBinding>; 2] {
+    let excluded = namespaces.excluded();
+    let untenanted = match last {
+        Some((was, bindings)) if was.iter().map(String::as_str).eq(excluded.iter().copied()) => (was, bindings),
+        _ => {
+            let excluded: BTreeSet<String> = excluded.into_iter().map(str::to_string).collect();
+            let bindings = untenanted_bindings(&excluded).map(Arc::new);
+            (excluded, bindings)
+        }
+    };
+    let bindings = untenanted.1.clone();
+    memo.untenanted = Some(untenanted);
+    bindings
+}
+
+/// The policies: one pod policy and one claims policy for every tenant (each tenant's binding
+/// names the tenant as the parameter: the API server matches every request it admits against
+/// each policy, and two per tenant were a seventh of its CPU in a growing fleet, ISSUE 18, item
+/// 5), the same two for every namespace no tenant owns, and the one on configuration keys.
+fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<ValidatingAdmissionPolicy>> {
     // The names every DeviceClass gets as an extended resource, for the classes trusted anyway.
     let mut allowed = settings.allowed_resources.clone();
     allowed.extend(
@@ -405,85 +479,37 @@ pub fn render(
     let (pod_rules, claim_rules): (Vec<NamedRuleWithOperations>, Vec<NamedRuleWithOperations>) =
         (typed(pod_rules()), typed(claim_rules()));
     let access = rules::DeviceAccess::of(settings);
-    for t in tenants.iter_mut() {
-        let rules = rules::TenantRules::of(t, policies, dra);
-        if let Some(status) = t.status.as_mut() {
-            status.admission = rules.granted.as_ref().map(rules::Granted::admission);
-        }
-        let Some(ns) = namespaces.tenants.get(&rules.name).filter(|ns| !ns.is_empty()) else {
-            continue;
-        };
-        if let Some((p, b)) = mutation::tenant(&rules, ns) {
-            out.mutating_policies.push(p);
-            out.mutating_bindings.push(b);
-        }
-        let bindings = match last.tenants.remove(&rules.name) {
-            Some((was, bindings)) if was == *ns => bindings,
-            _ => match tenant_bindings(&rules.name, ns) {
-                Some(b) => b.map(Arc::new),
-                None => continue,
-            },
-        };
-        out.bindings.extend(bindings.iter().cloned());
-        if memo.is_some() {
-            kept.tenants.insert(rules.name, (ns.clone(), bindings));
-        }
-    }
-    // One pod policy and one claims policy for every tenant (each tenant's binding names the
-    // tenant as the parameter): the API server matches every request it admits against each
-    // policy, and two per tenant were a seventh of its CPU in a growing fleet (ISSUE 18, item 5).
-    out.policies.push(Arc::new(policy(
-        TENANTS_POLICY,
-        &pod_rules,
-        &tenant_variables,
-        rules::tenant(&access),
-        Some(tenant_param_kind()),
-    )));
-    out.policies.push(Arc::new(policy(
-        TENANTS_CLAIMS_POLICY,
-        &claim_rules,
-        &tenant_claim_variables,
-        claims::tenant(settings),
-        Some(tenant_param_kind()),
-    )));
-    out.policies.push(Arc::new(policy(
-        UNTENANTED_POLICY,
-        &pod_rules,
-        &variables,
-        rules::untenanted(&access),
-        None,
-    )));
-    out.policies.push(Arc::new(policy(
-        UNTENANTED_CLAIMS_POLICY,
-        &claim_rules,
-        &claim_variables,
-        claims::untenanted(settings),
-        None,
-    )));
-    let excluded = namespaces.excluded();
-    let untenanted = match last.untenanted {
-        Some((was, bindings)) if was.iter().map(String::as_str).eq(excluded.iter().copied()) => (was, bindings),
-        _ => {
-            let excluded: BTreeSet<String> = excluded.into_iter().map(str::to_string).collect();
-            let bindings = untenanted_bindings(&excluded).map(Arc::new);
-            (excluded, bindings)
-        }
-    };
-    out.bindings.extend(untenanted.1.iter().cloned());
-    if let Some(m) = memo {
-        kept.untenanted = Some(untenanted);
-        *m = kept;
-    }
-
-    let (keys_policy, keys_binding) = config_keys(&namespaces.exempt);
-    out.policies.push(Arc::new(keys_policy));
-    out.bindings.push(Arc::new(keys_binding));
-
-    crate::api::sort_shared_by_name(&mut out.policies);
-    crate::api::sort_shared_by_name(&mut out.bindings);
-    crate::api::sort_by_name(&mut out.mutating_policies);
-    crate::api::sort_by_name(&mut out.mutating_bindings);
-    out
+    vec![
+        Arc::new(policy(
+            TENANTS_POLICY,
+            &pod_rules,
+            &tenant_variables,
+            rules::tenant(&access),
+            Some(tenant_param_kind()),
+        )),
+        Arc::new(policy(
+            TENANTS_CLAIMS_POLICY,
+            &claim_rules,
+            &tenant_claim_variables,
+            claims::tenant(settings),
+            Some(tenant_param_kind()),
+        )),
+        Arc::new(policy(
+            UNTENANTED_POLICY,
+            &pod_rules,
+            &variables,
+            rules::untenanted(&access),
+            None,
+        )),
+        Arc::new(policy(
+            UNTENANTED_CLAIMS_POLICY,
+            &claim_rules,
+            &claim_variables,
+            claims::untenanted(settings),
+            None,
+        )),
+        Arc::new(config_keys(exempt).0),
+    ]
 }
 
 /// The policy for every guarded namespace, whoever owns it, and its binding: it judges objects
