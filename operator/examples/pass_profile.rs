@@ -16,7 +16,9 @@
 //! convergence, before the changes. `PASS_PROFILE_CHECK=1` also plans each change from nothing
 //! after the pass, as the controller's `--check-incremental` does (the bench runs it so);
 //! `PASS_PROFILE_SHUFFLE=1` hands the nodes and tenants over in a hash map's order, as the
-//! controller's stores do, not by name.
+//! controller's stores do, not by name. After each pass the memo is started afresh where the
+//! controller would start it afresh (after a burst of nodes read again, as growing makes);
+//! `PASS_PROFILE_AFRESH=0` keeps it as it is instead.
 
 #[path = "support/stats.rs"]
 mod stats;
@@ -73,10 +75,21 @@ fn main() -> Result<(), String> {
         let inventories = copied_inventories(s);
         desired_with(&input(s, &inventories), &settings, &now, Some(&mut before_memo))
     };
-    let mut after_memo = PassMemo::default();
-    let mut after = |s: &Snapshot| desired_with_memo(&s.clone(), &settings, &now, Some(&mut after_memo));
+    let after_memo = std::cell::RefCell::new(PassMemo::default());
+    let mut after = |s: &Snapshot| desired_with_memo(&s.clone(), &settings, &now, Some(&mut after_memo.borrow_mut()));
+    // What the controller does after a pass's writes, unless `PASS_PROFILE_AFRESH=0`.
+    let afresh = std::env::var("PASS_PROFILE_AFRESH").as_deref() != Ok("0");
+    let start_afresh = |s: &Snapshot| {
+        if afresh && let Some(took) = after_memo.borrow_mut().start_afresh_if_worth(s, &settings, &now) {
+            println!("memo started afresh, as the controller does after a burst: {:.1} ms", took.as_secs_f64() * 1e3);
+        }
+    };
     if let Some(k) = std::env::var("PASS_PROFILE_GROW").ok().and_then(|v| v.parse().ok()) {
-        grow(&mut after, &s, k);
+        let full = |s: &Snapshot| {
+            black_box(gpu_tenancy::controller::desired_of(s, &settings, &now));
+        };
+        let check = std::env::var_os("PASS_PROFILE_CHECK").is_some();
+        grow(&mut after, &s, k, check.then_some(&full as &dyn Fn(&Snapshot)));
     }
     let first = after(&s);
     if before(&s) != first {
@@ -100,25 +113,36 @@ fn main() -> Result<(), String> {
     let mut planning = |s: &Snapshot| plan_with(&input(s, &inventories), &exempt, &now, Some(&mut plan_memo));
     planning(&s);
     let (mut times_before, mut times_after, mut times_planning) = (vec![], vec![], vec![]);
+    let mut times_full = vec![];
     let mut faults = vec![];
     let pause = std::env::var("PASS_PROFILE_PAUSE_MS")
         .ok()
         .and_then(|v| v.parse().ok())
         .map(std::time::Duration::from_millis);
     let check = std::env::var_os("PASS_PROFILE_CHECK").is_some();
+    let mut cold = std::env::var_os("PASS_PROFILE_COLD").map(|_| vec![0u8; 256 << 20]);
     for step in 1..=changes {
         if let Some(pause) = pause {
             std::thread::sleep(pause);
         }
         change_a_tenant(&mut s, step)?;
+        if let Some(cold) = cold.as_mut() {
+            for (i, b) in cold.iter_mut().enumerate().step_by(64) {
+                *b = b.wrapping_add(i as u8);
+            }
+            black_box(&cold);
+        }
         if only_new {
             // The pass first: after a pause it is the one that finds the memory given back.
             let (at, before) = (Instant::now(), minor_faults());
             measured(&mut after, &s);
             times_after.push(at.elapsed().as_secs_f64() * 1e3);
             faults.extend(before.zip(minor_faults()).map(|(b, a)| a - b));
+            start_afresh(&s);
             if check {
+                let at = Instant::now();
                 black_box(gpu_tenancy::controller::desired_of(&s, &settings, &now));
+                times_full.push(at.elapsed().as_secs_f64() * 1e3);
             }
             let at = Instant::now();
             black_box(planning(&s));
@@ -134,6 +158,7 @@ fn main() -> Result<(), String> {
         let at = Instant::now();
         let a = black_box(after(&s));
         times_after.push(at.elapsed().as_secs_f64() * 1e3);
+        start_afresh(&s);
         if a != b {
             return Err(format!("change {step}: the two ways differ"));
         }
@@ -145,6 +170,9 @@ fn main() -> Result<(), String> {
     if only_new {
         println!("  its minor page faults: {}", counts(faults));
     }
+    if !times_full.is_empty() {
+        println!("  the same change planned from nothing after it: {}", stats(times_full));
+    }
     println!(
         "tenant change, the planner alone (plan_with, its memo): {}",
         stats(times_planning)
@@ -154,7 +182,12 @@ fn main() -> Result<(), String> {
 
 /// Plans the first 1/`k` of the fleet's nodes, then 2/`k`, ... (not the whole fleet), as a
 /// controller converging on a growing fleet does: its memo carries that history.
-fn grow(pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired, s: &Snapshot, k: usize) {
+fn grow(
+    pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired,
+    s: &Snapshot,
+    k: usize,
+    full: Option<&dyn Fn(&Snapshot)>,
+) {
     for step in 1..k {
         let mut part = s.clone();
         let n = s.nodes.len() * step / k;
@@ -166,6 +199,9 @@ fn grow(pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired, s: &S
         let at = Instant::now();
         black_box(pass(&part));
         println!("grown to {n} nodes: {:.1} ms", at.elapsed().as_secs_f64() * 1e3);
+        if let Some(full) = full {
+            full(&part);
+        }
     }
 }
 

@@ -30,12 +30,17 @@ pub fn cluster_inventories<N: Borrow<Node>, G: Borrow<GpuNode>>(nodes: &[N], gpu
 pub struct ClusterInventories {
     /// Sorted by name.
     last: Vec<NodeInventory>,
+    /// Nodes read (again) by the last pass, and by every pass since this memo's first.
+    read_last: usize,
+    read_since_first: usize,
+    passes: u64,
 }
 
 impl ClusterInventories {
     /// The inventories of `nodes` and `gpu_nodes`, equal to [`cluster_inventories`] of them.
     pub fn read<N: Borrow<Node>, G: Borrow<GpuNode>>(&mut self, nodes: &[N], gpu_nodes: &[G]) -> &[NodeInventory] {
         let mut last = std::mem::take(&mut self.last).into_iter().peekable();
+        let mut read_now = 0;
         self.last = planned(nodes, gpu_nodes)
             .into_iter()
             .map(|(name, node, gpu_node)| {
@@ -51,11 +56,31 @@ impl ClusterInventories {
                         );
                         kept
                     }
-                    None => read(name, node, gpu_node),
+                    None => {
+                        read_now += 1;
+                        read(name, node, gpu_node)
+                    }
                 }
             })
             .collect();
+        if self.passes > 0 {
+            self.read_since_first += read_now;
+        }
+        self.passes += 1;
+        self.read_last = read_now;
         &self.last
+    }
+
+    /// Whether a memo of the nodes' plans started afresh now would be laid out better than the
+    /// one kept: when a burst of nodes read again (a fleet growing, a rollout) has ended (the
+    /// last pass read at most 1% of the nodes) and, since this memo's first pass, a quarter of
+    /// its nodes have been read again. A memo kept through a growing fleet's convergence holds
+    /// each node's data where the pass that first read it put it, among that pass's freed
+    /// scratch: a tenant's change at 5,000 nodes walked it in 55-57 ms against 42 ms for a memo
+    /// built in one pass (`pass_profile`, `PASS_PROFILE_GROW=40`; the instructions within 2%).
+    pub fn worth_starting_afresh(&self) -> bool {
+        let nodes = self.last.len();
+        self.read_last * 100 <= nodes && self.read_since_first * 4 >= nodes && self.read_since_first > 0
     }
 }
 
@@ -151,6 +176,41 @@ mod tests {
         let mut g = GpuNode::new(name, Default::default());
         g.metadata.resource_version = rv.map(Into::into);
         g
+    }
+
+    /// A memo is started afresh after a burst of nodes read again, once the burst is over, and
+    /// not while it lasts, nor for a node or two read again now and then.
+    #[test]
+    fn a_memo_is_started_afresh_after_a_burst() {
+        let fleet = |rv: usize, n: usize| -> (Vec<Node>, Vec<GpuNode>) {
+            let nodes = (0..n).map(|i| node(&format!("n{i:03}"), Some(&rv.to_string()))).collect();
+            let gpu_nodes = (0..n).map(|i| gpu_node(&format!("n{i:03}"), Some("1"))).collect();
+            (nodes, gpu_nodes)
+        };
+        let mut memo = ClusterInventories::default();
+        let (nodes, gpu_nodes) = fleet(1, 100);
+        memo.read(&nodes, &gpu_nodes);
+        assert!(!memo.worth_starting_afresh(), "built in one pass");
+        // A node or two read again at a time: not a quarter of the fleet.
+        let mut nodes = nodes;
+        for i in 0..10 {
+            nodes[i].metadata.resource_version = Some("2".into());
+            memo.read(&nodes, &gpu_nodes);
+            assert!(!memo.worth_starting_afresh(), "{} nodes read again", i + 1);
+        }
+        // The fleet doubles: while nodes keep coming, not yet.
+        let (grown, grown_gpu_nodes) = fleet(1, 200);
+        let mut nodes: Vec<Node> = nodes.into_iter().chain(grown.into_iter().skip(100)).collect();
+        memo.read(&nodes, &grown_gpu_nodes);
+        assert!(!memo.worth_starting_afresh(), "the burst's pass");
+        memo.read(&nodes, &grown_gpu_nodes);
+        assert!(memo.worth_starting_afresh(), "the burst is over");
+        // Started afresh: its first pass counts as built.
+        let mut memo = ClusterInventories::default();
+        memo.read(&nodes, &grown_gpu_nodes);
+        nodes[0].metadata.resource_version = Some("3".into());
+        memo.read(&nodes, &grown_gpu_nodes);
+        assert!(!memo.worth_starting_afresh());
     }
 
     /// A node read from the cluster carries both objects' resourceVersions as its revision (what

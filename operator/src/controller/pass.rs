@@ -28,6 +28,23 @@ pub struct PassMemo {
     pub inventories: ClusterInventories,
 }
 
+impl PassMemo {
+    /// Starts the memo afresh from `s` when a burst of nodes read again has ended
+    /// ([`ClusterInventories::worth_starting_afresh`]): the planning of one pass from nothing,
+    /// which the controller does after a pass's writes, off the path of any change, so that the
+    /// next changes walk a memo laid out in one pass. Returns how long it took, if it did.
+    pub fn start_afresh_if_worth(&mut self, s: &Snapshot, settings: &Settings, now: &Time) -> Option<Duration> {
+        if !self.inventories.worth_starting_afresh() {
+            return None;
+        }
+        let started = Instant::now();
+        // The old memo goes first: the new one is laid out in the memory it leaves.
+        *self = PassMemo::default();
+        drop(desired_with_memo(s, settings, now, Some(self)));
+        Some(started.elapsed())
+    }
+}
+
 /// Condition times at whole seconds, as Kubernetes writes them.
 pub fn now_seconds() -> Time {
     let now = jiff::Timestamp::now();
@@ -178,6 +195,7 @@ impl Controller {
     pub async fn pass(&self) -> PassReport {
         let started = Instant::now();
         let snapshot = self.stores.snapshot();
+        let now = now_seconds();
         let Planned {
             desired: d,
             desired_time,
@@ -185,7 +203,7 @@ impl Controller {
             cells,
             full_time,
             differed,
-        } = self.plan(&snapshot, &now_seconds());
+        } = self.plan(&snapshot, &now);
         let diff = {
             let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             diff::diff_with(&d, &snapshot, &mut seen)
@@ -193,7 +211,7 @@ impl Controller {
         let plan_time = started.elapsed();
         let outcome = self.writer.write_all(&diff.writes).await;
         self.writer.publish(&diff.notes).await;
-        PassReport {
+        let report = PassReport {
             writes: diff
                 .writes
                 .iter()
@@ -209,6 +227,15 @@ impl Controller {
             full_time,
             incremental_differed: differed,
             tenants: d.tenants,
+        };
+        let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(took) = memo.start_afresh_if_worth(&snapshot, &self.settings, &now) {
+            tracing::info!(
+                ms = took.as_millis() as u64,
+                nodes = snapshot.nodes.len(),
+                "planner memo started afresh after a burst of nodes read again"
+            );
         }
+        report
     }
 }
