@@ -27,7 +27,7 @@ use super::admission::NamespaceRules;
 use super::dra::DraHoldings;
 use super::tenant_key::TenantKey;
 use super::settings::managed_labels;
-use crate::api::{GpuNode, GpuTenant, Mode, PodSecurity, SharingPolicy};
+use crate::api::{GpuNode, GpuSpec, GpuTenant, Mode, PodSecurity, SharedVec, SharingPolicy};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, push_resource_name, resource_name};
 use crate::dra::claim_quota_key;
 use crate::labels::{POD_SECURITY_AUDIT, POD_SECURITY_ENFORCE, POD_SECURITY_WARN, TENANT};
@@ -55,21 +55,10 @@ fn pod_security(tenant: &GpuTenant, policies: &[SharingPolicy]) -> PodSecurity {
         .unwrap_or_default()
 }
 
-/// Every GPU resource name the fleet or the tenants mention.
-fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> {
+/// Every GPU resource name in the fleet or the tenants mention: the device plugin's whole-GPU
+/// and shared names, the fleet's MIG profiles (`profiles`) and those the tenants ask for.
+fn resource_names<'a>(profiles: impl IntoIterator<Item = &'a str>, tenants: &[GpuTenant]) -> BTreeSet<String> {
     let mut names = BTreeSet::from([RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]);
-    // A fleet has a few profiles over hundreds of thousands of instances: each named once.
-    let mut profiles: BTreeSet<&str> = BTreeSet::new();
-    let mut last = "";
-    for n in nodes {
-        for i in n.spec.gpus.iter().flat_map(|g| &g.mig_instances) {
-            // A GPU's instances mostly repeat a profile: each run looked up once.
-            if i.profile != last {
-                last = &i.profile;
-                profiles.insert(last);
-            }
-        }
-    }
     names.extend(profiles.into_iter().map(mig_resource));
     for t in tenants {
         names.extend(
@@ -81,6 +70,73 @@ fn resource_names(nodes: &[GpuNode], tenants: &[GpuTenant]) -> BTreeSet<String> 
         );
     }
     names
+}
+
+/// The MIG profiles a node's GPUs hold, each once.
+fn profiles_of(gpus: &[GpuSpec]) -> Vec<&str> {
+    let mut profiles: Vec<&str> = Vec::new();
+    for i in gpus.iter().flat_map(|g| &g.mig_instances) {
+        // A GPU's instances mostly repeat a profile: each run looked up once.
+        if profiles.last() != Some(&i.profile.as_str()) && !profiles.contains(&i.profile.as_str()) {
+            profiles.push(&i.profile);
+        }
+    }
+    profiles
+}
+
+/// The fleet's MIG profiles: the profiles of each node's GPU list, and how many nodes hold each.
+/// A pass looks again only at the nodes whose list is not the one it kept (the planner shares a
+/// node's list between passes while nothing of the node changes): a fleet's few profiles over
+/// hundreds of thousands of instances were looked at instance by instance on every pass.
+#[derive(Debug, Default)]
+struct FleetProfiles {
+    /// By node name, sorted: the node's GPU list (kept, so it is still the one compared) and its
+    /// profiles.
+    nodes: Vec<(String, SharedVec<GpuSpec>, Vec<String>)>,
+    holders: BTreeMap<String, usize>,
+}
+
+impl FleetProfiles {
+    /// The profiles of `nodes` (sorted by name, as the planner writes them).
+    fn of(&mut self, nodes: &[GpuNode]) -> impl Iterator<Item = &str> {
+        let mut last = std::mem::take(&mut self.nodes).into_iter().peekable();
+        let mut kept = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let name = crate::api::name_of(n);
+            while let Some(gone) = last.next_if(|(was, _, _)| was.as_str() < name) {
+                self.forget(&gone.2);
+            }
+            match last.next_if(|(was, _, _)| was == name) {
+                Some(same) if same.1.same_list(&n.spec.gpus) => kept.push(same),
+                other => {
+                    if let Some(changed) = other {
+                        self.forget(&changed.2);
+                    }
+                    let profiles: Vec<String> = profiles_of(&n.spec.gpus).into_iter().map(str::to_string).collect();
+                    for p in &profiles {
+                        *self.holders.entry(p.clone()).or_default() += 1;
+                    }
+                    kept.push((name.to_string(), n.spec.gpus.clone(), profiles));
+                }
+            }
+        }
+        for gone in last {
+            self.forget(&gone.2);
+        }
+        self.nodes = kept;
+        self.holders.keys().map(String::as_str)
+    }
+
+    fn forget(&mut self, profiles: &[String]) {
+        for p in profiles {
+            if let Some(n) = self.holders.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    self.holders.remove(p);
+                }
+            }
+        }
+    }
 }
 
 /// Per tenant, granted units per quota key: under the device plugin's names those not on DRA
@@ -173,6 +229,7 @@ impl Inputs {
 /// changes.
 #[derive(Debug, Default)]
 pub struct QuotaMemo {
+    profiles: FleetProfiles,
     names: BTreeSet<String>,
     policies: Vec<SharingPolicy>,
     rules: Option<Arc<NamespaceRules>>,
@@ -199,20 +256,26 @@ pub fn render(
     dra: &DraHoldings,
     memo: Option<&mut QuotaMemo>,
 ) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
-    let names: BTreeSet<String> = resource_names(&out.nodes, &out.tenants)
-        .into_iter()
-        .map(|n| format!("{REQUESTS}{n}"))
-        .collect();
+    let quota_keys = |names: BTreeSet<String>| -> BTreeSet<String> {
+        names.into_iter().map(|n| format!("{REQUESTS}{n}")).collect()
+    };
     let Some(m) = memo else {
+        let mut profiles: BTreeSet<&str> = BTreeSet::new();
+        for n in &out.nodes {
+            profiles.extend(profiles_of(&n.spec.gpus));
+        }
+        let names = quota_keys(resource_names(profiles, &out.tenants));
         let (namespaces, quotas, _) = render_all(&out.tenants, policies, rules, dra, &names);
         return (namespaces, quotas);
     };
+    let names = quota_keys(resource_names(m.profiles.of(&out.nodes), &out.tenants));
     let same = m.names == names && m.policies == policies && m.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
     if same {
         m.render_changed(&out.tenants, policies, dra);
     } else {
         let (namespaces, quotas, tenants) = render_all(&out.tenants, policies, rules, dra, &names);
         *m = QuotaMemo {
+            profiles: std::mem::take(&mut m.profiles),
             names,
             policies: policies.to_vec(),
             rules: Some(rules.clone()),

@@ -184,6 +184,7 @@ pub async fn run(
                     desired_ms = report.desired_time.as_millis() as u64,
                     desired_cpu_ms = report.desired_run.map(|r| r.on_cpu.as_millis() as u64),
                     desired_wait_ms = report.desired_run.map(|r| r.waiting.as_millis() as u64),
+                    desired_faults = report.desired_run.map(|r| r.faults.0),
                     full_ms = report.full_time.map(|t| t.as_millis() as u64),
                     cells_placed = report.cells.0,
                     cells_reused = report.cells.1,

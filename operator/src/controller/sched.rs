@@ -1,6 +1,7 @@
 //! How long the calling thread ran and waited to run, from the kernel's scheduler statistics
 //! (`/proc/thread-self/schedstat`, Linux): a pass's wall time on a busy machine counts the time
-//! other processes had the cores; its time on a core is what the pass itself cost.
+//! other processes had the cores; its time on a core is what the pass itself cost. And the page
+//! faults it took (`/proc/thread-self/stat`): memory the allocator gave back, touched again.
 
 use std::time::Duration;
 
@@ -11,13 +12,17 @@ pub struct ThreadRun {
     pub on_cpu: Duration,
     /// Time spent runnable, waiting for a core.
     pub waiting: Duration,
+    /// Page faults taken: minor (no disk) and major.
+    pub faults: (u64, u64),
 }
 
 impl ThreadRun {
     /// The counters now; `None` where the kernel does not keep them (not Linux, or a kernel
     /// without scheduler statistics).
     pub fn now() -> Option<ThreadRun> {
-        parse(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+        let mut run = parse(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)?;
+        run.faults = faults(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)?;
+        Some(run)
     }
 
     /// What the thread ran and waited since `earlier`.
@@ -25,6 +30,10 @@ impl ThreadRun {
         ThreadRun {
             on_cpu: self.on_cpu.saturating_sub(earlier.on_cpu),
             waiting: self.waiting.saturating_sub(earlier.waiting),
+            faults: (
+                self.faults.0.saturating_sub(earlier.faults.0),
+                self.faults.1.saturating_sub(earlier.faults.1),
+            ),
         }
     }
 }
@@ -37,7 +46,16 @@ fn parse(text: &str) -> Option<ThreadRun> {
     Some(ThreadRun {
         on_cpu: Duration::from_nanos(on_cpu),
         waiting: Duration::from_nanos(waiting),
+        faults: (0, 0),
     })
+}
+
+/// `stat`'s minor and major fault counts (its 10th and 12th fields; the 2nd, the command's name
+/// in parentheses, may hold spaces, so they are counted from its end).
+fn faults(text: &str) -> Option<(u64, u64)> {
+    let after_name = text.get(text.rfind(')')? + 1..)?;
+    let fields: Vec<&str> = after_name.split_ascii_whitespace().collect();
+    Some((fields.get(7)?.parse().ok()?, fields.get(9)?.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -51,6 +69,10 @@ mod tests {
         assert_eq!(run.waiting, Duration::from_micros(1_500));
         assert_eq!(parse("garbage"), None);
         assert_eq!(parse(""), None);
+        // A thread of a command whose name holds a space and a parenthesis.
+        let stat = "4242 (tokio (rt) w) S 1 4242 4242 0 -1 4194560 1234 0 7 0 10 2 0 0 20 0 2 0 100";
+        assert_eq!(faults(stat), Some((1234, 7)));
+        assert_eq!(faults("4242 (x) S 1"), None);
     }
 
     /// A busy thread's time on a core grows as the kernel counts it (this test machine is

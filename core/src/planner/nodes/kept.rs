@@ -147,7 +147,7 @@ impl NodesMemo {
                     revision: revision.clone(),
                     plan: node.plan.clone(),
                     state: node.state.clone(),
-                    gpus: node.gpus.clone(),
+                    gpus: shared_with_current(node),
                     dedicated: node.dedicated.clone(),
                     busy_gpu_policy: node.busy_gpu_policy,
                     device_access: node.device_access,
@@ -156,6 +156,16 @@ impl NodesMemo {
                 }),
             }
         }
+    }
+}
+
+/// The node's GPU list to keep: the one its GpuNode's spec holds now where they are equal (a
+/// node whose spec is written and read back), so that the next passes, taking the node back,
+/// find its spec unchanged by a pointer's comparison (`rollout`), not GPU by GPU.
+fn shared_with_current(node: &NodeDesired) -> SharedVec<GpuSpec> {
+    match &node.inventory.current {
+        Some(c) if c.spec.gpus == node.gpus => c.spec.gpus.clone(),
+        _ => node.gpus.clone(),
     }
 }
 
