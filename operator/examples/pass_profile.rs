@@ -81,7 +81,10 @@ fn main() -> Result<(), String> {
     let afresh = std::env::var("PASS_PROFILE_AFRESH").as_deref() != Ok("0");
     let start_afresh = |s: &Snapshot| {
         if afresh && let Some(took) = after_memo.borrow_mut().start_afresh_if_worth(s, &settings, &now) {
-            println!("memo started afresh, as the controller does after a burst: {:.1} ms", took.as_secs_f64() * 1e3);
+            println!(
+                "memo started afresh, as the controller does after a burst: {:.1} ms",
+                took.as_secs_f64() * 1e3
+            );
         }
     };
     if let Some(k) = std::env::var("PASS_PROFILE_GROW").ok().and_then(|v| v.parse().ok()) {

@@ -25,8 +25,8 @@
 
 use super::admission::NamespaceRules;
 use super::dra::DraHoldings;
-use super::tenant_key::TenantKey;
 use super::settings::managed_labels;
+use super::tenant_key::TenantKey;
 use crate::api::{GpuNode, GpuSpec, GpuTenant, Mode, PodSecurity, SharedVec, SharingPolicy};
 use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, push_resource_name, resource_name};
 use crate::dra::claim_quota_key;
@@ -256,32 +256,31 @@ pub fn render(
     dra: &DraHoldings,
     memo: Option<&mut QuotaMemo>,
 ) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
-    let quota_keys = |names: BTreeSet<String>| -> BTreeSet<String> {
-        names.into_iter().map(|n| format!("{REQUESTS}{n}")).collect()
-    };
+    let quota_keys =
+        |names: BTreeSet<String>| -> BTreeSet<String> { names.into_iter().map(|n| format!("{REQUESTS}{n}")).collect() };
     let Some(m) = memo else {
         let mut profiles: BTreeSet<&str> = BTreeSet::new();
         for n in &out.nodes {
             profiles.extend(profiles_of(&n.spec.gpus));
         }
         let names = quota_keys(resource_names(profiles, &out.tenants));
-        let (namespaces, quotas, _) = render_all(&out.tenants, policies, rules, dra, &names);
-        return (namespaces, quotas);
+        let all = render_all(&out.tenants, policies, rules, dra, &names);
+        return (all.namespaces, all.quotas);
     };
     let names = quota_keys(resource_names(m.profiles.of(&out.nodes), &out.tenants));
     let same = m.names == names && m.policies == policies && m.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
     if same {
         m.render_changed(&out.tenants, policies, dra);
     } else {
-        let (namespaces, quotas, tenants) = render_all(&out.tenants, policies, rules, dra, &names);
+        let all = render_all(&out.tenants, policies, rules, dra, &names);
         *m = QuotaMemo {
             profiles: std::mem::take(&mut m.profiles),
             names,
             policies: policies.to_vec(),
             rules: Some(rules.clone()),
-            tenants,
-            namespaces,
-            quotas,
+            tenants: all.tenants,
+            namespaces: all.namespaces,
+            quotas: all.quotas,
         };
     }
     (m.namespaces.clone(), m.quotas.clone())
@@ -319,7 +318,7 @@ fn render_all(
     rules: &NamespaceRules,
     dra: &DraHoldings,
     names: &BTreeSet<String>,
-) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>, HashMap<String, Rendered>) {
+) -> AllRendered {
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
     for t in tenants {
         for ns in t.spec.namespaces.iter().filter(|ns| !rules.exempt.contains(*ns)) {
@@ -347,7 +346,19 @@ fn render_all(
         namespaces.push(Arc::new(namespace(ns, &inputs)));
         quotas.push(Arc::new(quota(ns, &inputs, names)));
     }
-    (namespaces, quotas, rendered)
+    AllRendered {
+        namespaces,
+        quotas,
+        tenants: rendered,
+    }
+}
+
+/// Every tenant namespace's objects, and per tenant that alone claims one, its inputs and its
+/// namespaces' places.
+struct AllRendered {
+    namespaces: Vec<Arc<Namespace>>,
+    quotas: Vec<Arc<ResourceQuota>>,
+    tenants: HashMap<String, Rendered>,
 }
 
 /// The tenant's name, when it alone claims the namespace.

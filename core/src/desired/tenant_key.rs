@@ -97,7 +97,10 @@ mod tests {
             &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         );
         assert!(!key.is_of(&t, "a", &none), "validity");
-        let held = DraHoldings(BTreeMap::from([("a".to_string(), BTreeMap::from([(DeviceKind::Gpu, 1)]))]));
+        let held = DraHoldings(BTreeMap::from([(
+            "a".to_string(),
+            BTreeMap::from([(DeviceKind::Gpu, 1)]),
+        )]));
         assert!(!key.is_of(&tenant(1), "a", &held), "units on DRA nodes");
         assert!(TenantKey::of(&tenant(1), "a", &held).is_of(&tenant(1), "a", &held));
     }

@@ -183,7 +183,9 @@ mod tests {
     #[test]
     fn a_memo_is_started_afresh_after_a_burst() {
         let fleet = |rv: usize, n: usize| -> (Vec<Node>, Vec<GpuNode>) {
-            let nodes = (0..n).map(|i| node(&format!("n{i:03}"), Some(&rv.to_string()))).collect();
+            let nodes = (0..n)
+                .map(|i| node(&format!("n{i:03}"), Some(&rv.to_string())))
+                .collect();
             let gpu_nodes = (0..n).map(|i| gpu_node(&format!("n{i:03}"), Some("1"))).collect();
             (nodes, gpu_nodes)
         };

@@ -29,7 +29,10 @@ pub struct AdmissionMemo {
 
 impl AdmissionMemo {
     /// The last pass's bindings, when they were rendered under `rules`.
-    pub(super) fn bindings_under(&self, rules: &Arc<NamespaceRules>) -> Option<Vec<Arc<ValidatingAdmissionPolicyBinding>>> {
+    pub(super) fn bindings_under(
+        &self,
+        rules: &Arc<NamespaceRules>,
+    ) -> Option<Vec<Arc<ValidatingAdmissionPolicyBinding>>> {
         let (was, bindings) = self.all_bindings.as_ref()?;
         Arc::ptr_eq(was, rules).then(|| bindings.clone())
     }

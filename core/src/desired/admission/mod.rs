@@ -43,8 +43,6 @@ mod mutation;
 mod rules;
 
 use super::dra::DraHoldings;
-pub use memo::AdmissionMemo;
-use memo::BindingsMemo;
 use super::settings::{Settings, managed_labels};
 use crate::api::{GpuTenant, SharingPolicy};
 use crate::labels::NAMESPACE_NAME;
@@ -55,6 +53,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use kube::{Resource, ResourceExt};
+pub use memo::AdmissionMemo;
+use memo::BindingsMemo;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -424,7 +424,8 @@ pub fn render(
             out.bindings = bindings;
         }
         None => {
-            out.bindings.extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
+            out.bindings
+                .extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
             out.bindings.push(Arc::new(config_keys(&namespaces.exempt).1));
             crate::api::sort_shared_by_name(&mut out.bindings);
             if remember {
