@@ -119,13 +119,16 @@ pub fn render<'a>(
                 && w.inputs.spec == node.spec
         };
         let entry = match was {
-            Some(w) if same(&w) => {
+            Some(mut w) if same(&w) => {
                 // The revision stands for the inventory: checked in every test run.
                 debug_assert_eq!(
                     render_node(node, inv, dedicated, revision).node,
                     w.node,
                     "node {name} taken back from the last pass as it renders now"
                 );
+                // Equal, maybe not the same list: keep this pass's, so the next pass compares
+                // by pointer (the planner shares a node's list between passes).
+                w.inputs.spec.gpus = node.spec.gpus.clone();
                 w
             }
             _ => render_node(node, inv, dedicated, revision),

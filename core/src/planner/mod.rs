@@ -166,7 +166,7 @@ pub fn plan_with(
     );
     let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid, same_scrub);
     if let Some(m) = memo {
-        m.nodes.keep(&fleet.nodes);
+        m.nodes.keep(&mut fleet.nodes);
     }
 
     let desired = fleet.nodes.iter_mut().map(nodes::NodeDesired::take_gpu_node).collect();

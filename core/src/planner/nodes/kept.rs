@@ -128,7 +128,7 @@ impl NodesMemo {
 
     /// Keeps this pass's nodes (those with a revision) as they leave it: taken back and left as
     /// they were (moved from the old memo, not copied), or copied.
-    pub fn keep(&mut self, nodes: &[NodeDesired]) {
+    pub fn keep(&mut self, nodes: &mut [NodeDesired]) {
         let mut old = std::mem::take(&mut self.nodes).into_iter().peekable();
         for node in nodes {
             let Some(revision) = &node.inventory.revision else {
@@ -142,18 +142,28 @@ impl NodesMemo {
                     k.decided.tied.clone_from(&node.decided.tied);
                     self.nodes.push(k);
                 }
-                _ => self.nodes.push(KeptNode {
-                    name: node.inventory.name.clone(),
-                    revision: revision.clone(),
-                    plan: node.plan.clone(),
-                    state: node.state.clone(),
-                    gpus: shared_with_current(node),
-                    dedicated: node.dedicated.clone(),
-                    busy_gpu_policy: node.busy_gpu_policy,
-                    device_access: node.device_access,
-                    decided: node.decided.clone(),
-                    changing: node.changing,
-                }),
+                was => {
+                    // A cell placed again binds every node it reaches anew (a node taken back,
+                    // then recomputed), mostly as they were: the list kept where equal, so this
+                    // pass's output and the next passes compare it by pointer too. (A node
+                    // resolved from its plan again gets its own list.)
+                    node.gpus = match was {
+                        Some(k) if node.kept && k.gpus == node.gpus => k.gpus,
+                        _ => shared_with_current(node),
+                    };
+                    self.nodes.push(KeptNode {
+                        name: node.inventory.name.clone(),
+                        revision: revision.clone(),
+                        plan: node.plan.clone(),
+                        state: node.state.clone(),
+                        gpus: node.gpus.clone(),
+                        dedicated: node.dedicated.clone(),
+                        busy_gpu_policy: node.busy_gpu_policy,
+                        device_access: node.device_access,
+                        decided: node.decided.clone(),
+                        changing: node.changing,
+                    });
+                }
             }
         }
     }
