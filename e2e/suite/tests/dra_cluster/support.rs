@@ -165,9 +165,26 @@ pub fn pod_body(name: &str, claims: Value, limits: Value) -> Value {
 }
 
 /// Creates `body` (a claim, template or pod) in `ns` as `user`; the API server's refusal, if any.
+/// A write that lost a race on its namespace's ResourceQuota (409 `Conflict`: quota admission
+/// updates the quota's usage, which the quota controller may have just recounted) is made again,
+/// as every client of the API server does; a refusal is not.
 pub async fn create(user: &Client, ns: &str, body: &Value) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        let r = create_once(user, ns, body).await;
+        tries += 1;
+        match &r {
+            Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "Conflict" && tries < 5 => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => return outcome(r),
+        }
+    }
+}
+
+async fn create_once(user: &Client, ns: &str, body: &Value) -> Result<(), kube::Error> {
     let kind = body["kind"].as_str().unwrap();
-    let r = match kind {
+    match kind {
         "ResourceClaim" => Api::<ResourceClaim>::namespaced(user.clone(), ns)
             .create(&PostParams::default(), &serde_json::from_value(body.clone()).unwrap())
             .await
@@ -184,8 +201,7 @@ pub async fn create(user: &Client, ns: &str, body: &Value) -> Result<(), String>
                 .await
                 .map(|_| ())
         }
-    };
-    outcome(r)
+    }
 }
 
 pub async fn delete_claim(client: &Client, ns: &str, name: &str) {
