@@ -22,9 +22,10 @@
 
 #[path = "support/stats.rs"]
 mod stats;
-use stats::{counts, minor_faults, stats};
+use stats::{counts, stats};
 
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, Mode, SharingPolicy};
+use gpu_tenancy::controller::sched::ThreadRun;
 use gpu_tenancy::controller::stores::Snapshot;
 use gpu_tenancy::controller::{PassMemo, desired_with_memo};
 use gpu_tenancy::desired::{DesiredMemo, Settings, desired_with};
@@ -137,10 +138,10 @@ fn main() -> Result<(), String> {
         }
         if only_new {
             // The pass first: after a pause it is the one that finds the memory given back.
-            let (at, before) = (Instant::now(), minor_faults());
+            let (at, before) = (Instant::now(), ThreadRun::now());
             measured(&mut after, &s);
             times_after.push(at.elapsed().as_secs_f64() * 1e3);
-            faults.extend(before.zip(minor_faults()).map(|(b, a)| a - b));
+            faults.extend(ThreadRun::now().zip(before).map(|(now, then)| now.since(then).faults.0));
             start_afresh(&s);
             if check {
                 let at = Instant::now();

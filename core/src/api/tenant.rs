@@ -157,6 +157,16 @@ pub struct TenantAdmission {
     pub priority_class_names: Vec<String>,
 }
 
+impl GpuTenant {
+    /// Whether its status says it is valid (`Valid=True`): only a valid tenant's grants count,
+    /// and a tenant not yet planned is not (fail closed).
+    pub fn is_valid(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| crate::api::condition_status(&s.conditions, crate::api::ConditionSet::VALID) == Some(true))
+    }
+}
+
 /// Capacity reserved for a tenant on one GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -18,7 +18,7 @@
 //! device, never the claim's namespace, so it would hand any tenant's device to any pod.
 
 use super::settings::managed_labels;
-use crate::api::{ConditionSet, DeviceAccess, GpuNode, GpuTenant, condition_status};
+use crate::api::{DeviceAccess, GpuNode, GpuTenant};
 use crate::dra::DeviceKind;
 use crate::labels::TENANT;
 use k8s_openapi::api::resource::v1::DeviceClass;
@@ -42,7 +42,7 @@ impl DraHoldings {
         let mut out = BTreeMap::new();
         for t in tenants {
             let Some(status) = t.status.as_ref() else { continue };
-            if condition_status(&status.conditions, ConditionSet::VALID) != Some(true) {
+            if !t.is_valid() {
                 continue;
             }
             let mut held: BTreeMap<DeviceKind, u64> = BTreeMap::new();
@@ -102,7 +102,7 @@ fn class(tenant: &str, kind: &DeviceKind) -> DeviceClass {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuNodeSpec, GpuTenantSpec, GpuTenantStatus, Grant, Mode};
+    use crate::api::{ConditionSet, GpuNodeSpec, GpuTenantSpec, GpuTenantStatus, Grant, Mode};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     fn grant(node: &str, mode: Mode, profile: Option<&str>, count: u32) -> Grant {

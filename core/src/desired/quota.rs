@@ -144,8 +144,7 @@ impl FleetProfiles {
 fn granted(tenant: &GpuTenant, dra: &DraHoldings) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let status = tenant.status.as_ref();
-    let valid = status
-        .is_some_and(|s| crate::api::condition_status(&s.conditions, crate::api::ConditionSet::VALID) == Some(true));
+    let valid = tenant.is_valid();
     if !valid {
         return out;
     }

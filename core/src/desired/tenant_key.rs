@@ -4,7 +4,7 @@
 //! 5,000 nodes). The policies are not in it: a memo holding keys is forgotten when they change.
 
 use super::dra::DraHoldings;
-use crate::api::{AllocationSummary, ConditionSet, GpuTenant, condition_status};
+use crate::api::{AllocationSummary, GpuTenant};
 use crate::dra::DeviceKind;
 use std::collections::BTreeMap;
 
@@ -28,7 +28,7 @@ impl TenantKey {
         TenantKey {
             policy_ref: t.spec.policy_ref.clone(),
             tier: t.spec.tier.clone(),
-            valid: valid(t),
+            valid: t.is_valid(),
             allocation: status.map(|s| s.allocation.clone()).unwrap_or_default(),
             dra: dra.0.get(name).cloned(),
         }
@@ -40,22 +40,16 @@ impl TenantKey {
         let allocation = t.status.as_ref().map_or(&[][..], |s| &s.allocation[..]);
         self.policy_ref == t.spec.policy_ref
             && self.tier == t.spec.tier
-            && self.valid == valid(t)
+            && self.valid == t.is_valid()
             && self.allocation == allocation
             && self.dra.as_ref() == dra.0.get(name)
     }
 }
 
-fn valid(t: &GpuTenant) -> bool {
-    t.status
-        .as_ref()
-        .is_some_and(|s| condition_status(&s.conditions, ConditionSet::VALID) == Some(true))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Mode;
+    use crate::api::{ConditionSet, Mode};
 
     fn tenant(granted: u32) -> GpuTenant {
         let mut t = crate::planner::fixtures::TenantBuilder::new("a", "trusted")

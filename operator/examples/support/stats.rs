@@ -14,15 +14,6 @@ pub fn stats(mut t: Vec<f64>) -> String {
     )
 }
 
-/// The process's minor page faults so far (`/proc/self/stat`, field 10), where Linux tells them.
-#[allow(dead_code)] // not every example counts them
-pub fn minor_faults() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let after = stat.get(stat.rfind(')')? + 2..)?;
-    after.split(' ').nth(7)?.parse().ok()
-}
-
 /// Median, minimum and maximum of counts.
 #[allow(dead_code)]
 pub fn counts(mut c: Vec<u64>) -> String {

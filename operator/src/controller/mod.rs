@@ -13,7 +13,7 @@ pub mod leader;
 pub mod metrics;
 mod pass;
 mod run;
-mod sched;
+pub mod sched;
 pub mod stores;
 pub mod writer;
 

@@ -28,7 +28,7 @@
 //! and naming a node.
 
 use super::cel::{self, Who, quote, validation, validation_with, when};
-use crate::api::{ConditionSet, GpuTenant, Mode, SharingPolicy, TenantAdmission, condition_status};
+use crate::api::{GpuTenant, Mode, SharingPolicy, TenantAdmission};
 use crate::desired::dra::DraHoldings;
 use crate::desired::settings::Settings;
 use crate::device_plugin::resource_name;
@@ -76,7 +76,7 @@ impl Granted {
 impl TenantRules {
     pub fn of(t: &GpuTenant, policies: &[SharingPolicy], dra: &DraHoldings) -> TenantRules {
         let status = t.status.as_ref();
-        let valid = status.is_some_and(|s| condition_status(&s.conditions, ConditionSet::VALID) == Some(true));
+        let valid = t.is_valid();
         let tier = policies
             .iter()
             .find(|p| crate::api::name_of(*p) == t.spec.policy_ref)
