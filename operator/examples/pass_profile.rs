@@ -18,7 +18,8 @@
 //! `PASS_PROFILE_SHUFFLE=1` hands the nodes and tenants over in a hash map's order, as the
 //! controller's stores do, not by name. After each pass the memo is started afresh where the
 //! controller would start it afresh (after a burst of nodes read again, as growing makes);
-//! `PASS_PROFILE_AFRESH=0` keeps it as it is instead.
+//! `PASS_PROFILE_AFRESH=0` keeps it as it is instead. `PASS_PROFILE_DIGEST=1` (with `new`) prints
+//! a digest of each pass's desired state, to hold one build's passes equal to another's.
 
 #[path = "support/stats.rs"]
 mod stats;
@@ -124,6 +125,7 @@ fn main() -> Result<(), String> {
         .and_then(|v| v.parse().ok())
         .map(std::time::Duration::from_millis);
     let check = std::env::var_os("PASS_PROFILE_CHECK").is_some();
+    let digests = std::env::var_os("PASS_PROFILE_DIGEST").is_some();
     let mut cold = std::env::var_os("PASS_PROFILE_COLD").map(|_| vec![0u8; 256 << 20]);
     for step in 1..=changes {
         if let Some(pause) = pause {
@@ -139,14 +141,20 @@ fn main() -> Result<(), String> {
         if only_new {
             // The pass first: after a pause it is the one that finds the memory given back.
             let (at, before) = (Instant::now(), ThreadRun::now());
-            measured(&mut after, &s);
+            let desired = measured(&mut after, &s);
             times_after.push(at.elapsed().as_secs_f64() * 1e3);
             faults.extend(ThreadRun::now().zip(before).map(|(now, then)| now.since(then).faults.0));
             start_afresh(&s);
+            if digests {
+                println!("change {step}: desired state digest {:016x}", digest(&desired)?);
+            }
             if check {
                 let at = Instant::now();
-                black_box(gpu_tenancy::controller::desired_of(&s, &settings, &now));
+                let full = black_box(gpu_tenancy::controller::desired_of(&s, &settings, &now));
                 times_full.push(at.elapsed().as_secs_f64() * 1e3);
+                if digests && full != desired {
+                    return Err(format!("change {step}: the pass differs from a full pass"));
+                }
             }
             let at = Instant::now();
             black_box(planning(&s));
@@ -228,8 +236,20 @@ fn input<'a>(s: &'a Snapshot, nodes: &'a [NodeInventory]) -> PlanInput<'a> {
 
 /// A pass after the first, for a profiler: `valgrind --tool=callgrind --toggle-collect='*measured*'`.
 #[inline(never)]
-fn measured(pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired, s: &Snapshot) {
-    black_box(pass(s));
+fn measured(
+    pass: &mut impl FnMut(&Snapshot) -> gpu_tenancy::desired::Desired,
+    s: &Snapshot,
+) -> gpu_tenancy::desired::Desired {
+    black_box(pass(s))
+}
+
+/// A digest of everything a pass would write (the clock is fixed here, so condition times are too).
+fn digest(desired: &gpu_tenancy::desired::Desired) -> Result<u64, String> {
+    use std::hash::{Hash, Hasher};
+    let json = serde_json::to_vec(desired).map_err(|e| e.to_string())?;
+    let mut h = std::hash::DefaultHasher::new();
+    json.hash(&mut h);
+    Ok(h.finish())
 }
 
 /// The objects of a `kubectl get -o json` list; with `copies` above 1, each Node, GpuNode and
