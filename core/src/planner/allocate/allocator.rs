@@ -4,6 +4,7 @@
 //! picks its units is the pools' own: MIG instances here, exclusive GPUs in [`super::exclusive`],
 //! shares in [`super::shared`]; [`super::sticky`] replays a pass's log from what runs now.
 
+use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placings};
 use super::pools::{Held, Pool, Template};
@@ -41,7 +42,8 @@ pub(super) struct TenantState {
 
 pub(super) struct Allocator<'n, 'v, 'a> {
     pub(super) tenants: &'n [TenantProfile],
-    pub(super) nodes: &'n mut CellNodes<'v, 'a>,
+    /// Read only: what a pass binds goes to `bound`.
+    pub(super) nodes: &'n CellNodes<'v, 'a>,
     /// The cell placed: only its families' pools exist, only its GPUs change.
     pub(super) scope: &'n Scope,
     pub(super) pools: BTreeMap<PoolKey, Pool>,
@@ -52,19 +54,21 @@ pub(super) struct Allocator<'n, 'v, 'a> {
     pub(super) held: Held<'n>,
     /// Every grant in the order it was made: the blind pass's log is replayed by the placing pass.
     pub(super) log: Vec<Step>,
-    /// Whether grants are bound on the nodes' GPU specs: not by a blind pass whose placement a
-    /// pass from what runs now replaces (nothing in a pass reads the specs' bindings back).
-    pub(super) binds: bool,
+    /// What the pass binds, written on the nodes only for the pass kept ([`Bound`]); `None` for
+    /// a blind pass whose placement a pass from what runs now replaces.
+    pub(super) bound: Option<Bound>,
 }
 
 impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
-    /// An allocator over `nodes`; a placing pass passes the current bindings and how each pool uses them.
+    /// An allocator over `nodes`; a placing pass passes the current bindings and how each pool
+    /// uses them. `binds`: whether its grants are bound (in [`Bound`]).
     pub(super) fn new(
         tenants: &'n [TenantProfile],
-        nodes: &'n mut CellNodes<'v, 'a>,
+        nodes: &'n CellNodes<'v, 'a>,
         scope: &'n Scope,
         template: &Template,
         current: Option<(&'n Current, &Placings)>,
+        binds: bool,
     ) -> Self {
         let (pools, held) = template.pools(current);
         let state = tenants
@@ -88,7 +92,7 @@ impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
             placing: current.map(|(_, p)| p.clone()),
             held,
             log: vec![],
-            binds: true,
+            bound: binds.then(|| Bound::none(nodes, scope)),
         }
     }
 }
@@ -261,35 +265,19 @@ impl Allocator<'_, '_, '_> {
         n
     }
 
-    pub(super) fn bind_instance(&mut self, t: usize, (node, gpu): GpuRef, inst: u32) {
-        if self.binds {
-            let spec = &mut self.nodes[node as usize].gpus[gpu as usize];
-            spec.mig_instances[inst as usize].tenant = Some(self.tenants[t].name.clone());
+    pub(super) fn bind_instance(&mut self, t: usize, at: GpuRef, inst: u32) {
+        if let Some(bound) = &mut self.bound {
+            bound.instance(self.scope, at, inst, &self.tenants[t].name);
         }
-        self.state[t].units.push(Unit::Instance((node, gpu), inst));
+        self.state[t].units.push(Unit::Instance(at, inst));
     }
 
-    pub(super) fn bind_whole(&mut self, t: usize, (node, gpu): GpuRef, mode: Mode, count: u32) {
+    pub(super) fn bind_whole(&mut self, t: usize, at: GpuRef, mode: Mode, count: u32) {
         if mode == Mode::Exclusive {
-            self.state[t].units.push(Unit::Gpu((node, gpu)));
+            self.state[t].units.push(Unit::Gpu(at));
         }
-        if !self.binds {
-            return;
-        }
-        let name = self.tenants[t].name.clone();
-        let nd = &mut self.nodes[node as usize];
-        let spec = &mut nd.gpus[gpu as usize];
-        if !spec.tenants.contains(&name) {
-            spec.tenants.push(name.clone());
-        }
-        if mode.is_shared() {
-            match spec.shares.iter_mut().find(|s| s.tenant == name) {
-                Some(s) => s.count += count,
-                None => {
-                    spec.shares.push(crate::api::TenantShares { tenant: name, count });
-                    spec.shares.sort();
-                }
-            }
+        if let Some(bound) = &mut self.bound {
+            bound.whole(self.scope, at, mode, &self.tenants[t].name, count);
         }
     }
 }

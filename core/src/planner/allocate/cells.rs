@@ -162,21 +162,59 @@ pub(super) struct GpuBindings {
 }
 
 impl GpuBindings {
-    pub fn of(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
+    /// Nobody bound on the GPU of `spec`, in `scope`'s families.
+    pub fn none_of(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
         GpuBindings {
-            tenants: spec.tenants.clone(),
-            shares: spec.shares.clone(),
+            tenants: vec![],
+            shares: vec![],
             instances: spec
                 .mig_instances
                 .iter()
                 .enumerate()
                 .filter(|(_, i)| scope.has_mig(&i.profile))
-                .map(|(k, i)| (k, i.tenant.clone()))
+                .map(|(k, _)| (k, None))
                 .collect(),
         }
     }
 
-    /// Whether these are [`GpuBindings::of`] `spec` and `scope`, found without copying anything.
+    /// Instance `k` (its position in the GPU's list, one of the scope's) to `tenant`.
+    pub fn bind_instance(&mut self, k: usize, tenant: &str) {
+        if let Some((_, t)) = self.instances.iter_mut().find(|(i, _)| *i == k) {
+            *t = Some(tenant.to_string());
+        }
+    }
+
+    /// The GPU used whole by `tenant`, with `shares` more of its shares where it is shared.
+    pub fn bind_whole(&mut self, tenant: &str, shares: Option<u32>) {
+        if !self.tenants.iter().any(|t| t == tenant) {
+            self.tenants.push(tenant.to_string());
+        }
+        if let Some(count) = shares {
+            match self.shares.iter_mut().find(|s| s.tenant == tenant) {
+                Some(s) => s.count += count,
+                None => {
+                    self.shares.push(TenantShares {
+                        tenant: tenant.to_string(),
+                        count,
+                    });
+                    self.shares.sort();
+                }
+            }
+        }
+    }
+
+    /// The whole-GPU tenants by name, as a finished pass leaves them.
+    pub fn sort(&mut self) {
+        self.tenants.sort();
+    }
+
+    /// The whole-GPU tenants, their shares, and the tenants of the scope's instances by position.
+    pub fn parts(&self) -> (&[String], &[TenantShares], &[(usize, Option<String>)]) {
+        (&self.tenants, &self.shares, &self.instances)
+    }
+
+    /// Whether these are the bindings of `spec` in `scope`'s families, found without copying
+    /// anything.
     pub fn are_of(&self, spec: &GpuSpec, scope: &Scope) -> bool {
         self.tenants == spec.tenants
             && self.shares == spec.shares
@@ -188,40 +226,14 @@ impl GpuBindings {
                 .map(|(k, i)| (k, i.tenant.as_ref())))
     }
 
-    /// Whether none of `scope`'s families binds a tenant on the GPU, found without copying
-    /// anything.
-    fn none_on(spec: &GpuSpec, scope: &Scope) -> bool {
-        (spec.mode == Mode::Mig || (spec.tenants.is_empty() && spec.shares.is_empty()))
-            && spec
-                .mig_instances
-                .iter()
-                .all(|i| i.tenant.is_none() || !scope.has_mig(&i.profile))
-    }
-
-    /// Takes every tenant of `scope`'s families off GPU `g` of `gpus`, copying a list shared with
-    /// the last pass only where one is bound.
-    pub fn unbind(gpus: &mut SharedVec<GpuSpec>, g: usize, scope: &Scope) {
-        if Self::none_on(&gpus[g], scope) {
-            return;
-        }
-        let spec = &mut gpus[g];
-        if spec.mode != Mode::Mig {
-            spec.tenants.clear();
-            spec.shares.clear();
-        }
-        for i in &mut spec.mig_instances {
-            if scope.has_mig(&i.profile) {
-                i.tenant = None;
-            }
-        }
-    }
-
     /// Writes these bindings on GPU `g` of `gpus`, where they differ: a list shared with the last
-    /// pass ([`crate::api::SharedVec`]) is copied only for a change.
-    pub fn apply(&self, gpus: &mut SharedVec<GpuSpec>, g: usize) {
-        if !self.is_on(&gpus[g]) {
+    /// pass ([`crate::api::SharedVec`]) is copied only for a change. Whether it wrote.
+    pub fn apply(&self, gpus: &mut SharedVec<GpuSpec>, g: usize) -> bool {
+        let differ = !self.is_on(&gpus[g]);
+        if differ {
             self.write(&mut gpus[g]);
         }
+        differ
     }
 
     fn is_on(&self, spec: &GpuSpec) -> bool {

@@ -2,8 +2,9 @@
 //! state both the pools (built from it) and the sticky placing (which keeps it) read.
 
 use super::cell_nodes::CellNodes;
+use super::cells::GpuBindings;
+use super::scope::Scope;
 use super::units::{GpuRef, PoolKey};
-use crate::api::Mode;
 use crate::planner::changes::{instance_holder, whole_holders};
 use std::collections::BTreeMap;
 
@@ -57,6 +58,26 @@ pub(super) struct GpuHolders {
     pub instances: Vec<Option<String>>,
 }
 
+impl GpuHolders {
+    /// The holders of a GPU bound as `bound`, as if it ran now; `instances`: how many MIG
+    /// instances the GPU has.
+    pub fn of(bound: &GpuBindings, instances: usize) -> GpuHolders {
+        let (tenants, shares, bound_instances) = bound.parts();
+        let mut whole = tenants.to_vec();
+        whole.sort();
+        let count = |t: &String| shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
+        let mut on_instances = vec![None; instances];
+        for (k, t) in bound_instances {
+            on_instances[*k].clone_from(t);
+        }
+        GpuHolders {
+            shares: whole.iter().map(count).collect(),
+            whole,
+            instances: on_instances,
+        }
+    }
+}
+
 impl Current {
     /// Whether nobody holds any unit.
     pub fn holds_nothing(&self) -> bool {
@@ -74,7 +95,7 @@ impl Current {
     }
 
     /// `gpus`, or none where nobody holds anything.
-    fn of(gpus: Vec<GpuHolders>) -> Current {
+    pub fn of(gpus: Vec<GpuHolders>) -> Current {
         let nobody = gpus
             .iter()
             .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none));
@@ -85,8 +106,10 @@ impl Current {
 
     /// From what the nodes run now: an instance counts when it exists now with the same profile
     /// and placement, a whole GPU when it is in the planned mode now.
-    /// Of the GPUs `at` (nobody holds the others).
-    pub fn from_inventory(nodes: &CellNodes, at: &[GpuRef]) -> Current {
+    /// Of the GPUs of `scope` (nobody holds the others), and of its instances (another cell's
+    /// on the same GPU are left to nobody: only the cell's pools read them).
+    pub fn from_inventory(nodes: &CellNodes, scope: &Scope) -> Current {
+        let at = &scope.gpus;
         // A GPU's planned spec and what runs on it now.
         let gpu = |&(n, g): &GpuRef| {
             let node = &nodes[n as usize];
@@ -113,41 +136,15 @@ impl Current {
                     instances: spec
                         .mig_instances
                         .iter()
-                        .map(|i| instance_holder(inv, i).map(str::to_string))
+                        .map(|i| {
+                            instance_holder(inv, i)
+                                .filter(|_| scope.has_mig(&i.profile))
+                                .map(str::to_string)
+                        })
                         .collect(),
                 }
             })
             .collect();
         Current { gpus }
-    }
-
-    /// From a placement just made on the GPUs `at`, as if it ran now (nobody holds the others).
-    pub fn from_plan(nodes: &CellNodes, at: &[GpuRef]) -> Current {
-        let gpus = at
-            .iter()
-            .map(|&(n, g)| {
-                let spec = &nodes[n as usize].gpus[g as usize];
-                let count = |t: &String| spec.shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
-                match spec.mode {
-                    Mode::Mig => GpuHolders {
-                        whole: vec![],
-                        shares: vec![],
-                        instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                    },
-                    _ => {
-                        // By name, as a finished pass leaves them (the blind pass's placement
-                        // stands unfinished for a pass from empty).
-                        let mut whole = spec.tenants.clone();
-                        whole.sort();
-                        GpuHolders {
-                            shares: whole.iter().map(count).collect(),
-                            whole,
-                            instances: spec.mig_instances.iter().map(|i| i.tenant.clone()).collect(),
-                        }
-                    }
-                }
-            })
-            .collect();
-        Current::of(gpus)
     }
 }

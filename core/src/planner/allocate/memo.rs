@@ -5,6 +5,7 @@
 //! its families: layout, dedication, what it is and what runs on it now) gets its last result
 //! back without being placed again: the allocation is a pure function of those inputs.
 
+use super::bound::Bound;
 use super::cells::{GpuBindings, cells};
 use super::report::{cells_of_tenants, merge_tenant};
 use super::scope::Cell;
@@ -280,40 +281,27 @@ impl AllocationMemo {
         }
     }
 
-    /// Remembers a cell just placed on `nodes` for its tenants' `profiles` ([`Cell::profiles`]).
+    /// Remembers a cell just placed on `nodes` for its tenants' `profiles` ([`Cell::profiles`]),
+    /// with its bindings as written there.
     pub(super) fn remember(
         &mut self,
         cell: &Cell,
         profiles: Vec<TenantProfile>,
         nodes: &[NodeDesired],
+        bound: Bound,
         grants: BTreeMap<String, CellGrants>,
     ) {
         let key = key(cell);
-        let mut last = self.cells.remove(&key);
-        let spec = |&(n, g): &GpuRef| &nodes[n as usize].gpus[g as usize];
-        let bindings = match last.as_mut() {
-            // Over the same GPUs, a GPU's bindings are copied again only where they changed:
-            // a tenant's change rebinds a few of the MPS cell's 12,000 GPUs at 5,000 nodes.
-            Some(last) if last.gpus == cell.scope.gpus => {
-                let mut bindings = std::mem::take(&mut last.bindings);
-                for (at, b) in cell.scope.gpus.iter().zip(&mut bindings) {
-                    if !b.are_of(spec(at), &cell.scope) {
-                        *b = GpuBindings::of(spec(at), &cell.scope);
-                    }
-                    debug_assert!(
-                        *b == GpuBindings::of(spec(at), &cell.scope),
-                        "bindings kept that changed"
-                    );
-                }
-                bindings
-            }
-            _ => cell
-                .scope
+        let last = self.cells.remove(&key);
+        let bindings = bound.into_gpus();
+        debug_assert!(
+            cell.scope
                 .gpus
                 .iter()
-                .map(|at| GpuBindings::of(spec(at), &cell.scope))
-                .collect(),
-        };
+                .zip(&bindings)
+                .all(|(&(n, g), b)| b.are_of(&nodes[n as usize].gpus[g as usize], &cell.scope)),
+            "bindings remembered that are not the nodes'"
+        );
         match &last {
             Some(last) => {
                 let moved = grants

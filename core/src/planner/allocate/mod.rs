@@ -9,6 +9,7 @@
 //! in node-name, GPU and placement order, so the result is deterministic.
 
 mod allocator;
+mod bound;
 mod cell_nodes;
 mod cells;
 mod exclusive;
@@ -26,8 +27,8 @@ mod units;
 use super::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use allocator::Allocator;
+use bound::Bound;
 use cell_nodes::CellNodes;
-use cells::GpuBindings;
 use holders::{Current, Placings};
 pub use memo::AllocationMemo;
 use pools::Template;
@@ -52,7 +53,9 @@ pub fn allocate(
             // The cores this process may use (its cgroup's CPU quota counts).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
-                allocate_cell(&c.profiles(tenants), nodes, &c.scope)
+                let (grants, bound) = allocate_cell(&c.profiles(tenants), nodes, &c.scope);
+                bound.write(nodes, &c.scope, |_| {});
+                grants
             })
             .into_iter()
             .map(Cow::Owned)
@@ -63,12 +66,21 @@ pub fn allocate(
             // Every cell's inputs are compared before any cell writes a binding: a MIG GPU can
             // hold instances of two cells.
             let (cells, stale) = memo.cells_and_stale(tenants, nodes);
+            let mut recomputed: Vec<u32> = Vec::new();
             for (cell, stale) in cells.iter().zip(&stale) {
                 if *stale {
-                    unbind_kept(nodes, &cell.scope);
                     let profiles = cell.profiles(tenants);
-                    let grants = allocate_cell(&profiles, &mut CellNodes::all(nodes), &cell.scope);
-                    memo.remember(cell, profiles, nodes, grants);
+                    let mut view = CellNodes::all(nodes);
+                    let (grants, bound) = allocate_cell(&profiles, &mut view, &cell.scope);
+                    // A node the cell binds as the last pass did keeps its GPU list, and the
+                    // steps after take it back as they would had the cell not been placed.
+                    bound.write(&mut view, &cell.scope, |n| view_recomputed(&mut recomputed, n));
+                    drop(view);
+                    for &n in &recomputed {
+                        nodes[n as usize].recomputed = true;
+                    }
+                    recomputed.clear();
+                    memo.remember(cell, profiles, nodes, bound, grants);
                 } else {
                     memo.recall(cell, nodes);
                 }
@@ -83,27 +95,21 @@ pub fn allocate(
     }
 }
 
-/// A cell placed again starts from none of its bindings, as on nodes built anew: on the nodes taken
-/// back from the last pass its GPUs carry that pass's. Every node it holds GPUs of is recomputed.
-fn unbind_kept(nodes: &mut [NodeDesired], scope: &Scope) {
-    for &(n, g) in &scope.gpus {
-        let node = &mut nodes[n as usize];
-        node.recomputed = true;
-        if node.kept {
-            GpuBindings::unbind(&mut node.gpus, g as usize, scope);
-        }
+/// Notes node `n` as written on (once, though several of its GPUs are).
+fn view_recomputed(recomputed: &mut Vec<u32>, n: u32) {
+    if recomputed.last() != Some(&n) {
+        recomputed.push(n);
     }
 }
 
-/// One cell's grants, by tenant name, placed on `nodes`. Its passes run in place, each from none
-/// of the cell's bindings, so a unit no pass grants is left to nobody (nodes built anew carry
-/// none; on nodes taken back from the last pass, [`unbind_kept`] has taken them off).
-fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope) -> BTreeMap<String, CellGrants> {
+/// One cell's grants, by tenant name, and its bindings, placed on `nodes` (not written there:
+/// [`Bound::write`]). Each pass binds from none of the cell's bindings, so a unit no pass grants
+/// is left to nobody.
+fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) -> Placement {
     if tenants.is_empty() {
         // Capacity nobody asks for (a MIG profile no tenant requests): every pass would only
         // take the units off their holders, as this does.
-        unbind_cell(nodes, scope);
-        return BTreeMap::new();
+        return (BTreeMap::new(), Bound::none(nodes, scope));
     }
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
@@ -112,11 +118,10 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
             .cmp(&tenants[x].priority)
             .then(tenants[x].name.cmp(&tenants[y].name))
     });
-    unbind_cell(nodes, scope);
     let cell = CellPasses {
         tenants,
         scope,
-        now: Current::from_inventory(nodes, &scope.gpus),
+        now: Current::from_inventory(nodes, scope),
         template: Template::of(nodes, scope),
         order,
     };
@@ -133,6 +138,8 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
         let placed = blind.finish();
         return cell.again_in_debug(nodes, &amounts, placed);
     }
+    // Where nothing runs now, its bindings are what the pass below starts from.
+    let blind_bound = blind.bound.take();
     drop(blind);
     let first = if from_empty {
         None
@@ -151,23 +158,33 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope
         Some((first, _)) if first.stable => return cell.again_in_debug(nodes, &amounts, first),
         first => first,
     };
-    let placed = Current::from_plan(nodes, &cell.scope.gpus);
-    if let Some((first, placings)) = first
-        && placings.is_empty()
-        && placed == cell.now
-    {
-        return first.grants(tenants, nodes);
-    }
-    let kept = match cell.place_again(nodes, &placed, &amounts) {
-        Ok(kept) => kept,
-        Err(_) => match cell.place_from_now(nodes, &amounts) {
+    if let Some((first, placings)) = first {
+        let placed = first.bound.holders();
+        if placings.is_empty() && placed == cell.now {
+            return first.grants(tenants, nodes);
+        }
+        return match cell.place_again(nodes, &placed, &amounts) {
+            Ok(kept) => kept.grants(tenants, nodes),
             // The first placement again (the same inputs place the same).
-            Some((kept, _)) => kept,
-            None => return cell.as_blind(nodes),
-        },
+            Err(_) => first.grants(tenants, nodes),
+        };
+    }
+    // From empty, the blind pass's placement not shown stable: placed again from itself.
+    let placed = match &blind_bound {
+        Some(bound) => bound.holders(),
+        None => Current::of(Vec::new()),
     };
-    kept.grants(tenants, nodes)
+    match cell.place_again(nodes, &placed, &amounts) {
+        Ok(kept) => kept.grants(tenants, nodes),
+        Err(_) => match cell.place_from_now(nodes, &amounts) {
+            Some((kept, _)) => kept.grants(tenants, nodes),
+            None => cell.as_blind(nodes),
+        },
+    }
 }
+
+/// A cell's grants by tenant name, and its bindings.
+type Placement = (BTreeMap<String, CellGrants>, Bound);
 
 /// What every placing pass of one cell starts from.
 struct CellPasses<'c> {
@@ -185,10 +202,9 @@ impl CellPasses<'_> {
     /// some amount (shared GPUs: co-location splits them by tier) is placed again with less
     /// stickiness: kept level by level, then as the blind pass placed it. `None`: only the blind
     /// pass's placement gives the amounts (memory limits tie pools together).
-    fn place_from_now(&self, nodes: &mut CellNodes, amounts: &Amounts) -> Option<(Placed, Placings)> {
+    fn place_from_now(&self, nodes: &CellNodes, amounts: &Amounts) -> Option<(Placed, Placings)> {
         let mut placings = Placings::new();
         loop {
-            unbind_cell(nodes, self.scope);
             let at = sticky::place(
                 self.tenants,
                 nodes,
@@ -213,8 +229,7 @@ impl CellPasses<'_> {
 
     /// Places `amounts` again from `placed`, a placement just made, every unit kept: the pass
     /// that makes a result the one the next plan would make.
-    fn place_again(&self, nodes: &mut CellNodes, placed: &Current, amounts: &Amounts) -> Result<Placed, Vec<PoolKey>> {
-        unbind_cell(nodes, self.scope);
+    fn place_again(&self, nodes: &CellNodes, placed: &Current, amounts: &Amounts) -> Result<Placed, Vec<PoolKey>> {
         sticky::place(
             self.tenants,
             nodes,
@@ -229,55 +244,43 @@ impl CellPasses<'_> {
 
     /// The grants of `stable`, a placement that placing again from itself gives back
     /// ([`stable`]). Debug builds (every test) place again all the same, and compare.
-    fn again_in_debug(&self, nodes: &mut CellNodes, amounts: &Amounts, stable: Placed) -> BTreeMap<String, CellGrants> {
-        let grants = stable.grants(self.tenants, nodes);
+    fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, stable: Placed) -> Placement {
+        let (grants, bound) = stable.grants(self.tenants, nodes);
         if cfg!(debug_assertions) {
-            let placed = Current::from_plan(nodes, &self.scope.gpus);
+            let placed = bound.holders();
             let again = self
                 .place_again(nodes, &placed, amounts)
                 .expect("a stable placement places again");
+            let (again_grants, again_bound) = again.grants(self.tenants, nodes);
             assert!(
-                Current::from_plan(nodes, &self.scope.gpus) == placed,
+                again_bound.holders() == placed,
                 "a placement found stable moved when placed again"
             );
-            assert_eq!(
-                again.grants(self.tenants, nodes),
-                grants,
-                "a stable placement's grants changed"
-            );
+            assert_eq!(again_grants, grants, "a stable placement's grants changed");
         }
-        grants
+        (grants, bound)
     }
 
     /// The blind pass's placement, where no placing from current bindings gives its amounts.
-    fn as_blind(&self, nodes: &mut CellNodes) -> BTreeMap<String, CellGrants> {
-        unbind_cell(nodes, self.scope);
+    fn as_blind(&self, nodes: &CellNodes) -> Placement {
         let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish();
         placed.grants(self.tenants, nodes)
     }
 }
 
 /// The pass that decides how much each tenant gets, blind to what runs now; `binds`: whether its
-/// grants are bound on the nodes.
+/// grants are bound.
 fn blind_pass<'n, 'v, 'a>(
     tenants: &'n [TenantProfile],
-    nodes: &'n mut CellNodes<'v, 'a>,
+    nodes: &'n CellNodes<'v, 'a>,
     scope: &'n Scope,
     template: &Template,
     order: &[usize],
     binds: bool,
 ) -> Allocator<'n, 'v, 'a> {
-    let mut blind = Allocator::new(tenants, nodes, scope, template, None);
-    blind.binds = binds;
+    let mut blind = Allocator::new(tenants, nodes, scope, template, None, binds);
     for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
         blind.serve_level(level);
     }
     blind
-}
-
-/// Takes every tenant of the cell's families off its GPUs: where each of its passes starts.
-fn unbind_cell(nodes: &mut CellNodes, scope: &Scope) {
-    for &(n, g) in &scope.gpus {
-        GpuBindings::unbind(&mut nodes[n as usize].gpus, g as usize, scope);
-    }
 }

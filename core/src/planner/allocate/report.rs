@@ -1,6 +1,7 @@
 //! The allocator's result per tenant: grants, allocation summary and why requests fell short.
 
 use super::allocator::Allocator;
+use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::pools::Pool;
 use super::scope::Cell;
@@ -14,6 +15,8 @@ use std::collections::BTreeMap;
 /// kept, on the nodes it placed.
 pub(super) struct Placed {
     tenants: Vec<PlacedTenant>,
+    /// Its bindings, for the nodes if it is kept.
+    pub(super) bound: Bound,
     /// Placing again from this result, every unit kept, gives it back ([`super::stable`]);
     /// `false` where that is not shown.
     pub(super) stable: bool,
@@ -50,9 +53,9 @@ impl Allocator<'_, '_, '_> {
                 shortfalls: vec![],
             });
         }
-        for &(n, g) in &self.scope.gpus {
-            self.nodes[n as usize].gpus[g as usize].tenants.sort();
-        }
+        // A pass that binds nothing (a blind pass another replaces) is never kept.
+        let mut bound = self.bound.take().unwrap_or_else(|| Bound::none(self.nodes, self.scope));
+        bound.sort();
         for (t, tenant) in self.tenants.iter().enumerate() {
             let s = &mut self.state[t];
             let allocation = tenant
@@ -100,14 +103,15 @@ impl Allocator<'_, '_, '_> {
         }
         Placed {
             tenants: placed,
+            bound,
             stable: false,
         }
     }
 }
 
 impl Placed {
-    /// The grants of the pass kept, on the nodes it placed.
-    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &CellNodes) -> BTreeMap<String, CellGrants> {
+    /// The grants of the pass kept, on the nodes it placed, and its bindings.
+    pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &CellNodes) -> (BTreeMap<String, CellGrants>, Bound) {
         // Built in one go from the tenants in name order (a cell's order): inserting them one by one
         // searched the map each time, a name comparison at every level.
         let mut out = Vec::with_capacity(tenants.len());
@@ -153,7 +157,7 @@ impl Placed {
                 },
             ));
         }
-        out.into_iter().collect()
+        (out.into_iter().collect(), self.bound)
     }
 }
 

@@ -167,7 +167,9 @@ mod tests {
                     .lock()
                     .unwrap()
                     .insert(format!("{:?}", std::thread::current().id()));
-                allocate_cell(&c.profiles(&check.valid), nodes, &c.scope)
+                let (grants, bound) = allocate_cell(&c.profiles(&check.valid), nodes, &c.scope);
+                bound.write(nodes, &c.scope, |_| {});
+                grants
             });
             let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
             let on_gpus = groups(&cells, fleet.nodes.len())

@@ -46,7 +46,7 @@ pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
 #[allow(clippy::too_many_arguments)]
 pub(super) fn place(
     tenants: &[TenantProfile],
-    nodes: &mut CellNodes,
+    nodes: &CellNodes,
     scope: &Scope,
     template: &Template,
     current: &Current,
@@ -54,7 +54,7 @@ pub(super) fn place(
     amounts: &Amounts,
     order: &[usize],
 ) -> Result<Placed, Vec<PoolKey>> {
-    let mut a = Allocator::new(tenants, nodes, scope, template, Some((current, placings)));
+    let mut a = Allocator::new(tenants, nodes, scope, template, Some((current, placings)), true);
     let placing = |key: &PoolKey| placings.get(key).copied().unwrap_or_default();
     a.keep(amounts, order, |key| placing(key) == Placing::KeepFirst);
     let mut log = amounts.log.iter().peekable();
