@@ -267,7 +267,7 @@ impl Allocator<'_, '_, '_> {
 
     pub(super) fn bind_instance(&mut self, t: usize, at: GpuRef, inst: u32) {
         if let Some(bound) = &mut self.bound {
-            bound.instance(self.scope, at, inst, &self.tenants[t].name);
+            bound.instance(self.scope, at, inst, t);
         }
         self.state[t].units.push(Unit::Instance(at, inst));
     }
@@ -277,7 +277,7 @@ impl Allocator<'_, '_, '_> {
             self.state[t].units.push(Unit::Gpu(at));
         }
         if let Some(bound) = &mut self.bound {
-            bound.whole(self.scope, at, mode, &self.tenants[t].name, count);
+            bound.whole(self.scope, at, mode, t, count);
         }
     }
 }

@@ -5,39 +5,60 @@
 //! tenants off and put them back: on a node taken back from the last pass, whose GPU list it
 //! shares with the memo and the GpuNode read from the cluster, that copied the node's list
 //! (`SharedVec`) even where the pass bound it as it was. Here a pass binds into a list of its
-//! own, and only the pass kept is written on the nodes, only where it differs: a node the cell
-//! binds as before keeps its list, and is not looked at again by the steps after.
+//! own, tenants by their position in the cell's tenants (no name copied), and only the pass kept
+//! is written on the nodes, only where it differs: a node the cell binds as before keeps its
+//! list, and is not looked at again by the steps after. The memo keeps the list to write it
+//! again on nodes built anew.
 
 use super::cell_nodes::CellNodes;
-use super::cells::GpuBindings;
 use super::holders::{Current, GpuHolders};
 use super::scope::Scope;
 use super::units::GpuRef;
-use crate::api::Mode;
+use crate::api::{GpuSpec, Mode, SharedVec, TenantShares};
+use crate::policy::TenantProfile;
 
-/// A pass's bindings, per GPU of the cell in the order of its scope's GPUs (`Scope::gpus`).
+/// A pass's bindings, per GPU of the cell in the order of its scope's GPUs (`Scope::gpus`);
+/// tenants by their position in the cell's tenants (the `tenants` every method takes).
 pub(super) struct Bound {
-    gpus: Vec<GpuBindings>,
-    /// Per GPU, how many MIG instances it has (of any cell).
-    instances: Vec<usize>,
+    gpus: Vec<BoundGpu>,
+}
+
+/// One GPU's bindings in the cell's families.
+#[derive(Debug)]
+struct BoundGpu {
+    /// Tenants using the GPU whole, each with its shares where the GPU is shared; by name once
+    /// the pass is finished ([`Bound::sort`]).
+    whole: Vec<(u32, u32)>,
+    shared: bool,
+    /// The tenant of each of the cell's MIG instances on the GPU, by the instance's position.
+    instances: Vec<(u32, Option<u32>)>,
+    /// How many MIG instances the GPU has, of any cell.
+    mig_count: u32,
 }
 
 impl Bound {
     /// Nobody bound on any GPU of `scope`.
     pub fn none(nodes: &CellNodes, scope: &Scope) -> Bound {
-        let spec = |&(n, g): &GpuRef| &nodes[n as usize].gpus[g as usize];
-        Bound {
-            gpus: scope
-                .gpus
-                .iter()
-                .map(|at| GpuBindings::none_of(spec(at), scope))
-                .collect(),
-            instances: scope.gpus.iter().map(|at| spec(at).mig_instances.len()).collect(),
-        }
+        let gpus = scope.gpus.iter().map(|&(n, g)| {
+            let spec = &nodes[n as usize].gpus[g as usize];
+            BoundGpu {
+                whole: Vec::new(),
+                shared: false,
+                instances: spec
+                    .mig_instances
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| scope.has_mig(&i.profile))
+                    .map(|(k, _)| (k as u32, None))
+                    .collect(),
+                mig_count: spec.mig_instances.len() as u32,
+            }
+        });
+        Bound { gpus: gpus.collect() }
     }
 
     /// The bindings of the GPU at `at` (`scope.gpus` is sorted, so found by bisection).
-    fn at(&mut self, scope: &Scope, at: GpuRef) -> &mut GpuBindings {
+    fn at(&mut self, scope: &Scope, at: GpuRef) -> &mut BoundGpu {
         let j = scope
             .gpus
             .binary_search(&at)
@@ -45,41 +66,131 @@ impl Bound {
         &mut self.gpus[j]
     }
 
-    /// Instance `inst` of the GPU at `at` to `tenant`.
-    pub fn instance(&mut self, scope: &Scope, at: GpuRef, inst: u32, tenant: &str) {
-        self.at(scope, at).bind_instance(inst as usize, tenant);
+    /// Instance `inst` of the GPU at `at` to tenant `t`.
+    pub fn instance(&mut self, scope: &Scope, at: GpuRef, inst: u32, t: usize) {
+        let gpu = self.at(scope, at);
+        if let Some((_, holder)) = gpu.instances.iter_mut().find(|(k, _)| *k == inst) {
+            *holder = Some(t as u32);
+        }
     }
 
-    /// The GPU at `at`, used whole, to `tenant`, with `count` more shares where `mode` shares it.
-    pub fn whole(&mut self, scope: &Scope, at: GpuRef, mode: Mode, tenant: &str, count: u32) {
-        self.at(scope, at).bind_whole(tenant, mode.is_shared().then_some(count));
+    /// The GPU at `at`, used whole, to tenant `t`, with `count` more shares where `mode` shares it.
+    pub fn whole(&mut self, scope: &Scope, at: GpuRef, mode: Mode, t: usize, count: u32) {
+        let gpu = self.at(scope, at);
+        let shared = mode.is_shared();
+        gpu.shared = shared;
+        let add = if shared { count } else { 0 };
+        match gpu.whole.iter_mut().find(|(w, _)| *w == t as u32) {
+            Some((_, shares)) => *shares += add,
+            None => gpu.whole.push((t as u32, add)),
+        }
     }
 
     /// Each GPU's whole-GPU tenants by name, as a finished pass leaves them.
-    pub fn sort(&mut self) {
+    pub fn sort(&mut self, tenants: &[TenantProfile]) {
         for g in &mut self.gpus {
-            g.sort();
+            if g.whole.len() > 1 {
+                g.whole
+                    .sort_by(|a, b| tenants[a.0 as usize].name.cmp(&tenants[b.0 as usize].name));
+            }
         }
     }
 
     /// The bindings as if they ran now: where a placing pass from them starts.
-    pub fn holders(&self) -> Current {
-        let gpus = self.gpus.iter().zip(&self.instances);
-        Current::of(gpus.map(|(b, &n)| GpuHolders::of(b, n)).collect())
+    pub fn holders(&self, tenants: &[TenantProfile]) -> Current {
+        let name = |t: u32| tenants[t as usize].name.clone();
+        let gpus = self.gpus.iter().map(|g| {
+            let mut whole: Vec<(String, u32)> = g.whole.iter().map(|&(t, s)| (name(t), s)).collect();
+            whole.sort();
+            let mut instances = vec![None; g.mig_count as usize];
+            for &(k, t) in &g.instances {
+                instances[k as usize] = t.map(name);
+            }
+            GpuHolders {
+                shares: whole.iter().map(|w| w.1).collect(),
+                whole: whole.into_iter().map(|w| w.0).collect(),
+                instances,
+            }
+        });
+        Current::of(gpus.collect())
     }
 
-    /// Writes the bindings on `nodes` where they differ from what the GPUs carry. Calls
-    /// `changed` with the position of each node written on, once per GPU written.
-    pub fn write(&self, nodes: &mut CellNodes, scope: &Scope, mut changed: impl FnMut(u32)) {
-        for (&(n, g), b) in scope.gpus.iter().zip(&self.gpus) {
-            if b.apply(&mut nodes[n as usize].gpus, g as usize) {
+    /// Writes the bindings on `nodes` where they differ from what the GPUs carry; `changed` is
+    /// called with the position of the node of each GPU written on.
+    pub fn write(&self, nodes: &mut CellNodes, scope: &Scope, tenants: &[TenantProfile], mut changed: impl FnMut(u32)) {
+        for (j, &(n, g)) in scope.gpus.iter().enumerate() {
+            if self.apply(j, &mut nodes[n as usize].gpus, g as usize, tenants) {
                 changed(n);
             }
         }
     }
 
-    /// Each GPU's bindings, in the order of the scope's GPUs (for the memo).
-    pub fn into_gpus(self) -> Vec<GpuBindings> {
-        self.gpus
+    /// Writes the bindings of the `j`th GPU on GPU `g` of `gpus` where they differ: a list
+    /// shared with the last pass is copied only for a change. Whether it wrote.
+    pub fn apply(&self, j: usize, gpus: &mut SharedVec<GpuSpec>, g: usize, tenants: &[TenantProfile]) -> bool {
+        let bound = &self.gpus[j];
+        let differ = !bound.is_on(&gpus[g], tenants);
+        if differ {
+            bound.write(&mut gpus[g], tenants);
+        }
+        differ
+    }
+
+    /// Whether every GPU of `scope` on `nodes` carries these bindings.
+    pub fn are_on(
+        &self,
+        nodes: &[crate::planner::nodes::NodeDesired],
+        scope: &Scope,
+        tenants: &[TenantProfile],
+    ) -> bool {
+        scope
+            .gpus
+            .iter()
+            .zip(&self.gpus)
+            .all(|(&(n, g), b)| b.is_on(&nodes[n as usize].gpus[g as usize], tenants))
+    }
+}
+
+impl BoundGpu {
+    fn is_on(&self, spec: &GpuSpec, tenants: &[TenantProfile]) -> bool {
+        let name = |t: u32| tenants[t as usize].name.as_str();
+        let whole_on = || {
+            spec.tenants.len() == self.whole.len()
+                && spec.tenants.iter().zip(&self.whole).all(|(s, &(t, _))| s == name(t))
+                && if self.shared {
+                    spec.shares.len() == self.whole.len()
+                        && spec
+                            .shares
+                            .iter()
+                            .zip(&self.whole)
+                            .all(|(s, &(t, count))| s.tenant == name(t) && s.count == count)
+                } else {
+                    spec.shares.is_empty()
+                }
+        };
+        (spec.mode == Mode::Mig || whole_on())
+            && self
+                .instances
+                .iter()
+                .all(|&(k, t)| spec.mig_instances[k as usize].tenant.as_deref() == t.map(name))
+    }
+
+    fn write(&self, spec: &mut GpuSpec, tenants: &[TenantProfile]) {
+        let name = |t: u32| tenants[t as usize].name.clone();
+        if spec.mode != Mode::Mig {
+            spec.tenants = self.whole.iter().map(|&(t, _)| name(t)).collect();
+            spec.shares = if self.shared {
+                let shares = self
+                    .whole
+                    .iter()
+                    .map(|&(t, count)| TenantShares { tenant: name(t), count });
+                shares.collect()
+            } else {
+                Vec::new()
+            };
+        }
+        for &(k, t) in &self.instances {
+            spec.mig_instances[k as usize].tenant = t.map(name);
+        }
     }
 }

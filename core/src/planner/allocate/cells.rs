@@ -1,5 +1,5 @@
 //! Independent parts of the allocation: which families of capacity a memory-limited tenant ties
-//! together, and what a cell's placing writes on its GPUs.
+//! together.
 //!
 //! Every grant comes from a pool of one family of capacity (a MIG profile, exclusive GPUs, MPS or
 //! time-slicing shares), and a request draws from its own family only. Families meet only in a
@@ -11,7 +11,7 @@
 
 use super::scope::{Cell, Scope};
 use super::units::{Family, GpuRef};
-use crate::api::{GpuSpec, Mode, SharedVec, TenantShares};
+use crate::api::Mode;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,104 +150,4 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
 
 fn cell_at(cells: &mut [Option<Cell>], root: usize) -> &mut Cell {
     cells[root].as_mut().expect("every family has a cell")
-}
-
-/// What a cell's allocation wrote on one GPU: its whole-GPU tenants and shares (a GPU not in MIG
-/// mode belongs to one family), or the tenants of its instances of the cell's families.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct GpuBindings {
-    tenants: Vec<String>,
-    shares: Vec<TenantShares>,
-    instances: Vec<(usize, Option<String>)>,
-}
-
-impl GpuBindings {
-    /// Nobody bound on the GPU of `spec`, in `scope`'s families.
-    pub fn none_of(spec: &GpuSpec, scope: &Scope) -> GpuBindings {
-        GpuBindings {
-            tenants: vec![],
-            shares: vec![],
-            instances: spec
-                .mig_instances
-                .iter()
-                .enumerate()
-                .filter(|(_, i)| scope.has_mig(&i.profile))
-                .map(|(k, _)| (k, None))
-                .collect(),
-        }
-    }
-
-    /// Instance `k` (its position in the GPU's list, one of the scope's) to `tenant`.
-    pub fn bind_instance(&mut self, k: usize, tenant: &str) {
-        if let Some((_, t)) = self.instances.iter_mut().find(|(i, _)| *i == k) {
-            *t = Some(tenant.to_string());
-        }
-    }
-
-    /// The GPU used whole by `tenant`, with `shares` more of its shares where it is shared.
-    pub fn bind_whole(&mut self, tenant: &str, shares: Option<u32>) {
-        if !self.tenants.iter().any(|t| t == tenant) {
-            self.tenants.push(tenant.to_string());
-        }
-        if let Some(count) = shares {
-            match self.shares.iter_mut().find(|s| s.tenant == tenant) {
-                Some(s) => s.count += count,
-                None => {
-                    self.shares.push(TenantShares {
-                        tenant: tenant.to_string(),
-                        count,
-                    });
-                    self.shares.sort();
-                }
-            }
-        }
-    }
-
-    /// The whole-GPU tenants by name, as a finished pass leaves them.
-    pub fn sort(&mut self) {
-        self.tenants.sort();
-    }
-
-    /// The whole-GPU tenants, their shares, and the tenants of the scope's instances by position.
-    pub fn parts(&self) -> (&[String], &[TenantShares], &[(usize, Option<String>)]) {
-        (&self.tenants, &self.shares, &self.instances)
-    }
-
-    /// Whether these are the bindings of `spec` in `scope`'s families, found without copying
-    /// anything.
-    pub fn are_of(&self, spec: &GpuSpec, scope: &Scope) -> bool {
-        self.tenants == spec.tenants
-            && self.shares == spec.shares
-            && self.instances.iter().map(|(k, t)| (*k, t.as_ref())).eq(spec
-                .mig_instances
-                .iter()
-                .enumerate()
-                .filter(|(_, i)| scope.has_mig(&i.profile))
-                .map(|(k, i)| (k, i.tenant.as_ref())))
-    }
-
-    /// Writes these bindings on GPU `g` of `gpus`, where they differ: a list shared with the last
-    /// pass ([`crate::api::SharedVec`]) is copied only for a change. Whether it wrote.
-    pub fn apply(&self, gpus: &mut SharedVec<GpuSpec>, g: usize) -> bool {
-        let differ = !self.is_on(&gpus[g]);
-        if differ {
-            self.write(&mut gpus[g]);
-        }
-        differ
-    }
-
-    fn is_on(&self, spec: &GpuSpec) -> bool {
-        (spec.mode == Mode::Mig || (spec.tenants == self.tenants && spec.shares == self.shares))
-            && self.instances.iter().all(|(k, t)| spec.mig_instances[*k].tenant == *t)
-    }
-
-    fn write(&self, spec: &mut GpuSpec) {
-        if spec.mode != Mode::Mig {
-            spec.tenants.clone_from(&self.tenants);
-            spec.shares.clone_from(&self.shares);
-        }
-        for (k, t) in &self.instances {
-            spec.mig_instances[*k].tenant.clone_from(t);
-        }
-    }
 }

@@ -2,7 +2,6 @@
 //! state both the pools (built from it) and the sticky placing (which keeps it) read.
 
 use super::cell_nodes::CellNodes;
-use super::cells::GpuBindings;
 use super::scope::Scope;
 use super::units::{GpuRef, PoolKey};
 use crate::planner::changes::{instance_holder, whole_holders};
@@ -56,26 +55,6 @@ pub(super) struct GpuHolders {
     pub shares: Vec<u32>,
     /// Tenant of each planned MIG instance.
     pub instances: Vec<Option<String>>,
-}
-
-impl GpuHolders {
-    /// The holders of a GPU bound as `bound`, as if it ran now; `instances`: how many MIG
-    /// instances the GPU has.
-    pub fn of(bound: &GpuBindings, instances: usize) -> GpuHolders {
-        let (tenants, shares, bound_instances) = bound.parts();
-        let mut whole = tenants.to_vec();
-        whole.sort();
-        let count = |t: &String| shares.iter().find(|s| &s.tenant == t).map_or(0, |s| s.count);
-        let mut on_instances = vec![None; instances];
-        for (k, t) in bound_instances {
-            on_instances[*k].clone_from(t);
-        }
-        GpuHolders {
-            shares: whole.iter().map(count).collect(),
-            whole,
-            instances: on_instances,
-        }
-    }
 }
 
 impl Current {

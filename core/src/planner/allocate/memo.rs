@@ -6,7 +6,7 @@
 //! back without being placed again: the allocation is a pure function of those inputs.
 
 use super::bound::Bound;
-use super::cells::{GpuBindings, cells};
+use super::cells::cells;
 use super::report::{cells_of_tenants, merge_tenant};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, TenantGrants};
@@ -113,7 +113,8 @@ impl GpuInput {
 struct CellMemo {
     gpus: Vec<GpuRef>,
     tenants: Vec<TenantProfile>,
-    bindings: Vec<GpuBindings>,
+    /// Tenants by their position in `tenants`.
+    bindings: Bound,
     grants: BTreeMap<String, CellGrants>,
 }
 
@@ -273,10 +274,10 @@ impl AllocationMemo {
     /// (Nodes taken back from the last pass carry them already.)
     pub(super) fn recall(&self, cell: &Cell, nodes: &mut [NodeDesired]) {
         let m = &self.cells[&key(cell)];
-        for (&(n, g), b) in m.gpus.iter().zip(&m.bindings) {
+        for (j, &(n, g)) in m.gpus.iter().enumerate() {
             let node = &mut nodes[n as usize];
             if !node.kept {
-                b.apply(&mut node.gpus, g as usize);
+                m.bindings.apply(j, &mut node.gpus, g as usize, &m.tenants);
             }
         }
     }
@@ -293,13 +294,8 @@ impl AllocationMemo {
     ) {
         let key = key(cell);
         let last = self.cells.remove(&key);
-        let bindings = bound.into_gpus();
         debug_assert!(
-            cell.scope
-                .gpus
-                .iter()
-                .zip(&bindings)
-                .all(|(&(n, g), b)| b.are_of(&nodes[n as usize].gpus[g as usize], &cell.scope)),
+            bound.are_on(nodes, &cell.scope, &profiles),
             "bindings remembered that are not the nodes'"
         );
         match &last {
@@ -318,7 +314,7 @@ impl AllocationMemo {
             CellMemo {
                 gpus: cell.scope.gpus.clone(),
                 tenants: profiles,
-                bindings,
+                bindings: bound,
                 grants,
             },
         );

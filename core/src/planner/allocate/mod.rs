@@ -53,8 +53,9 @@ pub fn allocate(
             // The cores this process may use (its cgroup's CPU quota counts).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
-                let (grants, bound) = allocate_cell(&c.profiles(tenants), nodes, &c.scope);
-                bound.write(nodes, &c.scope, |_| {});
+                let profiles = c.profiles(tenants);
+                let (grants, bound) = allocate_cell(&profiles, nodes, &c.scope);
+                bound.write(nodes, &c.scope, &profiles, |_| {});
                 grants
             })
             .into_iter()
@@ -71,10 +72,12 @@ pub fn allocate(
                 if *stale {
                     let profiles = cell.profiles(tenants);
                     let mut view = CellNodes::all(nodes);
-                    let (grants, bound) = allocate_cell(&profiles, &mut view, &cell.scope);
+                    let (grants, bound) = allocate_cell(&profiles, &view, &cell.scope);
                     // A node the cell binds as the last pass did keeps its GPU list, and the
                     // steps after take it back as they would had the cell not been placed.
-                    bound.write(&mut view, &cell.scope, |n| view_recomputed(&mut recomputed, n));
+                    bound.write(&mut view, &cell.scope, &profiles, |n| {
+                        view_recomputed(&mut recomputed, n)
+                    });
                     drop(view);
                     for &n in &recomputed {
                         nodes[n as usize].recomputed = true;
@@ -159,7 +162,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
         first => first,
     };
     if let Some((first, placings)) = first {
-        let placed = first.bound.holders();
+        let placed = first.bound.holders(tenants);
         if placings.is_empty() && placed == cell.now {
             return first.grants(tenants, nodes);
         }
@@ -171,7 +174,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
     }
     // From empty, the blind pass's placement not shown stable: placed again from itself.
     let placed = match &blind_bound {
-        Some(bound) => bound.holders(),
+        Some(bound) => bound.holders(tenants),
         None => Current::of(Vec::new()),
     };
     match cell.place_again(nodes, &placed, &amounts) {
@@ -247,13 +250,13 @@ impl CellPasses<'_> {
     fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, stable: Placed) -> Placement {
         let (grants, bound) = stable.grants(self.tenants, nodes);
         if cfg!(debug_assertions) {
-            let placed = bound.holders();
+            let placed = bound.holders(self.tenants);
             let again = self
                 .place_again(nodes, &placed, amounts)
                 .expect("a stable placement places again");
             let (again_grants, again_bound) = again.grants(self.tenants, nodes);
             assert!(
-                again_bound.holders() == placed,
+                again_bound.holders(self.tenants) == placed,
                 "a placement found stable moved when placed again"
             );
             assert_eq!(again_grants, grants, "a stable placement's grants changed");

@@ -55,7 +55,7 @@ impl Allocator<'_, '_, '_> {
         }
         // A pass that binds nothing (a blind pass another replaces) is never kept.
         let mut bound = self.bound.take().unwrap_or_else(|| Bound::none(self.nodes, self.scope));
-        bound.sort();
+        bound.sort(self.tenants);
         for (t, tenant) in self.tenants.iter().enumerate() {
             let s = &mut self.state[t];
             let allocation = tenant

@@ -167,8 +167,9 @@ mod tests {
                     .lock()
                     .unwrap()
                     .insert(format!("{:?}", std::thread::current().id()));
-                let (grants, bound) = allocate_cell(&c.profiles(&check.valid), nodes, &c.scope);
-                bound.write(nodes, &c.scope, |_| {});
+                let profiles = c.profiles(&check.valid);
+                let (grants, bound) = allocate_cell(&profiles, nodes, &c.scope);
+                bound.write(nodes, &c.scope, &profiles, |_| {});
                 grants
             });
             let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
