@@ -25,6 +25,7 @@
 
 mod admission;
 pub mod dra;
+mod isolation;
 mod nodes;
 mod quota;
 mod settings;
@@ -98,7 +99,7 @@ pub fn desired(input: &PlanInput, settings: &Settings, now: &Time) -> Desired {
 }
 
 /// What a pass keeps for the next: the planner's memo ([`crate::planner::plan_with`]), and the
-/// quotas, node labels and admission bindings as rendered.
+/// quotas, node labels, admission bindings and tenants' `Isolated` conditions as rendered.
 #[derive(Default)]
 pub struct DesiredMemo {
     pub plan: PlanMemo,
@@ -106,6 +107,7 @@ pub struct DesiredMemo {
     node_labels: nodes::NodeLabelsMemo,
     admission: admission::AdmissionMemo,
     namespace_rules: admission::RulesMemo,
+    isolation: isolation::IsolationMemo,
 }
 
 /// [`desired`], planning with what `memo` kept of the last pass ([`crate::planner::plan_with`])
@@ -115,15 +117,16 @@ pub struct DesiredMemo {
 /// and namespaces are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo) = match memo {
+    let (plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo, isolation_memo) = match memo {
         Some(m) => (
             Some(&mut m.plan),
             Some(&mut m.quotas),
             Some(&mut m.node_labels),
             Some(&mut m.admission),
             Some(&mut m.namespace_rules),
+            Some(&mut m.isolation),
         ),
-        None => (None, None, None, None, None),
+        None => (None, None, None, None, None, None),
     };
     let mut out = plan_with(input, &exempt, now, plan_memo);
     let namespace_rules = match rules_memo {
@@ -143,7 +146,7 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
     );
     let (node_labels, config_maps, roles) =
         nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings, nodes_memo);
-    let tenants = nodes::isolation_conditions(out.tenants, &roles, now);
+    let tenants = isolation::isolation_conditions(out.tenants, &roles, now, isolation_memo);
     Desired {
         nodes: out.nodes,
         tenants,

@@ -3,15 +3,13 @@
 //! `Isolated` condition, which says plainly which grants Kubernetes enforces.
 
 use super::settings::{Settings, managed_labels};
-use crate::api::{
-    ConditionSet, DeviceAccess, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuTenant, Mode, name_of, set_condition,
-};
+use crate::api::{DeviceAccess, GpuNode, GpuNodeSpec, GpuPartitionPlan, GpuTenant, Mode, name_of};
 use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
 use crate::inventory::handover_pending;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -66,8 +64,8 @@ pub struct NodeLabelsMemo {
 /// and the DRA nodes, by name.
 #[derive(Debug, Default)]
 pub struct NodeRoles<'a> {
-    dedicated: HashMap<&'a str, &'a str>,
-    dra: HashSet<&'a str>,
+    pub(super) dedicated: HashMap<&'a str, &'a str>,
+    pub(super) dra: HashSet<&'a str>,
 }
 
 /// Per planned node, its labels and taints (shared with the memo), and the device plugin's
@@ -297,75 +295,6 @@ fn taint(key: &str, value: &str) -> Taint {
         effect: "NoSchedule".into(),
         ..Taint::default()
     }
-}
-
-/// Sets each tenant's `Isolated` condition: `True` when Kubernetes enforces every grant, each on a
-/// DRA node (the scheduler allocates a claim only the tenant's own devices, and the agent's
-/// Prepare refuses any other: reason `DraBound`) or on a node dedicated (and tainted) to it
-/// (`DedicatedNodes` when all are); otherwise `False` with reason `CountsOnly`, naming the nodes
-/// where the quota enforces how many units the tenant uses but the device plugin chooses which
-/// GPU or instance a pod gets.
-pub fn isolation_conditions(mut tenants: Vec<GpuTenant>, roles: &NodeRoles, now: &Time) -> Vec<GpuTenant> {
-    let NodeRoles { dedicated, dra } = roles;
-    for t in &mut tenants {
-        let name = t.name_any();
-        let generation = t.metadata.generation;
-        let Some(status) = t.status.as_mut() else { continue };
-        if status.grants.is_empty() {
-            status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
-            continue;
-        }
-        let on_own = |node: &str| dedicated.get(node) == Some(&name.as_str());
-        // Grants come sorted by node: a sort of what is sorted, then each node once.
-        let mut shared: Vec<&str> = status
-            .grants
-            .iter()
-            .filter(|g| !on_own(&g.node) && !dra.contains(g.node.as_str()))
-            .map(|g| g.node.as_str())
-            .collect();
-        shared.sort_unstable();
-        shared.dedup();
-        let any_dra = status
-            .grants
-            .iter()
-            .any(|g| !on_own(&g.node) && dra.contains(g.node.as_str()));
-        let (ok, reason, message) = if shared.is_empty() && !any_dra {
-            (
-                true,
-                "DedicatedNodes",
-                "every grant is on a node tainted for this tenant alone".to_string(),
-            )
-        } else if shared.is_empty() {
-            (
-                true,
-                "DraBound",
-                "every grant is on a DRA node, where the scheduler allocates this tenant's claims only its own devices and the node's agent prepares no other, scrubbed before it changes hands (or on a node tainted for this tenant alone)".to_string(),
-            )
-        } else {
-            let listed: Vec<&str> = shared.iter().take(5).copied().collect();
-            (
-                false,
-                "CountsOnly",
-                format!(
-                    "on {} node{} ({}{}) the quota enforces how many units this tenant uses, but NVIDIA's device plugin picks which GPU or MIG instance a pod gets, so the per-GPU binding is bookkeeping; run the pool in DRA mode (its plan's spec.deviceAccess: DRA) or dedicate whole nodes to the tenant (a plan's spec.gpus[].tenants on every GPU of a node) to enforce it",
-                    shared.len(),
-                    if shared.len() == 1 { "" } else { "s" },
-                    listed.join(", "),
-                    if shared.len() > 5 { ", ..." } else { "" }
-                ),
-            )
-        };
-        set_condition(
-            &mut status.conditions,
-            ConditionSet::ISOLATED,
-            ok,
-            reason,
-            message,
-            generation,
-            now,
-        );
-    }
-    tenants
 }
 
 #[cfg(test)]

@@ -482,3 +482,50 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
     let renames: Vec<String> = d.mutating_policies.iter().map(|p| p.name_any()).collect();
     assert_eq!(renames, ["gputenancy.io-dra-names-a", "gputenancy.io-dra-names-b"]);
 }
+
+/// A tenant's `Isolated` condition follows its nodes' roles, not only its grants: the pool turned
+/// to DRA leaves the grants as they were (the same list, from the allocation memo), and the memo
+/// of the conditions must not give back the last pass's `CountsOnly`.
+#[test]
+fn the_isolation_memo_follows_the_nodes_roles() {
+    let mut plan = plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])]);
+    let nodes = vec![node("h100-a", "h100", "H100-80GB", 2, false)];
+    let t = [
+        TenantBuilder::new("a", "internal").mig("3g.40gb", 2).build(),
+        TenantBuilder::new("b", "internal").mig("3g.40gb", 2).build(),
+    ];
+    let policies = [policy()];
+    let tenants = crate::planner::fixtures::shared(&t);
+    let isolated = |d: &Desired| -> Vec<String> {
+        d.tenants
+            .iter()
+            .map(|t| {
+                let s = t.status.as_ref().unwrap();
+                let c = s.conditions.iter().find(|c| c.type_ == ConditionSet::ISOLATED).unwrap();
+                c.reason.clone()
+            })
+            .collect()
+    };
+    let mut memo = DesiredMemo::default();
+    let mut pass = |plan: &GpuPartitionPlan, memo: Option<&mut DesiredMemo>| {
+        let plans = [plan.clone()];
+        let input = PlanInput {
+            policies: &policies,
+            tenants: &tenants,
+            plans: &plans,
+            nodes: &nodes,
+        };
+        match memo {
+            Some(m) => desired_with(&input, &Settings::default(), &now(), Some(m)),
+            None => desired(&input, &Settings::default(), &now()),
+        }
+    };
+    let first = pass(&plan, Some(&mut memo));
+    assert_eq!(isolated(&first), ["CountsOnly", "CountsOnly"]);
+    // The same inputs again: the conditions taken back are the ones found.
+    assert_eq!(pass(&plan, Some(&mut memo)), first);
+    plan.spec.device_access = crate::api::DeviceAccess::Dra;
+    let fresh = pass(&plan, None);
+    assert_eq!(isolated(&fresh), ["DraBound", "DraBound"]);
+    assert_eq!(pass(&plan, Some(&mut memo)), fresh);
+}
