@@ -507,7 +507,7 @@ fn the_isolation_memo_follows_the_nodes_roles() {
             .collect()
     };
     let mut memo = DesiredMemo::default();
-    let mut pass = |plan: &GpuPartitionPlan, memo: Option<&mut DesiredMemo>| {
+    let pass = |plan: &GpuPartitionPlan, memo: Option<&mut DesiredMemo>| {
         let plans = [plan.clone()];
         let input = PlanInput {
             policies: &policies,

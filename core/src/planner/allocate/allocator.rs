@@ -32,8 +32,10 @@ pub(super) struct TenantState {
     pub(super) memory_mib: u64,
     /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
     pub(super) units: Vec<Unit>,
-    /// Shares per shared GPU, merged into one grant each at the end.
-    pub(super) shares: BTreeMap<(Family, Vec<String>, usize), u32>,
+    /// Shares per shared GPU, by (pool, GPU): the pool by its position among the pass's pools
+    /// in key order (`Pool::Shared::id`), so walked in key, then GPU order. Merged into one
+    /// grant each at the end.
+    pub(super) shares: BTreeMap<(usize, usize), u32>,
     /// Per request: the reason it is short, if it is.
     pub(super) why: Vec<Option<Shortfall>>,
     /// Units received per (request, pool).
@@ -199,6 +201,19 @@ impl Allocator<'_, '_, '_> {
             });
         }
         got
+    }
+
+    /// The position of shared pool `key` among the pass's pools, as tenants' shares name it.
+    pub(super) fn shared_id(&self, key: &PoolKey) -> Option<usize> {
+        match self.pools.get(key) {
+            Some(Pool::Shared { id, .. }) => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// The GPUs (positions in shared pool `id`) where tenant `t` holds shares, in order.
+    pub(super) fn shared_gpus_of(&self, t: usize, id: usize) -> impl Iterator<Item = usize> + '_ {
+        self.state[t].shares.range((id, 0)..(id + 1, 0)).map(|(&(_, i), _)| i)
     }
 
     pub(super) fn count(&mut self, t: usize, r: usize, key: &PoolKey, units: u32) {

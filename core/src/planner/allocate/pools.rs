@@ -170,7 +170,7 @@ impl Template {
                                 pinned_mib,
                                 capacity: None,
                                 used: 0,
-                                tier: None,
+                                opener: None,
                                 locked: false,
                             });
                             holders_at.push(j);
@@ -233,6 +233,7 @@ impl Template {
                         }
                     }
                     Pool::Shared {
+                        id: 0,
                         gpus: gpus.clone(),
                         next_empty: 0,
                         partial: HashMap::new(),
@@ -266,6 +267,12 @@ impl Template {
             }
             pools.insert(key.clone(), pool);
         }
+        // Shared pools by their position in key order: how a tenant's shares name them.
+        for (n, pool) in pools.values_mut().enumerate() {
+            if let Pool::Shared { id, .. } = pool {
+                *id = n;
+            }
+        }
         (pools, held)
     }
 }
@@ -296,7 +303,8 @@ pub(super) struct SharedGpu {
     /// Shares this GPU offers, fixed by its first tenant's policy (memory headroom).
     pub(super) capacity: Option<u32>,
     pub(super) used: u32,
-    pub(super) tier: Option<String>,
+    /// The tenant (position in the pass's tenants) that opened it: its tier is the GPU's.
+    pub(super) opener: Option<usize>,
     /// Taken by a `coLocation: Forbidden` tenant: nobody else may join.
     pub(super) locked: bool,
 }
@@ -305,6 +313,8 @@ pub(super) enum Pool {
     Mig(MigPool),
     Exclusive(ExclusivePool),
     Shared {
+        /// Its position among the pass's pools, in key order ([`super::allocator::TenantState::shares`]).
+        id: usize,
         gpus: Vec<SharedGpu>,
         /// GPUs before this index are all in use.
         next_empty: usize,
@@ -333,6 +343,11 @@ impl Pool {
 }
 
 impl SharedGpu {
+    /// The tier using the GPU, of `tenants` (the pass's): none while nobody does.
+    pub(super) fn tier<'t>(&self, tenants: &'t [crate::policy::TenantProfile]) -> Option<&'t str> {
+        self.opener.map(|t| tenants[t].tier.as_str())
+    }
+
     /// Memory one share stands for: an MPS client is pinned to memory / maxClients by the device
     /// plugin's daemon (the plan's pinnedMemoryLimit may only repeat that value); a time-sliced
     /// share is bookkeeping only (nothing bounds a process's memory there).

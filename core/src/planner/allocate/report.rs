@@ -3,7 +3,7 @@
 use super::allocator::Allocator;
 use super::bound::Bound;
 use super::cell_nodes::CellNodes;
-use super::pools::Pool;
+use super::pools::{Pool, SharedGpu};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
@@ -34,15 +34,21 @@ struct PlacedTenant {
 impl Allocator<'_, '_, '_> {
     pub(super) fn finish(mut self) -> Placed {
         let mut placed = Vec::with_capacity(self.tenants.len());
+        // Shared pools by their position in key order, as tenants' shares name them.
+        let shared: Vec<(Mode, &[SharedGpu])> = self
+            .pools
+            .iter()
+            .map(|((family, _), pool)| match (family, pool) {
+                (Family::Shared(m), Pool::Shared { gpus, .. }) => (*m, gpus.as_slice()),
+                _ => (Mode::Mps, &[][..]),
+            })
+            .collect();
         for t in 0..self.tenants.len() {
             let shares = std::mem::take(&mut self.state[t].shares)
                 .into_iter()
-                .filter_map(|((family, ded, i), count)| {
-                    let Some(Pool::Shared { gpus, .. }) = self.pools.get(&(family.clone(), ded)) else {
-                        return None;
-                    };
-                    let mode = if let Family::Shared(m) = family { m } else { Mode::Mps };
-                    Some((gpus[i].at, mode, count))
+                .filter_map(|((id, i), count)| {
+                    let (mode, gpus) = shared.get(id)?;
+                    Some((gpus.get(i)?.at, *mode, count))
                 })
                 .collect();
             placed.push(PlacedTenant {

@@ -8,17 +8,16 @@ use crate::api::{CoLocation, Mode};
 
 impl Allocator<'_, '_, '_> {
     pub(super) fn take_shared(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
-        let forbidden = self.tenants[t].co_location == CoLocation::Forbidden;
-        let tier = self.tenants[t].tier.clone();
+        let tenants = self.tenants;
+        let forbidden = tenants[t].co_location == CoLocation::Forbidden;
+        let tier = tenants[t].tier.as_str();
         let mut left = want;
         let mut eligible = false;
         // Own GPUs first, then partly used GPUs of the same tier, then empty ones in order.
-        let own: Vec<usize> = self.state[t]
-            .shares
-            .keys()
-            .filter(|(f, d, _)| *f == key.0 && *d == key.1)
-            .map(|k| k.2)
-            .collect();
+        let own: Vec<usize> = match self.shared_id(key) {
+            Some(id) => self.shared_gpus_of(t, id).collect(),
+            None => vec![],
+        };
         for i in own {
             if left == 0 {
                 break;
@@ -27,7 +26,7 @@ impl Allocator<'_, '_, '_> {
         }
         if !forbidden && left > 0 {
             let partial: Vec<usize> = match self.pools.get(key) {
-                Some(Pool::Shared { partial, .. }) => partial.get(&tier).cloned().unwrap_or_default(),
+                Some(Pool::Shared { partial, .. }) => partial.get(tier).cloned().unwrap_or_default(),
                 _ => vec![],
             };
             for i in partial {
@@ -69,20 +68,22 @@ impl Allocator<'_, '_, '_> {
         want: u32,
         eligible: &mut bool,
     ) -> u32 {
-        let tenant = &self.tenants[t];
+        let tenants = self.tenants;
+        let tenant = &tenants[t];
         let forbidden = tenant.co_location == CoLocation::Forbidden;
         let headroom = u64::from(tenant.headroom_percent.min(100));
         let (mode, cap_setting) = match key.0 {
             Family::Shared(Mode::Mps) => (Mode::Mps, tenant.max_mps_clients),
             _ => (Mode::TimeSlicing, tenant.max_time_slicing_replicas),
         };
-        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
             return 0;
         };
+        let id = *id;
         let g = &gpus[i];
-        let joins_others = g.used > 0 && !self.state[t].shares.contains_key(&(key.0.clone(), key.1.clone(), i));
+        let joins_others = g.used > 0 && !self.state[t].shares.contains_key(&(id, i));
         if g.setting > cap_setting
-            || (joins_others && (forbidden || g.locked || g.tier.as_deref() != Some(tenant.tier.as_str())))
+            || (joins_others && (forbidden || g.locked || g.tier(tenants) != Some(tenant.tier.as_str())))
         {
             return 0;
         }
@@ -98,11 +99,12 @@ impl Allocator<'_, '_, '_> {
         if n == 0 {
             return 0;
         }
-        let tier = self.tenants[t].tier.clone();
+        let tier = tenant.tier.as_str();
         let Some(Pool::Shared {
             gpus,
             next_empty,
             partial,
+            ..
         }) = self.pools.get_mut(key)
         else {
             return 0;
@@ -113,23 +115,26 @@ impl Allocator<'_, '_, '_> {
         g.used += n;
         let at = g.at;
         if first {
-            g.tier = Some(tier.clone());
+            g.opener = Some(t);
             g.locked = forbidden;
             if !forbidden && g.used < capacity {
-                partial.entry(tier).or_default().push(i);
+                // A tier's name copied once, for its first GPU.
+                match partial.get_mut(tier) {
+                    Some(list) => list.push(i),
+                    None => {
+                        partial.insert(tier.to_string(), vec![i]);
+                    }
+                }
             }
         } else if g.used >= capacity
-            && let Some(list) = partial.get_mut(g.tier.as_deref().unwrap_or_default())
+            && let Some(list) = partial.get_mut(g.tier(tenants).unwrap_or_default())
         {
             list.retain(|&j| j != i);
         }
         while *next_empty < gpus.len() && gpus[*next_empty].capacity.is_some() {
             *next_empty += 1;
         }
-        *self.state[t]
-            .shares
-            .entry((key.0.clone(), key.1.clone(), i))
-            .or_insert(0) += n;
+        *self.state[t].shares.entry((id, i)).or_insert(0) += n;
         self.bind_whole(t, at, mode, n);
         self.record(t, r, n, per_share);
         n

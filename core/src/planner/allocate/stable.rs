@@ -58,10 +58,10 @@ impl Allocator<'_, '_, '_> {
     /// count it has, and no tier (or locking tenant) on more GPUs than the blind pass gave it.
     fn shared_stable(&self, key: &PoolKey, gpus: &[SharedGpu], amounts: &Amounts, order: &[usize]) -> bool {
         let mut opener: Vec<Option<usize>> = vec![None; gpus.len()];
-        for &t in order {
-            for (family, dedicated, i) in self.state[t].shares.keys() {
-                if *family == key.0 && *dedicated == key.1 {
-                    opener[*i].get_or_insert(t);
+        if let Some(id) = self.shared_id(key) {
+            for &t in order {
+                for i in self.shared_gpus_of(t, id) {
+                    opener[i].get_or_insert(t);
                 }
             }
         }
@@ -79,7 +79,7 @@ impl Allocator<'_, '_, '_> {
             let who = if g.locked {
                 (true, tenant.name.as_str())
             } else {
-                (false, g.tier.as_deref().unwrap_or_default())
+                (false, g.tier(self.tenants).unwrap_or_default())
             };
             *users.entry(who).or_default() += 1;
         }

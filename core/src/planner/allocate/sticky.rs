@@ -243,21 +243,25 @@ impl Allocator<'_, '_, '_> {
     /// The GPUs of shared pool `key` in use so far, by tier or locking tenant.
     pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers {
         let mut out = GpuUsers::new();
-        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
             return out;
         };
+        // Counted borrowed, named once per user: a pool has 12,000 GPUs in a 5,000-node fleet.
+        let mut users: foldhash::HashMap<(bool, &str), u32> = foldhash::HashMap::default();
         for (i, g) in gpus.iter().enumerate() {
             if g.capacity.is_none() {
                 continue;
             }
             let who = if g.locked {
-                let share = (key.0.clone(), key.1.clone(), i);
-                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.contains_key(&share));
-                (true, owner.map(|t| self.tenants[t].name.clone()).unwrap_or_default())
+                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.contains_key(&(*id, i)));
+                (true, owner.map_or("", |t| self.tenants[t].name.as_str()))
             } else {
-                (false, g.tier.clone().unwrap_or_default())
+                (false, g.tier(self.tenants).unwrap_or_default())
             };
-            *out.entry(who).or_default() += 1;
+            *users.entry(who).or_default() += 1;
+        }
+        for ((locked, name), n) in users {
+            out.insert((locked, name.to_string()), n);
         }
         out
     }
@@ -309,16 +313,12 @@ impl Allocator<'_, '_, '_> {
                 }
             }
         }
-        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
             return;
         };
         let mut pairs = Vec::new();
         for (c, &(t, _, _)) in claims.iter().enumerate() {
-            for (f, d, i) in self.state[t].shares.keys() {
-                if *f == key.0 && *d == key.1 {
-                    pairs.push((c, *i));
-                }
-            }
+            pairs.extend(self.shared_gpus_of(t, *id).map(|i| (c, i)));
         }
         if pairs.is_empty() {
             return;
