@@ -12,6 +12,7 @@ use crate::selectors::ParsedSelector;
 use foldhash::HashMap;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 mod kept;
 mod node;
@@ -74,7 +75,7 @@ fn plan_node<'a>(
         plan: None,
         state: NodeState::Unplanned,
         gpus: SharedVec::default(),
-        dedicated: vec![],
+        dedicated: Arc::from([]),
         busy_gpu_policy: BusyGpuPolicy::default(),
         device_access: DeviceAccess::default(),
         decided: Decided::default(),
@@ -124,7 +125,7 @@ fn plan_node<'a>(
                 match resolve_layout(*winner, plan, inv, memo) {
                     Ok((gpus, dedicated)) => {
                         node.gpus = gpus.into();
-                        node.dedicated = dedicated;
+                        node.dedicated = dedicated.into();
                         node.state = NodeState::Planned;
                     }
                     Err((field, message)) => {

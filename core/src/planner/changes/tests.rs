@@ -335,7 +335,7 @@ fn a_scrub_not_applied_yet_is_not_relaxed() {
         plan: Some("p".into()),
         state: NodeState::Planned,
         gpus: out.nodes[0].spec.gpus.clone(),
-        dedicated: vec![vec![]],
+        dedicated: vec![vec![]].into(),
         busy_gpu_policy: Default::default(),
         device_access: Default::default(),
         decided: Default::default(),

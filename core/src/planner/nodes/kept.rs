@@ -14,6 +14,7 @@ use super::node::{Decided, NodeDesired, NodeState};
 use crate::api::{BusyGpuPolicy, DeviceAccess, GpuPartitionPlanSpec, GpuSpec, SharedVec};
 use crate::inventory::NodeInventory;
 use crate::selectors::ParsedSelector;
+use std::sync::Arc;
 
 /// One node as the last pass left it.
 struct KeptNode {
@@ -22,7 +23,7 @@ struct KeptNode {
     plan: Option<String>,
     state: NodeState,
     gpus: SharedVec<GpuSpec>,
-    dedicated: Vec<Vec<String>>,
+    dedicated: Arc<[Vec<String>]>,
     busy_gpu_policy: BusyGpuPolicy,
     device_access: DeviceAccess,
     decided: Decided,

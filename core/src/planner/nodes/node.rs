@@ -4,6 +4,7 @@
 use crate::api::{BusyGpuPolicy, DeviceAccess, GpuNode, GpuNodeSpec, GpuSpec, SharedVec};
 use crate::inventory::NodeInventory;
 use crate::problem::Problem;
+use std::sync::Arc;
 
 /// Why a node has no applied plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,7 +31,8 @@ pub struct NodeDesired<'a> {
     /// first change: [`SharedVec`]).
     pub gpus: SharedVec<GpuSpec>,
     /// Per entry of `gpus`: the tenants the plan dedicates that GPU to (empty: open to all).
-    pub dedicated: Vec<Vec<String>>,
+    /// Shared with the memo: a node taken back on every pass does not copy it.
+    pub dedicated: Arc<[Vec<String>]>,
     /// What the agent does with a GPU to change that still runs processes (the plan's rollout).
     pub busy_gpu_policy: BusyGpuPolicy,
     /// How pods reach the node's GPUs (the plan's).
