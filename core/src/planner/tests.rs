@@ -684,3 +684,47 @@ fn a_blind_placement_under_two_headrooms_is_placed_again() {
     assert_eq!(out, [vec![share("a", 1)], vec![share("a", 1), share("b", 2)]]);
     assert_eq!(again, out);
 }
+
+/// The memo takes a cell's last result back when only what runs on its GPUs changed, and only
+/// where every GPU of the cell then runs that result (the planner's fixed point): where the agents
+/// run something else (here the two tenants' exclusive GPUs swapped) the cell is placed again, as
+/// a pass from nothing places it.
+#[test]
+fn the_memo_places_a_cell_again_where_its_gpus_run_something_else() {
+    let policies = [policy()];
+    let plans = [plan_for("excl", "pool", vec![group("all", Mode::Exclusive)])];
+    let t = [
+        TenantBuilder::new("a", "internal").want(Mode::Exclusive, 1).build(),
+        TenantBuilder::new("b", "internal").want(Mode::Exclusive, 1).build(),
+    ];
+    let tenants = shared(&t);
+    let run = |nodes: &[NodeInventory], memo: Option<&mut PlanMemo>| {
+        let input = PlanInput {
+            policies: &policies,
+            tenants: &tenants,
+            plans: &plans,
+            nodes,
+        };
+        plan_with(&input, &Default::default(), &now(), memo)
+    };
+    let holders =
+        |out: &PlanOutput| -> Vec<Vec<String>> { out.nodes[0].spec.gpus.iter().map(|g| g.tenants.clone()).collect() };
+    let mut nodes = vec![node("n1", "pool", "H100-80GB", 2, false)];
+    let mut memo = PlanMemo::default();
+    let first = run(&nodes, Some(&mut memo));
+    assert_eq!(holders(&first), [["a"], ["b"]]);
+    let runs = |nodes: &mut [NodeInventory], holders: &[Vec<String>]| {
+        for (gpu, tenants) in nodes[0].gpus.iter_mut().zip(holders) {
+            gpu.mode = Some(Mode::Exclusive);
+            gpu.tenants = tenants.clone();
+        }
+    };
+    // The agent runs the plan with the GPUs swapped: a pass from nothing keeps what runs.
+    runs(&mut nodes, &[vec!["b".into()], vec!["a".into()]]);
+    let fresh = run(&nodes, None);
+    assert_eq!(holders(&fresh), [["b"], ["a"]]);
+    assert_eq!(run(&nodes, Some(&mut memo)), fresh);
+    // Then it runs that result: the memo's cell stands, as a pass from nothing gives it.
+    runs(&mut nodes, &holders(&fresh));
+    assert_eq!(run(&nodes, Some(&mut memo)), run(&nodes, None));
+}

@@ -15,6 +15,8 @@ use super::holders::{Current, GpuHolders};
 use super::scope::Scope;
 use super::units::GpuRef;
 use crate::api::{GpuSpec, Mode, SharedVec, TenantShares};
+use crate::inventory::NodeGpu;
+use crate::planner::changes::{instance_holder, whole_holders};
 use crate::policy::TenantProfile;
 
 /// A pass's bindings, per GPU of the cell in the order of its scope's GPUs (`Scope::gpus`);
@@ -134,6 +136,23 @@ impl Bound {
             bound.write(&mut gpus[g], tenants);
         }
         differ
+    }
+
+    /// Whether the `j`th GPU, planned as `spec`, runs now (`inv`) what these bindings bind on it:
+    /// a placing pass would find them its holders (`Current::from_inventory`, GPU by GPU).
+    pub fn runs_on(&self, j: usize, spec: &GpuSpec, inv: &NodeGpu, tenants: &[TenantProfile]) -> bool {
+        let bound = &self.gpus[j];
+        let name = |t: u32| tenants[t as usize].name.as_str();
+        let whole = whole_holders(inv, spec.mode);
+        whole.len() == bound.whole.len()
+            && whole
+                .iter()
+                .zip(&bound.whole)
+                .all(|(holder, &(t, count))| holder == name(t) && inv.shares.get(holder).copied().unwrap_or(0) == count)
+            && bound
+                .instances
+                .iter()
+                .all(|&(k, t)| instance_holder(inv, &spec.mig_instances[k as usize]) == t.map(name))
     }
 
     /// Whether every GPU of `scope` on `nodes` carries these bindings.

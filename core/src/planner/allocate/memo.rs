@@ -92,6 +92,21 @@ impl GpuInput {
     }
 
     fn matches(&self, node: &NodeDesired, g: usize) -> bool {
+        self.matches_layout(node, g) && node.inventory.gpus.get(node.gpus[g].index as usize) == Some(&self.inventory)
+    }
+
+    /// [`GpuInput::matches`] but for what runs on the GPU now.
+    fn matches_but_running(&self, node: &NodeDesired, g: usize) -> bool {
+        self.matches_layout(node, g)
+            && node
+                .inventory
+                .gpus
+                .get(node.gpus[g].index as usize)
+                .is_some_and(|now| same_but_running(&self.inventory, now))
+    }
+
+    /// The same layout, dedication and settings.
+    fn matches_layout(&self, node: &NodeDesired, g: usize) -> bool {
         let spec = &node.gpus[g];
         let kept = &self.spec;
         kept.index == spec.index
@@ -105,8 +120,44 @@ impl GpuInput {
                 .zip(&spec.mig_instances)
                 .all(|(a, b)| a.profile == b.profile && a.placement == b.placement)
             && self.dedicated == node.dedicated[g]
-            && node.inventory.gpus.get(spec.index as usize) == Some(&self.inventory)
     }
+}
+
+/// How a GPU differs from the last pass's read of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Same,
+    /// Only what runs on it now: its mode, MIG instances and the tenants holding it or them.
+    Running,
+    Other,
+}
+
+/// Whether `a` and `b` are the same GPU, what runs on it now aside: every field compared, so a
+/// field added to [`NodeGpu`] must be added here.
+fn same_but_running(a: &NodeGpu, b: &NodeGpu) -> bool {
+    let NodeGpu {
+        index,
+        model,
+        name,
+        memory_mib,
+        numa_node,
+        compute_capability,
+        uuid,
+        instances: _,
+        instance_tenants: _,
+        mode: _,
+        tenants: _,
+        shares: _,
+        profile_memory_mib,
+    } = a;
+    *index == b.index
+        && *model == b.model
+        && *name == b.name
+        && *memory_mib == b.memory_mib
+        && *numa_node == b.numa_node
+        && *compute_capability == b.compute_capability
+        && *uuid == b.uuid
+        && *profile_memory_mib == b.profile_memory_mib
 }
 
 /// A cell's inputs and result from an earlier pass.
@@ -115,7 +166,35 @@ struct CellMemo {
     tenants: Vec<TenantProfile>,
     /// Tenants by their position in `tenants`.
     bindings: Bound,
+    /// Per GPU (as `gpus`), whether what runs on it now is what `bindings` bind there; and how
+    /// many do not.
+    runs: Vec<bool>,
+    not_running: usize,
     grants: BTreeMap<String, CellGrants>,
+}
+
+impl CellMemo {
+    /// Reads again whether the `j`th GPU, GPU `g` of `node`, runs what the cell bound there.
+    fn read_running(&mut self, j: usize, node: &NodeDesired, g: usize) {
+        let runs = runs_on(&self.bindings, j, node, g, &self.tenants);
+        if runs != self.runs[j] {
+            self.runs[j] = runs;
+            if runs {
+                self.not_running -= 1;
+            } else {
+                self.not_running += 1;
+            }
+        }
+    }
+}
+
+/// Whether GPU `g` of `node`, the `j`th of a cell bound as `bound`, runs now what is bound there.
+fn runs_on(bound: &Bound, j: usize, node: &NodeDesired, g: usize, tenants: &[TenantProfile]) -> bool {
+    let spec = &node.gpus[g];
+    node.inventory
+        .gpus
+        .get(spec.index as usize)
+        .is_some_and(|inv| bound.runs_on(j, spec, inv, tenants))
 }
 
 /// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
@@ -168,7 +247,7 @@ impl AllocationMemo {
             Some(last) if same_offers && same_families => last,
             _ => cells(tenants, nodes),
         };
-        let stale = self.stale_cells(&cells, tenants, &changed);
+        let stale = self.stale_cells(&cells, tenants, &changed, nodes);
         (cells, stale)
     }
 
@@ -201,20 +280,46 @@ impl AllocationMemo {
         same
     }
 
-    fn stale_cells(&self, cells: &[Cell], tenants: &[TenantProfile], changed: &[Vec<bool>]) -> Vec<bool> {
+    /// Per cell whether it must be placed again: new, over other GPUs, with other tenants, or
+    /// with a GPU changed. A GPU where only what runs now changed, to what the cell's last result
+    /// bound there, leaves the cell as it was when every GPU of it runs its result then: placing
+    /// from a result as what runs now gives it back (the planner's fixed point, DESIGN.md §4), so
+    /// an agent applying the last plan costs the cell no placing.
+    fn stale_cells(
+        &mut self,
+        cells: &[Cell],
+        tenants: &[TenantProfile],
+        changed: &[Vec<Change>],
+        nodes: &[NodeDesired],
+    ) -> Vec<bool> {
         cells
             .iter()
-            .map(|cell| match self.cells.get(&key(cell)) {
-                Some(m) => {
-                    m.gpus != cell.scope.gpus
-                        || cell.scope.gpus.iter().any(|&(n, g)| changed[n as usize][g as usize])
-                        || m.tenants.len() != cell.tenants.len()
-                        || m.tenants
-                            .iter()
-                            .zip(&cell.tenants)
-                            .any(|(kept, (t, requests))| !same_profile(kept, &tenants[*t], requests))
+            .map(|cell| {
+                let Some(m) = self.cells.get_mut(&key(cell)) else {
+                    return true;
+                };
+                if m.gpus != cell.scope.gpus
+                    || m.tenants.len() != cell.tenants.len()
+                    || m.tenants
+                        .iter()
+                        .zip(&cell.tenants)
+                        .any(|(kept, (t, requests))| !same_profile(kept, &tenants[*t], requests))
+                {
+                    return true;
                 }
-                None => true,
+                for (j, &(n, g)) in cell.scope.gpus.iter().enumerate() {
+                    match changed[n as usize][g as usize] {
+                        Change::Same => {}
+                        Change::Other => return true,
+                        Change::Running => m.read_running(j, &nodes[n as usize], g as usize),
+                    }
+                }
+                m.not_running > 0
+                    && cell
+                        .scope
+                        .gpus
+                        .iter()
+                        .any(|&(n, g)| changed[n as usize][g as usize] != Change::Same)
             })
             .collect()
     }
@@ -225,10 +330,10 @@ impl AllocationMemo {
     /// GPU in the same mode with the same MIG profiles): what [`cells`] splits the fleet by. A
     /// GPU whose memory, dedication or settings changed is placed again in its cell; the cells
     /// stay.
-    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<bool>>, bool) {
+    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<Change>>, bool) {
         let mut same = self.fleet.len() == nodes.len();
         self.fleet.truncate(nodes.len());
-        let changed: Vec<Vec<bool>> = nodes
+        let changed: Vec<Vec<Change>> = nodes
             .iter()
             .enumerate()
             .map(|(n, node)| match self.fleet.get_mut(n) {
@@ -240,7 +345,7 @@ impl AllocationMemo {
                         node.inventory.name,
                         node.inventory.revision
                     );
-                    vec![false; node.gpus.len()]
+                    vec![Change::Same; node.gpus.len()]
                 }
                 Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => {
                     kept.revision.clone_from(&node.inventory.revision);
@@ -248,12 +353,17 @@ impl AllocationMemo {
                         .iter_mut()
                         .enumerate()
                         .map(|(g, gpu)| {
-                            let unchanged = gpu.matches(node, g);
-                            if !unchanged {
-                                same &= gpu.offers_same(node, g);
-                                *gpu = GpuInput::of(node, g);
+                            if gpu.matches(node, g) {
+                                return Change::Same;
                             }
-                            !unchanged
+                            same &= gpu.offers_same(node, g);
+                            let change = if gpu.matches_but_running(node, g) {
+                                Change::Running
+                            } else {
+                                Change::Other
+                            };
+                            *gpu = GpuInput::of(node, g);
+                            change
                         })
                         .collect()
                 }
@@ -263,7 +373,7 @@ impl AllocationMemo {
                         Some(k) => *k = NodeInput::of(node),
                         None => self.fleet.push(NodeInput::of(node)),
                     }
-                    vec![true; node.gpus.len()]
+                    vec![Change::Other; node.gpus.len()]
                 }
             })
             .collect();
@@ -298,6 +408,14 @@ impl AllocationMemo {
             bound.are_on(nodes, &cell.scope, &profiles),
             "bindings remembered that are not the nodes'"
         );
+        let runs: Vec<bool> = cell
+            .scope
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(j, &(n, g))| runs_on(&bound, j, &nodes[n as usize], g as usize, &profiles))
+            .collect();
+        let not_running = runs.iter().filter(|r| !**r).count();
         match &last {
             Some(last) => {
                 let moved = grants
@@ -313,6 +431,8 @@ impl AllocationMemo {
             key,
             CellMemo {
                 gpus: cell.scope.gpus.clone(),
+                runs,
+                not_running,
                 tenants: profiles,
                 bindings: bound,
                 grants,
