@@ -20,6 +20,9 @@
 //! controller would start it afresh (after a burst of nodes read again, as growing makes);
 //! `PASS_PROFILE_AFRESH=0` keeps it as it is instead. `PASS_PROFILE_DIGEST=1` (with `new`) prints
 //! a digest of each pass's desired state, to hold one build's passes equal to another's.
+//! `PASS_PROFILE_WRITE_BACK=1` (with `new`) then hands the pass's own writes back, as the watches
+//! do after the controller writes them (the GpuNode specs, the tenants' and plans' statuses,
+//! each with a new resourceVersion), and times the pass that follows, as a change's second pass.
 
 #[path = "support/stats.rs"]
 mod stats;
@@ -126,6 +129,8 @@ fn main() -> Result<(), String> {
         .map(std::time::Duration::from_millis);
     let check = std::env::var_os("PASS_PROFILE_CHECK").is_some();
     let digests = std::env::var_os("PASS_PROFILE_DIGEST").is_some();
+    let write_back = std::env::var_os("PASS_PROFILE_WRITE_BACK").is_some();
+    let mut times_second = vec![];
     let mut cold = std::env::var_os("PASS_PROFILE_COLD").map(|_| vec![0u8; 256 << 20]);
     for step in 1..=changes {
         if let Some(pause) = pause {
@@ -156,6 +161,24 @@ fn main() -> Result<(), String> {
                     return Err(format!("change {step}: the pass differs from a full pass"));
                 }
             }
+            if write_back {
+                written_back(&mut s, &desired, step);
+                let at = Instant::now();
+                let second = measured(&mut after, &s);
+                times_second.push(at.elapsed().as_secs_f64() * 1e3);
+                start_afresh(&s);
+                if digests {
+                    println!(
+                        "change {step}, its writes back: desired state digest {:016x}",
+                        digest(&second)?
+                    );
+                }
+                if check && digests && gpu_tenancy::controller::desired_of(&s, &settings, &now) != second {
+                    return Err(format!(
+                        "change {step}, its writes back: the pass differs from a full pass"
+                    ));
+                }
+            }
             let at = Instant::now();
             black_box(planning(&s));
             times_planning.push(at.elapsed().as_secs_f64() * 1e3);
@@ -181,6 +204,9 @@ fn main() -> Result<(), String> {
     println!("tenant change, shared and read where changed: {}", stats(times_after));
     if only_new {
         println!("  its minor page faults: {}", counts(faults));
+    }
+    if !times_second.is_empty() {
+        println!("  the pass after its writes came back: {}", stats(times_second));
     }
     if !times_full.is_empty() {
         println!("  the same change planned from nothing after it: {}", stats(times_full));
@@ -241,6 +267,50 @@ fn measured(
     s: &Snapshot,
 ) -> gpu_tenancy::desired::Desired {
     black_box(pass(s))
+}
+
+/// The pass's own writes as the watches hand them back: each GpuNode whose spec it changes, each
+/// tenant and plan whose status it changes, with a new resourceVersion (the agents' writes are
+/// not simulated).
+fn written_back(s: &mut Snapshot, desired: &gpu_tenancy::desired::Desired, step: u32) {
+    let version = Some(format!("written-back-{step}"));
+    let at: std::collections::HashMap<&str, usize> = s
+        .gpu_nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| Some((n.metadata.name.as_deref()?, i)))
+        .collect();
+    let mut nodes = vec![];
+    for d in &desired.nodes {
+        if let Some(&i) = d.metadata.name.as_deref().and_then(|n| at.get(n))
+            && s.gpu_nodes[i].spec != d.spec
+        {
+            nodes.push((i, d.spec.clone()));
+        }
+    }
+    for (i, spec) in nodes {
+        let n = Arc::make_mut(&mut s.gpu_nodes[i]);
+        n.spec = spec;
+        n.metadata.generation = Some(n.metadata.generation.unwrap_or(0) + 1);
+        n.metadata.resource_version.clone_from(&version);
+    }
+    for t in &mut s.tenants {
+        if let Some(d) = desired.tenants.iter().find(|d| d.metadata.name == t.metadata.name)
+            && d.status != t.status
+        {
+            let t = Arc::make_mut(t);
+            t.status.clone_from(&d.status);
+            t.metadata.resource_version.clone_from(&version);
+        }
+    }
+    for p in &mut s.plans {
+        if let Some(d) = desired.plans.iter().find(|d| d.metadata.name == p.metadata.name)
+            && d.status != p.status
+        {
+            p.status.clone_from(&d.status);
+            p.metadata.resource_version.clone_from(&version);
+        }
+    }
 }
 
 /// A digest of everything a pass would write (the clock is fixed here, so condition times are too).
