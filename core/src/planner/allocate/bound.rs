@@ -99,10 +99,10 @@ impl Bound {
     }
 
     /// The bindings as if they ran now: where a placing pass from them starts.
-    pub fn holders(&self, tenants: &[TenantProfile]) -> Current {
-        let name = |t: u32| tenants[t as usize].name.clone();
+    pub fn holders<'t>(&self, tenants: &'t [TenantProfile]) -> Current<'t> {
+        let name = |t: u32| tenants[t as usize].name.as_str();
         let gpus = self.gpus.iter().map(|g| {
-            let mut whole: Vec<(String, u32)> = g.whole.iter().map(|&(t, s)| (name(t), s)).collect();
+            let mut whole: Vec<(&str, u32)> = g.whole.iter().map(|&(t, s)| (name(t), s)).collect();
             whole.sort();
             let mut instances = vec![None; g.mig_count as usize];
             for &(k, t) in &g.instances {

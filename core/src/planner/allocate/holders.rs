@@ -35,46 +35,48 @@ pub(super) type Placings = BTreeMap<PoolKey, Placing>;
 /// Who holds each unit of the planned layout now, per GPU of the cell, in the order of its
 /// scope's GPUs (`Scope::gpus`): a cell's GPUs are a fraction of a fleet of 400,000.
 /// Empty where nobody holds anything (a fleet planned from empty): nothing to copy then.
+/// Names are borrowed from what they are read from (the inventories, or the cell's tenants):
+/// the MPS cell's 12,000 GPUs are read on every change.
 #[derive(PartialEq)]
-pub(super) struct Current {
-    gpus: Vec<GpuHolders>,
+pub(super) struct Current<'h> {
+    gpus: Vec<GpuHolders<'h>>,
 }
 
 /// The holders of a GPU nobody holds.
-static NOBODY: GpuHolders = GpuHolders {
+static NOBODY: GpuHolders<'static> = GpuHolders {
     whole: Vec::new(),
     shares: Vec::new(),
     instances: Vec::new(),
 };
 
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct GpuHolders {
+pub(super) struct GpuHolders<'h> {
     /// Tenants of the GPU used whole in its planned mode.
-    pub whole: Vec<String>,
+    pub whole: Vec<&'h str>,
     /// On a shared GPU, the shares each of `whole` holds (0: not known, at least one).
     pub shares: Vec<u32>,
     /// Tenant of each planned MIG instance.
-    pub instances: Vec<Option<String>>,
+    pub instances: Vec<Option<&'h str>>,
 }
 
-impl Current {
+impl<'h> Current<'h> {
     /// Whether nobody holds any unit.
     pub fn holds_nothing(&self) -> bool {
         self.gpus.is_empty()
     }
 
     /// Who holds the units of the `j`th GPU of the cell.
-    pub fn gpu(&self, j: u32) -> &GpuHolders {
+    pub fn gpu(&self, j: u32) -> &GpuHolders<'h> {
         self.gpus.get(j as usize).unwrap_or(&NOBODY)
     }
 
     /// The tenant holding instance `i` of the `j`th GPU of the cell.
-    pub fn instance(&self, j: u32, i: u32) -> Option<&str> {
-        self.gpu(j).instances.get(i as usize)?.as_deref()
+    pub fn instance(&self, j: u32, i: u32) -> Option<&'h str> {
+        *self.gpu(j).instances.get(i as usize)?
     }
 
     /// `gpus`, or none where nobody holds anything.
-    pub fn of(gpus: Vec<GpuHolders>) -> Current {
+    pub fn of(gpus: Vec<GpuHolders<'h>>) -> Current<'h> {
         let nobody = gpus
             .iter()
             .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none));
@@ -87,7 +89,7 @@ impl Current {
     /// and placement, a whole GPU when it is in the planned mode now.
     /// Of the GPUs of `scope` (nobody holds the others), and of its instances (another cell's
     /// on the same GPU are left to nobody: only the cell's pools read them).
-    pub fn from_inventory(nodes: &CellNodes, scope: &Scope) -> Current {
+    pub fn from_inventory(nodes: &'h CellNodes, scope: &Scope) -> Current<'h> {
         let at = &scope.gpus;
         // A GPU's planned spec and what runs on it now.
         let gpu = |&(n, g): &GpuRef| {
@@ -108,18 +110,14 @@ impl Current {
             .iter()
             .map(|at| {
                 let (spec, inv) = gpu(at);
-                let whole = whole_holders(inv, spec.mode).to_vec();
+                let whole: Vec<&str> = whole_holders(inv, spec.mode).iter().map(String::as_str).collect();
                 GpuHolders {
-                    shares: whole.iter().map(|t| inv.shares.get(t).copied().unwrap_or(0)).collect(),
+                    shares: whole.iter().map(|t| inv.shares.get(*t).copied().unwrap_or(0)).collect(),
                     whole,
                     instances: spec
                         .mig_instances
                         .iter()
-                        .map(|i| {
-                            instance_holder(inv, i)
-                                .filter(|_| scope.has_mig(&i.profile))
-                                .map(str::to_string)
-                        })
+                        .map(|i| instance_holder(inv, i).filter(|_| scope.has_mig(&i.profile)))
                         .collect(),
                 }
             })

@@ -194,7 +194,7 @@ struct CellPasses<'c> {
     tenants: &'c [TenantProfile],
     scope: &'c Scope,
     /// Who holds each unit now.
-    now: Current,
+    now: Current<'c>,
     template: Template,
     /// Tenants by priority, then name.
     order: Vec<usize>,
