@@ -101,10 +101,31 @@ pub struct PlanRollout {
 pub struct Rollout {
     /// The GpuNodes to write now, sorted by name: the desired spec, or the current one when held back.
     pub nodes: Vec<GpuNode>,
-    /// Per node name.
-    pub node_rollouts: BTreeMap<String, NodeRollout>,
+    /// Per node, in the order of `nodes` (the pass's: by name), so read by position, not
+    /// looked up by name for every node ([`Rollout::node_rollout`] finds one by name).
+    pub node_rollouts: Vec<NodeRollout>,
     /// Per plan name, every plan given (and any other plan a desired spec names).
     pub plans: BTreeMap<String, PlanRollout>,
+}
+
+impl Rollout {
+    /// The rollout of the node named `name` (`nodes` are sorted by name).
+    pub fn node_rollout(&self, name: &str) -> Option<&NodeRollout> {
+        let at = self
+            .nodes
+            .binary_search_by(|n| n.metadata.name.as_deref().unwrap_or_default().cmp(name))
+            .ok()?;
+        self.node_rollouts.get(at)
+    }
+
+    /// The rollout of the `i`th node, which the caller expects to be named `name`: found by
+    /// position (the pass's nodes and these are in one order), by name where it is not there.
+    pub fn node_rollout_at(&self, i: usize, name: &str) -> Option<&NodeRollout> {
+        match self.nodes.get(i) {
+            Some(n) if n.metadata.name.as_deref() == Some(name) => self.node_rollouts.get(i),
+            _ => self.node_rollout(name),
+        }
+    }
 }
 
 /// `maxUnavailable` as a number of nodes, for a plan governing `selected` nodes: a percentage is
@@ -220,17 +241,14 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
         if let Some(c) = cur.filter(|_| !write_desired) {
             *node = GpuNode::new(&name, c.spec.clone());
         }
-        node_rollouts.push((
-            name,
-            NodeRollout {
-                plan,
-                progress,
-                changing,
-            },
-        ));
+        node_rollouts.push(NodeRollout {
+            plan,
+            progress,
+            changing,
+        });
     }
     out.nodes = desired;
-    out.node_rollouts = node_rollouts.into_iter().collect();
+    out.node_rollouts = node_rollouts;
     out.plans = summary;
     out
 }
@@ -355,8 +373,13 @@ mod tests {
         assert_eq!((p.selected, p.updated, p.applied, p.max_unavailable), (10, 2, 0, 2));
         assert_eq!(p.changing, ["n00", "n01"]);
         assert_eq!(p.held_back, names(10)[2..]);
-        assert!(first.node_rollouts["n05"].is_held_back());
-        assert_eq!(first.node_rollouts["n00"].progress, Progress::Pending);
+        assert!(first.node_rollout("n05").unwrap().is_held_back());
+        assert_eq!(first.node_rollout("n00").unwrap().progress, Progress::Pending);
+        // Found by position, and by name where the position holds another node.
+        assert!(first.node_rollout_at(5, "n05").unwrap().is_held_back());
+        assert!(first.node_rollout_at(0, "n05").unwrap().is_held_back());
+        assert_eq!(first.node_rollout_at(5, "n00").unwrap().progress, Progress::Pending);
+        assert_eq!(first.node_rollout("n99"), None);
 
         // Written, not yet applied: the same two keep the budget, the same specs are written.
         write(&mut nodes, &first.nodes);
@@ -368,7 +391,7 @@ mod tests {
         report(&mut nodes, "n00", AppliedState::Applied);
         let next = rollout(desired(10, &new), &nodes, &[&plan]);
         assert_eq!(with_spec(&next, &new), ["n00", "n01", "n02"]);
-        assert_eq!(next.node_rollouts["n00"].progress, Progress::Applied);
+        assert_eq!(next.node_rollout("n00").unwrap().progress, Progress::Applied);
 
         // Both apply: the next two.
         report(&mut nodes, "n01", AppliedState::Applied);
@@ -402,7 +425,7 @@ mod tests {
         let nodes = fleet(3, &old);
         let r = rollout(desired(3, &new), &nodes, &[&plan_with(None)]);
         let held = &r.nodes[2];
-        assert!(r.node_rollouts["n02"].is_held_back());
+        assert!(r.node_rollout("n02").unwrap().is_held_back());
         let current = &nodes[2].current.as_ref().unwrap().spec;
         assert_eq!(&held.spec, current);
         assert_eq!(
@@ -423,10 +446,10 @@ mod tests {
         report(&mut nodes, "n00", AppliedState::Failed("GPU 0: ResetRequired".into()));
         let r = rollout(desired(3, &new), &nodes, &[&plan]);
         assert_eq!(
-            r.node_rollouts["n00"].progress,
+            r.node_rollout("n00").unwrap().progress,
             Progress::Failed("GPU 0: ResetRequired".into())
         );
-        assert!(!r.node_rollouts["n00"].changing);
+        assert!(!r.node_rollout("n00").unwrap().changing);
         assert_eq!(r.plans["p"].failed, ["n00"]);
         assert_eq!(r.plans["p"].changing, ["n01"]);
         assert_eq!(with_spec(&r, &new), ["n00", "n01"]);
@@ -458,7 +481,7 @@ mod tests {
         let r = rollout(desired(5, &new), &offline, &[&plan]);
         assert_eq!(with_spec(&r, &new).len(), 5);
         assert!(r.plans["p"].changing.is_empty());
-        assert!(r.node_rollouts.values().all(|n| n.progress == Progress::Pending));
+        assert!(r.node_rollouts.iter().all(|n| n.progress == Progress::Pending));
         // A GpuNode whose spec lists no GPUs (created by the agent, or left by a plan that went).
         let mut nodes = fleet(5, &GpuNodeSpec::default());
         let r = rollout(desired(5, &new), &nodes, &[&plan]);

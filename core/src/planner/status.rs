@@ -182,7 +182,7 @@ enum Standing {
 fn node_counts<'f>(fleet: &'f Fleet, rollout: &Rollout) -> BTreeMap<&'f str, (PlanNodeCounts, Vec<PlanNodeDetail>)> {
     // Borrowed plan names and no list per node: this runs for every node on every pass.
     let mut counts: BTreeMap<&str, (PlanNodeCounts, Vec<PlanNodeDetail>)> = BTreeMap::new();
-    for node in &fleet.nodes {
+    for (i, node) in fleet.nodes.iter().enumerate() {
         let name = &node.inventory.name;
         let mut count = |plan: &'f str, standing: Standing| {
             let (c, details) = counts.entry(plan).or_default();
@@ -228,7 +228,7 @@ fn node_counts<'f>(fleet: &'f Fleet, rollout: &Rollout) -> BTreeMap<&'f str, (Pl
         };
         match (&node.state, &node.plan) {
             (NodeState::Planned, Some(p)) => {
-                let standing = match rollout.node_rollouts.get(name).map(|r| &r.progress) {
+                let standing = match rollout.node_rollout_at(i, name).map(|r| &r.progress) {
                     Some(Progress::Applied) => Standing::Applied,
                     Some(Progress::HeldBack) => Standing::HeldBack,
                     Some(Progress::Failed(m)) => Standing::AgentFailed(m.clone()),
