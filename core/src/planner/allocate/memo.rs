@@ -3,7 +3,9 @@
 //! [`AllocationMemo`] keeps each cell's inputs and result from the last pass. A cell whose inputs
 //! are equal (the requests of its tenants with everything their policies say, and every GPU of
 //! its families: layout, dedication, what it is and what runs on it now) gets its last result
-//! back without being placed again: the allocation is a pure function of those inputs.
+//! back without being placed again: the allocation is a pure function of those inputs. So does a
+//! cell whose GPUs changed only in what runs on them, to what its last result bound there, when
+//! every GPU of it runs that result (`AllocationMemo::stale_cells`).
 
 use super::bound::Bound;
 use super::cells::cells;
