@@ -287,12 +287,12 @@ impl Allocator<'_, '_, '_> {
         self.state[t].units.push(Unit::Instance(at, inst));
     }
 
-    pub(super) fn bind_whole(&mut self, t: usize, at: GpuRef, mode: Mode, count: u32) {
-        if mode == Mode::Exclusive {
-            self.state[t].units.push(Unit::Gpu(at));
-        }
+    /// The exclusive GPU at `at` to tenant `t` (a shared GPU's shares are bound by its position,
+    /// in [`super::shared`]).
+    pub(super) fn bind_gpu(&mut self, t: usize, at: GpuRef) {
+        self.state[t].units.push(Unit::Gpu(at));
         if let Some(bound) = &mut self.bound {
-            bound.whole(self.scope, at, mode, t, count);
+            bound.whole(self.scope, at, Mode::Exclusive, t, 1);
         }
     }
 }

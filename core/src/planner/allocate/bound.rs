@@ -38,6 +38,14 @@ struct BoundGpu {
     mig_count: u32,
 }
 
+/// The position of the GPU at `at` among `scope`'s GPUs (sorted, so found by bisection).
+fn position(scope: &Scope, at: GpuRef) -> usize {
+    scope
+        .gpus
+        .binary_search(&at)
+        .expect("a pass binds only GPUs of its cell")
+}
+
 impl Bound {
     /// Nobody bound on any GPU of `scope`.
     pub fn none(nodes: &CellNodes, scope: &Scope) -> Bound {
@@ -59,13 +67,9 @@ impl Bound {
         Bound { gpus: gpus.collect() }
     }
 
-    /// The bindings of the GPU at `at` (`scope.gpus` is sorted, so found by bisection).
+    /// The bindings of the GPU at `at`.
     fn at(&mut self, scope: &Scope, at: GpuRef) -> &mut BoundGpu {
-        let j = scope
-            .gpus
-            .binary_search(&at)
-            .expect("a pass binds only GPUs of its cell");
-        &mut self.gpus[j]
+        &mut self.gpus[position(scope, at)]
     }
 
     /// Instance `inst` of the GPU at `at` to tenant `t`.
@@ -78,7 +82,13 @@ impl Bound {
 
     /// The GPU at `at`, used whole, to tenant `t`, with `count` more shares where `mode` shares it.
     pub fn whole(&mut self, scope: &Scope, at: GpuRef, mode: Mode, t: usize, count: u32) {
-        let gpu = self.at(scope, at);
+        self.whole_at(position(scope, at), mode, t, count);
+    }
+
+    /// [`Bound::whole`] for the `j`th GPU of the cell's scope: a shared pool knows its GPUs'
+    /// positions, and binds tens of thousands of shares a pass in the MPS cell.
+    pub fn whole_at(&mut self, j: usize, mode: Mode, t: usize, count: u32) {
+        let gpu = &mut self.gpus[j];
         let shared = mode.is_shared();
         gpu.shared = shared;
         let add = if shared { count } else { 0 };

@@ -10,7 +10,7 @@
 use super::allocator::Allocator;
 use super::pools::Pool;
 use super::units::{PoolKey, Shortfall};
-use crate::api::{Mode, TopologyPolicy};
+use crate::api::TopologyPolicy;
 
 impl Allocator<'_, '_, '_> {
     pub(super) fn take_exclusive(&mut self, t: usize, r: usize, key: &PoolKey, want: u32) -> u32 {
@@ -98,7 +98,7 @@ impl Allocator<'_, '_, '_> {
         if let Some(Pool::Exclusive(pool)) = self.pools.get_mut(key) {
             pool.take(d, gpu, t);
         }
-        self.bind_whole(t, (node, gpu), Mode::Exclusive, 1);
+        self.bind_gpu(t, (node, gpu));
         self.record(t, r, 1, unit);
         true
     }

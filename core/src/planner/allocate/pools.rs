@@ -161,10 +161,19 @@ impl Template {
                             }
                             _ => (gpu.time_slicing.as_ref().map_or(1, |t| t.replicas), None),
                         };
-                        if let Made::Shared(gpus, holders_at) = b.pool((mode, "", ded), || Made::Shared(vec![], vec![]))
-                        {
+                        // An open pool sized for the cell's GPUs still to come: the MPS cell's holds
+                        // 12,000 GPUs at 5,000 nodes, and a list grown by doubling copies them
+                        // again. (Not a dedicated one: a cell may have one per tenant.)
+                        let left = if ded.is_empty() {
+                            scope.gpus.len() - j as usize
+                        } else {
+                            0
+                        };
+                        let new = || Made::Shared(Vec::with_capacity(left), Vec::with_capacity(left));
+                        if let Made::Shared(gpus, holders_at) = b.pool((mode, "", ded), new) {
                             gpus.push(SharedGpu {
                                 at,
+                                position: j,
                                 setting,
                                 memory_mib: inv.memory_mib,
                                 pinned_mib,
@@ -296,6 +305,8 @@ pub(super) struct MigPool {
 #[derive(Clone)]
 pub(super) struct SharedGpu {
     pub(super) at: GpuRef,
+    /// Its position in the cell's GPUs (`Scope::gpus`), where a pass binds it ([`super::bound::Bound`]).
+    pub(super) position: u32,
     /// maxClients or replicas of the plan.
     pub(super) setting: u32,
     pub(super) memory_mib: u64,

@@ -113,7 +113,7 @@ impl Allocator<'_, '_, '_> {
         let first = g.capacity.is_none();
         g.capacity = Some(capacity);
         g.used += n;
-        let at = g.at;
+        let position = g.position as usize;
         if first {
             g.opener = Some(t);
             g.locked = forbidden;
@@ -135,7 +135,9 @@ impl Allocator<'_, '_, '_> {
             *next_empty += 1;
         }
         *self.state[t].shares.entry((id, i)).or_insert(0) += n;
-        self.bind_whole(t, at, mode, n);
+        if let Some(bound) = &mut self.bound {
+            bound.whole_at(position, mode, t, n);
+        }
         self.record(t, r, n, per_share);
         n
     }

@@ -316,7 +316,8 @@ impl Allocator<'_, '_, '_> {
         let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
             return;
         };
-        let mut pairs = Vec::new();
+        // Sized first: a tenant's shares are walked from a map, which does not say how many.
+        let mut pairs = Vec::with_capacity(claims.iter().map(|&(t, _, _)| self.state[t].shares.len()).sum());
         for (c, &(t, _, _)) in claims.iter().enumerate() {
             pairs.extend(self.shared_gpus_of(t, *id).map(|i| (c, i)));
         }
