@@ -8,9 +8,9 @@
 
 use super::nodes::NodeRoles;
 use crate::api::{ConditionSet, GpuTenant, Grants, set_condition};
+use foldhash::{HashMap, HashSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use std::collections::{HashMap, HashSet};
 
 /// The node roles of the last pass, and per tenant the grants it was given then with the
 /// condition they made.

@@ -8,10 +8,11 @@ use crate::device_plugin::{NodeConfig, Sharing, UNPLANNED, UNPLANNED_CONFIG};
 use crate::inventory::NodeInventory;
 use crate::inventory::handover_pending;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, SCRUB_PENDING, SHARING};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The tenant a plan dedicates every GPU to, if one: its nodes are tainted for that tenant.

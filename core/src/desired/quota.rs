@@ -32,11 +32,12 @@ use crate::device_plugin::{RESOURCE_GPU, RESOURCE_SHARED, mig_resource, push_res
 use crate::dra::claim_quota_key;
 use crate::labels::{POD_SECURITY_AUDIT, POD_SECURITY_ENFORCE, POD_SECURITY_WARN, TENANT};
 use crate::planner::PlanOutput;
+use foldhash::{HashMap, HashMapExt};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The prefix of a quota key on a resource's requests.

@@ -1,6 +1,6 @@
 //! Statuses the controller publishes, computed from the planner's results.
 
-use super::allocate::TenantGrants;
+use super::allocate::GrantsByTenant;
 use super::nodes::{Fleet, NodeState};
 use super::rollout::{Progress, Rollout};
 use crate::api::{
@@ -96,7 +96,7 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
 pub fn tenant_statuses<T: Borrow<GpuTenant>>(
     tenants: &[T],
     check: &TenantCheck,
-    mut grants: BTreeMap<String, TenantGrants>,
+    mut grants: GrantsByTenant,
     now: &Time,
 ) -> Vec<GpuTenant> {
     let mut out: Vec<GpuTenant> = tenants.iter().map(|t| without_grants(t.borrow())).collect();

@@ -15,8 +15,9 @@ use super::rules::TenantRules;
 use crate::api::{GpuTenant, SharingPolicy, TenantAdmission};
 use crate::desired::dra::DraHoldings;
 use crate::desired::tenant_key::TenantKey;
+use foldhash::HashMap;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 #[derive(Debug, Default)]

@@ -11,13 +11,14 @@ use super::bound::Bound;
 use super::cells::cells;
 use super::report::{cells_of_tenants, merge_tenant};
 use super::scope::Cell;
-use super::units::{CellGrants, Family, GpuRef, TenantGrants};
+use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
 use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
+use foldhash::HashMap;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One GPU as an allocation reads it, before any binding is written.
 #[derive(Clone, Debug, PartialEq)]
@@ -451,18 +452,13 @@ impl AllocationMemo {
     /// Every tenant's grants from its cells', all remembered, `stale` those placed this pass. A
     /// tenant in the same cells with the same requests as in the last pass, given in each what
     /// it was given then, gets its last merged grants back (a list shared, not copied).
-    pub(super) fn merge(
-        &mut self,
-        tenants: &[TenantProfile],
-        cells: &[Cell],
-        stale: &[bool],
-    ) -> BTreeMap<String, TenantGrants> {
+    pub(super) fn merge(&mut self, tenants: &[TenantProfile], cells: &[Cell], stale: &[bool]) -> GrantsByTenant {
         let keys: Vec<Vec<Family>> = cells.iter().map(key).collect();
         let same_cells = keys == self.cell_keys;
         let mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>> =
             keys.iter().map(|k| Cow::Borrowed(&self.cells[k].grants)).collect();
         let of_tenants = cells_of_tenants(tenants, cells);
-        let mut out = BTreeMap::new();
+        let mut out = GrantsByTenant::with_capacity_and_hasher(tenants.len(), Default::default());
         for (t, of) in tenants.iter().zip(&of_tenants) {
             let kept = self.merged.get(&t.name).filter(|m| {
                 same_cells

@@ -37,7 +37,7 @@ use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::Amounts;
-pub use units::TenantGrants;
+pub use units::GrantsByTenant;
 use units::{CellGrants, PoolKey};
 
 /// Grants for every tenant, placed cell by cell ([`cells`]). With a memo, a cell whose inputs
@@ -46,7 +46,7 @@ pub fn allocate(
     tenants: &[TenantProfile],
     nodes: &mut [NodeDesired],
     memo: Option<&mut AllocationMemo>,
-) -> BTreeMap<String, TenantGrants> {
+) -> GrantsByTenant {
     match memo {
         None => {
             let cells = cells::cells(tenants, nodes);

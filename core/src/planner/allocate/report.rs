@@ -5,7 +5,7 @@ use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::pools::{Pool, SharedGpu};
 use super::scope::Cell;
-use super::units::{CellGrants, Family, GpuRef, Shortfall, TenantGrants, Unit};
+use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, Shortfall, TenantGrants, Unit};
 use crate::api::{AllocationSummary, Grant, Mode};
 use crate::policy::TenantProfile;
 use std::borrow::Cow;
@@ -231,7 +231,7 @@ pub(super) fn merge(
     tenants: &[TenantProfile],
     cells: &[Cell],
     mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>>,
-) -> BTreeMap<String, TenantGrants> {
+) -> GrantsByTenant {
     let of_tenants = cells_of_tenants(tenants, cells);
     tenants
         .iter()

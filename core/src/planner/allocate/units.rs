@@ -17,6 +17,10 @@ pub struct TenantGrants {
     pub shortfalls: Vec<String>,
 }
 
+/// Every tenant's grants, by name (hashed: a pass builds it for every tenant, and the statuses
+/// look each tenant up once).
+pub type GrantsByTenant = foldhash::HashMap<String, TenantGrants>;
+
 /// What one tenant received in one cell: its grants a list of their own, moved (not copied) into
 /// the tenant's merged [`TenantGrants`] when the cell is placed in this pass.
 #[derive(Clone, Debug, Default, PartialEq)]
