@@ -108,7 +108,7 @@ fn controller_pass(c: &mut Criterion) {
         let d = support::desired_with(&f, None);
         let live = Snapshot {
             policies: versioned(&d.policies),
-            tenants: shared(&d.tenants),
+            tenants: shared(&copies(&d.tenants)),
             plans: versioned(&d.plans),
             gpu_nodes: shared(&d.nodes),
             nodes: shared(&copies(&d.node_labels)),

@@ -9,7 +9,7 @@
 mod support;
 
 use gpu_tenancy::api::{GpuPartitionPlan, Mode, PodSecurity, TenantLimits};
-use gpu_tenancy::desired::DesiredMemo;
+use gpu_tenancy::desired::{Desired, DesiredMemo};
 use gpu_tenancy::planner::{PlanMemo, PlanOutput};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use proptest::prelude::*;
@@ -103,6 +103,12 @@ enum Change {
         plan: usize,
         tenant: Option<usize>,
     },
+    /// The controller's status writes of the last pass come back through the watch, but for one
+    /// tenant's (not written yet): the memo hands back only statuses whose conditions are the
+    /// tenant's as read, and stamps a condition that turns with the pass's own time.
+    StatusesBack {
+        except: usize,
+    },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -148,6 +154,31 @@ fn plan_change() -> impl Strategy<Value = Change> {
         1 => (0..8usize, 0..4usize, 0..3i32).prop_map(|(from, pool, priority)| Change::PlanAdd { from, pool, priority }),
         1 => (0..8usize, proptest::option::of(0..64usize)).prop_map(|(plan, tenant)| Change::PlanDedicate { plan, tenant }),
     ]
+}
+
+/// [`change`], and the tenants' statuses written back. (A strategy of its own, as
+/// [`namespace_change`].) Namespaces claimed twice change the problems of a tenant that did not
+/// change itself.
+fn status_change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        2 => change(),
+        1 => (0..64usize, proptest::option::of(0..64usize)).prop_map(|(tenant, other)| Change::Namespaces { tenant, other }),
+        2 => (0..64usize).prop_map(|except| Change::StatusesBack { except }),
+    ]
+}
+
+/// Each tenant of `f` but the `except`th gets the status `written` gives it (as the watch hands
+/// back an object written: a new one where it changed, the same one where it did not).
+fn statuses_back(f: &mut support::Fleet, written: &Desired, except: usize) {
+    let skip = (!f.tenants.is_empty()).then(|| except % f.tenants.len());
+    for (i, t) in f.tenants.iter_mut().enumerate() {
+        let Some(w) = written.tenants.iter().find(|w| w.metadata.name == t.metadata.name) else {
+            continue;
+        };
+        if Some(i) != skip && w.status != t.status {
+            Arc::make_mut(t).status.clone_from(&w.status);
+        }
+    }
 }
 
 const POOLS: [&str; 4] = ["mig", "mps", "ts", "excl"];
@@ -243,6 +274,7 @@ fn apply(f: &mut support::Fleet, last: &PlanOutput, change: &Change, added: &mut
         | Change::PlanRemove { .. }
         | Change::PlanAdd { .. }
         | Change::PlanDedicate { .. } => apply_plan_change(f, change, added),
+        Change::StatusesBack { .. } => unreachable!("the statuses come back from the desired state"),
         Change::Replicas { replicas } => {
             let ts = f.plans.iter_mut().find(|p| p.metadata.name.as_deref() == Some("ts"));
             if let Some(ts) = ts {
@@ -301,24 +333,31 @@ fn apply_plan_change(f: &mut support::Fleet, change: &Change, added: &mut usize)
     }
 }
 
-/// Plans and renders `f` after each of `changes`, with the memos and from nothing: equal at every step.
+/// Plans and renders `f` after each of `changes`, with the memos and from nothing: equal at every
+/// step. Each step renders at a time of its own (a condition that turns is stamped with it).
 fn check_memo_equals_full(mut f: support::Fleet, changes: &[Change]) -> Result<(), TestCaseError> {
     let mut memo = PlanMemo::default();
     let mut desired_memo = DesiredMemo::default();
     let mut last = plan(&f, Some(&mut memo));
     prop_assert_eq!(&last, &plan(&f, None));
-    prop_assert!(desired(&f, Some(&mut desired_memo)) == desired(&f, None));
+    let mut written = desired(&f, None);
+    prop_assert!(desired(&f, Some(&mut desired_memo)) == written);
     let mut added = 0;
     for (step, c) in changes.iter().enumerate() {
-        apply(&mut f, &last, c, &mut added);
-        let incremental = plan(&f, Some(&mut memo));
-        let full = plan(&f, None);
+        match *c {
+            Change::StatusesBack { except } => statuses_back(&mut f, &written, except),
+            _ => apply(&mut f, &last, c, &mut added),
+        }
+        let second = step as i64 + 1;
+        let incremental = support::run_at(&f, Some(&mut memo), second);
+        let full = support::run_at(&f, None, second);
         prop_assert!(
             incremental == full,
             "step {step} ({c:?}): the memo's plan differs from the full pass"
         );
+        written = support::desired_at(&f, None, second);
         prop_assert!(
-            desired(&f, Some(&mut desired_memo)) == desired(&f, None),
+            support::desired_at(&f, Some(&mut desired_memo), second) == written,
             "step {step} ({c:?}): the desired state rendered with the memo differs from the full pass"
         );
         last = full;
@@ -333,6 +372,20 @@ proptest! {
     fn planning_with_the_memo_equals_planning_from_nothing(
         seed in any::<u64>(),
         changes in proptest::collection::vec(change(), 1..10),
+    ) {
+        check_memo_equals_full(support::fleet(16, 4, 10, seed), &changes)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The tenants' statuses taken back from the memo once their writes come back, and computed
+    /// again where a write has not (its conditions are not the tenant's as read).
+    #[test]
+    fn statuses_rendered_with_the_memo_equal_those_from_nothing(
+        seed in any::<u64>(),
+        changes in proptest::collection::vec(status_change(), 1..10),
     ) {
         check_memo_equals_full(support::fleet(16, 4, 10, seed), &changes)?;
     }

@@ -62,6 +62,22 @@ pub fn set_condition(
     }
 }
 
+/// Whether [`set_condition`] with these values would leave `conditions` as they are: a status
+/// shared with others is then not copied to be written.
+pub fn condition_holds(
+    conditions: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    conditions.iter().find(|c| c.type_ == type_).is_some_and(|c| {
+        c.status == status && c.reason == reason && c.message == message && c.observed_generation == observed_generation
+    })
+}
+
 /// `Some(true)` for `True`, `Some(false)` for `False`, `None` when absent or `Unknown`.
 pub fn condition_status(conditions: &[Condition], type_: &str) -> Option<bool> {
     conditions

@@ -13,7 +13,7 @@ mod shared_vec;
 mod tenant;
 
 pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
-pub use conditions::{Condition, ConditionSet, condition_status, set_condition};
+pub use conditions::{Condition, ConditionSet, condition_holds, condition_status, set_condition};
 pub use found::FOUND_GPUS_ANNOTATION;
 pub use node::*;
 pub use plan::*;

@@ -25,6 +25,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::ResourceExt;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// Per tenant, its units on DRA nodes by kind of device.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub struct DraHoldings(pub BTreeMap<String, BTreeMap<DeviceKind, u64>>);
 impl DraHoldings {
     /// From the valid tenants' grants and the GpuNode specs written now: a grant counts where its
     /// node's spec says `DRA` (a node still held back by a rollout counts as what it still is).
-    pub fn of(nodes: &[GpuNode], tenants: &[GpuTenant]) -> DraHoldings {
+    pub fn of(nodes: &[GpuNode], tenants: &[Arc<GpuTenant>]) -> DraHoldings {
         let dra: BTreeSet<String> = nodes
             .iter()
             .filter(|n| n.spec.device_access == DeviceAccess::Dra)
@@ -175,7 +176,7 @@ mod tests {
             tenant("b", true, vec![grant("dp", Mode::Exclusive, None, 2)]),
             tenant("c", false, vec![grant("dra", Mode::Exclusive, None, 1)]),
         ];
-        let h = DraHoldings::of(&nodes, &tenants);
+        let h = DraHoldings::of(&nodes, &tenants.map(Arc::new));
         assert_eq!(
             h.of_tenant("a"),
             BTreeMap::from([(DeviceKind::Mig("1g.10gb".into()), 2), (DeviceKind::Mps, 3)])

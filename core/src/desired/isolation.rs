@@ -7,10 +7,11 @@
 //! looked up twice, on every pass (about 10 M instructions a tenant's change).
 
 use super::nodes::NodeRoles;
-use crate::api::{ConditionSet, GpuTenant, Grants, set_condition};
+use crate::api::{ConditionSet, GpuTenant, Grants, condition_holds, set_condition};
 use foldhash::{HashMap, HashSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use std::sync::Arc;
 
 /// The node roles of the last pass, and per tenant the grants it was given then with the
 /// condition they made.
@@ -58,11 +59,11 @@ struct Isolation {
 /// where the quota enforces how many units the tenant uses but the device plugin chooses which
 /// GPU or instance a pod gets.
 pub fn isolation_conditions(
-    mut tenants: Vec<GpuTenant>,
+    mut tenants: Vec<Arc<GpuTenant>>,
     roles: &NodeRoles,
     now: &Time,
     mut memo: Option<&mut IsolationMemo>,
-) -> Vec<GpuTenant> {
+) -> Vec<Arc<GpuTenant>> {
     let same_roles = memo.as_deref_mut().is_some_and(|m| m.same_roles(roles));
     if let Some(m) = memo.as_deref_mut() {
         if !same_roles {
@@ -76,12 +77,18 @@ pub fn isolation_conditions(
             .collect();
         m.by_tenant.retain(|name, _| live.contains(name.as_str()));
     }
+    // A status is written only where the condition differs: one the planner's memo handed back
+    // is shared with it.
     for t in &mut tenants {
         let name = t.name_any();
         let generation = t.metadata.generation;
-        let Some(status) = t.status.as_mut() else { continue };
+        let Some(status) = t.status.as_ref() else { continue };
         if status.grants.is_empty() {
-            status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
+            if status.conditions.iter().any(|c| c.type_ == ConditionSet::ISOLATED)
+                && let Some(status) = Arc::make_mut(t).status.as_mut()
+            {
+                status.conditions.retain(|c| c.type_ != ConditionSet::ISOLATED);
+            }
             continue;
         }
         let kept = memo
@@ -100,15 +107,27 @@ pub fn isolation_conditions(
                 isolation
             }
         };
-        set_condition(
-            &mut status.conditions,
+        if condition_holds(
+            &status.conditions,
             ConditionSet::ISOLATED,
             isolation.ok,
             isolation.reason,
-            isolation.message,
+            &isolation.message,
             generation,
-            now,
-        );
+        ) {
+            continue;
+        }
+        if let Some(status) = Arc::make_mut(t).status.as_mut() {
+            set_condition(
+                &mut status.conditions,
+                ConditionSet::ISOLATED,
+                isolation.ok,
+                isolation.reason,
+                isolation.message,
+                generation,
+                now,
+            );
+        }
     }
     tenants
 }

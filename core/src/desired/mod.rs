@@ -58,8 +58,9 @@ pub use settings::Settings;
 pub struct Desired {
     /// GpuNode specs to write now (after the rollout step).
     pub nodes: Vec<GpuNode>,
-    /// GpuTenants with their status.
-    pub tenants: Vec<GpuTenant>,
+    /// GpuTenants with their status (shared with the planner's memo, which hands an unchanged
+    /// tenant's back on the next pass).
+    pub tenants: Vec<Arc<GpuTenant>>,
     /// GpuPartitionPlans with their status.
     pub plans: Vec<GpuPartitionPlan>,
     /// SharingPolicies with their status.
@@ -128,7 +129,8 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         ),
         None => (None, None, None, None, None, None),
     };
-    let mut out = plan_with(input, &exempt, now, plan_memo);
+    let mut plan_memo = plan_memo;
+    let mut out = plan_with(input, &exempt, now, plan_memo.as_deref_mut());
     let namespace_rules = match rules_memo {
         Some(m) => NamespaceRules::of_with(&out.tenants, exempt, m),
         None => Arc::new(NamespaceRules::of(&out.tenants, exempt)),
@@ -147,6 +149,9 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
     let (node_labels, config_maps, roles) =
         nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings, nodes_memo);
     let tenants = isolation::isolation_conditions(out.tenants, &roles, now, isolation_memo);
+    if let Some(m) = plan_memo {
+        m.keep_statuses(&tenants);
+    }
     Desired {
         nodes: out.nodes,
         tenants,

@@ -75,11 +75,11 @@ pub fn render<'a>(
     nodes: &'a [GpuNode],
     plans: &'a [GpuPartitionPlan],
     inventory: &[NodeInventory],
-    tenants: &[GpuTenant],
+    tenants: &[Arc<GpuTenant>],
     settings: &Settings,
     memo: Option<&mut NodeLabelsMemo>,
 ) -> (Vec<Arc<Node>>, Vec<ConfigMap>, NodeRoles<'a>) {
-    let known: HashSet<&str> = tenants.iter().map(name_of).collect();
+    let known: HashSet<&str> = tenants.iter().map(|t| name_of(t.as_ref())).collect();
     let by_name: HashMap<&str, &NodeInventory> = inventory.iter().map(|n| (n.name.as_str(), n)).collect();
     let mut dedicating: HashMap<&str, Option<&str>> = HashMap::new();
     for p in plans {

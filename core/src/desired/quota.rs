@@ -58,7 +58,7 @@ fn pod_security(tenant: &GpuTenant, policies: &[SharingPolicy]) -> PodSecurity {
 
 /// Every GPU resource name in the fleet or the tenants mention: the device plugin's whole-GPU
 /// and shared names, the fleet's MIG profiles (`profiles`) and those the tenants ask for.
-fn resource_names<'a>(profiles: impl IntoIterator<Item = &'a str>, tenants: &[GpuTenant]) -> BTreeSet<String> {
+fn resource_names<'a>(profiles: impl IntoIterator<Item = &'a str>, tenants: &[Arc<GpuTenant>]) -> BTreeSet<String> {
     let mut names = BTreeSet::from([RESOURCE_GPU.to_string(), RESOURCE_SHARED.to_string()]);
     names.extend(profiles.into_iter().map(mig_resource));
     for t in tenants {
@@ -289,9 +289,9 @@ pub fn render(
 impl QuotaMemo {
     /// Renders again, in place, the namespaces of every tenant whose inputs changed. The
     /// namespaces' owners are the last pass's, so a tenant not kept claims none alone.
-    fn render_changed(&mut self, tenants: &[GpuTenant], policies: &[SharingPolicy], dra: &DraHoldings) {
+    fn render_changed(&mut self, tenants: &[Arc<GpuTenant>], policies: &[SharingPolicy], dra: &DraHoldings) {
         for t in tenants {
-            let name = crate::api::name_of(t);
+            let name = crate::api::name_of(t.as_ref());
             let Some(r) = self.tenants.get_mut(name) else {
                 continue;
             };
@@ -313,7 +313,7 @@ impl QuotaMemo {
 /// Every tenant namespace's objects, sorted by namespace, and per tenant that alone claims one,
 /// its inputs and its namespaces' places.
 fn render_all(
-    tenants: &[GpuTenant],
+    tenants: &[Arc<GpuTenant>],
     policies: &[SharingPolicy],
     rules: &NamespaceRules,
     dra: &DraHoldings,

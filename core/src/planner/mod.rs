@@ -40,8 +40,9 @@ pub struct PlanOutput {
     /// One GpuNode per inventory node with the spec to write now, sorted by name: the desired spec,
     /// or the current one where the rollout holds the node back ([`rollout`]).
     pub nodes: Vec<GpuNode>,
-    /// Every tenant with its computed status, sorted by name.
-    pub tenants: Vec<GpuTenant>,
+    /// Every tenant with its computed status, sorted by name (shared with the memo, which hands
+    /// an unchanged tenant's back: [`PlanMemo::keep_statuses`]).
+    pub tenants: Vec<Arc<GpuTenant>>,
     /// Every plan with its computed status, sorted by name.
     pub plans: Vec<GpuPartitionPlan>,
     /// Every policy with its computed status, sorted by name.
@@ -69,9 +70,18 @@ pub struct PlanMemo {
     scrub: Vec<(String, ScrubMemory)>,
     /// The GPU models of the nodes each plan selected.
     models: ModelsMemo,
+    /// The tenants' statuses, as the steps after the planner finished them.
+    statuses: status::StatusMemo,
 }
 
 impl PlanMemo {
+    /// Keeps the tenants of the pass's output as the steps after the planner finished their
+    /// statuses (admission, `Isolated`): the next pass hands back those of tenants it reads
+    /// unchanged, with the same problems and grants. Without it, every status is computed anew.
+    pub fn keep_statuses(&mut self, tenants: &[Arc<GpuTenant>]) {
+        self.statuses.keep(tenants);
+    }
+
     /// Keeps this pass's plans; where they differ from the last pass's, the nodes memo learns
     /// which nodes the plans that changed reach (their revisions no longer say their layouts
     /// are unchanged).
@@ -165,13 +175,17 @@ pub fn plan_with(
         memo.as_deref_mut().map(|m| &mut m.allocation),
     );
     let changes = changes::settle(&mut fleet.nodes, input.tenants, &tenant_check.valid, same_scrub);
-    if let Some(m) = memo {
-        m.nodes.keep(&mut fleet.nodes);
-    }
+    let statuses_memo = match memo {
+        Some(m) => {
+            m.nodes.keep(&mut fleet.nodes);
+            Some(&mut m.statuses)
+        }
+        None => None,
+    };
 
     let desired = fleet.nodes.iter_mut().map(nodes::NodeDesired::take_gpu_node).collect();
     let rollout = rollout::rollout(desired, input.nodes, &plans);
-    let tenants = status::tenant_statuses(input.tenants, &tenant_check, grants, now);
+    let tenants = status::tenant_statuses(input.tenants, &tenant_check, grants, now, statuses_memo);
     let plan_statuses = status::plan_statuses(&plans, &plan_checks, &fleet, &rollout, now);
     let policies = status::policy_statuses(input.policies, input.tenants, &problems, now);
 

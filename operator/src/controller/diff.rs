@@ -9,7 +9,7 @@
 //! taints by a merge patch that touches only our keys and is conditional on its resourceVersion
 //! (taints are one list that the kubelet and node controllers also write); a Namespace's labels.
 
-use crate::api::{ConditionSet, GpuNode, condition_status};
+use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy, condition_status};
 use crate::desired::Desired;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
@@ -46,15 +46,16 @@ pub struct Diff {
 pub use crate::runtime::object::contains;
 
 /// The status write of an object whose computed status differs from its live one.
-fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize, L: Borrow<T>>(
+fn status<T: Resource<DynamicType = ()> + ResourceExt, S: PartialEq + Serialize, D: Borrow<T>, L: Borrow<T>>(
     kind: Kind,
-    desired: &[T],
+    desired: &[D],
     live: &[L],
     status_of: impl Fn(&T) -> Option<&S>,
     out: &mut Vec<Write>,
 ) {
     let live: BTreeMap<String, &T> = live.iter().map(|l| (l.borrow().name_any(), l.borrow())).collect();
     for d in desired {
+        let d = d.borrow();
         let Some(want) = status_of(d) else { continue };
         let Some(l) = live.get(&d.name_any()) else { continue };
         if status_of(l) != Some(want) {
@@ -305,21 +306,21 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
         Kind::SharingPolicy,
         &d.policies,
         &live.policies,
-        |p| p.status.as_ref(),
+        |p: &SharingPolicy| p.status.as_ref(),
         &mut writes,
     );
     status(
         Kind::GpuTenant,
         &d.tenants,
         &live.tenants,
-        |t| t.status.as_ref(),
+        |t: &GpuTenant| t.status.as_ref(),
         &mut writes,
     );
     status(
         Kind::GpuPartitionPlan,
         &d.plans,
         &live.plans,
-        |p| p.status.as_ref(),
+        |p: &GpuPartitionPlan| p.status.as_ref(),
         &mut writes,
     );
     namespace_writes(d, live, &mut seen.namespaces, &mut writes);

@@ -213,9 +213,10 @@ impl Metrics {
 
     /// Replaces the tenant gauges with the `status.allocation` of `tenants`: one series per tenant,
     /// mode and profile; series of tenants (or allocations) no longer present are removed.
-    pub fn set_tenants(&self, tenants: &[GpuTenant]) {
+    pub fn set_tenants<T: std::borrow::Borrow<GpuTenant>>(&self, tenants: &[T]) {
         let mut current: BTreeMap<TenantLabels, (i64, i64)> = BTreeMap::new();
         for tenant in tenants {
+            let tenant = tenant.borrow();
             let Some(status) = &tenant.status else { continue };
             for a in &status.allocation {
                 let labels = TenantLabels {

@@ -103,7 +103,7 @@ pub struct PassReport {
     /// result was written).
     pub incremental_differed: bool,
     /// Tenants with the statuses of this pass (for the per-tenant metrics).
-    pub tenants: Vec<crate::api::GpuTenant>,
+    pub tenants: Vec<std::sync::Arc<crate::api::GpuTenant>>,
 }
 
 /// A pass's desired state, and how it was planned.

@@ -27,6 +27,28 @@ pub fn desired_with(f: &Fleet, memo: Option<&mut gpu_tenancy::desired::DesiredMe
     gpu_tenancy::desired::desired_with(&f.input(), &gpu_tenancy::desired::Settings::default(), &epoch(), memo)
 }
 
+/// [`run_with`] at `second` seconds after the epoch: conditions that turn are stamped with it.
+#[allow(dead_code)]
+pub fn run_at(
+    f: &Fleet,
+    memo: Option<&mut gpu_tenancy::planner::PlanMemo>,
+    second: i64,
+) -> gpu_tenancy::planner::PlanOutput {
+    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(second).unwrap());
+    gpu_tenancy::planner::plan_with(&f.input(), &Default::default(), &at, memo)
+}
+
+/// [`desired_with`] at `second` seconds after the epoch: conditions that turn are stamped with it.
+#[allow(dead_code)]
+pub fn desired_at(
+    f: &Fleet,
+    memo: Option<&mut gpu_tenancy::desired::DesiredMemo>,
+    second: i64,
+) -> gpu_tenancy::desired::Desired {
+    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(second).unwrap());
+    gpu_tenancy::desired::desired_with(&f.input(), &gpu_tenancy::desired::Settings::default(), &at, memo)
+}
+
 /// A fixed time for condition transitions, so that runs compare equal.
 fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap())

@@ -89,11 +89,14 @@ pub struct NamespaceRules {
 }
 
 impl NamespaceRules {
-    pub fn of(tenants: &[GpuTenant], exempt: BTreeSet<String>) -> NamespaceRules {
+    pub fn of(tenants: &[Arc<GpuTenant>], exempt: BTreeSet<String>) -> NamespaceRules {
         let mut claims: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for t in tenants {
             for ns in &t.spec.namespaces {
-                claims.entry(ns.as_str()).or_default().push(crate::api::name_of(t));
+                claims
+                    .entry(ns.as_str())
+                    .or_default()
+                    .push(crate::api::name_of(t.as_ref()));
             }
         }
         let mut out = NamespaceRules {
@@ -113,19 +116,17 @@ impl NamespaceRules {
     /// [`NamespaceRules::of`], taken back from `memo` while every tenant's name and namespaces
     /// and the exempt namespaces are the last pass's (ISSUE 18, item 4: they were worked out
     /// again on every pass).
-    pub fn of_with(tenants: &[GpuTenant], exempt: BTreeSet<String>, memo: &mut RulesMemo) -> Arc<NamespaceRules> {
+    pub fn of_with(tenants: &[Arc<GpuTenant>], exempt: BTreeSet<String>, memo: &mut RulesMemo) -> Arc<NamespaceRules> {
         let same = memo.rules.exempt == exempt
             && memo.tenants.len() == tenants.len()
-            && memo
-                .tenants
-                .iter()
-                .zip(tenants)
-                .all(|((name, namespaces), t)| name == crate::api::name_of(t) && *namespaces == t.spec.namespaces);
+            && memo.tenants.iter().zip(tenants).all(|((name, namespaces), t)| {
+                name == crate::api::name_of(t.as_ref()) && *namespaces == t.spec.namespaces
+            });
         if !same {
             memo.rules = Arc::new(NamespaceRules::of(tenants, exempt));
             memo.tenants = tenants
                 .iter()
-                .map(|t| (crate::api::name_of(t).to_string(), t.spec.namespaces.clone()))
+                .map(|t| (crate::api::name_of(t.as_ref()).to_string(), t.spec.namespaces.clone()))
                 .collect();
         }
         memo.rules.clone()
@@ -368,7 +369,7 @@ pub struct Admission {
 /// taken back ([`memo`]).
 pub fn render(
     policies: &[SharingPolicy],
-    tenants: &mut [GpuTenant],
+    tenants: &mut [Arc<GpuTenant>],
     namespaces: &Arc<NamespaceRules>,
     settings: &Settings,
     dra: &DraHoldings,
@@ -390,7 +391,10 @@ pub fn render(
             let admission = rules.granted.as_ref().map(rules::Granted::admission);
             (Arc::new(rules), admission)
         };
-        if let Some(status) = t.status.as_mut() {
+        // Written only where it differs: a status the planner's memo handed back is shared.
+        if t.status.as_ref().is_some_and(|s| s.admission != admission)
+            && let Some(status) = Arc::make_mut(t).status.as_mut()
+        {
             status.admission = admission;
         }
         let Some(ns) = namespaces.tenants.get(&rules.name).filter(|ns| !ns.is_empty()) else {
@@ -591,7 +595,10 @@ mod tests {
             )
         };
         let r = NamespaceRules::of(
-            &[t("a", &["shared", "a-own", "kube-system"]), t("b", &["shared"])],
+            &[
+                Arc::new(t("a", &["shared", "a-own", "kube-system"])),
+                Arc::new(t("b", &["shared"])),
+            ],
             BTreeSet::from(["kube-system".to_string()]),
         );
         assert_eq!(r.tenants["a"], BTreeSet::from(["a-own".to_string()]));

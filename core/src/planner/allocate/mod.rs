@@ -37,8 +37,8 @@ use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use sticky::Amounts;
-pub use units::GrantsByTenant;
 use units::{CellGrants, PoolKey};
+pub use units::{GrantsByTenant, TenantGrants};
 
 /// Grants for every tenant, placed cell by cell ([`cells`]). With a memo, a cell whose inputs
 /// are those of the memo's last pass gets its last result back; the result is the same either way.
