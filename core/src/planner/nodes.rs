@@ -82,6 +82,7 @@ fn plan_node<'a>(
         kept: false,
         recomputed: false,
         changing: false,
+        plugin_config: None,
     };
     if !inv.reported {
         node.state = NodeState::Waiting;

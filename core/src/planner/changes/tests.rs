@@ -342,6 +342,7 @@ fn a_scrub_not_applied_yet_is_not_relaxed() {
         kept: false,
         recomputed: false,
         changing: false,
+        plugin_config: None,
     };
     let scrub_of: HashMap<&str, ScrubMemory> = [("exp", ScrubMemory::Never)].into_iter().collect();
     assert_eq!(scrub_policies(&fleet, &scrub_of), [ScrubMemory::Always]);

@@ -28,6 +28,8 @@ struct KeptNode {
     device_access: DeviceAccess,
     decided: Decided,
     changing: bool,
+    /// The device plugin's config key for its layout.
+    plugin_config: Option<String>,
 }
 
 /// Every node with a revision as the last pass left it, sorted by name.
@@ -152,6 +154,8 @@ impl NodesMemo {
                         Some(k) if node.kept && k.gpus == node.gpus => k.gpus,
                         _ => shared_with_current(node),
                     };
+                    let config = node.device_plugin_config();
+                    node.plugin_config = Some(config.clone());
                     self.nodes.push(KeptNode {
                         name: node.inventory.name.clone(),
                         revision: revision.clone(),
@@ -163,6 +167,7 @@ impl NodesMemo {
                         device_access: node.device_access,
                         decided: node.decided.clone(),
                         changing: node.changing,
+                        plugin_config: config,
                     });
                 }
             }
@@ -206,6 +211,8 @@ impl Reader<'_> {
             kept: true,
             recomputed: false,
             changing: k.changing,
+            // Its layout, so its config, is the last pass's.
+            plugin_config: Some(k.plugin_config.clone()),
         })
     }
 }

@@ -48,6 +48,9 @@ pub struct NodeDesired<'a> {
     pub recomputed: bool,
     /// Some of its bindings change against what runs now (set by the changes step).
     pub changing: bool,
+    /// The device plugin's config key for its layout, once known: a node taken back has the
+    /// last pass's ([`super::NodesMemo`]), so its GPUs are not walked for it on every pass.
+    pub plugin_config: Option<Option<String>>,
 }
 
 /// What picking a node's plan found that the pass reports.
@@ -66,11 +69,7 @@ impl NodeDesired<'_> {
     /// The node's desired GpuNode. Takes the GPU specs, the last thing the planner builds from
     /// them (a copy of 400,000 of them at 50,000 nodes is not free); the state and plan stay.
     pub fn take_gpu_node(&mut self) -> GpuNode {
-        // NVIDIA's device plugin has no business on a DRA node: no config for it there.
-        let device_plugin_config = match self.device_access {
-            DeviceAccess::DevicePlugin => device_plugin_config(&self.gpus),
-            _ => None,
-        };
+        let device_plugin_config = self.plugin_config.take().unwrap_or_else(|| self.device_plugin_config());
         GpuNode::new(
             &self.inventory.name,
             GpuNodeSpec {
@@ -81,6 +80,17 @@ impl NodeDesired<'_> {
                 device_access: self.device_access,
             },
         )
+    }
+}
+
+impl NodeDesired<'_> {
+    /// The key of the device plugin's config its layout needs. (NVIDIA's device plugin has no
+    /// business on a DRA node: no config for it there.)
+    pub fn device_plugin_config(&self) -> Option<String> {
+        match self.device_access {
+            DeviceAccess::DevicePlugin => device_plugin_config(&self.gpus),
+            _ => None,
+        }
     }
 }
 
