@@ -17,41 +17,39 @@ pub fn run(f: &Fleet) -> gpu_tenancy::planner::PlanOutput {
 
 /// [`run`], with the memo of earlier runs when one is given (the controller's way).
 pub fn run_with(f: &Fleet, memo: Option<&mut gpu_tenancy::planner::PlanMemo>) -> gpu_tenancy::planner::PlanOutput {
-    gpu_tenancy::planner::plan_with(&f.input(), &Default::default(), &epoch(), memo)
+    run_at(f, memo, 0)
 }
 
 /// The controller's whole desired state of `f` (the plan, admission policies, quotas, node
 /// labels), with default settings, the memo's or from nothing.
 #[allow(dead_code)] // not every test that includes this file renders the desired state
 pub fn desired_with(f: &Fleet, memo: Option<&mut gpu_tenancy::desired::DesiredMemo>) -> gpu_tenancy::desired::Desired {
-    gpu_tenancy::desired::desired_with(&f.input(), &gpu_tenancy::desired::Settings::default(), &epoch(), memo)
+    desired_at(f, memo, 0)
 }
 
 /// [`run_with`] at `second` seconds after the epoch: conditions that turn are stamped with it.
-#[allow(dead_code)]
 pub fn run_at(
     f: &Fleet,
     memo: Option<&mut gpu_tenancy::planner::PlanMemo>,
     second: i64,
 ) -> gpu_tenancy::planner::PlanOutput {
-    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(second).unwrap());
-    gpu_tenancy::planner::plan_with(&f.input(), &Default::default(), &at, memo)
+    gpu_tenancy::planner::plan_with(&f.input(), &Default::default(), &at(second), memo)
 }
 
-/// [`desired_with`] at `second` seconds after the epoch: conditions that turn are stamped with it.
+/// [`desired_with`] at `second` seconds after the epoch.
 #[allow(dead_code)]
 pub fn desired_at(
     f: &Fleet,
     memo: Option<&mut gpu_tenancy::desired::DesiredMemo>,
     second: i64,
 ) -> gpu_tenancy::desired::Desired {
-    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(second).unwrap());
-    gpu_tenancy::desired::desired_with(&f.input(), &gpu_tenancy::desired::Settings::default(), &at, memo)
+    let settings = gpu_tenancy::desired::Settings::default();
+    gpu_tenancy::desired::desired_with(&f.input(), &settings, &at(second), memo)
 }
 
-/// A fixed time for condition transitions, so that runs compare equal.
-fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(0).unwrap())
+/// A fixed time for condition transitions (the epoch by default), so that runs compare equal.
+fn at(second: i64) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(second).unwrap())
 }
 
 impl Fleet {
