@@ -130,6 +130,9 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         None => (None, None, None, None, None, None),
     };
     let mut plan_memo = plan_memo;
+    if let Some(m) = plan_memo.as_deref_mut() {
+        m.statuses_handed_back();
+    }
     let mut out = plan_with(input, &exempt, now, plan_memo.as_deref_mut());
     let namespace_rules = match rules_memo {
         Some(m) => NamespaceRules::of_with(&out.tenants, exempt, m),

@@ -75,9 +75,15 @@ pub struct PlanMemo {
 }
 
 impl PlanMemo {
+    /// Says that every pass's statuses will be handed back finished ([`PlanMemo::keep_statuses`]):
+    /// the planner then keeps none of its own, which the steps after would copy to write into.
+    pub fn statuses_handed_back(&mut self) {
+        self.statuses.handed_back = true;
+    }
+
     /// Keeps the tenants of the pass's output as the steps after the planner finished their
     /// statuses (admission, `Isolated`): the next pass hands back those of tenants it reads
-    /// unchanged, with the same problems and grants. Without it, every status is computed anew.
+    /// unchanged, with the same problems and grants.
     pub fn keep_statuses(&mut self, tenants: &[Arc<GpuTenant>]) {
         self.statuses.keep(tenants);
     }

@@ -109,8 +109,8 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
 #[derive(Default)]
 pub struct StatusMemo {
     by_tenant: foldhash::HashMap<String, KeptStatus>,
-    /// Whether the last pass's statuses were handed back finished.
-    handed_back: bool,
+    /// Whether the statuses are handed back finished ([`StatusMemo::keep`]) after each pass.
+    pub(super) handed_back: bool,
 }
 
 struct KeptStatus {
@@ -135,7 +135,6 @@ impl StatusMemo {
     /// Keeps the pass's `tenants` as the steps after the planner finished them: what the next
     /// pass takes back.
     pub fn keep(&mut self, tenants: &[Arc<GpuTenant>]) {
-        self.handed_back = true;
         for t in tenants {
             let Some(k) = t.metadata.name.as_deref().and_then(|n| self.by_tenant.get_mut(n)) else {
                 continue;
@@ -169,7 +168,7 @@ pub fn tenant_statuses(
     };
     let mut last = std::mem::take(&mut memo.by_tenant);
     // Statuses the steps after will hand back are not kept before: they would copy them to write.
-    let planner_keeps = !std::mem::take(&mut memo.handed_back);
+    let planner_keeps = !memo.handed_back;
     sorted
         .into_iter()
         .map(|read| {
