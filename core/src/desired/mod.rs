@@ -118,7 +118,7 @@ pub struct DesiredMemo {
 /// and namespaces are.
 pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Option<&mut DesiredMemo>) -> Desired {
     let exempt = settings.exempt();
-    let (plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo, isolation_memo) = match memo {
+    let (mut plan_memo, quota_memo, nodes_memo, bindings_memo, rules_memo, isolation_memo) = match memo {
         Some(m) => (
             Some(&mut m.plan),
             Some(&mut m.quotas),
@@ -129,7 +129,6 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         ),
         None => (None, None, None, None, None, None),
     };
-    let mut plan_memo = plan_memo;
     if let Some(m) = plan_memo.as_deref_mut() {
         m.statuses_handed_back();
     }

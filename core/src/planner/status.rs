@@ -22,6 +22,12 @@ struct Conditions<'a> {
     now: &'a Time,
 }
 
+impl<'a> Conditions<'a> {
+    fn new(list: &'a mut Vec<Condition>, generation: Option<i64>, now: &'a Time) -> Self {
+        Conditions { list, generation, now }
+    }
+}
+
 impl Conditions<'_> {
     fn set(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String> + AsRef<str>) {
         set_condition(self.list, type_, status, reason, message, self.generation, self.now);
@@ -151,30 +157,25 @@ pub fn tenant_statuses(
     check: &TenantCheck,
     mut grants: GrantsByTenant,
     now: &Time,
-    memo: Option<&mut StatusMemo>,
+    mut memo: Option<&mut StatusMemo>,
 ) -> Vec<Arc<GpuTenant>> {
     let mut sorted: Vec<&Arc<GpuTenant>> = tenants.iter().collect();
     sorted.sort_by(|a, b| crate::api::name_of(a.as_ref()).cmp(crate::api::name_of(b.as_ref())));
-    let Some(memo) = memo else {
-        return sorted
-            .into_iter()
-            .map(|read| {
-                let name = crate::api::name_of(read.as_ref());
-                let problems: &[Problem] = check.invalid.get(name).map_or(&[], Vec::as_slice);
-                let g = grants.remove(name).filter(|_| problems.is_empty());
-                Arc::new(tenant_status(read, problems, g, now))
-            })
-            .collect();
-    };
-    let mut last = std::mem::take(&mut memo.by_tenant);
     // Statuses the steps after will hand back are not kept before: they would copy them to write.
-    let planner_keeps = !memo.handed_back;
+    let planner_keeps = memo.as_deref().is_some_and(|m| !m.handed_back);
+    let mut last = memo
+        .as_deref_mut()
+        .map(|m| std::mem::take(&mut m.by_tenant))
+        .unwrap_or_default();
     sorted
         .into_iter()
         .map(|read| {
             let name = crate::api::name_of(read.as_ref());
             let problems: &[Problem] = check.invalid.get(name).map_or(&[], Vec::as_slice);
             let g = grants.remove(name).filter(|_| problems.is_empty());
+            let Some(memo) = memo.as_deref_mut() else {
+                return Arc::new(tenant_status(read, problems, g, now));
+            };
             match last.remove_entry(name) {
                 Some((key, k))
                     if Arc::ptr_eq(&k.read, read)
@@ -207,11 +208,7 @@ fn tenant_status(t: &GpuTenant, problems: &[Problem], grants: Option<TenantGrant
     let mut t = without_grants(t);
     let mut status = t.status.take().unwrap_or_default();
     status.observed_generation = t.metadata.generation;
-    let mut c = Conditions {
-        list: &mut status.conditions,
-        generation: t.metadata.generation,
-        now,
-    };
+    let mut c = Conditions::new(&mut status.conditions, t.metadata.generation, now);
     c.set(ConditionSet::RECONCILING, false, "Planned", "grants are computed");
     let problems: Vec<&Problem> = problems.iter().collect();
     let valid = c.validity(
@@ -370,11 +367,7 @@ pub fn plan_statuses(
             let (nodes, node_details) = counts.remove(name.as_str()).unwrap_or_default();
             let mut status = plan.status.take().unwrap_or_default();
             status.observed_generation = plan.metadata.generation;
-            let mut c = Conditions {
-                list: &mut status.conditions,
-                generation: plan.metadata.generation,
-                now,
-            };
+            let mut c = Conditions::new(&mut status.conditions, plan.metadata.generation, now);
             let problems: Vec<&Problem> = check.problems.iter().collect();
             let valid = c.valid(&problems, "the plan fits every GPU model it names");
             let n = &nodes;
@@ -479,11 +472,7 @@ pub fn policy_statuses<T: Borrow<GpuTenant>>(
             .iter()
             .filter(|x| x.object == format!("SharingPolicy/{name}"))
             .collect();
-        let mut c = Conditions {
-            list: &mut status.conditions,
-            generation: p.metadata.generation,
-            now,
-        };
+        let mut c = Conditions::new(&mut status.conditions, p.metadata.generation, now);
         c.set(ConditionSet::RECONCILING, false, "Planned", "");
         if c.validity(&own, "", "fix the spec") {
             c.set(ConditionSet::READY, true, "Valid", "the policy is in force");
