@@ -192,9 +192,10 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
     // Each node is written in place, not moved into a second list: at 50,000 nodes a copy of the
     // list is tens of megabytes of fresh pages the kernel faults in and zeroes.
     for node in &mut desired {
-        let name = node.name_any();
         let plan = node.spec.plan.clone();
         let cur = current_of(node);
+        // Copied only where a list names the node or a held-back node is written again.
+        let name = || node.name_any();
         // Compared once: on a converged fleet every node's spec is equal, and comparing GPU by
         // GPU is most of this step.
         let same_spec = cur.is_some_and(|c| c.spec == node.spec);
@@ -233,13 +234,13 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
                 Progress::Failed(_) => Some(&mut s.failed),
                 _ => None,
             };
-            list.into_iter().for_each(|l| l.push(name.clone()));
+            list.into_iter().for_each(|l| l.push(name()));
             if changing {
-                s.changing.push(name.clone());
+                s.changing.push(name());
             }
         }
         if let Some(c) = cur.filter(|_| !write_desired) {
-            *node = GpuNode::new(&name, c.spec.clone());
+            *node = GpuNode::new(&name(), c.spec.clone());
         }
         node_rollouts.push(NodeRollout {
             plan,

@@ -124,7 +124,7 @@ struct KeptStatus {
     read: Arc<GpuTenant>,
     problems: Vec<Problem>,
     /// `None`: the tenant was not valid (so got nothing).
-    grants: Option<TenantGrants>,
+    grants: Option<Arc<TenantGrants>>,
     /// The finished status, if every condition in it is as read.
     finished: Option<Arc<GpuTenant>>,
 }
@@ -174,7 +174,7 @@ pub fn tenant_statuses(
             let problems: &[Problem] = check.invalid.get(name).map_or(&[], Vec::as_slice);
             let g = grants.remove(name).filter(|_| problems.is_empty());
             let Some(memo) = memo.as_deref_mut() else {
-                return Arc::new(tenant_status(read, problems, g, now));
+                return Arc::new(tenant_status(read, problems, g.as_deref(), now));
             };
             match last.remove_entry(name) {
                 Some((key, k))
@@ -188,7 +188,7 @@ pub fn tenant_statuses(
                     status
                 }
                 _ => {
-                    let status = Arc::new(tenant_status(read, problems, g.clone(), now));
+                    let status = Arc::new(tenant_status(read, problems, g.as_deref(), now));
                     let k = KeptStatus {
                         read: read.clone(),
                         problems: problems.to_vec(),
@@ -204,7 +204,7 @@ pub fn tenant_statuses(
 }
 
 /// Tenant `t`'s status from its `problems` and (valid) its `grants`.
-fn tenant_status(t: &GpuTenant, problems: &[Problem], grants: Option<TenantGrants>, now: &Time) -> GpuTenant {
+fn tenant_status(t: &GpuTenant, problems: &[Problem], grants: Option<&TenantGrants>, now: &Time) -> GpuTenant {
     let mut t = without_grants(t);
     let mut status = t.status.take().unwrap_or_default();
     status.observed_generation = t.metadata.generation;
@@ -239,8 +239,8 @@ fn tenant_status(t: &GpuTenant, problems: &[Problem], grants: Option<TenantGrant
                 c.set(ConditionSet::READY, false, "CapacityShort", msg);
             }
             status.summary = Some(format!("{granted}/{requested}"));
-            status.grants = g.grants;
-            status.allocation = g.allocation;
+            status.grants = g.grants.clone();
+            status.allocation = g.allocation.clone();
             status.granted_memory_mib = Some(g.memory_mib);
         }
         _ => {
@@ -499,10 +499,10 @@ mod tests {
         }];
         GrantsByTenant::from_iter([(
             "a".to_string(),
-            TenantGrants {
+            Arc::new(TenantGrants {
                 allocation,
                 ..Default::default()
-            },
+            }),
         )])
     }
 

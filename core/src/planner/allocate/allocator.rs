@@ -9,7 +9,7 @@ use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placings};
 use super::pools::{Held, Pool, Template};
 use super::scope::Scope;
-use super::units::{Family, GpuRef, PoolKey, Shortfall, Targets, Unit};
+use super::units::{Family, GpuRef, PoolKey, Shares, Shortfall, Targets, Unit, add_units, units_in};
 use crate::api::Mode;
 use crate::mig::nominal_memory_mib;
 use crate::planner::fairshare::weighted_fair_share;
@@ -32,10 +32,8 @@ pub(super) struct TenantState {
     pub(super) memory_mib: u64,
     /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
     pub(super) units: Vec<Unit>,
-    /// Shares per shared GPU, by (pool, GPU): the pool by its position among the pass's pools
-    /// in key order (`Pool::Shared::id`), so walked in key, then GPU order. Merged into one
-    /// grant each at the end.
-    pub(super) shares: BTreeMap<(usize, usize), u32>,
+    /// Shares per shared GPU, merged into one grant each at the end.
+    pub(super) shares: Shares,
     /// Per request: the reason it is short, if it is.
     pub(super) why: Vec<Option<Shortfall>>,
     /// Units received per (request, pool).
@@ -80,7 +78,7 @@ impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
                 granted: vec![0; t.requests.len()],
                 memory_mib: 0,
                 units: vec![],
-                shares: BTreeMap::new(),
+                shares: Shares::default(),
                 why: vec![None; t.requests.len()],
                 by_pool: BTreeMap::new(),
             })
@@ -213,18 +211,18 @@ impl Allocator<'_, '_, '_> {
 
     /// The GPUs (positions in shared pool `id`) where tenant `t` holds shares, in order.
     pub(super) fn shared_gpus_of(&self, t: usize, id: usize) -> impl Iterator<Item = usize> + '_ {
-        self.state[t].shares.range((id, 0)..(id + 1, 0)).map(|(&(_, i), _)| i)
+        self.state[t].shares.gpus_in(id)
     }
 
     pub(super) fn count(&mut self, t: usize, r: usize, key: &PoolKey, units: u32) {
         if units > 0 {
-            *self.state[t].by_pool.entry((r, key.clone())).or_default() += units;
+            add_units(&mut self.state[t].by_pool, r, key, units);
         }
     }
 
     /// Units of request `r` tenant `t` has from pool `key` so far.
     pub(super) fn have(&self, t: usize, r: usize, key: &PoolKey) -> u32 {
-        self.state[t].by_pool.get(&(r, key.clone())).copied().unwrap_or(0)
+        units_in(&self.state[t].by_pool, r, key)
     }
 
     /// How many units of `unit_mib` the tenant's memory limit still allows (up to `want`).

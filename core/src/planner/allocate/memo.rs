@@ -19,6 +19,7 @@ use crate::policy::TenantProfile;
 use foldhash::HashMap;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// One GPU as an allocation reads it, before any binding is written.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,7 +205,7 @@ fn runs_on(bound: &Bound, j: usize, node: &NodeDesired, g: usize, tenants: &[Ten
 struct MergedTenant {
     /// Its cells (index in that pass's cells) with its requests in each.
     cells: Vec<(usize, Vec<usize>)>,
-    grants: TenantGrants,
+    grants: Arc<TenantGrants>,
 }
 
 /// Per tenant in order, the family of each request and whether a memory limit ties them
@@ -472,7 +473,7 @@ impl AllocationMemo {
             let grants = match kept {
                 Some(m) => m.grants.clone(),
                 None => {
-                    let grants = merge_tenant(t, of, &mut parts);
+                    let grants = Arc::new(merge_tenant(t, of, &mut parts));
                     let merged = MergedTenant {
                         cells: of.iter().map(|(c, r)| (*c, r.to_vec())).collect(),
                         grants: grants.clone(),

@@ -10,6 +10,7 @@ use crate::api::{AllocationSummary, Grant, Mode};
 use crate::policy::TenantProfile;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What a pass placed, by position: the grants are built ([`Placed::grants`]) only for the pass
 /// kept, on the nodes it placed.
@@ -45,7 +46,7 @@ impl Allocator<'_, '_, '_> {
             .collect();
         for t in 0..self.tenants.len() {
             let shares = std::mem::take(&mut self.state[t].shares)
-                .into_iter()
+                .into_entries()
                 .filter_map(|((id, i), count)| {
                     let (mode, gpus) = shared.get(id)?;
                     Some((gpus.get(i)?.at, *mode, count))
@@ -236,6 +237,6 @@ pub(super) fn merge(
     tenants
         .iter()
         .zip(&of_tenants)
-        .map(|(t, of)| (t.name.clone(), merge_tenant(t, of, &mut parts)))
+        .map(|(t, of)| (t.name.clone(), Arc::new(merge_tenant(t, of, &mut parts))))
         .collect()
 }

@@ -81,7 +81,7 @@ impl Allocator<'_, '_, '_> {
         };
         let id = *id;
         let g = &gpus[i];
-        let joins_others = g.used > 0 && !self.state[t].shares.contains_key(&(id, i));
+        let joins_others = g.used > 0 && !self.state[t].shares.holds(id, i);
         if g.setting > cap_setting
             || (joins_others && (forbidden || g.locked || g.tier(tenants) != Some(tenant.tier.as_str())))
         {
@@ -134,7 +134,7 @@ impl Allocator<'_, '_, '_> {
         while *next_empty < gpus.len() && gpus[*next_empty].capacity.is_some() {
             *next_empty += 1;
         }
-        *self.state[t].shares.entry((id, i)).or_insert(0) += n;
+        self.state[t].shares.add(id, i, n);
         if let Some(bound) = &mut self.bound {
             bound.whole_at(position, mode, t, n);
         }

@@ -20,7 +20,7 @@ use super::pools::Pool;
 use super::pools::Template;
 use super::report::Placed;
 use super::scope::Scope;
-use super::units::{Family, PoolKey, Reasons, Targets};
+use super::units::{Family, PoolKey, Reasons, Targets, units_in};
 use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
@@ -68,7 +68,7 @@ pub(super) fn place(
                 a.take_from(s.t, s.r, &s.key, s.asked);
                 continue;
             }
-            let target = amounts.targets[s.t].get(&(s.r, s.key.clone())).copied().unwrap_or(0);
+            let target = units_in(&amounts.targets[s.t], s.r, &s.key);
             let want = s.units.min(target.saturating_sub(a.have(s.t, s.r, &s.key)));
             if want > 0 {
                 a.take_from(s.t, s.r, &s.key, want);
@@ -145,14 +145,14 @@ impl Allocator<'_, '_, '_> {
                     .unwrap_or_default();
                 match &key.0 {
                     Family::Mig(profile) => self.keep_instances(t, *r, key, n, &units, profile),
-                    Family::Exclusive => self.keep_gpus(t, *r, key, n, &units),
+                    Family::Exclusive => self.keep_gpus(t, *r, key, n, units),
                     Family::Shared(_) => {
                         if !opened.contains_key(key) {
                             opened.insert(key.clone(), self.gpu_users(key));
                         }
                         let quota = amounts.shared_gpus.get(key);
                         let opened = opened.get_mut(key).expect("inserted above");
-                        self.keep_shares(t, *r, key, n, &units, quota, opened);
+                        self.keep_shares(t, *r, key, n, units, quota, opened);
                     }
                 }
             }
@@ -206,7 +206,7 @@ impl Allocator<'_, '_, '_> {
         r: usize,
         key: &PoolKey,
         n: u32,
-        units: &[(usize, u32)],
+        mut units: Vec<(usize, u32)>,
         quota: Option<&GpuUsers>,
         opened: &mut GpuUsers,
     ) {
@@ -218,7 +218,6 @@ impl Allocator<'_, '_, '_> {
         };
         let none = GpuUsers::new();
         let quota = quota.unwrap_or(&none);
-        let mut units = units.to_vec();
         units.sort_by_key(|&(i, count)| (std::cmp::Reverse(count), i));
         for (i, count) in units {
             let have = self.have(t, r, key);
@@ -234,7 +233,13 @@ impl Allocator<'_, '_, '_> {
             }
             let got = self.try_gpu(t, r, key, i, count.max(1).min(n - have), &mut false);
             if got > 0 && opens {
-                *opened.entry(who.clone()).or_default() += 1;
+                // The user's name copied only for its first GPU.
+                match opened.get_mut(&who) {
+                    Some(n) => *n += 1,
+                    None => {
+                        opened.insert(who.clone(), 1);
+                    }
+                }
             }
             self.count(t, r, key, got);
         }
@@ -253,7 +258,7 @@ impl Allocator<'_, '_, '_> {
                 continue;
             }
             let who = if g.locked {
-                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.contains_key(&(*id, i)));
+                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.holds(*id, i));
                 (true, owner.map_or("", |t| self.tenants[t].name.as_str()))
             } else {
                 (false, g.tier(self.tenants).unwrap_or_default())
@@ -268,9 +273,8 @@ impl Allocator<'_, '_, '_> {
 
     /// Exclusive GPUs: a multi-GPU grant under a topology policy keeps the domains where it holds
     /// the most first; `Required` keeps only that one domain (the rest must join it).
-    fn keep_gpus(&mut self, t: usize, r: usize, key: &PoolKey, n: u32, units: &[(usize, u32)]) {
+    fn keep_gpus(&mut self, t: usize, r: usize, key: &PoolKey, n: u32, mut units: Vec<(usize, u32)>) {
         let topology = self.tenants[t].topology;
-        let mut units = units.to_vec();
         if n > 1 && topology != TopologyPolicy::Ignore {
             let mut per_domain: BTreeMap<usize, usize> = BTreeMap::new();
             for &(d, _) in &units {
@@ -316,7 +320,7 @@ impl Allocator<'_, '_, '_> {
         let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
             return;
         };
-        // Sized first: a tenant's shares are walked from a map, which does not say how many.
+        // Sized first: the claimants' shares are walked list by list.
         let mut pairs = Vec::with_capacity(claims.iter().map(|&(t, _, _)| self.state[t].shares.len()).sum());
         for (c, &(t, _, _)) in claims.iter().enumerate() {
             pairs.extend(self.shared_gpus_of(t, *id).map(|i| (c, i)));
@@ -368,6 +372,10 @@ pub(super) fn spread(need: &[u32], room: &[u32], pairs: &[(usize, usize)]) -> Ve
         flow[p] = n;
         need[c] -= n;
         room[g] -= n;
+    }
+    if need.iter().all(|&n| n == 0) {
+        // Greedy placed everything (nearly always): no path to look for, no index to build.
+        return flow;
     }
     let mut by_claimant: Vec<Vec<usize>> = vec![vec![]; need.len()];
     let mut by_gpu: Vec<Vec<usize>> = vec![vec![]; room.len()];

@@ -4,9 +4,10 @@
 
 use crate::api::{AllocationSummary, Grant, Grants, Mode};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What one tenant received.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TenantGrants {
     /// Sorted by node, GPU and placement.
     pub grants: Grants,
@@ -18,8 +19,9 @@ pub struct TenantGrants {
 }
 
 /// Every tenant's grants, by name (hashed: a pass builds it for every tenant, and the statuses
-/// look each tenant up once).
-pub type GrantsByTenant = foldhash::HashMap<String, TenantGrants>;
+/// look each tenant up once), each shared: the memo hands the last pass's back to a tenant its
+/// change did not reach, and the statuses compare them by address first.
+pub type GrantsByTenant = foldhash::HashMap<String, Arc<TenantGrants>>;
 
 /// What one tenant received in one cell: its grants a list of their own, moved (not copied) into
 /// the tenant's merged [`TenantGrants`] when the cell is placed in this pass.
@@ -86,6 +88,72 @@ pub(super) type PoolKey = (Family, Vec<String>);
 /// Per tenant: units received per (request, pool).
 pub(super) type Targets = BTreeMap<(usize, PoolKey), u32>;
 
+/// Units of request `r` from pool `key` in `targets`, found without building a key: a tenant has
+/// an entry or two per request, and a key is a family and a list of names to copy.
+pub(super) fn units_in(targets: &Targets, r: usize, key: &PoolKey) -> u32 {
+    targets
+        .iter()
+        .find(|((at, k), _)| *at == r && k == key)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// Adds `units` of request `r` from pool `key` to `targets` (the key copied only for a new entry).
+pub(super) fn add_units(targets: &mut Targets, r: usize, key: &PoolKey, units: u32) {
+    match targets.iter_mut().find(|((at, k), _)| *at == r && k == key) {
+        Some((_, n)) => *n += units,
+        None => {
+            targets.insert((r, key.clone()), units);
+        }
+    }
+}
+
+/// A tenant's shares per shared GPU, by (pool, GPU position in it), in that order: the pool by
+/// its position among the pass's pools in key order (`Pool::Shared::id`), so walked in key, then
+/// GPU order. A list kept sorted, not a map: a tenant holds shares on a handful of GPUs, looked up
+/// at every share a pass places, and GPUs are mostly taken in order (so added at the end).
+#[derive(Debug, Default)]
+pub(super) struct Shares(Vec<((usize, usize), u32)>);
+
+impl Shares {
+    fn find(&self, at: (usize, usize)) -> Result<usize, usize> {
+        match self.0.last() {
+            Some(&(last, _)) if last < at => Err(self.0.len()),
+            _ => self.0.binary_search_by_key(&at, |&(k, _)| k),
+        }
+    }
+
+    /// Whether the tenant holds shares of GPU `i` of shared pool `id`.
+    pub(super) fn holds(&self, id: usize, i: usize) -> bool {
+        self.find((id, i)).is_ok()
+    }
+
+    /// `n` more shares of GPU `i` of shared pool `id`.
+    pub(super) fn add(&mut self, id: usize, i: usize, n: u32) {
+        match self.find((id, i)) {
+            Ok(at) => self.0[at].1 += n,
+            Err(at) => self.0.insert(at, ((id, i), n)),
+        }
+    }
+
+    /// The GPUs (positions in shared pool `id`) where the tenant holds shares, in order.
+    pub(super) fn gpus_in(&self, id: usize) -> impl Iterator<Item = usize> + '_ {
+        let start = self.0.partition_point(|&((p, _), _)| p < id);
+        self.0[start..]
+            .iter()
+            .take_while(move |&&((p, _), _)| p == id)
+            .map(|&((_, i), _)| i)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Every ((pool, GPU), shares), in order.
+    pub(super) fn into_entries(self) -> impl Iterator<Item = ((usize, usize), u32)> {
+        self.0.into_iter()
+    }
+}
+
 /// Per tenant and request: why it fell short, if it did.
 pub(super) type Reasons = Vec<Vec<Option<Shortfall>>>;
 
@@ -105,4 +173,51 @@ pub(super) enum Shortfall {
         count: u32,
     },
     Rules,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The sorted list answers as the map it replaced: holdings, GPUs of a pool in order, and
+        /// every entry in (pool, GPU) order, whatever order the shares come in.
+        #[test]
+        fn shares_answer_as_a_map(adds in prop::collection::vec((0usize..3, 0usize..12, 1u32..4), 0..40)) {
+            let mut list = Shares::default();
+            let mut map: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+            for &(id, i, n) in &adds {
+                prop_assert_eq!(list.holds(id, i), map.contains_key(&(id, i)));
+                list.add(id, i, n);
+                *map.entry((id, i)).or_insert(0) += n;
+                prop_assert_eq!(list.len(), map.len());
+            }
+            for id in 0..3 {
+                let gpus: Vec<usize> = list.gpus_in(id).collect();
+                let want: Vec<usize> = map.range((id, 0)..(id + 1, 0)).map(|(&(_, i), _)| i).collect();
+                prop_assert_eq!(gpus, want);
+            }
+            let entries: Vec<((usize, usize), u32)> = list.into_entries().collect();
+            prop_assert_eq!(entries, map.into_iter().collect::<Vec<_>>());
+        }
+
+        /// Units counted per (request, pool) without building a key are the map's own entries.
+        #[test]
+        fn units_are_counted_as_the_map_counts(adds in prop::collection::vec((0usize..3, 0usize..3, 1u32..4), 0..20)) {
+            let key = |p: usize| (Family::Shared(Mode::Mps), (0..p).map(|d| format!("t{d}")).collect::<Vec<_>>());
+            let mut targets = Targets::new();
+            let mut map: BTreeMap<(usize, PoolKey), u32> = BTreeMap::new();
+            for &(r, p, n) in &adds {
+                add_units(&mut targets, r, &key(p), n);
+                *map.entry((r, key(p))).or_default() += n;
+            }
+            prop_assert_eq!(&targets, &map);
+            for r in 0..3 {
+                for p in 0..3 {
+                    prop_assert_eq!(units_in(&targets, r, &key(p)), map.get(&(r, key(p))).copied().unwrap_or(0));
+                }
+            }
+        }
+    }
 }

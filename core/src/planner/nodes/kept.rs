@@ -132,7 +132,10 @@ impl NodesMemo {
     /// Keeps this pass's nodes (those with a revision) as they leave it: taken back and left as
     /// they were (moved from the old memo, not copied), or copied.
     pub fn keep(&mut self, nodes: &mut [NodeDesired]) {
-        let mut old = std::mem::take(&mut self.nodes).into_iter().peekable();
+        // Made at its size: a node is a few hundred bytes, and thousands were copied at each doubling.
+        let mut old = std::mem::replace(&mut self.nodes, Vec::with_capacity(nodes.len()))
+            .into_iter()
+            .peekable();
         for node in nodes {
             let Some(revision) = &node.inventory.revision else {
                 continue;
