@@ -9,7 +9,7 @@
 
 use super::bound::Bound;
 use super::cells::cells;
-use super::report::{cells_of_tenants, merge_tenant};
+use super::report::{PlacedTenant, Positions, cells_of_tenants, merge_tenant};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
 use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
@@ -165,7 +165,7 @@ fn same_but_running(a: &NodeGpu, b: &NodeGpu) -> bool {
 }
 
 /// A cell's inputs and result from an earlier pass.
-struct CellMemo {
+pub(super) struct CellMemo {
     gpus: Vec<GpuRef>,
     tenants: Vec<TenantProfile>,
     /// Tenants by their position in `tenants`.
@@ -175,6 +175,8 @@ struct CellMemo {
     runs: Vec<bool>,
     not_running: usize,
     grants: BTreeMap<String, CellGrants>,
+    /// Per tenant (as `tenants`), the positions its grants were built from.
+    positions: Vec<Positions>,
 }
 
 impl CellMemo {
@@ -225,6 +227,8 @@ pub struct AllocationMemo {
     /// Tenants whose grants in a cell placed this pass are not what that cell gave them in the
     /// last pass: only their merged grants are built again.
     regranted: foldhash::HashSet<String>,
+    /// How each GPU of the fleet differs from the last pass's read, by node and GPU position.
+    changed: Vec<Vec<Change>>,
     /// The last pass's cells, and its tenants' families.
     last_cells: Option<Vec<Cell>>,
     families: TenantFamilies,
@@ -252,6 +256,7 @@ impl AllocationMemo {
             _ => cells(tenants, nodes),
         };
         let stale = self.stale_cells(&cells, tenants, &changed, nodes);
+        self.changed = changed;
         (cells, stale)
     }
 
@@ -396,18 +401,59 @@ impl AllocationMemo {
         }
     }
 
+    /// The cell's inputs and result as last remembered, taken out to be replaced: a cell placed
+    /// again takes from it the grants of tenants placed as before ([`AllocationMemo::earlier_grants`]).
+    pub(super) fn last_of(&mut self, cell: &Cell) -> Option<CellMemo> {
+        self.cells.remove(&key(cell))
+    }
+
+    /// The grants `last` (the cell's memo, [`AllocationMemo::last_of`]) holds for `tenant`, taken
+    /// out, when they are the ones `placed` gives now: the same positions, allocation, memory and
+    /// shortfalls, and no GPU at those positions changed but for what runs on it (its node's name,
+    /// the GPU's index and UUID, its MIG instances' profiles and placements are as read then, and
+    /// a grant is made of nothing else). `None` builds them anew.
+    pub(super) fn earlier_grants(
+        &self,
+        last: Option<&mut CellMemo>,
+        tenant: &TenantProfile,
+        placed: &PlacedTenant,
+    ) -> Option<CellGrants> {
+        let last = last?;
+        let k = last
+            .tenants
+            .binary_search_by(|t| t.name.as_str().cmp(&tenant.name))
+            .ok()?;
+        if last.positions[k] != placed.at {
+            return None;
+        }
+        let g = last.grants.get(&tenant.name)?;
+        if g.memory_mib != placed.memory_mib || g.allocation != placed.allocation || g.shortfalls != placed.shortfalls {
+            return None;
+        }
+        let unchanged = |(n, gpu): GpuRef| {
+            self.changed
+                .get(n as usize)
+                .and_then(|c| c.get(gpu as usize))
+                .is_some_and(|c| *c != Change::Other)
+        };
+        if !placed.at.gpus().all(unchanged) {
+            return None;
+        }
+        last.grants.remove(&tenant.name)
+    }
+
     /// Remembers a cell just placed on `nodes` for its tenants' `profiles` ([`Cell::profiles`]),
-    /// with its bindings as written there.
+    /// with its bindings as written there and its grants as built ([`super::report::Built`]);
+    /// `last` is what it remembered of the cell before.
     pub(super) fn remember(
         &mut self,
         cell: &Cell,
         profiles: Vec<TenantProfile>,
         nodes: &[NodeDesired],
         bound: Bound,
-        grants: BTreeMap<String, CellGrants>,
+        (grants, positions, handed_back): (BTreeMap<String, CellGrants>, Vec<Positions>, Vec<bool>),
+        last: Option<CellMemo>,
     ) {
-        let key = key(cell);
-        let last = self.cells.remove(&key);
         debug_assert!(
             bound.are_on(nodes, &cell.scope, &profiles),
             "bindings remembered that are not the nodes'"
@@ -420,19 +466,21 @@ impl AllocationMemo {
             .map(|(j, &(n, g))| runs_on(&bound, j, &nodes[n as usize], g as usize, &profiles))
             .collect();
         let not_running = runs.iter().filter(|r| !**r).count();
+        // A tenant whose grants were handed back has them as the last pass did; the others are
+        // compared with the last pass's (what is left of them).
+        let built = profiles.iter().zip(&handed_back).filter(|(_, h)| !**h);
         match &last {
             Some(last) => {
-                let moved = grants
-                    .iter()
-                    .filter(|(name, g)| last.grants.get(*name) != Some(*g))
-                    .map(|(name, _)| name);
+                let moved = built
+                    .map(|(p, _)| &p.name)
+                    .filter(|name| last.grants.get(*name) != grants.get(*name));
                 let gone = last.grants.keys().filter(|name| !grants.contains_key(*name));
                 self.regranted.extend(moved.chain(gone).cloned());
             }
-            None => self.regranted.extend(grants.keys().cloned()),
+            None => self.regranted.extend(built.map(|(p, _)| p.name.clone())),
         }
         self.cells.insert(
-            key,
+            key(cell),
             CellMemo {
                 gpus: cell.scope.gpus.clone(),
                 runs,
@@ -440,6 +488,7 @@ impl AllocationMemo {
                 tenants: profiles,
                 bindings: bound,
                 grants,
+                positions,
             },
         );
     }

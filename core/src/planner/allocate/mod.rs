@@ -32,7 +32,7 @@ use cell_nodes::CellNodes;
 use holders::{Current, Placings};
 pub use memo::AllocationMemo;
 use pools::Template;
-use report::Placed;
+use report::{Built, Placed};
 use scope::Scope;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -53,10 +53,7 @@ pub fn allocate(
             // The cores this process may use (its cgroup's CPU quota counts).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
-                let profiles = c.profiles(tenants);
-                let (grants, bound) = allocate_cell(&profiles, nodes, &c.scope);
-                bound.write(nodes, &c.scope, &profiles, |_| {});
-                grants
+                place_and_write(&c.profiles(tenants), nodes, &c.scope)
             })
             .into_iter()
             .map(Cow::Owned)
@@ -72,7 +69,13 @@ pub fn allocate(
                 if *stale {
                     let profiles = cell.profiles(tenants);
                     let mut view = CellNodes::all(nodes);
-                    let (grants, bound) = allocate_cell(&profiles, &view, &cell.scope);
+                    let mut last = memo.last_of(cell);
+                    let (grants, bound, positions, handed_back) =
+                        allocate_cell(&profiles, &view, &cell.scope, |placed| {
+                            placed.grants_with(&profiles, &view, |t, p| {
+                                memo.earlier_grants(last.as_mut(), &profiles[t], p)
+                            })
+                        });
                     // A node the cell binds as the last pass did keeps its GPU list, and the
                     // steps after take it back as they would had the cell not been placed.
                     bound.write(&mut view, &cell.scope, &profiles, |n| {
@@ -83,7 +86,7 @@ pub fn allocate(
                         nodes[n as usize].recomputed = true;
                     }
                     recomputed.clear();
-                    memo.remember(cell, profiles, nodes, bound, grants);
+                    memo.remember(cell, profiles, nodes, bound, (grants, positions, handed_back), last);
                 } else {
                     memo.recall(cell, nodes);
                 }
@@ -98,6 +101,15 @@ pub fn allocate(
     }
 }
 
+/// One cell placed with nothing remembered, its bindings written on `nodes`: its grants.
+fn place_and_write(profiles: &[TenantProfile], nodes: &mut CellNodes, scope: &Scope) -> BTreeMap<String, CellGrants> {
+    let (grants, bound, _, _) = allocate_cell(profiles, nodes, scope, |placed| {
+        placed.grants_with(profiles, nodes, |_, _| None)
+    });
+    bound.write(nodes, scope, profiles, |_| {});
+    grants
+}
+
 /// Notes node `n` as written on (once, though several of its GPUs are).
 fn view_recomputed(recomputed: &mut Vec<u32>, n: u32) {
     if recomputed.last() != Some(&n) {
@@ -106,13 +118,18 @@ fn view_recomputed(recomputed: &mut Vec<u32>, n: u32) {
 }
 
 /// One cell's grants, by tenant name, and its bindings, placed on `nodes` (not written there:
-/// [`Bound::write`]). Each pass binds from none of the cell's bindings, so a unit no pass grants
-/// is left to nobody.
-fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) -> Placement {
+/// [`Bound::write`]), built from the placement kept by `build`. Each pass binds from none of the
+/// cell's bindings, so a unit no pass grants is left to nobody.
+fn allocate_cell(
+    tenants: &[TenantProfile],
+    nodes: &CellNodes,
+    scope: &Scope,
+    build: impl FnOnce(Placed) -> Built,
+) -> Built {
     if tenants.is_empty() {
         // Capacity nobody asks for (a MIG profile no tenant requests): every pass would only
         // take the units off their holders, as this does.
-        return (BTreeMap::new(), Bound::none(nodes, scope));
+        return build(Placed::none(Bound::none(nodes, scope)));
     }
     let mut order: Vec<usize> = (0..tenants.len()).collect();
     order.sort_by(|&x, &y| {
@@ -139,7 +156,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
     // for that pass: kept as it is where placing again from it would give it back ([`stable`]).
     if from_empty && blind.is_stable(&amounts, &cell.order) {
         let placed = blind.finish();
-        return cell.again_in_debug(nodes, &amounts, placed);
+        return cell.again_in_debug(nodes, &amounts, build(placed));
     }
     // Where nothing runs now, its bindings are what the pass below starts from.
     let blind_bound = blind.bound.take();
@@ -149,7 +166,7 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
     } else {
         match cell.place_from_now(nodes, &amounts) {
             Some(first) => Some(first),
-            None => return cell.as_blind(nodes),
+            None => return build(cell.as_blind(nodes)),
         }
     };
     // Once more from that result, every unit kept: shares over shared GPUs are then split as the
@@ -158,18 +175,18 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
     // what runs now and every pool kept first (the same inputs place the same), it would give
     // the result back, so the result is kept.
     let first = match first {
-        Some((first, _)) if first.stable => return cell.again_in_debug(nodes, &amounts, first),
+        Some((first, _)) if first.stable => return cell.again_in_debug(nodes, &amounts, build(first)),
         first => first,
     };
     if let Some((first, placings)) = first {
         let placed = first.bound.holders(tenants);
         if placings.is_empty() && placed == cell.now {
-            return first.grants(tenants, nodes);
+            return build(first);
         }
         return match cell.place_again(nodes, &placed, &amounts) {
-            Ok(kept) => kept.grants(tenants, nodes),
+            Ok(kept) => build(kept),
             // The first placement again (the same inputs place the same).
-            Err(_) => first.grants(tenants, nodes),
+            Err(_) => build(first),
         };
     }
     // From empty, the blind pass's placement not shown stable: placed again from itself.
@@ -178,16 +195,13 @@ fn allocate_cell(tenants: &[TenantProfile], nodes: &CellNodes, scope: &Scope) ->
         None => Current::of(Vec::new()),
     };
     match cell.place_again(nodes, &placed, &amounts) {
-        Ok(kept) => kept.grants(tenants, nodes),
+        Ok(kept) => build(kept),
         Err(_) => match cell.place_from_now(nodes, &amounts) {
-            Some((kept, _)) => kept.grants(tenants, nodes),
-            None => cell.as_blind(nodes),
+            Some((kept, _)) => build(kept),
+            None => build(cell.as_blind(nodes)),
         },
     }
 }
-
-/// A cell's grants by tenant name, and its bindings.
-type Placement = (BTreeMap<String, CellGrants>, Bound);
 
 /// What every placing pass of one cell starts from.
 struct CellPasses<'c> {
@@ -245,11 +259,12 @@ impl CellPasses<'_> {
         )
     }
 
-    /// The grants of `stable`, a placement that placing again from itself gives back
-    /// ([`stable`]). Debug builds (every test) place again all the same, and compare.
-    fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, stable: Placed) -> Placement {
-        let (grants, bound) = stable.grants(self.tenants, nodes);
+    /// `built` from a placement that placing again from itself gives back ([`stable`]). Debug
+    /// builds (every test) place again all the same, and compare: the grants built, or handed
+    /// back from an earlier pass, with those of the placement again, built anew.
+    fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, built: Built) -> Built {
         if cfg!(debug_assertions) {
+            let (grants, bound, _, _) = &built;
             let placed = bound.holders(self.tenants);
             let again = self
                 .place_again(nodes, &placed, amounts)
@@ -259,15 +274,14 @@ impl CellPasses<'_> {
                 again_bound.holders(self.tenants) == placed,
                 "a placement found stable moved when placed again"
             );
-            assert_eq!(again_grants, grants, "a stable placement's grants changed");
+            assert_eq!(&again_grants, grants, "a stable placement's grants changed");
         }
-        (grants, bound)
+        built
     }
 
     /// The blind pass's placement, where no placing from current bindings gives its amounts.
-    fn as_blind(&self, nodes: &CellNodes) -> Placement {
-        let placed = blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish();
-        placed.grants(self.tenants, nodes)
+    fn as_blind(&self, nodes: &CellNodes) -> Placed {
+        blind_pass(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish()
     }
 }
 

@@ -23,14 +23,36 @@ pub(super) struct Placed {
     pub(super) stable: bool,
 }
 
-struct PlacedTenant {
-    units: Vec<Unit>,
-    /// (GPU, mode, shares) per shared GPU.
-    shares: Vec<(GpuRef, Mode, u32)>,
-    allocation: Vec<AllocationSummary>,
-    memory_mib: u64,
-    shortfalls: Vec<String>,
+/// What a tenant received in a pass, by position.
+pub(super) struct PlacedTenant {
+    pub(super) at: Positions,
+    pub(super) allocation: Vec<AllocationSummary>,
+    pub(super) memory_mib: u64,
+    pub(super) shortfalls: Vec<String>,
 }
+
+/// The units and shares a tenant received, by their GPUs' positions in the fleet: what its grants
+/// name, once the nodes at those positions are read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Positions {
+    pub(super) units: Vec<Unit>,
+    /// (GPU, mode, shares) per shared GPU.
+    pub(super) shares: Vec<(GpuRef, Mode, u32)>,
+}
+
+impl Positions {
+    /// Every GPU named, once per unit or share.
+    pub(super) fn gpus(&self) -> impl Iterator<Item = GpuRef> + '_ {
+        let units = self.units.iter().map(|u| match *u {
+            Unit::Instance(at, _) | Unit::Gpu(at) => at,
+        });
+        units.chain(self.shares.iter().map(|&(at, _, _)| at))
+    }
+}
+
+/// A placed cell's grants by tenant name, its bindings, and per tenant (as the cell's, in name
+/// order) the positions its grants were built from and whether an earlier pass's were handed back.
+pub(super) type Built = (BTreeMap<String, CellGrants>, Bound, Vec<Positions>, Vec<bool>);
 
 impl Allocator<'_, '_, '_> {
     pub(super) fn finish(mut self) -> Placed {
@@ -53,8 +75,10 @@ impl Allocator<'_, '_, '_> {
                 })
                 .collect();
             placed.push(PlacedTenant {
-                units: std::mem::take(&mut self.state[t].units),
-                shares,
+                at: Positions {
+                    units: std::mem::take(&mut self.state[t].units),
+                    shares,
+                },
                 allocation: vec![],
                 memory_mib: 0,
                 shortfalls: vec![],
@@ -117,12 +141,42 @@ impl Allocator<'_, '_, '_> {
 }
 
 impl Placed {
+    /// A placement of no tenant: every unit of the cell bound to nobody.
+    pub(super) fn none(bound: Bound) -> Placed {
+        Placed {
+            tenants: vec![],
+            bound,
+            stable: false,
+        }
+    }
+
     /// The grants of the pass kept, on the nodes it placed, and its bindings.
     pub(super) fn grants(self, tenants: &[TenantProfile], nodes: &CellNodes) -> (BTreeMap<String, CellGrants>, Bound) {
+        let (grants, bound, _, _) = self.grants_with(tenants, nodes, |_, _| None);
+        (grants, bound)
+    }
+
+    /// [`Placed::grants`], where `earlier(t, placed)` may hand back tenant `t`'s grants an
+    /// earlier pass built, when they are the ones `placed` gives on these nodes (so are not built
+    /// and compared again).
+    pub(super) fn grants_with(
+        self,
+        tenants: &[TenantProfile],
+        nodes: &CellNodes,
+        mut earlier: impl FnMut(usize, &PlacedTenant) -> Option<CellGrants>,
+    ) -> Built {
         // Built in one go from the tenants in name order (a cell's order): inserting them one by one
         // searched the map each time, a name comparison at every level.
         let mut out = Vec::with_capacity(tenants.len());
-        for (tenant, p) in tenants.iter().zip(self.tenants) {
+        let mut positions = Vec::with_capacity(tenants.len());
+        let mut handed_back = Vec::with_capacity(tenants.len());
+        for (t, (tenant, p)) in tenants.iter().zip(self.tenants).enumerate() {
+            if let Some(kept) = earlier(t, &p) {
+                out.push((tenant.name.clone(), kept));
+                positions.push(p.at);
+                handed_back.push(true);
+                continue;
+            }
             let whole = |(node, gpu): GpuRef, mode: Mode, count: u32| {
                 let nd = &nodes[node as usize];
                 let spec = &nd.gpus[gpu as usize];
@@ -137,22 +191,22 @@ impl Placed {
                     count,
                 }
             };
-            let mut grants: Vec<Grant> = p
-                .units
-                .iter()
-                .map(|&u| match u {
-                    Unit::Gpu(at) => whole(at, Mode::Exclusive, 1),
-                    Unit::Instance(at, i) => {
-                        let instance = &nodes[at.0 as usize].gpus[at.1 as usize].mig_instances[i as usize];
-                        Grant {
-                            profile: Some(instance.profile.clone()),
-                            placement: Some(instance.placement.to_string()),
-                            ..whole(at, Mode::Mig, 1)
+            let mut grants: Vec<Grant> =
+                p.at.units
+                    .iter()
+                    .map(|&u| match u {
+                        Unit::Gpu(at) => whole(at, Mode::Exclusive, 1),
+                        Unit::Instance(at, i) => {
+                            let instance = &nodes[at.0 as usize].gpus[at.1 as usize].mig_instances[i as usize];
+                            Grant {
+                                profile: Some(instance.profile.clone()),
+                                placement: Some(instance.placement.to_string()),
+                                ..whole(at, Mode::Mig, 1)
+                            }
                         }
-                    }
-                })
-                .chain(p.shares.iter().map(|&(at, mode, count)| whole(at, mode, count)))
-                .collect();
+                    })
+                    .chain(p.at.shares.iter().map(|&(at, mode, count)| whole(at, mode, count)))
+                    .collect();
             grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
             out.push((
                 tenant.name.clone(),
@@ -163,8 +217,10 @@ impl Placed {
                     shortfalls: p.shortfalls,
                 },
             ));
+            positions.push(p.at);
+            handed_back.push(false);
         }
-        (out.into_iter().collect(), self.bound)
+        (out.into_iter().collect(), self.bound, positions, handed_back)
     }
 }
 

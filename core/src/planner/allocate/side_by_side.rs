@@ -108,8 +108,8 @@ fn groups(cells: &[Cell], nodes: usize) -> Vec<Vec<usize>> {
 mod tests {
     use super::*;
     use crate::api::{GpuPartitionPlan, GpuTenant, Mode};
-    use crate::planner::allocate::allocate_cell;
     use crate::planner::allocate::cells::cells;
+    use crate::planner::allocate::place_and_write;
     use crate::planner::fixtures::*;
     use crate::planner::nodes::build_fleet;
     use crate::policy::{check_plan, check_tenants, models_of_selected_nodes};
@@ -167,10 +167,7 @@ mod tests {
                     .lock()
                     .unwrap()
                     .insert(format!("{:?}", std::thread::current().id()));
-                let profiles = c.profiles(&check.valid);
-                let (grants, bound) = allocate_cell(&profiles, nodes, &c.scope);
-                bound.write(nodes, &c.scope, &profiles, |_| {});
-                grants
+                place_and_write(&c.profiles(&check.valid), nodes, &c.scope)
             });
             let specs: Vec<_> = fleet.nodes.iter().map(|n| n.gpus.clone()).collect();
             let on_gpus = groups(&cells, fleet.nodes.len())

@@ -74,7 +74,7 @@ impl Family {
 pub(super) type GpuRef = (u32, u32);
 
 /// A unit a tenant received, by position: a pass that is not kept never builds its grants.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Unit {
     /// A MIG instance: its GPU and its position in the GPU's instance list.
     Instance(GpuRef, u32),
