@@ -11,7 +11,7 @@
 //! again on nodes built anew.
 
 use super::cell_nodes::CellNodes;
-use super::holders::{Current, GpuHolders};
+use super::holders::{Current, GpuHolders, PerHolder};
 use super::scope::Scope;
 use super::units::GpuRef;
 use crate::api::{GpuSpec, Mode, SharedVec, TenantShares};
@@ -30,7 +30,7 @@ pub(super) struct Bound {
 struct BoundGpu {
     /// Tenants using the GPU whole, each with its shares where the GPU is shared; by name once
     /// the pass is finished ([`Bound::sort`]).
-    whole: Vec<(u32, u32)>,
+    whole: PerHolder<(u32, u32)>,
     shared: bool,
     /// The tenant of each of the cell's MIG instances on the GPU, by the instance's position.
     instances: Vec<(u32, Option<u32>)>,
@@ -52,7 +52,7 @@ impl Bound {
         let gpus = scope.gpus.iter().map(|&(n, g)| {
             let spec = &nodes[n as usize].gpus[g as usize];
             BoundGpu {
-                whole: Vec::new(),
+                whole: PerHolder::new(),
                 shared: false,
                 instances: spec
                     .mig_instances
@@ -112,7 +112,7 @@ impl Bound {
     pub fn holders<'t>(&self, tenants: &'t [TenantProfile]) -> Current<'t> {
         let name = |t: u32| tenants[t as usize].name.as_str();
         let gpus = self.gpus.iter().map(|g| {
-            let mut whole: Vec<(&str, u32)> = g.whole.iter().map(|&(t, s)| (name(t), s)).collect();
+            let mut whole: PerHolder<(&str, u32)> = g.whole.iter().map(|&(t, s)| (name(t), s)).collect();
             whole.sort();
             let mut instances = vec![None; g.mig_count as usize];
             for &(k, t) in &g.instances {

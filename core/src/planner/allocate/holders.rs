@@ -5,6 +5,7 @@ use super::cell_nodes::CellNodes;
 use super::scope::Scope;
 use super::units::{GpuRef, PoolKey};
 use crate::planner::changes::{instance_holder, whole_holders};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 
 /// How a placing pass uses a pool's current bindings, most sticky first.
@@ -40,21 +41,20 @@ pub(super) type Placings = BTreeMap<PoolKey, Placing>;
 #[derive(PartialEq)]
 pub(super) struct Current<'h> {
     gpus: Vec<GpuHolders<'h>>,
+    /// The holders of a GPU nobody holds (not a `static`: inline lists do not shorten their
+    /// lifetime, so one of `'static` cannot stand for one of `'h`).
+    nobody: GpuHolders<'h>,
 }
 
-/// The holders of a GPU nobody holds.
-static NOBODY: GpuHolders<'static> = GpuHolders {
-    whole: Vec::new(),
-    shares: Vec::new(),
-    instances: Vec::new(),
-};
+/// A GPU's whole-GPU tenants, or something of each: one or two, held inline.
+pub(super) type PerHolder<T> = SmallVec<[T; 2]>;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct GpuHolders<'h> {
     /// Tenants of the GPU used whole in its planned mode.
-    pub whole: Vec<&'h str>,
+    pub whole: PerHolder<&'h str>,
     /// On a shared GPU, the shares each of `whole` holds (0: not known, at least one).
-    pub shares: Vec<u32>,
+    pub shares: PerHolder<u32>,
     /// Tenant of each planned MIG instance.
     pub instances: Vec<Option<&'h str>>,
 }
@@ -67,7 +67,7 @@ impl<'h> Current<'h> {
 
     /// Who holds the units of the `j`th GPU of the cell.
     pub fn gpu(&self, j: u32) -> &GpuHolders<'h> {
-        self.gpus.get(j as usize).unwrap_or(&NOBODY)
+        self.gpus.get(j as usize).unwrap_or(&self.nobody)
     }
 
     /// The tenant holding instance `i` of the `j`th GPU of the cell.
@@ -82,6 +82,7 @@ impl<'h> Current<'h> {
             .all(|g| g.whole.is_empty() && g.instances.iter().all(Option::is_none));
         Current {
             gpus: if nobody { Vec::new() } else { gpus },
+            nobody: GpuHolders::default(),
         }
     }
 
@@ -103,14 +104,14 @@ impl<'h> Current<'h> {
                 || spec.mig_instances.iter().any(|i| instance_holder(inv, i).is_some())
         };
         if !at.iter().any(holds) {
-            return Current { gpus: Vec::new() };
+            return Current::of(Vec::new());
         }
         // Some GPU has a holder: the list is kept whole.
         let gpus = at
             .iter()
             .map(|at| {
                 let (spec, inv) = gpu(at);
-                let whole: Vec<&str> = whole_holders(inv, spec.mode).iter().map(String::as_str).collect();
+                let whole: PerHolder<&str> = whole_holders(inv, spec.mode).iter().map(String::as_str).collect();
                 GpuHolders {
                     shares: whole.iter().map(|t| inv.shares.get(*t).copied().unwrap_or(0)).collect(),
                     whole,
@@ -122,6 +123,9 @@ impl<'h> Current<'h> {
                 }
             })
             .collect();
-        Current { gpus }
+        Current {
+            gpus,
+            nobody: GpuHolders::default(),
+        }
     }
 }
