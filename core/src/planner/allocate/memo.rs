@@ -136,6 +136,34 @@ enum Change {
     Other,
 }
 
+/// How each GPU of the fleet differs from the last pass's read, in one list: by node, then GPU
+/// position (a list per node was 5,000 allocations a pass, nearly all of them all `Same`).
+#[derive(Default)]
+struct FleetChanges {
+    gpus: Vec<Change>,
+    /// Where each node's GPUs start in `gpus`.
+    starts: Vec<usize>,
+}
+
+impl FleetChanges {
+    /// Starts the next node's GPUs.
+    fn next_node(&mut self) {
+        self.starts.push(self.gpus.len());
+    }
+
+    /// GPU `g` of node `n`; `None` past the fleet.
+    fn get(&self, (n, g): GpuRef) -> Option<Change> {
+        let start = *self.starts.get(n as usize)?;
+        let end = self.starts.get(n as usize + 1).copied().unwrap_or(self.gpus.len());
+        (start + (g as usize) < end).then(|| self.gpus[start + g as usize])
+    }
+
+    /// GPU `g` of node `n`, which the fleet has.
+    fn at(&self, at: GpuRef) -> Change {
+        self.get(at).expect("a GPU of the fleet")
+    }
+}
+
 /// Whether `a` and `b` are the same GPU, what runs on it now aside: every field compared, so a
 /// field added to [`NodeGpu`] must be added here.
 fn same_but_running(a: &NodeGpu, b: &NodeGpu) -> bool {
@@ -228,7 +256,7 @@ pub struct AllocationMemo {
     /// last pass: only their merged grants are built again.
     regranted: foldhash::HashSet<String>,
     /// How each GPU of the fleet differs from the last pass's read, by node and GPU position.
-    changed: Vec<Vec<Change>>,
+    changed: FleetChanges,
     /// The last pass's cells, and its tenants' families.
     last_cells: Option<Vec<Cell>>,
     families: TenantFamilies,
@@ -298,7 +326,7 @@ impl AllocationMemo {
         &mut self,
         cells: &[Cell],
         tenants: &[TenantProfile],
-        changed: &[Vec<Change>],
+        changed: &FleetChanges,
         nodes: &[NodeDesired],
     ) -> Vec<bool> {
         cells
@@ -317,18 +345,13 @@ impl AllocationMemo {
                     return true;
                 }
                 for (j, &(n, g)) in cell.scope.gpus.iter().enumerate() {
-                    match changed[n as usize][g as usize] {
+                    match changed.at((n, g)) {
                         Change::Same => {}
                         Change::Other => return true,
                         Change::Running => m.read_running(j, &nodes[n as usize], g as usize),
                     }
                 }
-                m.not_running > 0
-                    && cell
-                        .scope
-                        .gpus
-                        .iter()
-                        .any(|&(n, g)| changed[n as usize][g as usize] != Change::Same)
+                m.not_running > 0 && cell.scope.gpus.iter().any(|&at| changed.at(at) != Change::Same)
             })
             .collect()
     }
@@ -339,13 +362,16 @@ impl AllocationMemo {
     /// GPU in the same mode with the same MIG profiles): what [`cells`] splits the fleet by. A
     /// GPU whose memory, dedication or settings changed is placed again in its cell; the cells
     /// stay.
-    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (Vec<Vec<Change>>, bool) {
+    fn read_fleet(&mut self, nodes: &[NodeDesired]) -> (FleetChanges, bool) {
         let mut same = self.fleet.len() == nodes.len();
         self.fleet.truncate(nodes.len());
-        let changed: Vec<Vec<Change>> = nodes
-            .iter()
-            .enumerate()
-            .map(|(n, node)| match self.fleet.get_mut(n) {
+        // The last pass's lists, emptied: the same fleet fills them to the same length.
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.gpus.clear();
+        changed.starts.clear();
+        for (n, node) in nodes.iter().enumerate() {
+            changed.next_node();
+            match self.fleet.get_mut(n) {
                 Some(kept) if kept.name == node.inventory.name && kept.same_revision(node) => {
                     debug_assert!(
                         kept.gpus.len() == node.gpus.len()
@@ -354,27 +380,23 @@ impl AllocationMemo {
                         node.inventory.name,
                         node.inventory.revision
                     );
-                    vec![Change::Same; node.gpus.len()]
+                    changed.gpus.extend(std::iter::repeat_n(Change::Same, node.gpus.len()));
                 }
                 Some(kept) if kept.name == node.inventory.name && kept.gpus.len() == node.gpus.len() => {
                     kept.revision.clone_from(&node.inventory.revision);
-                    kept.gpus
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(g, gpu)| {
-                            if gpu.matches(node, g) {
-                                return Change::Same;
-                            }
-                            same &= gpu.offers_same(node, g);
-                            let change = if gpu.matches_but_running(node, g) {
-                                Change::Running
-                            } else {
-                                Change::Other
-                            };
-                            *gpu = GpuInput::of(node, g);
-                            change
-                        })
-                        .collect()
+                    for (g, gpu) in kept.gpus.iter_mut().enumerate() {
+                        if gpu.matches(node, g) {
+                            changed.gpus.push(Change::Same);
+                            continue;
+                        }
+                        same &= gpu.offers_same(node, g);
+                        changed.gpus.push(if gpu.matches_but_running(node, g) {
+                            Change::Running
+                        } else {
+                            Change::Other
+                        });
+                        *gpu = GpuInput::of(node, g);
+                    }
                 }
                 kept => {
                     same = false;
@@ -382,10 +404,10 @@ impl AllocationMemo {
                         Some(k) => *k = NodeInput::of(node),
                         None => self.fleet.push(NodeInput::of(node)),
                     }
-                    vec![Change::Other; node.gpus.len()]
+                    changed.gpus.extend(std::iter::repeat_n(Change::Other, node.gpus.len()));
                 }
-            })
-            .collect();
+            }
+        }
         (changed, same)
     }
 
@@ -430,12 +452,7 @@ impl AllocationMemo {
         if g.memory_mib != placed.memory_mib || g.allocation != placed.allocation || g.shortfalls != placed.shortfalls {
             return None;
         }
-        let unchanged = |(n, gpu): GpuRef| {
-            self.changed
-                .get(n as usize)
-                .and_then(|c| c.get(gpu as usize))
-                .is_some_and(|c| *c != Change::Other)
-        };
+        let unchanged = |at: GpuRef| self.changed.get(at).is_some_and(|c| c != Change::Other);
         if !placed.at.gpus().all(unchanged) {
             return None;
         }
