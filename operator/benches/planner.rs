@@ -123,7 +123,7 @@ fn controller_pass(c: &mut Criterion) {
         };
         let mut seen = Seen::default();
         assert_eq!(
-            diff_with(&d, &live, &mut seen).writes,
+            diff_with(&d, &live, &mut seen, std::time::Instant::now()).writes,
             vec![],
             "the converged cluster needs no write"
         );
@@ -131,7 +131,7 @@ fn controller_pass(c: &mut Criterion) {
             b.iter(|| black_box(live.clone()))
         });
         group.bench_function(format!("diff_seen_{nodes}_nodes"), |b| {
-            b.iter(|| black_box(diff_with(&d, &live, &mut seen)))
+            b.iter(|| black_box(diff_with(&d, &live, &mut seen, std::time::Instant::now())))
         });
         group.bench_function(format!("diff_all_{nodes}_nodes"), |b| {
             b.iter(|| black_box(diff(&d, &live)))

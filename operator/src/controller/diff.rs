@@ -12,6 +12,7 @@
 use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy, condition_status};
 use crate::desired::Desired;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
+pub use hold::Held;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Resource, ResourceExt};
@@ -22,6 +23,7 @@ use serde_json::json;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 pub use write::{Kind, Write};
 
 use super::stores::Snapshot;
@@ -36,11 +38,13 @@ pub struct Note {
     pub message: String,
 }
 
-/// The writes of one pass, in the order they must be made, and its events.
+/// The writes of one pass, in the order they must be made, its events, and the bookkeeping
+/// held back while nodes join ([`hold`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Diff {
     pub writes: Vec<Write>,
     pub notes: Vec<Note>,
+    pub held: Held,
 }
 
 pub use crate::runtime::object::contains;
@@ -262,12 +266,14 @@ fn evictions(live: &Snapshot) -> Vec<Write> {
 /// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
 /// node lacks the scrub-pending taint (DESIGN.md §4.3); a label names only a config written.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
-    diff_with(d, live, &mut Seen::default())
+    diff_with(d, live, &mut Seen::default(), Instant::now())
 }
 
 /// [`diff`], comparing again only the owned objects that changed since the pass that left `seen`
-/// (their live resourceVersion or their desired content); `seen` becomes this pass's findings.
-pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
+/// (their live resourceVersion or their desired content), and holding back the bookkeeping that
+/// may wait while nodes join ([`hold`]) where `seen` says it was written shortly before `now`;
+/// `seen` becomes this pass's findings.
+pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen, now: Instant) -> Diff {
     let mut writes = Vec::new();
     let mut deletes = Vec::new();
     owned(
@@ -281,6 +287,8 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
     node_patches(&d.node_labels, &live.nodes, &mut writes);
 
     let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+    // Whether this pass gives some node its first GPU spec: a fleet joining ([`hold`]).
+    let mut joining = false;
     for n in &d.nodes {
         let current = live_nodes.get(&n.name_any());
         // A node that is waiting for its agent and has no GpuNode gets none: nothing to say yet.
@@ -289,6 +297,7 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
             None => n.spec.gpus.is_empty(),
         };
         if !skip {
+            joining |= current.is_none_or(|l| l.spec.gpus.is_empty());
             writes.push(Write::Apply {
                 kind: Kind::GpuNode,
                 namespace: None,
@@ -360,16 +369,23 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen) -> Diff {
         &mut writes,
         &mut binding_deletes,
     );
+    let held = if joining {
+        seen.recent.hold(&mut writes, d, live, now)
+    } else {
+        seen.recent.wrote(&writes, now)
+    };
     writes.extend(evictions(live));
     writes.extend(binding_deletes);
     writes.extend(deletes);
     Diff {
         writes,
         notes: notes(d, live),
+        held,
     }
 }
 
 mod admission;
+pub mod hold;
 mod node_patch;
 mod owned;
 mod write;

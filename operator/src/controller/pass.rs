@@ -102,6 +102,9 @@ pub struct PassReport {
     /// With `--check-incremental`: the incremental pass differed from the full pass (whose
     /// result was written).
     pub incremental_differed: bool,
+    /// Bookkeeping held back while nodes joined, and when the controller must pass again
+    /// to write it even if nothing changes ([`diff::hold`]).
+    pub held: diff::Held,
     /// Tenants with the statuses of this pass (for the per-tenant metrics).
     pub tenants: Vec<std::sync::Arc<crate::api::GpuTenant>>,
 }
@@ -206,7 +209,7 @@ impl Controller {
         } = self.plan(&snapshot, &now);
         let diff = {
             let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            diff::diff_with(&d, &snapshot, &mut seen)
+            diff::diff_with(&d, &snapshot, &mut seen, Instant::now())
         };
         let plan_time = started.elapsed();
         let outcome = self.writer.write_all(&diff.writes).await;
@@ -226,6 +229,7 @@ impl Controller {
             cells,
             full_time,
             incremental_differed: differed,
+            held: diff.held,
             tenants: d.tenants,
         };
         let mut memo = self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

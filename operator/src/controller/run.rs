@@ -134,6 +134,8 @@ pub async fn run(
     let mut leading = election.is_leader.clone();
     let mut backoff = Backoff::for_api_errors();
     let mut retry: Option<Duration> = None;
+    // Bookkeeping a pass held back while nodes joined must go out by then, changes or not.
+    let mut held_until: Option<std::time::Instant> = None;
     let mut stop = stop_rx.clone();
     loop {
         metrics.set_leader(*leading.borrow());
@@ -146,8 +148,9 @@ pub async fn run(
             tracing::info!("leading");
             metrics.set_leader(true);
         } else {
-            // Wait for a change, or for the retry of a failed pass.
-            let wait = retry.unwrap_or(Duration::MAX);
+            // Wait for a change, for the retry of a failed pass, or for held bookkeeping's time.
+            let held = held_until.map(|t| t.saturating_duration_since(std::time::Instant::now()));
+            let wait = retry.into_iter().chain(held).min().unwrap_or(Duration::MAX);
             tokio::select! {
                 _ = controller.changed.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
@@ -173,6 +176,7 @@ pub async fn run(
         let report = controller.pass().await;
         metrics.set_tenants(&report.tenants);
         let ok = report.failed.is_empty();
+        held_until = report.held.until;
         metrics.pass(report.total_time, ok);
         if ok {
             backoff.reset();
@@ -188,6 +192,7 @@ pub async fn run(
                     full_ms = report.full_time.map(|t| t.as_millis() as u64),
                     cells_placed = report.cells.0,
                     cells_reused = report.cells.1,
+                    held = report.held.writes,
                     "pass done"
                 );
             }

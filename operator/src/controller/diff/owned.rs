@@ -110,9 +110,11 @@ pub(super) fn owned<'d, D, T, L>(
     }
 }
 
-/// What a pass found already so in the owned objects, kept for the next pass ([`owned()`]).
+/// What a pass found already so in the owned objects, kept for the next pass ([`owned()`]), and
+/// when it wrote the bookkeeping that may wait for the nodes ([`super::hold`]).
 #[derive(Debug, Default)]
 pub struct Seen {
+    pub(super) recent: super::hold::Recent,
     pub(super) config_maps: Contained<ConfigMap>,
     pub(super) namespaces: Contained<Arc<Namespace>>,
     pub(super) quotas: Contained<Arc<ResourceQuota>>,
