@@ -206,6 +206,13 @@ fn settle_with(s: &mut Snapshot, seen: &mut Seen, mut at: Instant, step: Duratio
     panic!("not settled after eight passes");
 }
 
+/// `s` settled by passes a second apart, with the memory of their writes.
+fn settled(mut s: Snapshot) -> (Snapshot, Seen, Instant) {
+    let mut seen = Seen::default();
+    let (_, at) = settle_with(&mut s, &mut seen, Instant::now(), Duration::from_secs(1));
+    (s, seen, at)
+}
+
 const QUOTA: &str = "apply ResourceQuota acme/gpu-tenancy";
 const STATUS: &str = "status GpuTenant acme";
 
@@ -216,7 +223,7 @@ fn has(d: &Diff, w: &str) -> bool {
 }
 
 #[test]
-fn a_widening_quota_waits_while_a_joining_node_is_written_then_goes_once() {
+fn a_widening_quota_waits_while_a_node_joins_then_goes_once() {
     let mut s = fleet_of_one();
     let mut seen = Seen::default();
     let t0 = Instant::now();
@@ -255,25 +262,20 @@ fn a_widening_quota_waits_while_a_joining_node_is_written_then_goes_once() {
 
 #[test]
 fn held_bookkeeping_goes_once_its_time_is_up_even_while_nodes_join() {
-    let mut s = fleet_of_one();
-    let mut seen = Seen::default();
-    let t0 = Instant::now();
-    let (_, at) = settle_with(&mut s, &mut seen, t0, Duration::from_secs(1));
-    join(&mut s, "n2");
-    let held = pass_at(&s, &mut seen, at);
-    let until = held.held.until.expect("the quota held");
+    let held_after_n2_joins = || {
+        let (mut s, mut seen, at) = settled(fleet_of_one());
+        join(&mut s, "n2");
+        let until = pass_at(&s, &mut seen, at).held.until.expect("the quota held");
+        (s, seen, until)
+    };
     // The same pass again at that time (nothing written meanwhile): the quota goes with the node.
+    let (s, mut seen, until) = held_after_n2_joins();
     let d = pass_at(&s, &mut seen, until);
     assert!(has(&d, N2_JOINS));
     assert!(has(&d, QUOTA), "{:?}", writes(&d));
     assert_eq!(d.held, Held::default());
     // Just before it, it would still have waited.
-    let mut seen = Seen::default();
-    let mut s = fleet_of_one();
-    let (_, at) = settle_with(&mut s, &mut seen, t0, Duration::from_secs(1));
-    join(&mut s, "n2");
-    let first = pass_at(&s, &mut seen, at);
-    let until = first.held.until.unwrap();
+    let (s, mut seen, until) = held_after_n2_joins();
     let d = pass_at(&s, &mut seen, until - Duration::from_millis(1));
     assert!(has(&d, N2_JOINS));
     assert!(!has(&d, QUOTA));
@@ -281,9 +283,7 @@ fn held_bookkeeping_goes_once_its_time_is_up_even_while_nodes_join() {
 
 #[test]
 fn a_narrowing_quota_and_a_status_with_news_go_at_once_while_a_node_joins() {
-    let mut s = fleet_of_one();
-    let mut seen = Seen::default();
-    let (_, at) = settle_with(&mut s, &mut seen, Instant::now(), Duration::from_secs(1));
+    let (mut s, mut seen, at) = settled(fleet_of_one());
     // acme now asks for 2: its quota falls from 4 to 2 while n2 joins.
     join(&mut s, "n2");
     let t = Arc::make_mut(&mut s.tenants[0]);
@@ -299,9 +299,7 @@ fn a_narrowing_quota_and_a_status_with_news_go_at_once_while_a_node_joins() {
 
 #[test]
 fn a_status_whose_counts_alone_change_waits_with_the_quota() {
-    let mut s = fleet_of_one();
-    let mut seen = Seen::default();
-    let (_, at) = settle_with(&mut s, &mut seen, Instant::now(), Duration::from_secs(1));
+    let (mut s, mut seen, at) = settled(fleet_of_one());
     join(&mut s, "n2");
     let d = pass_at(&s, &mut seen, at);
     // 4 of 12 granted before, 8 of 12 now: the same verdicts, other counts.
@@ -319,8 +317,7 @@ fn a_tenant_change_on_nodes_that_have_joined_holds_nothing_back() {
     s.tenants = vec![Arc::new(
         TenantBuilder::new("acme", "external").mig("3g.40gb", 2).build(),
     )];
-    let mut seen = Seen::default();
-    let (_, at) = settle_with(&mut s, &mut seen, Instant::now(), Duration::from_secs(1));
+    let (mut s, mut seen, at) = settled(s);
     // One more instance on n1, a second after its quota was written: the quota widens, the node's
     // spec is written again, and no node joins.
     let t = Arc::make_mut(&mut s.tenants[0]);
