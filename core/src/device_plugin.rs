@@ -1,5 +1,5 @@
 //! NVIDIA's device plugin, as this operator configures it: the resource names it advertises, the
-//! one-sharing-setting-per-node rule, and the per-node config it reads (FACTS.md §3).
+//! one-sharing-setting-per-node rule, and the per-node config it reads (docs/nvidia.md#the-device-plugin-and-mig-parted).
 //!
 //! The plugin applies one sharing setting to every whole (non-MIG) GPU of a node: `rename` and
 //! `devices` on a sharing resource are parsed and dropped (k8s-device-plugin#1786). It refuses MPS

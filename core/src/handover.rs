@@ -1,4 +1,4 @@
-//! What counts as a change of hands of a GPU used whole (DESIGN.md §4, invariant 3): the one rule
+//! What counts as a change of hands of a GPU used whole (docs/design.md#scrub-on-change-of-hands): the one rule
 //! the planner (which hand-overs it reports, when a node is tainted `scrub-pending`) and the agent
 //! (when it scrubs) both apply.
 //!

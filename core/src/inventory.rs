@@ -124,7 +124,7 @@ pub struct NodeGpu {
     /// Tenants bound to the whole GPU now (MPS, TimeSlicing, Exclusive), sorted.
     pub tenants: Vec<String>,
     /// On an MPS or time-sliced GPU, the shares each tenant of `tenants` holds now, where known
-    /// (the GpuNode spec's `shares`): the next pass keeps these counts (DESIGN.md §4, invariant 4).
+    /// (the GpuNode spec's `shares`): the next pass keeps these counts (docs/design.md#minimal-disruption).
     pub shares: BTreeMap<String, u32>,
     /// Memory per MIG profile as the driver reports it (name → MiB); preferred over the tables.
     pub profile_memory_mib: BTreeMap<String, u64>,

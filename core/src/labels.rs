@@ -67,7 +67,7 @@ pub const MANAGED_BY: &str = "gputenancy.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "gpu-tenancy";
 
 /// Where a node's reconfiguration stands, like mig-manager's `nvidia.com/mig.config.state`
-/// (FACTS.md §3). Written by the node agent; read by people and automation waiting for a node.
+/// (docs/nvidia.md#the-device-plugin-and-mig-parted). Written by the node agent; read by people and automation waiting for a node.
 pub const CONFIG_STATE: &str = "gputenancy.io/config.state";
 
 /// The values of [`CONFIG_STATE`], mig-manager's words.

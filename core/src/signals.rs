@@ -8,7 +8,7 @@
 //!   how the node's pods get devices. In DRA mode each device is bound to its tenant, so a process
 //!   on a device no tenant is granted is ungranted. With NVIDIA's device plugin the binding of a
 //!   device to a tenant is bookkeeping (the plugin hands any free device of a resource name to
-//!   any pod that asks, README "What is enforced"), so the plan cannot tell: the kubelet's
+//!   any pod that asks, docs/concepts/isolation.md), so the plan cannot tell: the kubelet's
 //!   pod-resources answer can, and a device is explained when some container holds it (a replica
 //!   of it, on a shared GPU). Without that answer it is not known, and said so.
 //! - **Shared memory pressure**: an MPS or time-sliced GPU whose processes use 90% or more of its

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The alerting rules' two forms and their checks (README, "Alerting rules").
+# The alerting rules' two forms and their checks (docs/operations/alerts.md).
 #
 #   deploy/prometheus/rules.sh generate          write prometheusrule.yaml from rules.yaml
 #   deploy/prometheus/rules.sh check PROMTOOL    prometheusrule.yaml is current, both files pass

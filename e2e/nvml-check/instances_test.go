@@ -124,7 +124,7 @@ func TestGpuInstancesOfDcgm138(t *testing.T) {
 				t.Errorf("GPU %d: by UUID %s: %v, %v", gpu, uuid, p, err)
 			}
 		}
-		// FACTS.md §2: a GPU instance is in use while it has compute instances.
+		// docs/nvidia.md#mig-changes-through-nvml: a GPU instance is in use while it has compute instances.
 		want(t, "destroy a GPU instance with its compute instance", gis[0].Destroy(), nvml.ERROR_IN_USE)
 		for i := range gis {
 			want(t, "ComputeInstance.Destroy", cis[i].Destroy(), nvml.SUCCESS)
@@ -219,7 +219,7 @@ func TestComputeInstances(t *testing.T) {
 	want(t, "destroy the 7g", gi.Destroy(), nvml.SUCCESS)
 
 	// 4g.40gb at 0 and 3g.40gb at 4: a 4g offers no 3c; full compute instances have the SMs
-	// nvidia-smi prints (64 and 60, FACTS.md §1).
+	// nvidia-smi prints (64 and 60, docs/nvidia.md#mig-geometry).
 	g4, _ := createAt(t, d, 5, 0)
 	g3, _ := createAt(t, d, 9, 4)
 	_, ret = g4.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 0)

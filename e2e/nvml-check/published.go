@@ -182,11 +182,11 @@ func FromFiles(model, lgip, lgipp string, complete bool) (Published, error) {
 	return p, nil
 }
 
-// H10080GB is the H100 80GB HBM3 row of FACTS.md §1 (the MIG user guide's H100 table and a
+// H10080GB is the H100 80GB HBM3 row of docs/nvidia.md#mig-geometry (the MIG user guide's H100 table and a
 // published `nvidia-smi mig -lgip` of an H100 80GB: names, IDs, instances, GiB and SMs).
 var H10080GB = Published{
 	Model:  "H100-80GB",
-	Source: "FACTS.md §1 (MIG user guide, H100 80GB)",
+	Source: "docs/nvidia.md#mig-geometry (MIG user guide, H100 80GB)",
 	Rows: []LgipRow{
 		{Name: "1g.10gb", ID: 19, Total: 7, MemoryGiB: "9.75", SM: 16},
 		{Name: "1g.10gb+me", ID: 20, Total: 1, MemoryGiB: "9.75", SM: 16},
@@ -201,7 +201,7 @@ var H10080GB = Published{
 }
 
 // A10080GB is what NVIDIA/mig-parted#97 printed for an A100 80GB (`nvidia-smi mig -lgip`, its
-// first four rows). Its driver printed 9.50 GiB for 1g.10gb where FACTS.md §1 has 9856 MB, so the
+// first four rows). Its driver printed 9.50 GiB for 1g.10gb where docs/nvidia.md#mig-geometry has 9856 MB, so the
 // memory column is not held to it; names, IDs, instances and engines are.
 var A10080GB = Published{
 	Model:  "A100-80GB",

@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
 }
 
 // No plots: criterion's plotting backend needs system fonts a CI machine may not have, and
-// the figures are what the README quotes.
+// the figures are what docs/development/benchmarks.md quotes.
 criterion_group! {
     name = benches;
     config = Criterion::default().without_plots();

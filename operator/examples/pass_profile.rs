@@ -114,7 +114,7 @@ fn main() -> Result<(), String> {
     }
     println!("writes the cluster as read needs, by kind: {writes:?}");
     // The planner alone, from a memo of its own, on the same objects: the part of the pass the
-    // issue's 50 ms is about. (The nodes do not change here: their inventories are read once.)
+    // 50 ms goal of a change is about (docs/development/benchmarks.md). (The nodes do not change here: their inventories are read once.)
     let inventories = copied_inventories(&s);
     let exempt = settings.exempt();
     let mut plan_memo = PlanMemo::default();

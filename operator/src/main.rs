@@ -2,19 +2,17 @@ use clap::Parser;
 use gpu_tenancy::cli::{Cli, run};
 
 // jemalloc, not glibc's malloc: at 50,000 nodes the plan is millions of small allocations, and
-// glibc's free-list work made `plan` grow faster than the fleet (`perf`: `_int_malloc`,
-// `unlink_chunk` and `malloc_consolidate` 17-19x the time for 10x the fleet). The controller and
-// the agent, the same binary, run on it too.
+// glibc's free-list work made `plan` grow faster than the fleet (docs/decisions/jemalloc.md).
+// The controller and the agent, the same binary, run on it too.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 // Memory a pass frees is given back to the kernel lazily (`MADV_FREE`, on jemalloc's own thread):
 // it stays mapped until the kernel needs it, instead of being unmapped after 10 s. A controller
-// idles between changes, and with jemalloc's default its next pass faulted some 3,000 pages back
-// in (`desired_faults` in the pass log, at 5,000 nodes): a tenant's change after a quiet spell
-// then took 69 ms on a core, 51 ms with this (make bench-fleet at 5,000 nodes, README). The RSS
-// counts those pages until the kernel takes them (665 MiB against 541 MiB there). The prefixed
-// name is the one tikv-jemalloc-sys builds jemalloc to read.
+// idles between changes, and with jemalloc's default its next pass faulted thousands of pages
+// back in (`desired_faults` in the pass log), which slowed the first change after a quiet spell.
+// The RSS counts those pages until the kernel takes them. The prefixed name is the one
+// tikv-jemalloc-sys builds jemalloc to read.
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8] = b"background_thread:true,muzzy_decay_ms:-1\0";
 

@@ -1,5 +1,5 @@
 //! The permissions deploy/base grants are exactly the ones the controller and the agent need
-//! (README, "Install on a real cluster"): a guard against drift and against wildcards. The Helm
+//! (docs/install.md): a guard against drift and against wildcards. The Helm
 //! chart renders the same objects (checked by the e2e suite, which has Helm's renderer).
 
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! Hostile and oversized input to the offline commands (issue 10): standard input, streams of
+//! Hostile and oversized input to the offline commands: standard input, streams of
 //! thousands of documents, counts that would allocate, and a bounded fuzz. Whatever comes in, the
 //! binary exits 0, 1 or 2, prints one line per problem and never panics.
 //!

@@ -1,4 +1,4 @@
-//! The controller's incremental pass against the full pass (ISSUE 18, item 4): after any sequence
+//! The controller's incremental pass against the full pass: after any sequence
 //! of changes (tenants growing, shrinking, arriving and leaving, memory limits that join cells,
 //! priorities, tiers, requests listed in another order, nodes relabelled, dropped or given other GPUs,
 //! plans changed, added and removed, agents applying the last plan), planning with the memo of the earlier passes gives exactly what planning from

@@ -34,7 +34,7 @@ fn every_filtered_combination_fits_its_models() {
     }
     // 8 + 4 (all-1g.10gb), 1 (all-1g.35gb), and all-balanced's H200, H100 NVL, H100/A100-80GB, A100-40GB, B200 entries.
     assert_eq!(checked, 8 + 4 + 1 + 2 + 2 + 8 + 4 + 1, "unmodelled IDs: {unmodelled:?}");
-    // GPUs FACTS.md gives no profile table for: A30, GB200, GB300, B300, GH200, H100-96GB, H20, RTX PRO 6000.
+    // GPUs with no profile table in docs/nvidia.md#mig-geometry: A30, GB200, GB300, B300, GH200, H100-96GB, H20, RTX PRO 6000.
     let expected = [
         "0x20B610DE",
         "0x20B710DE",

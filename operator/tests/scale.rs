@@ -1,4 +1,4 @@
-//! The isolation invariants (DESIGN.md §4: no overcommit, tier isolation) on generated fleets,
+//! The isolation invariants (docs/design.md#invariants: no overcommit, tier isolation) on generated fleets,
 //! and on the 1000-node fleet the grants checked against the GpuNode specs and memory figures the
 //! test computes itself (not through the planner's accounting).
 

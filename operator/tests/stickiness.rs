@@ -1,4 +1,4 @@
-//! Bindings stay put (DESIGN.md §4, invariant 4) on generated fleets: step by step (add, remove or
+//! Bindings stay put (docs/design.md#minimal-disruption) on generated fleets: step by step (add, remove or
 //! resize a tenant), each plan's GpuNode specs become the next step's current state, and every
 //! binding that moves away from a tenant that still exists is one the inputs forced.
 

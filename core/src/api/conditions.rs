@@ -1,4 +1,4 @@
-//! `metav1.Condition` helpers with kstatus semantics (FACTS.md §5).
+//! `metav1.Condition` helpers with kstatus semantics (docs/nvidia.md#kubernetes-conventions).
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

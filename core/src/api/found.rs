@@ -4,9 +4,7 @@
 //! Why: a new node used to cost its agent two status writes (what it found, then what it applied)
 //! and the controller a spec write on an object that already held the first status. A GpuNode's
 //! every write costs the API server in proportion to the whole object, and the found status was
-//! one of a joining node's four: measured on this project's control plane, a node's join cost
-//! 59-75 ms of the API server's CPU that way (median 69) and 32-59 ms (median 34) with the
-//! declaration (README, "Fleet benchmark").
+//! one of a joining node's four writes (docs/decisions/joining-node-declares-gpus.md).
 //!
 //! The rules, each on the safe side:
 //! - The agent declares only GPUs that hold nothing: no MIG instance and no process on any of

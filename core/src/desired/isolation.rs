@@ -3,8 +3,8 @@
 //!
 //! With a memo, a tenant whose grants are the very list of the last pass (the allocation memo
 //! hands an unchanged tenant its last list, shared) on nodes whose roles are as then gets the
-//! condition found then: at 5,000 nodes every tenant's grants were walked, and each grant's node
-//! looked up twice, on every pass (about 10 M instructions a tenant's change).
+//! condition found then, rather than walking every tenant's grants and looking up each grant's
+//! node on every pass.
 
 use super::nodes::NodeRoles;
 use crate::api::{ConditionSet, GpuTenant, Grants, condition_holds, set_condition};

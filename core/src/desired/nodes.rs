@@ -53,8 +53,8 @@ struct RenderedNode {
 }
 
 /// Each node's labels and taints as the last pass rendered them, sorted by name, for the next
-/// pass to take back where the inputs are equal (ISSUE 18, item 4: every node was rendered on
-/// every pass). `operator/tests/incremental.rs` holds the desired state with the memo equal to
+/// pass to take back where the inputs are equal, rather than render every node on every pass.
+/// `operator/tests/incremental.rs` holds the desired state with the memo equal to
 /// one rendered from nothing after random changes.
 #[derive(Debug, Default)]
 pub struct NodeLabelsMemo {
@@ -213,7 +213,7 @@ fn render_node(
     }
     out.config = Some((key, config));
     // A hand-over in progress (this spec, or the current one not yet applied): no new pods
-    // until the agent has scrubbed (DESIGN.md §4 invariant 3).
+    // until the agent has scrubbed (docs/design.md#scrub-on-change-of-hands).
     let current = inv.and_then(|i| i.current.as_ref());
     let new_handover = match current {
         Some(c) => hands_over(&c.spec, &node.spec),

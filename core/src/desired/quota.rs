@@ -218,8 +218,8 @@ impl Inputs {
     }
 }
 
-/// The quotas as the last pass rendered them, for the next pass to take back (ISSUE 18, item 4:
-/// the quotas were rendered for every tenant namespace on every pass). While the fleet's resource
+/// The quotas as the last pass rendered them, for the next pass to take back, rather than
+/// render the quota of every tenant namespace on every pass. While the fleet's resource
 /// names, the policies and the namespaces' owners ([`NamespaceRules`], the same `Arc` while every
 /// tenant's name and namespaces are) are the last pass's, each namespace has the same owner and
 /// place among its owner's namespaces: only the namespaces of a tenant whose inputs changed

@@ -1,7 +1,6 @@
 //! What the renders of one tenant (its quotas, its admission rules) read of it, to tell whether
-//! they would render the same as in the last pass without rendering them (ISSUE 18, item 4: every
-//! tenant's quotas and rules were built again on every pass, a fifth of a tenant's change at
-//! 5,000 nodes). The policies are not in it: a memo holding keys is forgotten when they change.
+//! they would render the same as in the last pass without rendering them: building
+//! every tenant's quotas and rules again on every pass was a large part of a tenant's change. The policies are not in it: a memo holding keys is forgotten when they change.
 
 use super::dra::DraHoldings;
 use crate::api::{AllocationSummary, GpuTenant};

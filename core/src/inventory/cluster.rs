@@ -23,7 +23,7 @@ pub fn cluster_inventories<N: Borrow<Node>, G: Borrow<GpuNode>>(nodes: &[N], gpu
 /// ([`NodeInventory::revision`]). A pass reads only the nodes whose Node or GpuNode changed (or
 /// appeared) and takes the others back as they were: copying and reading every node's objects
 /// again (each GPU, MIG instance and profile of its GpuNode's status), whatever changed, was more
-/// than half of a tenant's change on a converged bench cluster's objects (README, `pass_profile`).
+/// than half of a tenant's change on a converged bench cluster's objects (`pass_profile`).
 /// Objects not read from an API server have no revision and are always read again, as
 /// [`cluster_inventories`] reads them.
 #[derive(Debug, Default)]
@@ -76,8 +76,8 @@ impl ClusterInventories {
     /// last pass read at most 1% of the nodes) and, since this memo's first pass, a quarter of
     /// its nodes have been read again. A memo kept through a growing fleet's convergence holds
     /// each node's data where the pass that first read it put it, among that pass's freed
-    /// scratch: a tenant's change at 5,000 nodes walked it in 55-57 ms against 42 ms for a memo
-    /// built in one pass (`pass_profile`, `PASS_PROFILE_GROW=40`; the instructions within 2%).
+    /// scratch, and walking it is slower than walking a memo built in one pass, for the same
+    /// instructions (measure with `pass_profile`, `PASS_PROFILE_GROW=40`).
     pub fn worth_starting_afresh(&self) -> bool {
         let nodes = self.last.len();
         self.read_last * 100 <= nodes && self.read_since_first * 4 >= nodes && self.read_since_first > 0
@@ -89,8 +89,7 @@ fn planned<'a, N: Borrow<Node>, G: Borrow<GpuNode>>(
     nodes: &'a [N],
     gpu_nodes: &'a [G],
 ) -> Vec<(&'a str, &'a Node, Option<&'a GpuNode>)> {
-    // Hashed, not a search tree: every pass looks up every node (5,000 name comparisons of
-    // a tree's depth cost 3-4 M instructions a pass).
+    // Hashed, not a search tree: every pass looks up every node.
     let by_name: foldhash::HashMap<&str, &GpuNode> = gpu_nodes
         .iter()
         .map(|g| (name_of(&g.borrow().metadata), g.borrow()))

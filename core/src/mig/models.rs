@@ -1,10 +1,10 @@
-//! GPU models and their MIG profiles (FACTS.md §1).
+//! GPU models and their MIG profiles (docs/nvidia.md#mig-geometry).
 //!
 //! These tables serve offline validation, planning and the simulated NVML library. A node agent
 //! reads profile IDs and placements from the driver instead: other parts number them differently.
 
 /// The seven GPU-instance shapes of every MIG-capable GPU modelled here. The discriminant order is
-/// the NVML enum order of FACTS.md §1 (not the profile ID).
+/// the NVML enum order of docs/nvidia.md#mig-geometry (not the profile ID).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Shape {
     OneSlice,
@@ -138,7 +138,7 @@ pub struct GpuModel {
     /// Profile names by [`Shape`] order.
     profile_names: [&'static str; 7],
     /// Instance memory NVIDIA publishes for this model, by memory slices: `(memory slices, MiB)`, from
-    /// the `nvidia-smi mig -lgip` outputs in tests/data/nvidia-smi/ and FACTS.md §1. An instance's
+    /// the `nvidia-smi mig -lgip` outputs in tests/data/nvidia-smi/ and docs/nvidia.md#mig-geometry. An instance's
     /// memory is its memory slices, so a figure holds for every profile with that many slices (1g
     /// and 1g+me; 1g.2x and 2g; 3g and 4g).
     published_memory_mib: &'static [(u32, u64)],
@@ -214,7 +214,7 @@ pub static MODELS: &[GpuModel] = &[
             "4g.40gb",
             "7g.80gb",
         ],
-        // 1g.10gb: 9856 MB (FACTS.md §1, MIG user guide).
+        // 1g.10gb: 9856 MB (docs/nvidia.md#mig-geometry, MIG user guide).
         published_memory_mib: &[(1, 9856)],
     },
     GpuModel {
@@ -248,7 +248,7 @@ pub static MODELS: &[GpuModel] = &[
             "4g.40gb",
             "7g.80gb",
         ],
-        // nvidia-smi mig -lgip (FACTS.md §1): 1g.10gb 9.75 GiB, 1g.20gb 19.62 GiB, 3g.40gb 39.5 GiB,
+        // nvidia-smi mig -lgip (docs/nvidia.md#mig-geometry): 1g.10gb 9.75 GiB, 1g.20gb 19.62 GiB, 3g.40gb 39.5 GiB,
         // 7g.80gb 79.25 GiB. 19.62 is printed with two decimals: 20096 MiB (19.625 GiB) is the one
         // multiple of 128 MiB that prints so, and every exact figure here is a multiple of 128 MiB.
         published_memory_mib: &[(1, 9984), (2, 20096), (4, 40448), (8, 81152)],
@@ -352,7 +352,7 @@ impl Profile {
 
 /// Nominal memory of a profile name (`3g.40gb` → 40 GiB), in MiB.
 ///
-/// For accounting only: a tenant's `limits.memory` counts a `3g.40gb` at 40 GiB (README), whatever
+/// For accounting only: a tenant's `limits.memory` counts a `3g.40gb` at 40 GiB (docs/concepts/planner.md), whatever
 /// the model. It is not an instance's memory: `7g.80gb` names 80 GiB, more than an H100's 81559 MiB;
 /// [`GpuModel::profile_memory_mib`] gives what an instance has.
 pub fn nominal_memory_mib(profile: &str) -> Option<u64> {
@@ -378,7 +378,7 @@ impl GpuModel {
     /// Memory of an instance of the profile `name` on this model, in MiB, or `None` for a profile
     /// the model does not have. Never above [`GpuModel::memory_mib`].
     ///
-    /// Where NVIDIA publishes the figure (FACTS.md §1: nvidia-smi output), that figure. Otherwise it
+    /// Where NVIDIA publishes the figure (docs/nvidia.md#mig-geometry: nvidia-smi output), that figure. Otherwise it
     /// is derived from memory slices, `memory_mib × memory slices / 8` rounded down: an estimate, at
     /// most the GPU's memory, where a name-based figure would not be (`7g.80gb` names 80 GiB, an
     /// H100 has 81559 MiB). A node agent reads the real figure from the driver.
@@ -542,7 +542,7 @@ mod tests {
         format!("{}.{:02}", hundredths / 100, hundredths % 100)
     }
 
-    /// The figures FACTS.md §1 quotes from NVIDIA (nvidia-smi, the MIG user guide), written as
+    /// The figures docs/nvidia.md#mig-geometry quotes from NVIDIA (nvidia-smi, the MIG user guide), written as
     /// NVIDIA prints them: an oracle that does not go through the table above.
     #[test]
     fn profile_memory_matches_nvidia_published_figures() {

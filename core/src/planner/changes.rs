@@ -1,5 +1,5 @@
 //! What a plan changes against what runs now: each GPU used whole, or MIG instance, whose tenants
-//! change, why, and whether a memory scrub and an eviction may follow (DESIGN.md §4, invariants 3
+//! change, why, and whether a memory scrub and an eviction may follow (docs/design.md#scrub-on-change-of-hands
 //! and 4). Also the rule that sets each GPU's scrub policy from those hand-overs.
 
 use super::nodes::NodeDesired;
@@ -202,7 +202,7 @@ fn unit_diffs<'a>(node: &'a NodeDesired) -> Vec<UnitDiff<'a>> {
     out
 }
 
-/// Each planned GPU's scrub policy (DESIGN.md §4, invariant 3): the strictest `scrubMemory` of
+/// Each planned GPU's scrub policy (docs/design.md#scrub-on-change-of-hands): the strictest `scrubMemory` of
 /// the tenants it serves and of every tenant it or one of its instances is taken from. A previous
 /// owner that is not a valid tenant now (removed, invalid, a name nobody knows) counts as `Always`:
 /// nothing says what its data needs, so the planner fails closed and the GPU is scrubbed. And a

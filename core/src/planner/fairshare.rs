@@ -1,7 +1,7 @@
 //! Weighted max-min fair share ("water-filling") of integer capacity, rounded by D'Hondt's divisor
 //! method.
 //!
-//! The rounding must be house-monotone: bindings stay put (DESIGN.md §4, invariant 4), so more
+//! The rounding must be house-monotone: bindings stay put (docs/design.md#minimal-disruption), so more
 //! capacity (a tenant removed, a node added) must never shrink anyone's grant. Largest remainders is
 //! not (the Alabama paradox: weights 4:1:4 get 1:1:1 of 3 units but 2:0:2 of 4). A divisor method is,
 //! by construction: each claimant bids for its k-th unit (k = 1..=demand) with priority weight / k,

@@ -347,7 +347,7 @@ fn node_counts<'f>(fleet: &'f Fleet, rollout: &Rollout) -> BTreeMap<&'f str, (Pl
     counts
 }
 
-/// Plan statuses (kstatus, FACTS.md §5): `Reconciling=True` while nodes are still to apply the plan
+/// Plan statuses (kstatus, docs/nvidia.md#kubernetes-conventions): `Reconciling=True` while nodes are still to apply the plan
 /// or wait for their agents, `Stalled=True` only when a person must act (the plan is invalid, or a
 /// node cannot take it), `Ready=True` when every selected node has the plan's spec applied.
 pub fn plan_statuses(

@@ -66,7 +66,7 @@ pub fn models_of_selected_nodes(
 }
 
 /// MPS settings the device plugin's MPS daemon cannot honour. The plugin runs the one MPS daemon of a
-/// node (README, "MPS"): it gives every client `100 / replicas` percent of the threads and
+/// node (docs/concepts/isolation.md#mps): it gives every client `100 / replicas` percent of the threads and
 /// `memory / replicas` of pinned memory (`cmd/mps-control-daemon/mps/daemon.go`). Pinned memory
 /// depends on the GPU's memory, so it is checked per node by the planner ([`mps_pinned_problem`]).
 fn mps_problems(g: &crate::api::GpuGroup) -> Vec<(&'static str, String)> {

@@ -109,7 +109,7 @@ pub struct Report {
     /// Tenants whose grants the change moved (lost and gained), the edited one included.
     pub tenant_change_moved_grants: BTreeMap<String, serde_json::Value>,
     /// Units (instances, GPUs, shares) of the other tenants' grants the change moved
-    /// ([`cluster::moved_units`]): 0, or the run fails (DESIGN.md §4, invariant 4).
+    /// ([`cluster::moved_units`]): 0, or the run fails (docs/design.md#minimal-disruption).
     pub tenant_change_others_moved_units: u32,
     pub rollout: Rollout,
     pub failures: Vec<String>,
@@ -506,7 +506,7 @@ pub fn failures(r: &Report) -> Vec<String> {
 /// spec the controller wrote and one per injected NVML failure (a failed pass reports it, the
 /// retry publishes again), if any. A node that declared its GPUs publishes once its spec is
 /// applied: statuses written before the spec cost the API server a write of the whole object each
-/// (README, "A declared node waits for its spec").
+/// (docs/operations/agent.md).
 fn first_statuses_past_specs(p: &Phase) -> Option<u64> {
     let count = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     let statuses = count(&p.agent_writes_by_kind, "PATCH gpunodes/status");

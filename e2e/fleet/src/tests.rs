@@ -59,7 +59,7 @@ fn gpu0(s: &GpuNodeStatus) -> &gpu_tenancy::api::GpuStatus {
 
 #[test]
 fn models_come_from_the_simulators_discovery() {
-    // Profile IDs as NVIDIA's `nvidia-smi mig -lgip` prints them for the H100 80GB (FACTS.md).
+    // Profile IDs as NVIDIA's `nvidia-smi mig -lgip` prints them for the H100 80GB (docs/nvidia.md#mig-geometry).
     let h100 = &templates()[&Model::H100].gpu;
     let id = |name: &str| h100.profiles.iter().find(|p| p.name == name).map(|p| p.id);
     assert_eq!(

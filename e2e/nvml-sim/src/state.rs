@@ -338,7 +338,7 @@ impl SimGpu {
     /// rapidsai/dask-cuda#583, ID 10 left out on that chip). Placements count from the GPU's first
     /// half, or from its second one on a GPU that [`SimGpu::swaps_halves`]. No such output of an
     /// H100, H200 or B200 was found: they get the same numbering, since their placements are the
-    /// A100's (FACTS.md §1).
+    /// A100's (docs/nvidia.md#mig-geometry).
     pub fn gpu_instance_id(&self, start: u32, size: u32) -> u32 {
         let half = mig::MEMORY_SLICES / 2;
         let slice = if self.swaps_halves() {

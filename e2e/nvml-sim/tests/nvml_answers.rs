@@ -1,5 +1,5 @@
 //! The simulated NVML functions answer as nvml.h documents them and as NVIDIA's drivers were seen
-//! to answer (`nvidia-smi` outputs quoted in NVIDIA's issue trackers, FACTS.md §1). Called in
+//! to answer (`nvidia-smi` outputs quoted in NVIDIA's issue trackers, docs/nvidia.md#mig-geometry). Called in
 //! process, through the library's Rust side; e2e/nvml-check drives the built `.so` with NVIDIA's
 //! own Go client.
 //!
@@ -250,7 +250,7 @@ fn gpu_instance_profiles_are_invalid_past_the_enum_and_not_supported_inside_it()
 
 /// SMs per GPU-instance profile, by NVML enum 0, 7, 9, 1, 2, 3, 4 (1g, 1g+me, 1g.2x, 2g, 3g, 4g,
 /// 7g), as NVIDIA published them: A100-40GB and the Hopper parts in `nvidia-smi mig -lgip`
-/// (operator/tests/data/nvidia-smi, FACTS.md §1), A100-80GB's first four in mig-parted#97,
+/// (operator/tests/data/nvidia-smi, docs/nvidia.md#mig-geometry), A100-80GB's first four in mig-parted#97,
 /// B200's first four in mig-parted#187. 0 marks a figure not published (derived, not checked).
 #[test]
 fn gpu_instance_profiles_report_nvidias_published_sm_counts() {

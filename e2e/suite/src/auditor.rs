@@ -1,4 +1,4 @@
-//! An auditor of DESIGN.md §4: it watches the cluster (GpuNodes, GpuTenants, SharingPolicies,
+//! An auditor of the invariants (docs/design.md#invariants): it watches the cluster (GpuNodes, GpuTenants, SharingPolicies,
 //! GpuPartitionPlans, Nodes, Pods) for as long as it lives, checks every snapshot
 //! ([`checks::check`]) and records each violation with its time and object. Scenarios start one,
 //! do their worst, then call [`Auditor::assert_clean`].
@@ -160,7 +160,7 @@ impl Auditor {
         let v = self.violations();
         assert!(
             v.is_empty(),
-            "the auditor saw {} violation(s) of DESIGN.md §4:\n{}",
+            "the auditor saw {} violation(s) of the invariants (docs/design.md#invariants):\n{}",
             v.len(),
             v.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
         );

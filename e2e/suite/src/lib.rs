@@ -40,7 +40,7 @@ pub const KUBECONFIG_ENV: &str = "GPU_TENANCY_E2E_KUBECONFIG";
 /// Environment variable naming the kubectl to use (e2e/run.sh sets it to e2e/bin/kubectl).
 pub const KUBECTL_ENV: &str = "GPU_TENANCY_E2E_KUBECTL";
 
-/// The four kinds, with their plural and short names (DESIGN.md §3).
+/// The four kinds, with their plural and short names (docs/design.md#resources).
 pub const KINDS: [(&str, &str, &str); 4] = [
     ("SharingPolicy", "sharingpolicies", "gsp"),
     ("GpuTenant", "gputenants", "gt"),

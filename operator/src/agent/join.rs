@@ -12,9 +12,8 @@
 //!
 //! Why not publish at the first poll: while a fleet joins, the controller's pass that writes the
 //! specs can outlast a poll, and each status published before the spec is one more write of the
-//! whole object, and makes the spec land on an object with a status, the dearer write. In one
-//! bench run of 1,000 nodes joining at once on a slow control plane, 620 of the agents' 1,766
-//! status writes were such first statuses (README, "Fleet benchmark").
+//! whole object, and makes the spec land on an object with a status, the dearer write
+//! (docs/decisions/joining-node-declares-gpus.md).
 
 use super::options::Options;
 use super::pass_error::PassError;

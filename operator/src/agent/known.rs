@@ -8,9 +8,9 @@
 //! nvidia-smi) and starts from the same. So the GpuNode is read when the agent starts, after a
 //! pass that failed, and when it is gone (the watch says so), and at no other time.
 //!
-//! Why: each of 1,000 idle agents read its GpuNode (a quorum read from etcd, about 5 ms of the API
-//! server's CPU) and its Node at every 30 s poll, 0.15-0.23 of a core of the API server for
-//! nothing, and read its GpuNode again for each new spec (README, "Fleet benchmark").
+//! Why: every idle agent read its GpuNode (a quorum read from etcd) and its Node at every poll,
+//! which costs a shared API server for nothing at fleet size
+//! (docs/decisions/idle-agents-read-nothing.md).
 
 use crate::api::{GpuNode, GpuNodeStatus};
 use std::time::Duration;

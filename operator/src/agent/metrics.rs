@@ -1,6 +1,6 @@
 //! The node agent's metrics (`--metrics-addr`, OpenMetrics): per GPU and MIG instance what it
 //! holds and does, per tenant what it is allocated and uses, and the agent's scrubs and MIG
-//! changes. README "Agent metrics" lists them.
+//! changes. docs/operations/metrics.md lists them.
 //!
 //! Label names are those of NVIDIA's dcgm-exporter where they mean the same thing (`Hostname`,
 //! `gpu`, `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`), so `on(UUID, GPU_I_ID)` joins its series with

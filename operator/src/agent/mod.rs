@@ -160,7 +160,7 @@ async fn pass<G: Gpus + 'static>(
     let generation = node.metadata.generation;
     let device_plugin = matches!(opts.mode, AgentMode::DevicePlugin);
     let apply_opts = ApplyOptions {
-        // With the device plugin, its own MPS daemon serves pods (README, "MPS"); a second
+        // With the device plugin, its own MPS daemon serves pods (docs/concepts/isolation.md#mps); a second
         // daemon would fight it, so the agent supervises none. In DRA mode the agent's daemon
         // serves the MPS claims it prepares.
         mps: match &opts.mode {

@@ -169,7 +169,7 @@ pub struct RunArgs {
     /// DRA mode: the log directory of the agent's MPS daemon.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_LOG_DIR)]
     mps_log_dir: PathBuf,
-    /// Serve /metrics (per GPU, MIG instance and tenant; README "Agent metrics"), /healthz and
+    /// Serve /metrics (per GPU, MIG instance and tenant; docs/operations/metrics.md), /healthz and
     /// /readyz here, e.g. 0.0.0.0:9401 (what the DaemonSet in deploy/ sets); `off` serves nothing.
     #[arg(long, value_name = "ADDR", default_value = "off")]
     metrics_addr: MetricsAddr,
@@ -309,7 +309,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
                 Err(e) => return fail(&e),
             };
             // An unreadable status is no status: every previous owner unknown, every hand-over
-            // scrubbed (fails closed, DESIGN.md §4.3), rather than no apply at all.
+            // scrubbed (fails closed, docs/design.md#scrub-on-change-of-hands), rather than no apply at all.
             let prev = match status.as_deref().map(read_status).transpose() {
                 Ok(p) => p.flatten(),
                 Err(e) => {

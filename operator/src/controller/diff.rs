@@ -264,7 +264,7 @@ fn evictions(live: &Snapshot) -> Vec<Write> {
 /// GpuNode specs, statuses, namespaces, quotas, admission policies then their bindings, the
 /// evictions agents asked for; deletes last, bindings before their policies. A node's taints go before its GpuNode spec: a spec that
 /// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
-/// node lacks the scrub-pending taint (DESIGN.md §4.3); a label names only a config written.
+/// node lacks the scrub-pending taint (docs/design.md#scrub-on-change-of-hands); a label names only a config written.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     diff_with(d, live, &mut Seen::default(), Instant::now())
 }

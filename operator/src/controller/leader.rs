@@ -1,4 +1,4 @@
-//! Leader election: of the controller's replicas (DESIGN.md §2: a Deployment of 2), only the holder
+//! Leader election: of the controller's replicas (docs/design.md#components: a Deployment of 2), only the holder
 //! of a `coordination.k8s.io/v1` Lease writes; the others keep their caches warm to take over.
 //!
 //! Built on `kube-lease-manager`, which locks the Lease with server-side apply (two replicas cannot

@@ -130,7 +130,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix(PREFIX);
         let passes = Family::<ResultLabels, Counter>::default();
-        // A pass plans the fleet (well under a second at 5,000 nodes, DESIGN.md §8) and makes its
+        // A pass plans the fleet (well under a second at 5,000 nodes, docs/design.md#scale) and makes its
         // writes: 5 ms to about 80 s, doubling.
         let pass_duration = Histogram::new(exponential_buckets(0.005, 2.0, 15));
         let errors = Family::<StepLabels, Counter>::default();

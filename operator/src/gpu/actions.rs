@@ -1,7 +1,7 @@
 //! What to do to the GPUs: a pure function from what NVML reports, the desired spec and the
 //! previously published status to a list of actions per GPU. No NVML, no clock, no I/O.
 //!
-//! Rules (DESIGN.md §4): a GPU whose state already matches gets no action; a GPU with processes
+//! Rules (docs/design.md#invariants): a GPU whose state already matches gets no action; a GPU with processes
 //! in the way of a change is left as it is (`Busy`); a MIG mode change pending until a reset is
 //! reported (`ResetRequired`) and never retried; instances that stay are untouched; memory is
 //! scrubbed when a GPU or instance changes hands.
@@ -375,7 +375,7 @@ fn instance_scrubs(
                 .iter()
                 .find(|i| i.placement == want.placement && i.profile == want.profile)
         });
-        // Fails closed (DESIGN.md §4.3): only a record of handing this very instance to this
+        // Fails closed (docs/design.md#scrub-on-change-of-hands): only a record of handing this very instance to this
         // tenant counts as the same hands. No status, a GpuNode created again, an instance
         // (re)created since the record (a reboot, a crash, a change behind the agent's back) or
         // a failed scrub: the previous owner is unknown, and that is a change of hands.
@@ -458,7 +458,7 @@ fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Do
     };
     let cm_change = o.compute_mode.as_deref() != Some(want_cm);
     let reconfigured = cm_change || done.touched.contains(&(g.index, ScrubTarget::Gpu));
-    // Fails closed (DESIGN.md §4.3): without a record of handing this GPU to these tenants in
+    // Fails closed (docs/design.md#scrub-on-change-of-hands): without a record of handing this GPU to these tenants in
     // this mode (or to some of them, that the others join), the previous owner is unknown, and
     // that is a change of hands.
     let changed = !known_gpu_owner(prev, o, g);

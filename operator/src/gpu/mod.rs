@@ -1,5 +1,5 @@
 //! The GPU layer: discover the node's GPUs through NVML and make them match a GpuNode spec,
-//! safely and with the fewest changes (DESIGN.md §2, §4).
+//! safely and with the fewest changes (docs/design.md#components and #invariants).
 //!
 //! [`actions`] decides (pure), [`backend`] is what an apply needs of the GPUs ([`nvml`] is the
 //! production backend), [`scrub`] clears memory through CUDA, [`mps`] supervises an MPS daemon

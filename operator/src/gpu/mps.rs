@@ -1,4 +1,4 @@
-//! Supervision of the node's one `nvidia-cuda-mps-control` daemon (FACTS.md §4).
+//! Supervision of the node's one `nvidia-cuda-mps-control` daemon (docs/nvidia.md#mps-control).
 //!
 //! The daemon serves the GPUs in MPS mode, selected by UUID through `CUDA_VISIBLE_DEVICES` (which
 //! only counts at start, so a different GPU set means a restart). Commands go to its stdin

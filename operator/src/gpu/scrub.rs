@@ -1,4 +1,4 @@
-//! Memory scrubbing (DESIGN.md §4.3): allocate all free memory of a GPU or MIG instance, zero it,
+//! Memory scrubbing (docs/design.md#scrub-on-change-of-hands): allocate all free memory of a GPU or MIG instance, zero it,
 //! read a sample back, release it.
 //!
 //! CUDA sees one MIG instance per process (selected by `CUDA_VISIBLE_DEVICES` before `cuInit`),

@@ -152,7 +152,7 @@ pub fn build(
             let plan = plans.iter().find(|p| p.index == o.index);
             settle(o, g, plan, run, &stamp);
             // What the last change did stays readable until the next one, so an apply with
-            // nothing to do publishes nothing new (DESIGN.md §4.5: no write without a change).
+            // nothing to do publishes nothing new (docs/design.md#level-triggered-idempotent-crash-safe: no write without a change).
             if o.applied == Some(true)
                 && !run.executed.contains_key(&o.index)
                 && !run.notes.contains_key(&o.index)
@@ -393,7 +393,7 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
         message.push(b.message.clone());
     } else {
         // A scrub still owed means a hand-over not done: say so, so that whoever admits pods to
-        // this GPU keeps the new tenant off it (README, "Node agent").
+        // this GPU keeps the new tenant off it (docs/operations/agent.md).
         let scrub_owed = pending.iter().any(|a| a.is_scrub());
         o.reason = Some(if scrub_owed {
             GpuReason::ScrubPending

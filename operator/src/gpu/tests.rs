@@ -413,7 +413,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     );
 }
 
-/// Tenants joining a shared GPU whose tenants stay (DESIGN.md §4.3, `core/src/handover.rs`): no
+/// Tenants joining a shared GPU whose tenants stay (docs/design.md#scrub-on-change-of-hands, `core/src/handover.rs`): no
 /// scrub and no wait for the running tenant's processes, in either shared mode and under every
 /// scrub policy. A tenant leaving, an exclusive GPU, a mode change or a record the agent cannot
 /// trust (another GPU, no finished hand-over, no record at all) still scrub, and wait while

@@ -1,4 +1,4 @@
-//! NVIDIA mig-parted config files (FACTS.md §3) and their conversion to and from GpuPartitionPlans.
+//! NVIDIA mig-parted config files (docs/nvidia.md#the-device-plugin-and-mig-parted) and their conversion to and from GpuPartitionPlans.
 //!
 //! A mig-parted config holds entries that may differ per GPU model (`device-filter`); a plan has one
 //! node selector. So each entry becomes one plan, and annotations remember the config name, the

@@ -1,6 +1,6 @@
 //! Exponential backoff with full jitter, for retrying failed API calls and failed passes.
 //!
-//! The API server is shared by thousands of agents (DESIGN.md §8): a controller that retries at a
+//! The API server is shared by thousands of agents (docs/design.md#scale): a controller that retries at a
 //! fixed short interval adds load exactly when the server is struggling, and replicas that failed
 //! together retry together. So every retry here waits a random time in `[0, min(max, base·2ⁿ)]`
 //! after the n-th consecutive failure ("full jitter", AWS Architecture Blog, "Exponential Backoff

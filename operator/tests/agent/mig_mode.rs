@@ -1,4 +1,4 @@
-//! MIG mode changes as NVML makes them (FACTS.md §2): `nvmlDeviceSetMigMode` succeeds and reports
+//! MIG mode changes as NVML makes them (docs/nvidia.md#mig-changes-through-nvml): `nvmlDeviceSetMigMode` succeeds and reports
 //! the outcome in its activation status. The call itself activates an idle GPU; `IN_USE` means
 //! something holds the GPU (idle it, retry); `RESET_REQUIRED` means no reset is exposed (a VM
 //! reboot is needed) and is not retried.

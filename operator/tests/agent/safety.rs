@@ -1,4 +1,4 @@
-//! Fail closed (DESIGN.md §4.3): where the agent does not know something (a previous owner, a GPU
+//! Fail closed (docs/design.md#scrub-on-change-of-hands): where the agent does not know something (a previous owner, a GPU
 //! it cannot read, a setting it could not send) it scrubs, does nothing, or reports not ready with
 //! the reason. Memory hand-overs are judged by the simulator's dirty-memory markers, not by what
 //! the agent says about them.

@@ -320,7 +320,7 @@ impl AllocationMemo {
     /// Per cell whether it must be placed again: new, over other GPUs, with other tenants, or
     /// with a GPU changed. A GPU where only what runs now changed, to what the cell's last result
     /// bound there, leaves the cell as it was when every GPU of it runs its result then: placing
-    /// from a result as what runs now gives it back (the planner's fixed point, DESIGN.md §4), so
+    /// from a result as what runs now gives it back (the planner's fixed point, docs/design.md#invariants), so
     /// an agent applying the last plan costs the cell no placing.
     fn stale_cells(
         &mut self,

@@ -5,7 +5,7 @@
 //! (co-location, topology, policy caps, memory limit) kept from one tenant goes to the others. That
 //! pass is blind to what runs now, so amounts never depend on history. Which: [`sticky`] places
 //! those same amounts starting from the current bindings, so a tenant keeps the GPUs and instances
-//! it holds unless the inputs force a move (DESIGN.md §4, invariant 4). Every loop walks capacity
+//! it holds unless the inputs force a move (docs/design.md#minimal-disruption). Every loop walks capacity
 //! in node-name, GPU and placement order, so the result is deterministic.
 
 mod allocator;

@@ -1,4 +1,4 @@
-//! Bindings stay put (DESIGN.md §4, invariant 4): the amounts the blind pass decided, placed
+//! Bindings stay put (docs/design.md#minimal-disruption): the amounts the blind pass decided, placed
 //! starting from what runs now.
 //!
 //! Every tenant first keeps the units it holds now (same node, GPU and placement; same shared GPU),

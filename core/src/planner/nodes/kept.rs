@@ -1,5 +1,5 @@
 //! The nodes as the last pass left them, for the next pass to take back where nothing of theirs
-//! changed (ISSUE 18, item 4: re-plan only what a change can affect).
+//! changed: re-plan only what a change can affect (docs/concepts/planner.md#only-what-a-change-can-affect).
 //!
 //! A node is taken back when its inventory has the revision it had then (in a cluster, the
 //! resourceVersions of its Node and GpuNode: [`crate::inventory::NodeInventory::revision`]) and

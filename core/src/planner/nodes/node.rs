@@ -94,7 +94,7 @@ impl NodeDesired<'_> {
     }
 }
 
-/// Key of the device-plugin config a node needs (one sharing setting per node, FACTS.md §3), the
+/// Key of the device-plugin config a node needs (one sharing setting per node, docs/nvidia.md#the-device-plugin-and-mig-parted), the
 /// value of its `nvidia.com/device-plugin.config` label: the one source of both. A node with no
 /// GPUs planned (no plan, a plan with problems, an agent that has not reported) gets the config
 /// the plugin refuses, so it advertises none of them.

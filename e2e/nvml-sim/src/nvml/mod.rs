@@ -460,7 +460,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     })
 }
 
-/// As NVML documents it (FACTS.md §2): the call returns SUCCESS for a valid request and puts the
+/// As NVML documents it (docs/nvidia.md#mig-changes-through-nvml): the call returns SUCCESS for a valid request and puts the
 /// outcome in `activation`. The new mode becomes pending; the call itself resets an idle GPU to
 /// activate it (current = pending afterwards). A GPU that anything holds (processes, or holders
 /// such as nvidia-persistenced) cannot be reset: `NVML_ERROR_IN_USE`, the caller is to idle it

@@ -54,7 +54,7 @@ const A100: Table = [
 ];
 
 /// Hopper: H100 NVL (tests/data/nvidia-smi/h100-nvl-lgip.txt) and H200 (h200-lgip.txt) print the
-/// same figures, and so does H100 80GB (FACTS.md §1: 16, 26, 32, 60, 64, 132 SMs).
+/// same figures, and so does H100 80GB (docs/nvidia.md#mig-geometry: 16, 26, 32, 60, 64, 132 SMs).
 const HOPPER: Table = [
     e(16, 1, 0, 1, 1, 0),
     e(16, 1, 0, 1, 1, 1),

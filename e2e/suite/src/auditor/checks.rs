@@ -1,4 +1,4 @@
-//! The invariants of DESIGN.md §4, checked on one snapshot of the cluster. Every expected value
+//! The invariants (docs/design.md#invariants), checked on one snapshot of the cluster. Every expected value
 //! comes from the objects themselves (GpuNode specs and statuses, tenants, policies, Nodes, Pods),
 //! never from the planner: the auditor is an oracle independent of the code it watches.
 
@@ -210,7 +210,7 @@ fn tiers_of_gpu(
     }
 }
 
-/// A scrub record that hands the GPU or instance to `tenants` (DESIGN.md §4.3).
+/// A scrub record that hands the GPU or instance to `tenants` (docs/design.md#scrub-on-change-of-hands).
 fn scrubbed_for(
     rec: Option<&ScrubRecord>,
     before: Option<&ScrubRecord>,
@@ -248,7 +248,7 @@ fn hand_overs(n: &GpuNode, history: &mut History, out: &mut Vec<Finding>) {
         let now: BTreeSet<String> = g.applied_tenants.iter().cloned().collect();
         let key = (name.clone(), g.index);
         // Tenants joining an MPS or time-sliced GPU whose tenants all stay, in the same mode, are
-        // no change of hands (README, "How the planner decides", 4): nothing to scrub for. That
+        // no change of hands (docs/concepts/planner.md#isolation-and-scrubs): nothing to scrub for. That
         // they may share it at all is the tier check's (`tiers_of_gpu`, on the applied tenants).
         let joined = |before: &BTreeSet<String>, mode_before: &Option<Mode>| {
             !before.is_empty()

@@ -1,4 +1,4 @@
-//! Least privilege of the controller (issue 10.5), judged by the API server itself: the
+//! Least privilege of the controller, judged by the API server itself: the
 //! `gpu-tenancy controller` binary runs *as* its service account (kubeconfig impersonation)
 //! with deploy/base/controller-rbac.yaml, through a converge of examples/, a tenant change and
 //! a tenant deletion. The control plane's audit log (e2e/controlplane writes DIR/audit.log next

@@ -167,7 +167,7 @@ async fn deploy_base_and_helm_chart_pass_a_server_side_dry_run() {
     // Client-side apply (kubectl's default) warns that objects made by other tools (the CRDs,
     // the namespaces created above) lack its last-applied annotation; nothing else may warn.
     dry_run(&["-k", "deploy/base"], &base, Some("last-applied-configuration")).await;
-    // Server-side apply, the way the README installs it.
+    // Server-side apply, the way docs/install.md installs it.
     dry_run(&["--server-side", "-k", "deploy/base"], &base, None).await;
 
     let rendered = render_chart(&[]);

@@ -1,4 +1,4 @@
-//! Valid objects of each kind, the base that the tests mutate (field names: DESIGN.md §3 and
+//! Valid objects of each kind, the base that the tests mutate (field names: docs/design.md#resources and
 //! the CRDs in crds/).
 
 use gpu_tenancy_e2e::{GROUP, VERSION};

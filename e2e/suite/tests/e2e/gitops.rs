@@ -2,7 +2,7 @@
 //! e2e/run.sh):
 //! - the Argo CD health scripts in deploy/argocd pass their health_test.yaml run the way Argo CD
 //!   runs them (gopher-lua, with and without the standard libraries), and those tests cover, per
-//!   kind, every state the README promises;
+//!   kind, every state docs/install.md promises;
 //! - kstatus (what Flux waits with) reads every one of those test objects the way we document,
 //!   so our conditions mean to Flux what they mean to Argo CD, with the differences named;
 //! - live: statuses written through /status as the controller writes them (computed by
@@ -206,7 +206,7 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// The health tests cover, for each of the four kinds, every state the brief of the scripts
-/// names, with the health the README documents: no status yet, a generation not yet observed,
+/// names, with the health docs/install.md documents: no status yet, a generation not yet observed,
 /// Reconciling=True, Stalled=True, Ready=True, and Ready=False without Stalled.
 #[test]
 fn argo_cd_health_tests_cover_every_state_of_every_kind() {

@@ -1,4 +1,4 @@
-//! Least privilege on the real API server, by impersonation (issue 10.5): what the node agent
+//! Least privilege on the real API server, by impersonation: what the node agent
 //! and a tenant's users may do, as RBAC and the admission policies of deploy/base and of the
 //! controller decide it. The controller's own service account is checked against the API
 //! server's audit log in tests/controller/privilege.rs (it needs a cluster of its own).

@@ -1,4 +1,4 @@
-//! The auditor catches each kind of violation: states that break DESIGN.md §4 are written
+//! The auditor catches each kind of violation: states that break the invariants (docs/design.md#invariants) are written
 //! straight to the API server (no controller or agent runs here) and the auditor must flag each,
 //! naming the object. A consistent state before them is not flagged.
 

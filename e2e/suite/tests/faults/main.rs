@@ -1,4 +1,4 @@
-//! Faults survived, with the auditor (`gpu_tenancy_e2e::auditor`) checking DESIGN.md §4 throughout:
+//! Faults survived, with the auditor (`gpu_tenancy_e2e::auditor`) checking the invariants (docs/design.md#invariants) throughout:
 //! a controller leader killed mid-rollout, the API server and etcd stopped and started again with
 //! their data, random kills of agents and controllers during rollouts and tenant churn, and an
 //! agent whose NVML fails at random. Real `gpu-tenancy controller` and `gpu-tenancy agent run`

@@ -1,9 +1,9 @@
 //! NVIDIA's device plugin's MPS daemon, as the agent sees it: the settings it gives the node's GPUs,
 //! the paths and environment a pod gets, and whether it has started.
 //!
-//! In a cluster the plugin's daemon is the one MPS daemon of a node (README, "MPS"); the agent runs
+//! In a cluster the plugin's daemon is the one MPS daemon of a node (docs/concepts/isolation.md#mps); the agent runs
 //! none. What is here follows the plugin's own code (k8s-device-plugin,
-//! `cmd/mps-control-daemon/mps/{daemon,root}.go` and `internal/plugin/mps.go`; FACTS.md §3):
+//! `cmd/mps-control-daemon/mps/{daemon,root}.go` and `internal/plugin/mps.go`; docs/nvidia.md#the-device-plugin-and-mig-parted):
 //! - the daemon serves one resource name (ours: `nvidia.com/gpu.shared`, the plugin's
 //!   `renameByDefault`) under `<mpsRoot>/<resource>/` with `pipe/` and `log/`, shared memory in
 //!   `<mpsRoot>/shm`, and creates `<mpsRoot>/<resource>/.started` once its defaults are set;

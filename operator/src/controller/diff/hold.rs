@@ -5,10 +5,8 @@
 //! since the object's last write, whichever comes first.
 //!
 //! Why: while a fleet joins, every pass grows the tenants' grants, and each pass wrote every
-//! tenant's quota and status again (`make bench-fleet`, 1,000 nodes from empty: 1,540-1,882 quota
-//! applies for 666 quotas in 26-28 s; on a control plane of its own a quota apply costs it about
-//! 5 ms of CPU with the quota controller's status update). The API server is what bounds that
-//! phase. A change to a tenant or a plan gives no node its first spec, so its bookkeeping goes
+//! tenant's quota and status again, each apply also costing the quota controller's status update.
+//! The API server is what bounds that phase (docs/decisions/hold-bookkeeping-while-nodes-join.md). A change to a tenant or a plan gives no node its first spec, so its bookkeeping goes
 //! with it.
 //!
 //! Fail closed: a quota held is narrower than the grant it follows (pods beyond it are refused

@@ -11,7 +11,7 @@ use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings::*;
 use std::ptr;
 
-/// Reads the outcome of `nvmlDeviceSetMigMode` from its activation status (FACTS.md §2): the call
+/// Reads the outcome of `nvmlDeviceSetMigMode` from its activation status (docs/nvidia.md#mig-changes-through-nvml): the call
 /// succeeds, and resets an idle GPU to activate the mode; `IN_USE` means something held the GPU
 /// (idle it and call again: `Busy`, retried on a later apply); `RESET_REQUIRED` means no reset is
 /// exposed here (a pass-through VM: a reboot is needed; not retried).

@@ -277,7 +277,7 @@ fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
     assert!(crate::gpu::status::drift(&now, &changed, Some(&prev)).is_empty());
 }
 
-/// The `kubectl get gpunodes` column of an 8-GPU node is the short form (its own example,
+/// The `kubectl get gpunodes` column of an 8-GPU node is the short form the docs show (written out
 /// not this code's output), whatever order each GPU's instances were placed in; the per-GPU line
 /// keeps every instance as placed.
 #[test]
