@@ -45,9 +45,9 @@ use serde::Serialize;
 use std::sync::Arc;
 
 pub use admission::{
-    Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NamespaceRules, POLICY_PREFIX,
-    TENANTS_CLAIMS_POLICY, TENANTS_POLICY, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY, coverage, tenant_bindings,
-    untenanted_bindings,
+    Bindings, CLAIMS_PREFIX, CONFIG_KEYS_POLICY, Coverage, MUTATION_PREFIX, NODE_FILES_POLICY, NamespaceRules,
+    OFF_GPU_NODES, POLICY_PREFIX, TENANTS_CLAIMS_POLICY, TENANTS_POLICY, UNTENANTED_CLAIMS_POLICY, UNTENANTED_POLICY,
+    coverage, tenant_bindings, untenanted_bindings,
 };
 pub use quota::QUOTA_NAME;
 pub use settings::Settings;

@@ -187,6 +187,7 @@ fn admission_follows_the_grants() {
             "gputenancy.io-claims-tenants",
             "gputenancy.io-device-env-keys",
             "gputenancy.io-no-tenant",
+            "gputenancy.io-node-files",
             "gputenancy.io-tenants"
         ]
     );
@@ -202,7 +203,7 @@ fn admission_follows_the_grants() {
     }
     // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
     // namespace that is not exempt; each rule set has a claims policy bound like its pod policy,
-    // and one policy judges ConfigMap keys everywhere.
+    // one policy judges ConfigMap keys everywhere, and one host paths of the node's hand-over files.
     let names: Vec<String> = d.admission_bindings.iter().map(|b| b.name_any()).collect();
     assert_eq!(
         names,
@@ -212,9 +213,21 @@ fn admission_follows_the_grants() {
             "gputenancy.io-claims-tenant-lab",
             "gputenancy.io-device-env-keys",
             "gputenancy.io-no-tenant",
+            "gputenancy.io-node-files",
             "gputenancy.io-tenant-acme",
             "gputenancy.io-tenant-lab"
         ]
+    );
+    // The node's hand-over files are refused everywhere but the trusted namespaces, exempt ones
+    // included.
+    let node_files = d
+        .admission_bindings
+        .iter()
+        .find(|b| b.name_any() == "gputenancy.io-node-files")
+        .unwrap();
+    assert_eq!(
+        crate::desired::coverage(node_files),
+        crate::desired::Coverage::AllBut(Settings::default().node_file_trusted())
     );
     let acme_binding = d
         .admission_bindings
@@ -480,7 +493,14 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
         "{claims:?}"
     );
     let renames: Vec<String> = d.mutating_policies.iter().map(|p| p.name_any()).collect();
-    assert_eq!(renames, ["gputenancy.io-dra-names-a", "gputenancy.io-dra-names-b"]);
+    assert_eq!(
+        renames,
+        [
+            "gputenancy.io-dra-names-a",
+            "gputenancy.io-dra-names-b",
+            "gputenancy.io-off-gpu-nodes"
+        ]
+    );
 }
 
 /// A tenant's `Isolated` condition follows its nodes' roles, not only its grants: the pool turned

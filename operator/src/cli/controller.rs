@@ -54,6 +54,21 @@ pub struct ControllerArgs {
     /// exempt from the allow-list of granted GPU resources (repeatable).
     #[arg(long = "allowed-resource", value_name = "NAME")]
     allowed_resources: Vec<String>,
+    /// A namespace whose pods may mount the node's hand-over files (repeatable): the container
+    /// runtime's CDI specs, the agents' state, NVIDIA's toolkit and the runtimes' configuration,
+    /// `/proc`. The controller's own and the device plugin's namespace always may; every other
+    /// namespace, exempt or not, is refused. Name only namespaces whose pods run privileged anyway.
+    #[arg(long = "node-files-namespace", value_name = "NS", default_values_t = Settings::default().node_file_namespaces)]
+    node_file_namespaces: Vec<String>,
+    /// A directory the container runtime reads CDI specs from (repeatable; its `cdi_spec_dirs`):
+    /// no pod outside the trusted namespaces may mount it.
+    #[arg(long = "cdi-spec-dir", value_name = "DIR", default_values_t = Settings::default().cdi_spec_dirs,
+          value_parser = host_dir)]
+    cdi_spec_dirs: Vec<String>,
+    /// The agents' `--state-dir` (repeatable): no pod outside the trusted namespaces may mount it.
+    #[arg(long = "agent-state-dir", value_name = "DIR", default_values_t = Settings::default().agent_state_dirs,
+          value_parser = host_dir)]
+    agent_state_dirs: Vec<String>,
     /// Milliseconds of quiet after a change before a pass runs (a burst of changes makes one pass).
     #[arg(long, value_name = "MS", default_value_t = 500)]
     debounce_ms: u64,
@@ -84,6 +99,9 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
                 claim_device_classes: args.claim_device_classes,
                 nvidia_runtime_classes: args.nvidia_runtime_classes,
                 allowed_resources: args.allowed_resources,
+                node_file_namespaces: args.node_file_namespaces,
+                cdi_spec_dirs: args.cdi_spec_dirs,
+                agent_state_dirs: args.agent_state_dirs,
             },
             metrics_addr: args.metrics_addr,
             leader: (!args.no_leader_election).then(|| LeaderOptions {
@@ -104,4 +122,33 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             }
         }
     })
+}
+
+/// A host directory as the admission policies compare it: absolute, spelled plainly (no `..`, `.`
+/// or empty segments), of letters, digits and `-_.`; a trailing slash is dropped.
+fn host_dir(s: &str) -> Result<String, String> {
+    let path = s.trim_end_matches('/');
+    let plain = path.starts_with('/')
+        && path[1..]
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+        && path.chars().all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c));
+    if plain {
+        Ok(path.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a plain absolute directory (letters, digits, -, _ and . in segments, no . or .. segments, no //)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_dirs_are_plain_absolute_paths() {
+        assert_eq!(super::host_dir("/var/run/cdi/").as_deref(), Ok("/var/run/cdi"));
+        for bad in ["var/cdi", "/var/../etc", "/var//cdi", "/var/./cdi", "/var/cdi'", "/", ""] {
+            assert!(super::host_dir(bad).is_err(), "{bad}");
+        }
+    }
 }

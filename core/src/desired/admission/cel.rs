@@ -141,6 +141,41 @@ pub mod when {
     pub const TOLERATIONS_SET: &str = "(request.operation == 'CREATE' || (has(object.spec.tolerations) ? object.spec.tolerations : []) != (has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : []))";
     /// Annotations: an update may add some, and a restarted container sees them.
     pub const ANNOTATIONS_SET: &str = "(request.operation == 'CREATE' || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}))";
+    /// Container resources: created, or resized in place (the `resize` subresource; Kubernetes
+    /// lets it change CPU and memory only, but the rules do not lean on that).
+    pub const RESOURCES_SET: &str = "(request.operation == 'CREATE' || request.subResource == 'resize')";
+    /// The node selector: an update may add entries while the pod has scheduling gates.
+    pub const NODE_SELECTOR_SET: &str = "(request.operation == 'CREATE' || (has(object.spec.nodeSelector) ? object.spec.nodeSelector : {}) != (has(oldObject.spec.nodeSelector) ? oldObject.spec.nodeSelector : {}))";
+    /// Affinity: an update may add node affinity while the pod has scheduling gates.
+    pub const AFFINITY_SET: &str = "(request.operation == 'CREATE' || has(object.spec.affinity) != has(oldObject.spec.affinity) || (has(object.spec.affinity) && object.spec.affinity != oldObject.spec.affinity))";
+}
+
+/// Node labels that mark a GPU node: ours, on every node a GpuPartitionPlan governs, and GPU
+/// feature discovery's, on every node with an NVIDIA GPU. A pod of no tenant must require that
+/// neither exists.
+pub const GPU_NODE_LABELS: [&str; 2] = [crate::labels::DEVICE_ACCESS, crate::labels::GPU_PRESENT];
+
+/// CEL: the pod's required node affinity terms (an empty list when it has none).
+const REQUIRED_TERMS: &str = "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution) ? object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms : [])";
+
+/// CEL: the pod may be placed on a GPU node: it has no required node affinity, or one of its terms
+/// (terms are alternatives) does not require every [`GPU_NODE_LABELS`] label to be absent.
+pub fn may_land_on_gpu_nodes() -> String {
+    format!(
+        "(size({REQUIRED_TERMS}) == 0 || {REQUIRED_TERMS}.exists(t, !has(t.matchExpressions) || {}.exists(k, !t.matchExpressions.exists(m, m.key == k && m.operator == 'DoesNotExist'))))",
+        list(GPU_NODE_LABELS)
+    )
+}
+
+/// CEL: the pod's required node affinity or its node selector asks for the dedicated nodes of a
+/// tenant other than `own` (a CEL string expression).
+pub fn selects_dedicated_other_than(own: &str) -> String {
+    let key = quote(crate::labels::DEDICATED);
+    format!(
+        "({sel} && has(object.spec.nodeSelector) && {key} in object.spec.nodeSelector && object.spec.nodeSelector[{key}] != {own}) || ({aff} && {REQUIRED_TERMS}.exists(t, has(t.matchExpressions) && t.matchExpressions.exists(m, m.key == {key} && m.operator == 'In' && has(m.values) && m.values.exists(v, v != {own}))))",
+        sel = when::NODE_SELECTOR_SET,
+        aff = when::AFFINITY_SET,
+    )
 }
 
 /// CEL: does a container satisfy `pred` over `c`? Regular and init containers are judged when
@@ -178,25 +213,48 @@ pub fn mounts_device_list() -> String {
     any_container("has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath.contains('nvidia-container-devices'))")
 }
 
-/// The regular expressions of host paths at or below a device path ([`DEVICE_PATHS`],
-/// [`DEVICE_PATH_PREFIXES`]), above one (an ancestor directory holds it; trailing slashes
-/// allowed), and aliases (`//`, `/./`, a final `/.`) that name a path another way. The API
-/// server already refuses `..` in a hostPath.
-fn device_path_regexes() -> [String; 3] {
-    let below = format!(
-        "^(({})(/.*)?|({}).*)$",
-        DEVICE_PATHS.join("|"),
-        DEVICE_PATH_PREFIXES.join("|")
-    );
+/// The regular expressions of host paths at or below one of `paths` (or starting with one of
+/// `prefixes`), above one (an ancestor directory holds it; trailing slashes allowed), and aliases
+/// (`//`, `/./`, a final `/.`) that name a path another way: a path is compared as written, so
+/// any spelling but the plain one is refused. The API server already refuses `..` in a hostPath.
+/// Each path is a plain absolute path; its regular-expression characters are escaped here.
+fn path_regexes(paths: &[&str], prefixes: &[&str]) -> [String; 3] {
+    let escaped = |ps: &[&str]| ps.iter().map(|p| regex_escape(p)).collect::<Vec<_>>().join("|");
+    let below = match (paths.is_empty(), prefixes.is_empty()) {
+        (false, true) => format!("^({})(/.*)?$", escaped(paths)),
+        (true, false) => format!("^({}).*$", escaped(prefixes)),
+        _ => format!("^(({})(/.*)?|({}).*)$", escaped(paths), escaped(prefixes)),
+    };
     let mut ancestors = std::collections::BTreeSet::new();
-    for p in DEVICE_PATHS.iter().chain(DEVICE_PATH_PREFIXES.iter()) {
+    for p in paths.iter().chain(prefixes.iter()) {
         let parts: Vec<&str> = p.trim_start_matches('/').split('/').collect();
         for n in 1..parts.len() {
-            ancestors.insert(format!("/{}", parts[..n].join("/")));
+            ancestors.insert(regex_escape(&format!("/{}", parts[..n].join("/"))));
         }
     }
-    let above = format!("^(/*|({})/*)$", ancestors.into_iter().collect::<Vec<_>>().join("|"));
+    let above = if ancestors.is_empty() {
+        "^/*$".to_string()
+    } else {
+        format!("^(/*|({})/*)$", ancestors.into_iter().collect::<Vec<_>>().join("|"))
+    };
     [below, above, "(//|/\\./|/\\.$)".to_string()]
+}
+
+/// `s` with the characters RE2 reads as operators escaped.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The device paths' regular expressions ([`DEVICE_PATHS`], [`DEVICE_PATH_PREFIXES`]).
+fn device_path_regexes() -> [String; 3] {
+    path_regexes(&DEVICE_PATHS, &DEVICE_PATH_PREFIXES)
 }
 
 /// A CEL raw string literal (a regular expression's backslashes stay as written).
@@ -210,7 +268,13 @@ fn raw(s: &str) -> String {
 
 /// CEL: a hostPath volume reaches a device path.
 pub fn host_device_path() -> String {
-    let tests: Vec<String> = device_path_regexes()
+    host_path_matching(&device_path_regexes())
+}
+
+/// CEL: a new pod has a hostPath volume matching one of `regexes` (host paths cannot change after
+/// creation).
+fn host_path_matching(regexes: &[String]) -> String {
+    let tests: Vec<String> = regexes
         .iter()
         .map(|r| format!("v.hostPath.path.matches({})", raw(r)))
         .collect();
@@ -219,6 +283,38 @@ pub fn host_device_path() -> String {
         when::CREATED,
         tests.join(" || ")
     )
+}
+
+/// Host paths of the files that decide who gets which GPU, beside the configured CDI spec
+/// directories and agent state directories: NVIDIA's container toolkit's and runtime's
+/// configuration (whether an image's `NVIDIA_VISIBLE_DEVICES` is honoured, which CDI devices
+/// exist: the GPU Operator installs the toolkit under `/usr/local/nvidia`), the container
+/// runtimes' configuration (which directories CDI specs are read from), and `/proc`, through whose
+/// `/proc/<pid>/root` and `/proc/<pid>/cwd` every host path is reachable again.
+pub const NODE_FILE_PATHS: [&str; 6] = [
+    "/etc/nvidia-container-runtime",
+    "/etc/nvidia-container-toolkit",
+    "/usr/local/nvidia",
+    "/etc/containerd",
+    "/etc/crio",
+    "/proc",
+];
+
+/// `path` and its other spelling through the `/var/run` -> `/run` link most distributions have.
+pub fn with_run_alias(path: &str) -> Vec<String> {
+    let mut out = vec![path.to_string()];
+    if let Some(rest) = path.strip_prefix("/var/run/") {
+        out.push(format!("/run/{rest}"));
+    } else if let Some(rest) = path.strip_prefix("/run/") {
+        out.push(format!("/var/run/{rest}"));
+    }
+    out
+}
+
+/// CEL: a hostPath volume reaches one of `paths` (at, below or above it, or by an alias).
+pub fn host_path_reaching(paths: &[String]) -> String {
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    host_path_matching(&path_regexes(&paths, &[]))
 }
 
 /// CEL: any hostPath volume (tenant namespaces take none: Pod Security `baseline` refuses them
@@ -413,6 +509,63 @@ mod tests {
         ] {
             assert!(!refused(p), "{p} must be admitted");
         }
+    }
+
+    /// The node's hand-over files, with the default settings: the CDI spec directories by both
+    /// spellings, the agent's state, the toolkit's and runtimes' configuration, and every path
+    /// into `/proc`, at, below and above; neighbours with similar names are admitted.
+    #[test]
+    fn node_file_paths_cover_cdi_state_toolkit_and_proc() {
+        let paths = crate::desired::Settings::default().node_file_paths();
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let res: Vec<regex::Regex> = path_regexes(&refs, &[])
+            .iter()
+            .map(|r| regex::Regex::new(r).unwrap())
+            .collect();
+        let refused = |p: &str| res.iter().any(|r| r.is_match(p));
+        for p in [
+            "/etc/cdi",
+            "/etc/cdi/",
+            "/etc/cdi/nvidia.yaml",
+            "/var/run/cdi",
+            "/run/cdi",
+            "/run/cdi/gputenancy.io-gpu_x.json",
+            "/var/lib/gpu-tenancy",
+            "/var/lib/gpu-tenancy/dra-checkpoint.json",
+            "/etc/nvidia-container-runtime/config.toml",
+            "/usr/local/nvidia/toolkit",
+            "/etc/containerd/config.toml",
+            "/proc",
+            "/proc/1/root",
+            "/proc/self/root/var/run/cdi",
+            "/proc/1/cwd",
+            "/etc",
+            "/etc/",
+            "/var",
+            "/var/lib",
+            "/usr/local",
+            "/",
+            "/etc//cdi",
+            "/etc/./cdi",
+        ] {
+            assert!(refused(p), "{p} must be refused");
+        }
+        for p in [
+            "/etc/cdi-backup",
+            "/var/lib/gpu-tenancy-other",
+            "/var/log",
+            "/data",
+            "/etc/ssl/certs",
+            "/usr/share/zoneinfo",
+            "/var/lib/containerd",
+            "/processes",
+        ] {
+            assert!(!refused(p), "{p} must be admitted");
+        }
+        // A configured directory is escaped, not read as a pattern.
+        let res = path_regexes(&["/srv/c.d"], &[]);
+        let below = regex::Regex::new(&res[0]).unwrap();
+        assert!(below.is_match("/srv/c.d/x") && !below.is_match("/srv/cxd/x"));
     }
 
     #[test]

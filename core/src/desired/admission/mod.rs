@@ -75,7 +75,10 @@ pub const CONFIG_KEYS_POLICY: &str = "gputenancy.io-device-env-keys";
 pub const CLAIMS_PREFIX: &str = "gputenancy.io-claims-tenant-";
 /// The claims policy for every namespace that is neither exempt nor a tenant's.
 pub const UNTENANTED_CLAIMS_POLICY: &str = "gputenancy.io-claims-no-tenant";
-pub use mutation::MUTATION_PREFIX;
+pub use cel::{NODE_FILE_PATHS, with_run_alias};
+pub use mutation::{MUTATION_PREFIX, OFF_GPU_NODES};
+/// The policy on host paths of the node's hand-over files, in every namespace but the trusted.
+pub const NODE_FILES_POLICY: &str = "gputenancy.io-node-files";
 
 /// The label the API server sets on every namespace to its name; no one can change it.
 /// Which rule set governs each namespace.
@@ -256,11 +259,12 @@ fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("an admission object built from its own fields deserialises")
 }
 
-/// Pods, created or updated, and the ephemeral containers `kubectl debug` adds to them.
+/// Pods, created or updated, the ephemeral containers `kubectl debug` adds to them, and in-place
+/// resizes.
 fn pod_rules() -> Value {
     json!([{
         "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-        "resources": ["pods", "pods/ephemeralcontainers"],
+        "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
     }])
 }
 
@@ -420,6 +424,9 @@ pub fn render(
         }
     }
     memo.rules.finish(tenants.len());
+    let (off_gpu, off_gpu_binding) = mutation::untenanted(&namespaces.untenanted_excluded());
+    out.mutating_policies.push(off_gpu);
+    out.mutating_bindings.push(off_gpu_binding);
     out.policies = policies_of(settings, &namespaces.exempt);
     match kept {
         Some(bindings) => {
@@ -431,6 +438,7 @@ pub fn render(
             out.bindings
                 .extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
             out.bindings.push(Arc::new(config_keys(&namespaces.exempt).1));
+            out.bindings.push(Arc::new(node_files(settings).1));
             crate::api::sort_shared_by_name(&mut out.bindings);
             if remember {
                 memo.all_bindings = Some((namespaces.clone(), out.bindings.clone()));
@@ -514,7 +522,38 @@ fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<Valida
             None,
         )),
         Arc::new(config_keys(exempt).0),
+        Arc::new(node_files(settings).0),
     ]
+}
+
+/// The policy on the node's hand-over files and its binding, to every namespace but the trusted
+/// ([`Settings::node_file_trusted`]): exempt namespaces too, since the files decide which GPU a
+/// container gets and whether a device is scrubbed before it changes hands.
+fn node_files(settings: &Settings) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let who = "'namespace ' + namespaceObject.metadata.name";
+    let paths = settings.node_file_paths();
+    let trusted = settings.node_file_trusted();
+    let policy = policy(
+        NODE_FILES_POLICY,
+        &typed::<Vec<NamedRuleWithOperations>>(pod_rules()),
+        &[],
+        vec![cel::validation_with(
+            &cel::host_path_reaching(&paths),
+            format!(
+                "{who} + {}",
+                cel::text(&format!(
+                    ": a hostPath volume may not reach the files that decide which GPU a container gets and whether it is scrubbed first ({}), nor a directory above them, nor name a path with // or /./ (through /proc/<pid>/root every host path is reachable); only the namespaces {} may, the controller's --node-files-namespace names more",
+                    paths.join(", "),
+                    trusted.iter().cloned().collect::<Vec<_>>().join(", "),
+                ))
+            ),
+        )],
+        None,
+    );
+    (
+        policy,
+        binding(NODE_FILES_POLICY, NODE_FILES_POLICY, "NotIn", &trusted, None),
+    )
 }
 
 /// The policy for every guarded namespace, whoever owns it, and its binding: it judges objects

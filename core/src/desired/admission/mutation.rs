@@ -1,3 +1,6 @@
+//! Mutating admission policies. Pods of namespaces of no tenant get a required node affinity
+//! that keeps them off GPU nodes ([`untenanted`]).
+//!
 //! Pods written for the device plugin, served by DRA: per tenant whose units of a device-plugin
 //! name (`nvidia.com/mig-1g.10gb`) are all on DRA nodes, a MutatingAdmissionPolicy renames that
 //! name in its pods' container resources to the tenant's own extended resource
@@ -18,6 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Prefix of each tenant's mutating policy and binding (`gputenancy.io-dra-names-<tenant>`).
 pub const MUTATION_PREFIX: &str = "gputenancy.io-dra-names-";
+/// The mutating policy and binding that keep the pods of namespaces of no tenant off GPU nodes.
+pub const OFF_GPU_NODES: &str = "gputenancy.io-off-gpu-nodes";
 
 /// CEL map literal of the renames.
 fn renames_literal(renames: &BTreeMap<String, String>) -> String {
@@ -64,7 +69,7 @@ fn policy(name: &str, renames: &BTreeMap<String, String>) -> MutatingAdmissionPo
     .expect("a MutatingAdmissionPolicy built from its own fields deserialises")
 }
 
-fn binding(name: &str, namespaces: &BTreeSet<String>) -> MutatingAdmissionPolicyBinding {
+fn binding(name: &str, operator: &str, namespaces: &BTreeSet<String>) -> MutatingAdmissionPolicyBinding {
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
@@ -72,7 +77,7 @@ fn binding(name: &str, namespaces: &BTreeSet<String>) -> MutatingAdmissionPolicy
         "spec": {
             "policyName": name,
             "matchResources": {"namespaceSelector": {"matchExpressions": [
-                {"key": NAMESPACE_NAME, "operator": "In", "values": namespaces},
+                {"key": NAMESPACE_NAME, "operator": operator, "values": namespaces},
             ]}},
         }
     }))
@@ -89,7 +94,52 @@ pub fn tenant(
         return None;
     }
     let name = format!("{MUTATION_PREFIX}{}", t.name);
-    Some((policy(&name, renames), binding(&name, namespaces)))
+    Some((policy(&name, renames), binding(&name, "In", namespaces)))
+}
+
+/// CEL: the JSON patch operations that make every term of the pod's required node affinity
+/// require each GPU node label to be absent, adding the affinity, its required part or a term's
+/// expressions where the pod has none. Terms are alternatives, so every one of them gets both.
+fn off_gpu_nodes_patches() -> String {
+    let required = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution";
+    format!(
+        "!has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity', value: {{'nodeAffinity': variables.nodeAffinity}}}}] : \
+         !has(object.spec.affinity.nodeAffinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity', value: variables.nodeAffinity}}] : \
+         !has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution) ? [JSONPatch{{op: 'add', path: '{required}', value: variables.required}}] : \
+         object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.transformList(i, t, \
+           !has(t.matchExpressions) ? [JSONPatch{{op: 'add', path: '{required}/nodeSelectorTerms/' + string(i) + '/matchExpressions', value: variables.offGpu}}] : \
+           variables.offGpu.filter(e, !t.matchExpressions.exists(m, m.key == e.key && m.operator == 'DoesNotExist')).map(e, JSONPatch{{op: 'add', path: '{required}/nodeSelectorTerms/' + string(i) + '/matchExpressions/-', value: e}})).flatten()"
+    )
+}
+
+/// The mutating policy and binding that keep new pods of namespaces of no tenant off GPU nodes,
+/// bound to every namespace but `excluded` (the exempt ones and the tenants'). Convenience, not
+/// enforcement: the no-tenant validating policy refuses a pod without the affinity this adds.
+pub fn untenanted(excluded: &BTreeSet<String>) -> (MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding) {
+    let absent: Vec<String> = super::cel::GPU_NODE_LABELS
+        .iter()
+        .map(|k| format!("{{'key': {}, 'operator': 'DoesNotExist'}}", super::cel::quote(k)))
+        .collect();
+    let policy: MutatingAdmissionPolicy = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": OFF_GPU_NODES, "labels": managed_labels()},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+            }]},
+            "variables": [
+                {"name": "offGpu", "expression": format!("[{}]", absent.join(", "))},
+                {"name": "required", "expression": "{'nodeSelectorTerms': [{'matchExpressions': variables.offGpu}]}"},
+                {"name": "nodeAffinity", "expression": "{'requiredDuringSchedulingIgnoredDuringExecution': variables.required}"},
+            ],
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": off_gpu_nodes_patches()}}],
+        }
+    }))
+    .expect("a MutatingAdmissionPolicy built from its own fields deserialises");
+    (policy, binding(OFF_GPU_NODES, "NotIn", excluded))
 }
 
 /// Every JSON patch a policy's expression can produce names a path under a container's resources.

@@ -25,9 +25,14 @@
 //! PriorityClasses are read from the parameter each tenant's binding names (the tenant itself).
 //!
 //! Pods of a namespace of no tenant are refused every GPU resource name, the operator's taints,
-//! and naming a node.
+//! naming a node, and a required node affinity that would let them onto a GPU node (a mutating
+//! policy adds it to every new pod there: [`super::mutation::untenanted`]).
+//!
+//! Rules on fields an update can still change are judged on updates that change them too:
+//! tolerations, annotations, a gated pod's node selector and affinity, and container resources
+//! through the `resize` subresource.
 
-use super::cel::{self, Who, quote, validation, validation_with, when};
+use super::cel::{self, Who, validation, validation_with, when};
 use crate::api::{GpuTenant, Mode, SharingPolicy, TenantAdmission};
 use crate::desired::dra::DraHoldings;
 use crate::desired::settings::Settings;
@@ -205,7 +210,7 @@ pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
     let who = Who::Cel("variables.who");
     let mut out = device_access(&who, access);
     out.push(validation_with(
-        &format!("{} && variables.asked.exists(k, !(k in variables.granted))", when::CREATED),
+        &format!("{} && variables.asked.exists(k, !(k in variables.granted))", when::RESOURCES_SET),
         format!(
             "variables.admitted ? variables.who + ' may not use ' + variables.asked.filter(k, !(k in variables.granted)).distinct().join(', ') + ': it was granted ' + {granted} + ' (a GPU resource not granted is refused, not unlimited)' : variables.who + ' is not valid, so its pods get no GPUs; see its Valid condition (a tenant whose status the controller has not written yet is not valid either)'",
             granted = cel::shown("variables.granted"),
@@ -226,7 +231,7 @@ pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
         "variables.who + ' may name only the PriorityClasses its tier lists (' + (size(variables.priorityClasses) == 0 ? 'none: leave priorityClassName unset' : variables.priorityClasses.join(', ')) + '): a higher class could preempt other tenants\\' GPU pods; ask the platform team to add the class to tier ' + params.spec.tier + '\\'s priorityClassNames' + (variables.admitted ? '' : ' (a tenant that is not valid may name none)')".to_string(),
     ));
     out.push(validation_with(
-        &format!("{} && variables.maxGpus >= 0 && variables.gpus > variables.maxGpus", when::CREATED),
+        &format!("{} && variables.maxGpus >= 0 && variables.gpus > variables.maxGpus", when::RESOURCES_SET),
         "variables.who + ' allows at most ' + string(variables.maxGpus) + ' GPUs per pod (spec.limits.maxGpusPerPod); this pod holds ' + string(variables.gpus) + ' at once (its containers, sidecars and the largest init container, as Kubernetes counts a pod\\'s request)'".to_string(),
     ));
     out.push(who.refuses(
@@ -242,13 +247,8 @@ pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
         format!("variables.who + ' may tolerate only its own dedicated nodes ({DEDICATED}=' + params.metadata.name + '), not another tenant\\'s'"),
     ));
     out.push(validation_with(
-        &format!(
-            "{} && has(object.spec.nodeSelector) && {} in object.spec.nodeSelector && object.spec.nodeSelector[{}] != params.metadata.name",
-            when::CREATED,
-            quote(DEDICATED),
-            quote(DEDICATED),
-        ),
-        format!("variables.who + ' may select only its own dedicated nodes ({DEDICATED}=' + params.metadata.name + '), not another tenant\\'s'"),
+        &cel::selects_dedicated_other_than("params.metadata.name"),
+        format!("variables.who + ' may select only its own dedicated nodes ({DEDICATED}=' + params.metadata.name + '), by node selector or required node affinity, when the pod is created or while it is gated, not another tenant\\'s'"),
     ));
     out.push(who.refuses(
         cel::NAMES_NODE,
@@ -266,7 +266,7 @@ pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
     let who = "the namespace belongs to no GpuTenant";
     let mut out = device_access(&Who::Fixed(who), access);
     out.push(validation(
-        &format!("{} && size(variables.asked) > 0", when::CREATED),
+        &format!("{} && size(variables.asked) > 0", when::RESOURCES_SET),
         format!("{who}, so its pods get no GPUs; add it to a tenant's spec.namespaces"),
     ));
     out.push(validation(
@@ -279,6 +279,14 @@ pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
         ),
         format!(
             "{who}, so its pods may not tolerate the taints of GPU nodes ({DEDICATED}, {SHARING}, {SCRUB_PENDING}) or every taint"
+        ),
+    ));
+    out.push(validation(
+        &format!("{} && {}", when::AFFINITY_SET, cel::may_land_on_gpu_nodes()),
+        format!(
+            "{who}, so its pods stay off GPU nodes: every term of their required node affinity must require that neither {} exists (the controller's mutating policy {} adds this to every new pod; an update may not take it away); add the namespace to a tenant's spec.namespaces, or exempt it with the controller's --exempt-namespace",
+            cel::GPU_NODE_LABELS.join(" nor "),
+            super::mutation::OFF_GPU_NODES,
         ),
     ));
     out.push(validation(

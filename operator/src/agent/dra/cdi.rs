@@ -144,8 +144,11 @@ pub fn spec(
     Ok((json!({"cdiVersion": "1.1.0", "kind": KIND, "devices": out}), ids))
 }
 
-/// Writes `spec` for `claim`, atomically (a runtime reading the directory sees it whole or not).
+/// Writes `spec` for `claim`, atomically (a runtime reading the directory sees it whole or not),
+/// readable by the runtime and writable by the agent alone.
 pub fn write(dir: &Path, claim: &str, spec: &Value) -> Result<(), CdiError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = spec_path(dir, claim);
     let err = |source| CdiError::Write {
         path: path.clone(),
@@ -153,8 +156,49 @@ pub fn write(dir: &Path, claim: &str, spec: &Value) -> Result<(), CdiError> {
     };
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = dir.join(format!(".gputenancy.io-gpu_{claim}.json.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(spec).expect("a CDI spec serialises")).map_err(err)?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(err)?;
+    f.write_all(&serde_json::to_vec_pretty(spec).expect("a CDI spec serialises"))
+        .map_err(err)?;
+    f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &path).map_err(err)
+}
+
+/// Whether `claim`'s spec on disk is `spec` as this agent wrote it: its bytes, its owner (the
+/// agent's user) and a mode that lets no one else write it. A runtime applies whatever the file
+/// says, so a spec changed behind the agent's back would hand a container other devices.
+pub fn intact(dir: &Path, claim: &str, spec: &Value) -> Result<(), String> {
+    let path = spec_path(dir, claim);
+    let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.file_type().is_file() {
+        return Err(format!("{} is not a plain file", path.display()));
+    }
+    super::checkpoint::owned_by_us(&meta, false).map_err(|why| format!("{}: {why}", path.display()))?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes != serde_json::to_vec_pretty(spec).expect("a CDI spec serialises") {
+        return Err(format!("{} differs from the spec the agent wrote", path.display()));
+    }
+    Ok(())
+}
+
+/// Writes `claim`'s spec again unless it is [`intact`]; says why it was rewritten.
+pub fn restore(dir: &Path, claim: &str, spec: &Value) -> Result<Option<String>, CdiError> {
+    match intact(dir, claim, spec) {
+        Ok(()) => Ok(None),
+        Err(why) => {
+            let path = spec_path(dir, claim);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_file()) {
+                std::fs::remove_file(&path).map_err(|source| CdiError::Write { path, source })?;
+            }
+            write(dir, claim, spec)?;
+            Ok(Some(why))
+        }
+    }
 }
 
 /// Removes `claim`'s spec; one already gone is fine (Unprepare is idempotent).
@@ -231,6 +275,22 @@ mod tests {
         assert!(env.contains(&json!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")));
         assert!(env.contains(&json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20389M")));
         assert!(env.contains(&json!("NVIDIA_VISIBLE_DEVICES=GPU-0")));
+        // Changed behind the agent's back: found, and written again as it was.
+        let dir = std::env::temp_dir().join(format!("gt-cdi-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write(&dir, "uid2", &spec).unwrap();
+        assert_eq!(restore(&dir, "uid2", &spec).unwrap(), None);
+        let forged = std::fs::read_to_string(spec_path(&dir, "uid2"))
+            .unwrap()
+            .replace("NVIDIA_VISIBLE_DEVICES=GPU-0", "NVIDIA_VISIBLE_DEVICES=all");
+        std::fs::write(spec_path(&dir, "uid2"), forged).unwrap();
+        assert!(intact(&dir, "uid2", &spec).is_err());
+        assert!(restore(&dir, "uid2", &spec).unwrap().is_some());
+        intact(&dir, "uid2", &spec).unwrap();
+        std::fs::remove_file(spec_path(&dir, "uid2")).unwrap();
+        assert!(restore(&dir, "uid2", &spec).unwrap().is_some());
+        intact(&dir, "uid2", &spec).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
         let no_caps = CdiContext::default();
         assert!(matches!(
             super::spec(&no_caps, "u", "a", &[(&mig, "MIG-1")]),

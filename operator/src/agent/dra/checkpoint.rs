@@ -6,7 +6,13 @@
 //! A device's record says who may have left data in it. A device without a record (no file, a
 //! file from before the device existed) has an unknown past, and a device whose UUID is not the
 //! one recorded (a MIG instance destroyed and created again) too: both are scrubbed before a
-//! claim gets them (DESIGN.md §4.3: an unknown previous owner is a change of hands).
+//! claim gets them (docs/design.md, "An unknown previous owner is a change of hands").
+//!
+//! The file decides whether a device is scrubbed, so the agent checks that it wrote it: the file
+//! must be the agent's user's and writable by no one else, and it carries an HMAC-SHA256 of its
+//! content under a key the agent made on this node ([`KEY_FILE`], 0600). A file that fails any
+//! check is set aside and the agent starts from an unknown past: every device is scrubbed before
+//! its next claim, and a device some container still uses is refused until it is idle.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,6 +66,9 @@ pub struct PreparedClaim {
     pub name: String,
     pub tenant: String,
     pub devices: Vec<PreparedDevice>,
+    /// The CDI spec written for it: what the file must still hold when Prepare answers again.
+    #[serde(default)]
+    pub cdi_spec: serde_json::Value,
 }
 
 /// Everything on disk.
@@ -101,52 +110,175 @@ pub enum CheckpointError {
     #[error("reading the checkpoint {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error(
-        "the checkpoint {path} is not one this agent wrote ({source}); move it away to start over (every device is then scrubbed before its next claim)"
+        "the checkpoint {path} is not one this agent wrote ({why}); it is set aside and every device is scrubbed before its next claim"
     )]
-    Parse { path: PathBuf, source: serde_json::Error },
+    Untrusted { path: PathBuf, why: String },
     #[error("writing the checkpoint {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the checkpoint key {path}: {why}; remove it and the checkpoint beside it to start over (every device is then scrubbed before its next claim)"
+    )]
+    Key { path: PathBuf, why: String },
 }
 
-/// The checkpoint file.
+/// The name of the HMAC key beside the checkpoint.
+pub const KEY_FILE: &str = "dra-checkpoint.key";
+const KEY_LEN: usize = 32;
+
+/// The file on disk: the checkpoint's JSON as written, and its HMAC-SHA256 (hex).
+#[derive(Serialize, Deserialize)]
+struct Sealed {
+    hmac: String,
+    data: String,
+}
+
+/// The checkpoint file and the key that seals it.
 #[derive(Clone, Debug)]
 pub struct CheckpointFile {
     pub path: PathBuf,
+    key_path: PathBuf,
+}
+
+/// Is the file at `meta` owned by this process's user and writable by no one else (and, with
+/// `private`, readable by no one else)?
+pub fn owned_by_us(meta: &std::fs::Metadata, private: bool) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mode = meta.mode() & 0o777;
+    if meta.uid() != me {
+        return Err(format!("owned by uid {}, not this agent's uid {me}", meta.uid()));
+    }
+    let others = if private { 0o077 } else { 0o022 };
+    if mode & others != 0 {
+        return Err(format!("mode {mode:o} lets others {}", if private { "in" } else { "write" }));
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0)
+        .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect())
+        .flatten()
 }
 
 impl CheckpointFile {
     pub fn new(dir: &Path) -> CheckpointFile {
         CheckpointFile {
             path: dir.join("dra-checkpoint.json"),
+            key_path: dir.join(KEY_FILE),
+        }
+    }
+
+    /// The key, made (32 random bytes, 0600) when there is none. A key that is not this agent's
+    /// alone is refused: whoever could read or replace it could seal a checkpoint.
+    fn key(&self) -> Result<ring::hmac::Key, CheckpointError> {
+        let err = |why: String| CheckpointError::Key {
+            path: self.key_path.clone(),
+            why,
+        };
+        match std::fs::File::open(&self.key_path) {
+            Ok(mut f) => {
+                let meta = f.metadata().map_err(|e| err(e.to_string()))?;
+                owned_by_us(&meta, true).map_err(err)?;
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| err(e.to_string()))?;
+                if bytes.len() != KEY_LEN {
+                    return Err(err(format!("{} bytes, not {KEY_LEN}", bytes.len())));
+                }
+                Ok(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                use ring::rand::SecureRandom;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut bytes = [0u8; KEY_LEN];
+                ring::rand::SystemRandom::new()
+                    .fill(&mut bytes)
+                    .map_err(|_| err("the system's random source failed".into()))?;
+                if let Some(dir) = self.key_path.parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+                }
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&self.key_path)
+                    .map_err(|e| err(e.to_string()))?;
+                f.write_all(&bytes).map_err(|e| err(e.to_string()))?;
+                f.sync_all().map_err(|e| err(e.to_string()))?;
+                Ok(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes))
+            }
+            Err(e) => Err(err(e.to_string())),
         }
     }
 
     /// The checkpoint as last saved; empty when there is none (every device's past unknown).
+    /// `Untrusted` when the file is not this agent's, not sealed, or sealed under another key.
     pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Parse {
-                path: self.path.clone(),
-                source,
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
-            Err(source) => Err(CheckpointError::Read {
-                path: self.path.clone(),
-                source,
-            }),
-        }
+        let key = self.key()?;
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        let untrusted = |why: String| CheckpointError::Untrusted {
+            path: self.path.clone(),
+            why,
+        };
+        let meta = std::fs::metadata(&self.path).map_err(|source| CheckpointError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        owned_by_us(&meta, false).map_err(untrusted)?;
+        let sealed: Sealed =
+            serde_json::from_slice(&bytes).map_err(|e| untrusted(format!("not a sealed checkpoint: {e}")))?;
+        let tag = unhex(&sealed.hmac).ok_or_else(|| untrusted("its HMAC is not hex".into()))?;
+        ring::hmac::verify(&key, sealed.data.as_bytes(), &tag)
+            .map_err(|_| untrusted("its HMAC does not match its content under this node's key".into()))?;
+        serde_json::from_str(&sealed.data).map_err(|e| untrusted(format!("its content does not parse: {e}")))
     }
 
-    /// Replaces the file with `cp`, durably, before returning.
+    /// Moves an untrusted file aside (`.untrusted`, for whoever investigates), so the agent
+    /// starts from an unknown past.
+    pub fn set_aside(&self) -> Result<(), CheckpointError> {
+        std::fs::rename(&self.path, self.path.with_extension("json.untrusted")).map_err(|source| {
+            CheckpointError::Write {
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Replaces the file with `cp`, sealed, durably, before returning.
     pub fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = self.key()?;
         let err = |source| CheckpointError::Write {
             path: self.path.clone(),
             source,
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(err)?;
+        let data = serde_json::to_string_pretty(cp).expect("a checkpoint serialises");
+        let hmac = hex(ring::hmac::sign(&key, data.as_bytes()).as_ref());
         let tmp = self.path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
-        f.write_all(&serde_json::to_vec_pretty(cp).expect("a checkpoint serialises"))
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        f.write_all(&serde_json::to_vec_pretty(&Sealed { hmac, data }).expect("a sealed checkpoint serialises"))
             .map_err(err)?;
         f.sync_all().map_err(err)?;
         drop(f);
@@ -159,13 +291,9 @@ impl CheckpointFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
-    #[test]
-    fn a_saved_checkpoint_reads_back_and_none_is_empty() {
-        let dir = std::env::temp_dir().join(format!("gt-checkpoint-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let f = CheckpointFile::new(&dir);
-        assert_eq!(f.load().unwrap(), Checkpoint::default());
+    fn record() -> Checkpoint {
         let mut cp = Checkpoint::default();
         cp.devices.insert(
             "gpu-0".into(),
@@ -174,10 +302,66 @@ mod tests {
                 uuid: "GPU-0".into(),
             },
         );
-        f.save(&cp).unwrap();
-        assert_eq!(f.load().unwrap(), cp);
-        std::fs::write(&f.path, "{not json").unwrap();
-        assert!(matches!(f.load(), Err(CheckpointError::Parse { .. })));
+        cp
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gt-checkpoint-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_saved_checkpoint_reads_back_and_none_is_empty() {
+        let dir = dir("back");
+        let f = CheckpointFile::new(&dir);
+        assert_eq!(f.load().unwrap(), Checkpoint::default());
+        f.save(&record()).unwrap();
+        assert_eq!(f.load().unwrap(), record());
+        let key = std::fs::metadata(dir.join(KEY_FILE)).unwrap();
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&f.path).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A device marked clean by someone else's hand, a file from another node (another key), one
+    /// others may write, one not sealed at all: each is untrusted, and setting it aside leaves
+    /// an unknown past.
+    #[test]
+    fn a_checkpoint_changed_behind_the_agent_is_untrusted() {
+        let dir = dir("forged");
+        let f = CheckpointFile::new(&dir);
+        f.save(&record()).unwrap();
+        let sealed = std::fs::read_to_string(&f.path).unwrap();
+        let forged = sealed.replace("released", "clean");
+        assert_ne!(forged, sealed);
+        std::fs::write(&f.path, &forged).unwrap();
+        assert!(matches!(f.load(), Err(CheckpointError::Untrusted { .. })), "{forged}");
+
+        std::fs::write(&f.path, &sealed).unwrap();
+        assert_eq!(f.load().unwrap(), record());
+        std::fs::set_permissions(&f.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let got = f.load();
+        assert!(
+            matches!(&got, Err(CheckpointError::Untrusted { why, .. }) if why.contains("mode 666")),
+            "{got:?}"
+        );
+
+        std::fs::write(&f.path, serde_json::to_vec(&record()).unwrap()).unwrap();
+        std::fs::set_permissions(&f.path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(f.load(), Err(CheckpointError::Untrusted { .. })));
+
+        let other = dir.join("other");
+        let g = CheckpointFile::new(&other);
+        g.save(&record()).unwrap();
+        std::fs::copy(&g.path, &f.path).unwrap();
+        assert!(matches!(f.load(), Err(CheckpointError::Untrusted { .. })));
+        f.set_aside().unwrap();
+        assert_eq!(f.load().unwrap(), Checkpoint::default());
+
+        // A key others can read could seal a forged file: refused, not used.
+        std::fs::set_permissions(dir.join(KEY_FILE), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(f.load(), Err(CheckpointError::Key { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -45,6 +45,19 @@ pub enum Refusal {
         device: String,
         claim: String,
     },
+    /// The tenant has `maxGpusPerPod` and the claim is reserved for no pod, so what the pod holds
+    /// cannot be counted.
+    NotReserved {
+        tenant: String,
+    },
+    /// A pod the claim is reserved for holds more devices through all its claims than its
+    /// tenant's `maxGpusPerPod`.
+    TooManyForPod {
+        pod: String,
+        tenant: String,
+        holds: u32,
+        max: u32,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -76,6 +89,19 @@ impl fmt::Display for Refusal {
                 )
             }
             Refusal::InUse { device, claim } => write!(f, "device {device} is prepared for claim {claim}"),
+            Refusal::NotReserved { tenant } => write!(
+                f,
+                "GpuTenant {tenant} allows a pod a limited number of GPUs (spec.limits.maxGpusPerPod), and the claim is reserved for no pod, so what its pod holds cannot be counted"
+            ),
+            Refusal::TooManyForPod {
+                pod,
+                tenant,
+                holds,
+                max,
+            } => write!(
+                f,
+                "pod {pod} holds {holds} devices of driver gpu.gputenancy.io through its claims (each claim a pod names counts, a name used twice twice, and the claims of its extended resources), and GpuTenant {tenant} allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod)"
+            ),
         }
     }
 }

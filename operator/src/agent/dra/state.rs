@@ -16,7 +16,9 @@ use super::devices::{DRIVER, DraDevice, Unit};
 use super::prepare::{self, ClaimView, Planned, Refusal};
 use crate::api::{GpuTenant, ScrubMemory};
 use crate::gpu::Gpus;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use std::sync::Arc;
@@ -39,6 +41,22 @@ pub enum ClaimError {
         name: String,
         found: String,
         asked: String,
+    },
+    #[error(
+        "claim UID {uid} was prepared as ResourceClaim {recorded}, not {namespace}/{name}; refused rather than answered from the record"
+    )]
+    NotAsRecorded {
+        uid: String,
+        recorded: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("reading pod {namespace}/{name}, which claim {claim} is reserved for: {why}")]
+    Pod {
+        namespace: String,
+        name: String,
+        claim: String,
+        why: String,
     },
     #[error("{0}")]
     Refused(Refusal),
@@ -95,6 +113,56 @@ pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
     }
 }
 
+/// The (request, device) pairs of this driver allocated to `claim`, on `pool` when given.
+fn devices_of(claim: &ResourceClaim, pool: Option<&str>) -> Vec<(String, String)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .map(|d| {
+            d.results
+                .iter()
+                .flatten()
+                .filter(|r| r.driver == DRIVER && pool.is_none_or(|p| r.pool == p))
+                .map(|r| (r.request.clone(), r.device.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The names of every claim `pod` holds, once per entry of its `resourceClaims` (a claim named
+/// twice counts twice), and the claim its extended resources were allocated through. An entry
+/// whose claim is not created yet cannot be counted: an error.
+fn pod_claims(pod: &Pod) -> Result<Vec<String>, String> {
+    let status = pod.status.as_ref();
+    let generated = |entry: &str| -> Option<String> {
+        status?
+            .resource_claim_statuses
+            .as_ref()?
+            .iter()
+            .find(|s| s.name == entry)?
+            .resource_claim_name
+            .clone()
+    };
+    let mut out = Vec::new();
+    for entry in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+        match (entry.resource_claim_name.clone(), generated(&entry.name)) {
+            (Some(name), _) | (None, Some(name)) => out.push(name),
+            (None, None) => {
+                return Err(format!(
+                    "its claim {} is not created yet (no resourceClaimStatuses entry)",
+                    entry.name
+                ));
+            }
+        }
+    }
+    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
+        out.push(ext.resource_claim_name.clone());
+    }
+    Ok(out)
+}
+
 impl<G: Gpus + 'static> DraState<G> {
     pub fn new(
         node: String,
@@ -104,7 +172,16 @@ impl<G: Gpus + 'static> DraState<G> {
         file: CheckpointFile,
         cdi: CdiContext,
     ) -> Result<DraState<G>, CheckpointError> {
-        let cp = file.load()?;
+        let cp = match file.load() {
+            Ok(cp) => cp,
+            Err(e @ CheckpointError::Untrusted { .. }) => {
+                // Fail closed: an unknown past, so every device is scrubbed before its next claim.
+                tracing::error!(error = %e, "the DRA checkpoint is not trusted");
+                file.set_aside()?;
+                Checkpoint::default()
+            }
+            Err(e) => return Err(e),
+        };
         let (saved, _) = tokio::sync::watch::channel(cp.clone());
         Ok(DraState {
             node,
@@ -135,7 +212,8 @@ impl<G: Gpus + 'static> DraState<G> {
         self.inner.lock().await.devices = devices;
     }
 
-    async fn view(&self, namespace: &str, name: &str, uid: &str) -> Result<ClaimView, ClaimError> {
+    /// The claim as the API server has it, refused unless it is the one asked about (its UID).
+    async fn read_claim(&self, namespace: &str, name: &str, uid: &str) -> Result<ResourceClaim, ClaimError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
         let claim = api.get(name).await.map_err(|source| ClaimError::Read {
             namespace: namespace.into(),
@@ -151,27 +229,87 @@ impl<G: Gpus + 'static> DraState<G> {
                 asked: uid.into(),
             });
         }
-        let allocated = claim
+        Ok(claim)
+    }
+
+    fn view(&self, claim: &ResourceClaim, tenant: Option<String>) -> ClaimView {
+        ClaimView {
+            uid: claim.uid().unwrap_or_default(),
+            namespace: claim.namespace().unwrap_or_default(),
+            name: claim.name_any(),
+            tenant,
+            allocated: devices_of(claim, Some(&self.node)),
+        }
+    }
+
+    /// Refuses the claim when a pod it is reserved for holds, through all its claims, more
+    /// devices of this driver than its tenant's `maxGpusPerPod`. The admission policies cannot
+    /// count them (a pod names its claims; what they hold is in other objects), so it is counted
+    /// here, where every claim of the pod is allocated.
+    async fn within_pod_limit(&self, claim: &ResourceClaim, tenant: Option<&str>) -> Result<(), ClaimError> {
+        let Some(tenant) = tenant else { return Ok(()) };
+        let max = self
+            .tenants
+            .state()
+            .iter()
+            .find(|t| t.name_any() == tenant)
+            .and_then(|t| t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod));
+        let Some(max) = max else { return Ok(()) };
+        let namespace = claim.namespace().unwrap_or_default();
+        let pods: Vec<(String, String)> = claim
             .status
             .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .map(|d| {
-                d.results
-                    .iter()
-                    .flatten()
-                    .filter(|r| r.driver == DRIVER && r.pool == self.node)
-                    .map(|r| (r.request.clone(), r.device.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(ClaimView {
-            uid: uid.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-            tenant: owner(&self.tenants.state(), namespace),
-            allocated,
-        })
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect();
+        if pods.is_empty() {
+            return Err(ClaimError::Refused(Refusal::NotReserved {
+                tenant: tenant.to_string(),
+            }));
+        }
+        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let claim_api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        for (pod_name, pod_uid) in pods {
+            let pod_err = |why: String| ClaimError::Pod {
+                namespace: namespace.clone(),
+                name: pod_name.clone(),
+                claim: claim.name_any(),
+                why,
+            };
+            // The agent may list pods (to find a busy GPU's), not get them.
+            let pod = pod_api
+                .list(&ListParams::default().fields(&format!("metadata.name={pod_name}")))
+                .await
+                .map_err(|e| pod_err(e.to_string()))?
+                .items
+                .into_iter()
+                .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
+                .ok_or_else(|| pod_err(format!("no pod of UID {pod_uid}")))?;
+            let mut holds = 0u32;
+            for claim_name in pod_claims(&pod).map_err(pod_err)? {
+                let other = if claim_name == claim.name_any() {
+                    claim.clone()
+                } else {
+                    claim_api
+                        .get(&claim_name)
+                        .await
+                        .map_err(|e| pod_err(format!("its claim {claim_name}: {e}")))?
+                };
+                holds += u32::try_from(devices_of(&other, None).len()).unwrap_or(u32::MAX);
+            }
+            if holds > max {
+                return Err(ClaimError::Refused(Refusal::TooManyForPod {
+                    pod: format!("{namespace}/{pod_name}"),
+                    tenant: tenant.to_string(),
+                    holds,
+                    max,
+                }));
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a device with processes on it (someone uses it outside any claim, or, for a share
@@ -230,11 +368,27 @@ impl<G: Gpus + 'static> DraState<G> {
 
     /// Prepares claim `uid` (`namespace/name`); the CDI device IDs per (request, device).
     pub async fn prepare(&self, namespace: &str, name: &str, uid: &str) -> Result<Vec<PreparedDevice>, ClaimError> {
+        // The claim asked about is checked against the API server's (namespace, name, UID) and
+        // its pod's device count before anything recorded answers for it.
+        let claim = self.read_claim(namespace, name, uid).await?;
+        let tenant = owner(&self.tenants.state(), namespace);
+        self.within_pod_limit(&claim, tenant.as_deref()).await?;
+        let view = self.view(&claim, tenant);
         let mut inner = self.inner.lock().await;
         if let Some(done) = inner.cp.claims.get(uid) {
+            if done.namespace != namespace || done.name != name {
+                return Err(ClaimError::NotAsRecorded {
+                    uid: uid.into(),
+                    recorded: format!("{}/{}", done.namespace, done.name),
+                    namespace: namespace.into(),
+                    name: name.into(),
+                });
+            }
+            if let Some(why) = cdi::restore(&self.cdi.dir, uid, &done.cdi_spec)? {
+                tracing::warn!(claim = %format!("{namespace}/{name}"), %why, "the claim's CDI spec was changed behind the agent; written again");
+            }
             return Ok(done.devices.clone());
         }
-        let view = self.view(namespace, name, uid).await?;
         let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
         let tenant = view.tenant.clone().unwrap_or_default();
         for p in &planned {
@@ -305,6 +459,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 name: name.into(),
                 tenant,
                 devices: devices.clone(),
+                cdi_spec: spec,
             },
         );
         self.save(&inner.cp)?;
