@@ -217,7 +217,17 @@ fn plan_table_is_for_people() {
     let out = stdout(&o);
     assert!(out.starts_with("NODES\nNODE "), "{out}");
     assert!(out.contains("\nTENANTS\nTENANT "));
-    assert!(out.contains("2g.20gb@0=team-beta 2g.20gb@2=team-beta 3g.40gb@4=acme"));
+    assert!(out.contains("3g.40gb+2×2g.20gb   team-beta,acme"), "{out}");
+    let o = gpu_tenancy(&[
+        "plan",
+        "-f",
+        "examples/",
+        "--inventory",
+        "examples/inventory.yaml",
+        "-o",
+        "wide",
+    ]);
+    assert!(stdout(&o).contains("2g.20gb@0=team-beta 2g.20gb@2=team-beta 3g.40gb@4=acme"));
 }
 
 #[test]
@@ -245,4 +255,27 @@ fn nvidia_default_file_imports_validates_and_exports_back() {
 
 fn gpu_tenancy_migparted(text: &str) -> gpu_tenancy::migparted::MigPartedFile {
     gpu_tenancy::migparted::MigPartedFile::parse(text).unwrap()
+}
+
+/// What a newcomer runs first (`make plan`) fits a terminal: every line of the default table of
+/// `examples/` is at most 120 columns, but the list of changes (a reason per line); `-o wide` keeps
+/// each MIG instance's placement and tenant.
+#[test]
+fn plan_default_table_fits_120_columns() {
+    let args = ["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml"];
+    let o = gpu_tenancy(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let before_changes = out.split("\nCHANGES\n").next().unwrap();
+    for line in before_changes.lines() {
+        assert!(line.chars().count() <= 120, "{} columns: {line}", line.chars().count());
+    }
+    assert!(out.contains("3g.40gb+2×2g.20gb"), "{out}");
+    assert!(!out.contains("@0="), "the default table counts instances: {out}");
+
+    let o = gpu_tenancy(&[&args[..], &["-o", "wide"]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let wide = stdout(&o);
+    assert!(wide.contains("LAYOUT (profile@start=tenant)"), "{wide}");
+    assert!(wide.contains("3g.40gb@4=acme"), "{wide}");
 }

@@ -65,9 +65,10 @@ pub enum Command {
         /// `kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -`.
         #[arg(long, value_name = "FILE")]
         inventory: Option<std::path::PathBuf>,
-        /// Output format: `table` for people, `yaml` or `json` ({nodes, tenants, problems}) for machines.
-        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        /// Output format: `table` for people (`wide`: every MIG instance's placement and tenant),
+        /// `yaml` or `json` ({nodes, tenants, problems}) for machines.
+        #[arg(short = 'o', long, value_enum, default_value_t = plan::PlanOutput::Table)]
+        output: plan::PlanOutput,
     },
     /// Turn an NVIDIA mig-parted config file into GpuPartitionPlans (one per config entry).
     Import {

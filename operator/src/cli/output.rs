@@ -35,3 +35,58 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         print!("{}", String::from_utf8_lossy(&bytes));
     }
 }
+
+/// Like [`print_table`], but the last column is wrapped at spaces onto lines of their own, so
+/// that no line is wider than `width` characters where the other columns leave it room.
+pub fn print_table_within(header: &[&str], rows: &[Vec<String>], width: usize) {
+    const PADDING: usize = 3;
+    let Some(last) = header.len().checked_sub(1) else {
+        return;
+    };
+    let cell = |row: &[String], i: usize| row.get(i).map_or(0, |c| c.chars().count());
+    let others: usize = (0..last)
+        .map(|i| {
+            rows.iter()
+                .map(|r| cell(r, i))
+                .max()
+                .unwrap_or(0)
+                .max(header[i].chars().count())
+                + PADDING
+        })
+        .sum();
+    let room = width.saturating_sub(others);
+    if room < 20 {
+        return print_table(header, rows);
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let lines = wrap(row.get(last).map_or("", String::as_str), room);
+        for (n, line) in lines.into_iter().enumerate() {
+            let mut r: Vec<String> = if n == 0 {
+                row[..last.min(row.len())].to_vec()
+            } else {
+                vec![String::new(); last]
+            };
+            r.push(line);
+            out.push(r);
+        }
+    }
+    print_table(header, &out)
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word keeps its line).
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let line = lines.last_mut().expect("one line at least");
+        if line.is_empty() {
+            line.push_str(word);
+        } else if line.chars().count() + 1 + word.chars().count() <= width {
+            line.push(' ');
+            line.push_str(word);
+        } else {
+            lines.push(word.to_string());
+        }
+    }
+    lines
+}

@@ -1,9 +1,9 @@
 //! `gpu-tenancy plan -f PATH... --inventory FILE`: what the controller would write, offline.
 
 use super::load::{FileProblem, Limits, load};
-use super::output::{Output, print_table};
+use super::output::{print_table, print_table_within, wrap};
 use super::validate::inventories;
-use crate::api::{ConditionSet, GpuNode, GpuTenant, Mode};
+use crate::api::{ConditionSet, GpuNode, GpuSpec, GpuTenant, Mode};
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::InventoryFile;
 use crate::planner::PlanInput;
@@ -15,6 +15,22 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// `plan -o`: like [`Output`], with `wide` for the table with every MIG instance's placement and
+/// tenant (the default table counts instances by profile, as `kubectl get gpunodes` does, so it
+/// fits 120 columns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanOutput {
+    /// Aligned columns for people, one line per GPU, at most 120 columns on the examples.
+    #[default]
+    Table,
+    /// The table with each MIG instance as `profile@start=tenant`.
+    Wide,
+    /// YAML: the manifests the controller applies.
+    Yaml,
+    /// JSON: the whole desired state, with problems.
+    Json,
+}
+
 /// What `plan -o json` prints: the desired state with problems as `FILE: Kind/name: field: message`
 /// (in place of the planner's own, which name no file).
 #[derive(Serialize)]
@@ -24,7 +40,7 @@ struct JsonReport<'a> {
     problems: &'a [String],
 }
 
-pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: Output) -> i32 {
+pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput) -> i32 {
     let (mut desired, problem_lines) = match compute(paths, inventory, Time(jiff::Timestamp::now())) {
         Ok(x) => x,
         Err(e) => {
@@ -33,8 +49,9 @@ pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: Output) -> i32 {
         }
     };
     match output {
-        Output::Table => print_tables(&desired, &problem_lines),
-        Output::Json => {
+        PlanOutput::Table => print_tables(&desired, &problem_lines, false),
+        PlanOutput::Wide => print_tables(&desired, &problem_lines, true),
+        PlanOutput::Json => {
             // Streamed: at 50,000 nodes the document is most of a gigabyte, and a copy of it as
             // a JSON value took more memory and time than planning it.
             desired.problems.clear();
@@ -52,7 +69,7 @@ pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: Output) -> i32 {
                 return 2;
             }
         }
-        Output::Yaml => {
+        PlanOutput::Yaml => {
             for line in &problem_lines {
                 println!("# problem: {line}");
             }
@@ -191,7 +208,7 @@ pub fn manifests_yaml(desired: &Desired) -> String {
     docs.join("---\n")
 }
 
-fn print_tables(desired: &Desired, problems: &[String]) {
+fn print_tables(desired: &Desired, problems: &[String], wide: bool) {
     let (nodes, tenants) = (&desired.nodes, &desired.tenants);
     let mut rows = Vec::new();
     for node in nodes {
@@ -207,40 +224,7 @@ fn print_tables(desired: &Desired, problems: &[String]) {
             ]);
         }
         for g in &node.spec.gpus {
-            let layout = match g.mode {
-                Mode::Mig if g.mig_instances.is_empty() => "MIG on, no instances".to_string(),
-                Mode::Mig => g
-                    .mig_instances
-                    .iter()
-                    .map(|i| {
-                        format!(
-                            "{}@{}{}",
-                            i.profile,
-                            i.placement.start,
-                            i.tenant.as_ref().map(|t| format!("={t}")).unwrap_or_default()
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                Mode::Mps => {
-                    let m = g.mps.clone().unwrap_or_default();
-                    let mut s = format!("{} clients", m.max_clients);
-                    if let Some(p) = m.active_thread_percentage {
-                        s.push_str(&format!(", {p}% threads"));
-                    }
-                    if let Some(l) = &m.pinned_memory_limit {
-                        s.push_str(&format!(", {l} pinned"));
-                    }
-                    s
-                }
-                Mode::TimeSlicing => format!("{} replicas", g.time_slicing.as_ref().map_or(0, |t| t.replicas)),
-                Mode::Exclusive => "whole GPU".into(),
-            };
-            let tenants = if g.tenants.is_empty() {
-                "-".to_string()
-            } else {
-                g.tenants.join(",")
-            };
+            let (layout, tenants) = gpu_cells(g, wide);
             rows.push(vec![
                 node.name_any(),
                 node.spec.plan.clone().unwrap_or("-".into()),
@@ -252,18 +236,18 @@ fn print_tables(desired: &Desired, problems: &[String]) {
             ]);
         }
     }
+    // The default output fits a terminal of this many columns; `-o wide` is as wide as it needs.
+    let width = if wide { usize::MAX } else { TABLE_WIDTH };
     println!("NODES");
-    print_table(
-        &[
-            "NODE",
-            "PLAN",
-            "GPU",
-            "MODE",
-            "LAYOUT (profile@start=tenant)",
-            "TENANTS",
-            "SCRUB",
-        ],
+    let layout = if wide {
+        "LAYOUT (profile@start=tenant)"
+    } else {
+        "LAYOUT"
+    };
+    print_table_within(
+        &["NODE", "PLAN", "GPU", "MODE", layout, "TENANTS", "SCRUB"],
         &rows,
+        width,
     );
 
     let rows: Vec<Vec<String>> = tenants
@@ -285,12 +269,13 @@ fn print_tables(desired: &Desired, problems: &[String]) {
         })
         .collect();
     println!("\nTENANTS");
-    print_table(
+    print_table_within(
         &["TENANT", "TIER", "PRIORITY", "GRANTED", "MEMORY", "READY", "MESSAGE"],
         &rows,
+        width,
     );
 
-    print_enforcement(desired);
+    print_enforcement(desired, width);
 
     if !problems.is_empty() {
         println!("\nPROBLEMS");
@@ -301,7 +286,7 @@ fn print_tables(desired: &Desired, problems: &[String]) {
 }
 
 /// What enforces the grants: quotas per namespace, node labels and taints, admission, changes.
-fn print_enforcement(desired: &Desired) {
+fn print_enforcement(desired: &Desired, width: usize) {
     let rows: Vec<Vec<String>> = desired
         .resource_quotas
         .iter()
@@ -324,7 +309,7 @@ fn print_enforcement(desired: &Desired) {
         })
         .collect();
     println!("\nQUOTAS (every other GPU resource is 0)");
-    print_table(&["NAMESPACE", "TENANT", "HARD"], &rows);
+    print_table_within(&["NAMESPACE", "TENANT", "HARD"], &rows, width);
 
     let rows: Vec<Vec<String>> = desired
         .node_labels
@@ -347,33 +332,97 @@ fn print_enforcement(desired: &Desired) {
                 if taints.is_empty() {
                     "-".into()
                 } else {
-                    taints.join(",")
+                    taints.join(" ")
                 },
             ]
         })
         .collect();
     println!("\nNODE LABELS AND TAINTS");
-    print_table(&["NODE", "DEVICE PLUGIN CONFIG", "TAINTS"], &rows);
+    print_table_within(&["NODE", "DEVICE PLUGIN CONFIG", "TAINTS"], &rows, width);
     println!(
-        "\nADMISSION: {} ValidatingAdmissionPolicies with their bindings ({})",
-        desired.admission_policies.len(),
-        desired
-            .admission_policies
-            .iter()
-            .map(|p| p.name_any())
-            .collect::<Vec<_>>()
-            .join(", ")
+        "\nADMISSION: {} ValidatingAdmissionPolicies with their bindings",
+        desired.admission_policies.len()
     );
+    let names: Vec<String> = desired.admission_policies.iter().map(|p| p.name_any()).collect();
+    for line in wrap(&names.join(" "), width.saturating_sub(2)) {
+        println!("  {line}");
+    }
 
     if !desired.changes.is_empty() {
         let rows: Vec<Vec<String>> = desired.changes.iter().map(change_row).collect();
         println!("\nCHANGES");
+        // Not wrapped: a reason on lines of its own would double the list.
         print_table(
             &["NODE", "GPU", "INSTANCE", "FROM", "TO", "WHY", "SCRUB", "EVICT"],
             &rows,
         );
     }
 }
+
+/// A GPU's LAYOUT and TENANTS cells. Default: MIG instances counted by profile
+/// (`3g.40gb+2×2g.20gb`, the form of `kubectl get gpunodes`), an MPS GPU's clients, and at most
+/// three tenants, so a row stays short whatever the GPU holds. Wide: every instance as
+/// `profile@start=tenant`, and the MPS limits.
+fn gpu_cells(g: &GpuSpec, wide: bool) -> (String, String) {
+    let layout = match g.mode {
+        Mode::Mig if g.mig_instances.is_empty() => "MIG on, no instances".to_string(),
+        Mode::Mig if wide => g
+            .mig_instances
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}@{}{}",
+                    i.profile,
+                    i.placement.start,
+                    i.tenant.as_ref().map(|t| format!("={t}")).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        Mode::Mig => crate::gpu::status::counted_profile_names(g.mig_instances.iter().map(|i| i.profile.as_str())),
+        Mode::Mps if !wide => format!("{} clients", g.mps.clone().unwrap_or_default().max_clients),
+        Mode::Mps => {
+            let m = g.mps.clone().unwrap_or_default();
+            let mut s = format!("{} clients", m.max_clients);
+            if let Some(p) = m.active_thread_percentage {
+                s.push_str(&format!(", {p}% threads"));
+            }
+            if let Some(l) = &m.pinned_memory_limit {
+                s.push_str(&format!(", {l} pinned"));
+            }
+            s
+        }
+        Mode::TimeSlicing => format!("{} replicas", g.time_slicing.as_ref().map_or(0, |t| t.replicas)),
+        Mode::Exclusive => "whole GPU".into(),
+    };
+    // A MIG GPU's tenants are its instances' (in wide, already in the layout).
+    let mut names: Vec<&str> = g.tenants.iter().map(String::as_str).collect();
+    if g.mode == Mode::Mig && !wide {
+        for t in g.mig_instances.iter().filter_map(|i| i.tenant.as_deref()) {
+            if !names.contains(&t) {
+                names.push(t);
+            }
+        }
+    }
+    let tenants = match names.len() {
+        0 => "-".to_string(),
+        n if n > MAX_TENANTS_SHOWN && !wide => {
+            format!(
+                "{} +{} more",
+                names[..MAX_TENANTS_SHOWN].join(","),
+                n - MAX_TENANTS_SHOWN
+            )
+        }
+        _ => names.join(","),
+    };
+    (layout, tenants)
+}
+
+/// The width the default table keeps to: a terminal's, with room to spare.
+pub const TABLE_WIDTH: usize = 120;
+
+/// Tenants named per GPU in the default table; `-o wide` names them all.
+const MAX_TENANTS_SHOWN: usize = 3;
 
 fn change_row(c: &crate::planner::BindingChange) -> Vec<String> {
     let list = |t: &[String]| if t.is_empty() { "-".to_string() } else { t.join(",") };

@@ -468,12 +468,16 @@ pub fn layout_summary(status: &GpuNodeStatus) -> String {
 /// (`3g` before `2g`; the name breaks ties), so GPUs cut alike read alike whatever the order
 /// their instances were placed in.
 fn counted_profiles(g: &GpuStatus) -> String {
+    counted_profile_names(g.instances.iter().map(|i| i.profile.as_str()))
+}
+
+/// `3g.40gb+2×2g.20gb` from a GPU's instance profiles, in any order: the form of
+/// [`layout_summary`], also what `gpu-tenancy plan` prints per GPU of a spec.
+pub fn counted_profile_names<'a>(profiles: impl IntoIterator<Item = &'a str>) -> String {
     let mut counts: BTreeMap<(std::cmp::Reverse<u32>, &str), usize> = BTreeMap::new();
-    for i in &g.instances {
-        let slices = i.profile.split('g').next().and_then(|n| n.parse().ok()).unwrap_or(0);
-        *counts
-            .entry((std::cmp::Reverse(slices), i.profile.as_str()))
-            .or_default() += 1;
+    for profile in profiles {
+        let slices = profile.split('g').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        *counts.entry((std::cmp::Reverse(slices), profile)).or_default() += 1;
     }
     counts
         .iter()
