@@ -3,15 +3,17 @@
 CARGO ?= cargo
 E2E_PACKAGE := gpu-tenancy-e2e
 
-.PHONY: help build run run-check rules-check prometheus-rule test unit lint fmt crds validate plan bench
+.PHONY: help build run run-check rules-check prometheus-rule test unit lint fmt crds docs docs-check validate plan bench
 
 help:
 	@echo "make run       the product on simulated GPUs: control plane, controller, agents, examples/"
 	@echo "make plan      offline plan of examples/ on examples/inventory.yaml"
 	@echo "make validate  validate examples/"
-	@echo "make test      unit, property and integration tests, the e2e suites on a real kube-apiserver"
+	@echo "make test      the docs check, unit, property and integration tests, the e2e suites on a real kube-apiserver"
 	@echo "               (e2e, controller scenarios, short fault scenarios), then make run until all is Ready"
 	@echo "make unit      only the tests that need no control plane"
+	@echo "make docs-check  YAML blocks of README and docs/ validate, generated reference pages current, links resolve"
+	@echo "make docs      regenerate docs/reference/ (CRD fields, command line) from the code"
 	@echo "make rules-check  promtool checks and unit tests of the alerting rules (deploy/prometheus)"
 	@echo "make prometheus-rule  regenerate deploy/prometheus/prometheusrule.yaml from rules.yaml"
 	@echo "make e2e-faults the fault scenarios with 300 s of random kills (FAULTS_SECONDS, FAULTS_SEED)"
@@ -29,7 +31,16 @@ run:
 
 # The last step is `make run` itself: it must come up Ready, keep running, print a change made
 # with kubectl, and stop cleanly on Ctrl-C (e2e/run-check.sh).
-test: unit e2e rules-check run-check
+test: docs-check unit e2e rules-check run-check
+
+# Cheap, so first: every YAML block of README.md and docs/ passes `gpu-tenancy validate`, the
+# generated reference pages equal what the code generates, every relative link resolves
+# (e2e/docs-check.sh; conventions in docs/development/docs.md).
+docs-check:
+	@e2e/docs-check.sh
+
+docs:
+	$(CARGO) run -q -p gpu-tenancy -- docs --out-dir docs/reference
 
 run-check:
 	@e2e/run-check.sh

@@ -5,6 +5,7 @@
 pub mod agent;
 mod controller;
 pub mod crd;
+pub mod docs;
 mod gpu_output;
 mod load;
 pub mod logging;
@@ -40,6 +41,13 @@ pub enum Command {
         /// Write one file per CRD (`<plural>.gputenancy.io.yaml`) into this folder instead of printing.
         #[arg(long, value_name = "DIR")]
         out_dir: Option<std::path::PathBuf>,
+    },
+    /// Write the generated reference pages (CRD fields, this help) into a folder: `make docs`.
+    #[command(hide = true)]
+    Docs {
+        /// The folder (docs/reference).
+        #[arg(long, value_name = "DIR")]
+        out_dir: std::path::PathBuf,
     },
     /// Check manifests offline: schema, CEL rules, policy references and MIG feasibility.
     ///
@@ -113,6 +121,7 @@ pub fn run(cli: Cli) -> i32 {
         Command::Agent(cmd) => agent::run(cmd),
         Command::Controller(args) => controller::run_controller(args),
         Command::Crd { out_dir } => crd::run(out_dir.as_deref()),
+        Command::Docs { out_dir } => docs::run(&out_dir),
         Command::Validate { paths } => validate::run(&paths),
         Command::Plan {
             paths,
