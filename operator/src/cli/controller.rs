@@ -147,7 +147,15 @@ mod tests {
     #[test]
     fn host_dirs_are_plain_absolute_paths() {
         assert_eq!(super::host_dir("/var/run/cdi/").as_deref(), Ok("/var/run/cdi"));
-        for bad in ["var/cdi", "/var/../etc", "/var//cdi", "/var/./cdi", "/var/cdi'", "/", ""] {
+        for bad in [
+            "var/cdi",
+            "/var/../etc",
+            "/var//cdi",
+            "/var/./cdi",
+            "/var/cdi'",
+            "/",
+            "",
+        ] {
             assert!(super::host_dir(bad).is_err(), "{bad}");
         }
     }

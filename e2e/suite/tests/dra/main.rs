@@ -11,6 +11,7 @@
 use gpu_tenancy::agent::dra::devices::DRIVER;
 use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::kubelet::{self, Prepared};
+use k8s_openapi::api::core::v1::Pod;
 use gpu_tenancy_e2e::procs::SimAgent;
 use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, ensure_operator_namespaces, repo_root};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -484,4 +485,204 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         "MEASURE Prepare latency on the simulator: first claim (scrub, unknown past) {first_prepare:?}, \
          after another tenant's claim (scrub) {handover_prepare:?}, under Always after a scrub on Unprepare {always_prepare:?}"
     );
+
+    the_agent_trusts_only_its_own_files(&client, &mut agent, &reg, &dra, &cdi).await;
+    a_pod_holds_no_more_than_its_tenants_limit(&client, &dra).await;
+}
+
+/// Sets GPU 0 to one 7g instance of `tenant` and waits until it is published untainted.
+async fn whole_gpu0_to(client: &Client, tenant: &str) {
+    let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
+        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
+            {"index": 0, "mode": "MIG", "migInstances": [{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": tenant}], "scrub": "OnTenantChange"},
+            {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
+    Api::<GpuNode>::all(client.clone())
+        .patch(
+            NODE,
+            &PatchParams::apply("gpu-tenancy-controller").force(),
+            &Patch::Apply(spec),
+        )
+        .await
+        .unwrap();
+    applied(client, "GPU 0 whole").await;
+    slices_say(client, "GPU 0's instance published", |d| {
+        d.iter()
+            .any(|x| x["name"] == "gpu-0-mig-0-8" && tenant_of(x) == tenant && x.get("taints").is_none())
+    })
+    .await;
+}
+
+/// The checkpoint and the CDI specs decide hand-overs: one changed behind the agent's back is
+/// not believed (a forged "clean" record still gets a scrub) or is written again, and Prepare
+/// asks the API server about a claim before it answers from its record.
+async fn the_agent_trusts_only_its_own_files(
+    client: &Client,
+    agent: &mut SimAgent,
+    reg: &std::path::Path,
+    dra: &std::path::Path,
+    cdi: &std::path::Path,
+) {
+    whole_gpu0_to(client, "dra-b").await;
+    let f1 = claim(client, "dra-b", "f1", "gpu-0-mig-0-8").await;
+    ok(kubelet::prepare(dra, &f1).await, "dra-b's claim on the whole GPU");
+    agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", "dra-b-secret"]);
+    kubelet::unprepare(dra, &f1).await.unwrap().unwrap();
+
+    // Someone who can write the state directory marks the released instance clean, keeping the
+    // file's seal as it was (the key is the agent's alone).
+    let state = agent.dir().join("state/dra-checkpoint.json");
+    let sealed: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let data = sealed["data"].as_str().unwrap();
+    assert!(data.contains("\"released\""), "{data}");
+    let mut forged = sealed.clone();
+    forged["data"] = Value::String(data.replace("\"released\"", "\"clean\""));
+    std::fs::write(&state, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
+    agent.restart();
+    kubelet::register(reg).await;
+    whole_gpu0_to(client, "dra-a").await;
+    assert!(
+        agent.dir().join("state/dra-checkpoint.json.untrusted").exists(),
+        "the forged checkpoint was not set aside"
+    );
+    agent.sim_ctl(&["dirty", "--gpu", "0", "--start", "0", "--tenant", "dra-b-secret"]);
+    let f2 = claim(client, "dra-a", "f2", "gpu-0-mig-0-8").await;
+    let before = scrubs(agent);
+    let got = ok(kubelet::prepare(dra, &f2).await, "dra-a's claim after the forgery");
+    assert!(scrubs(agent) > before, "a forged clean record skipped the scrub");
+    assert_eq!(dirt(agent, 0, 0), Vec::<String>::new(), "dra-a got dra-b's data");
+
+    // The claim's CDI spec is changed to hand the container every GPU: the next Prepare (the
+    // kubelet's retry) writes it back before it answers.
+    let spec_path = cdi.join(format!("gputenancy.io-gpu_{}.json", f2.uid));
+    let written = std::fs::read_to_string(&spec_path).unwrap();
+    let tampered = written.replace("NVIDIA_VISIBLE_DEVICES=MIG-", "NVIDIA_VISIBLE_DEVICES=all,MIG-");
+    assert_ne!(tampered, written);
+    std::fs::write(&spec_path, &tampered).unwrap();
+    assert_eq!(ok(kubelet::prepare(dra, &f2).await, "again"), got);
+    assert_eq!(
+        std::fs::read_to_string(&spec_path).unwrap(),
+        written,
+        "a CDI spec changed behind the agent was left as it was"
+    );
+
+    // The claim is deleted and made again under the same name: Prepare for the old UID is
+    // refused, not answered from the record.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "dra-a");
+    claims.delete("f2", &Default::default()).await.unwrap();
+    let again = claim(client, "dra-a", "f2", "gpu-0-mig-0-8").await;
+    assert_ne!(again.uid, f2.uid);
+    match kubelet::prepare(dra, &f2).await.expect("the plugin answers") {
+        Err(e) => assert!(e.contains("is not the claim asked for"), "{e}"),
+        Ok(d) => panic!("a claim deleted and made again was answered from the record: {d:?}"),
+    }
+    kubelet::unprepare(dra, &f2).await.unwrap().unwrap();
+    claims.delete("f2", &Default::default()).await.unwrap();
+}
+
+/// A claim allocated `devices` (all of this node's pool), reserved for `pod` (name, UID) when given.
+async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str], pod: Option<&Pod>) -> kubelet::Claim {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+    let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}}}))
+    .unwrap();
+    let c = api.create(&PostParams::default(), &c).await.expect("creating the claim");
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .collect();
+    let mut status = json!({"allocation": {"devices": {"results": results}}});
+    if let Some(p) = pod {
+        status["reservedFor"] = json!([{"resource": "pods", "name": p.name_any(), "uid": p.uid().unwrap()}]);
+    }
+    api.patch_status(
+        name,
+        &PatchParams::apply("e2e-scheduler").force(),
+        &Patch::Apply(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "status": status})),
+    )
+    .await
+    .expect("writing the claim's allocation");
+    kubelet::claim(ns, name, &c.uid().unwrap())
+}
+
+/// A pod of `ns` naming `claims` (entry name, `Some(claim)` or `None` for a template whose claim
+/// is `generated`), with `ext` as its extended resource's claim; its status as the
+/// ResourceClaim controller and the scheduler write it.
+async fn pod_with_claims(client: &Client, ns: &str, name: &str, claims: &[(&str, &str, bool)], ext: Option<&str>) -> Pod {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let entries: Vec<Value> = claims
+        .iter()
+        .map(|(entry, claim, template)| {
+            if *template {
+                json!({"name": entry, "resourceClaimTemplateName": "one-gpu"})
+            } else {
+                json!({"name": entry, "resourceClaimName": claim})
+            }
+        })
+        .collect();
+    let mut container = json!({"name": "c", "image": "x"});
+    if ext.is_some() {
+        container["resources"] = json!({"limits": {"dra-a.gputenancy.io/gpu": 1}});
+    }
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"containers": [container], "resourceClaims": entries}}))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.expect("creating the pod");
+    let mut status = json!({"resourceClaimStatuses": claims.iter().filter(|c| c.2)
+        .map(|(entry, claim, _)| json!({"name": entry, "resourceClaimName": claim})).collect::<Vec<_>>()});
+    if let Some(ext) = ext {
+        status["extendedResourceClaimStatus"] = json!({"resourceClaimName": ext, "requestMappings": [
+            {"containerName": "c", "resourceName": "dra-a.gputenancy.io/gpu", "requestName": "container-0-request-0"}]});
+    }
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .await
+        .expect("writing the pod's claim statuses")
+}
+
+/// `maxGpusPerPod` counts every device a pod holds through its claims: a template named twice,
+/// a claim beside an extended resource's. The admission policies cannot see into a pod's
+/// claims; Prepare, where every claim of the pod is allocated, counts them.
+async fn a_pod_holds_no_more_than_its_tenants_limit(client: &Client, dra: &std::path::Path) {
+    let body = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": "dra-a"},
+        "spec": {"tier": "x", "namespaces": ["dra-a"], "limits": {"maxGpusPerPod": 1}}});
+    gpu_tenancy_e2e::api(client, "GpuTenant")
+        .patch("dra-a", &PatchParams::apply("e2e").force(), &Patch::Apply(body))
+        .await
+        .unwrap();
+    let refused = |what: &'static str, says: &'static str| {
+        move |p: Result<Prepared, String>| match p.expect("the plugin answers") {
+            Err(e) => assert!(e.contains(says), "{what}: {e}"),
+            Ok(d) => panic!("{what}: prepared {d:?}"),
+        }
+    };
+    // The agent's tenant store follows the change.
+    let unreserved = reserved_claim(client, "dra-a", "lim-none", &["gpu-0-mig-0-8"], None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match kubelet::prepare(dra, &unreserved).await.expect("the plugin answers") {
+            Err(e) if e.contains("reserved for no pod") => break,
+            other => {
+                if let Ok(d) = &other {
+                    kubelet::unprepare(dra, &unreserved).await.unwrap().unwrap();
+                    let _ = d;
+                }
+                assert!(Instant::now() < deadline, "the limit never applied: {other:?}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+
+    let twice = pod_with_claims(client, "dra-a", "twice", &[("a", "twice-a", true), ("b", "twice-b", true)], None).await;
+    let a = reserved_claim(client, "dra-a", "twice-a", &["gpu-0-mig-0-8"], Some(&twice)).await;
+    reserved_claim(client, "dra-a", "twice-b", &["gpu-0-mig-0-8"], Some(&twice)).await;
+    refused("a one-device template named twice", "holds 2 devices")(kubelet::prepare(dra, &a).await);
+
+    let both = pod_with_claims(client, "dra-a", "claim-and-ext", &[("a", "both-a", false)], Some("both-ext")).await;
+    let a = reserved_claim(client, "dra-a", "both-a", &["gpu-0-mig-0-8"], Some(&both)).await;
+    reserved_claim(client, "dra-a", "both-ext", &["gpu-0-mig-0-8"], Some(&both)).await;
+    refused("a claim beside an extended resource", "holds 2 devices")(kubelet::prepare(dra, &a).await);
+
+    let one = pod_with_claims(client, "dra-a", "one", &[("a", "one-a", false)], None).await;
+    let a = reserved_claim(client, "dra-a", "one-a", &["gpu-0-mig-0-8"], Some(&one)).await;
+    ok(kubelet::prepare(dra, &a).await, "a pod of one device");
+    kubelet::unprepare(dra, &a).await.unwrap().unwrap();
 }

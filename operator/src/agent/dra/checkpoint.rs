@@ -151,7 +151,10 @@ pub fn owned_by_us(meta: &std::fs::Metadata, private: bool) -> Result<(), String
     }
     let others = if private { 0o077 } else { 0o022 };
     if mode & others != 0 {
-        return Err(format!("mode {mode:o} lets others {}", if private { "in" } else { "write" }));
+        return Err(format!(
+            "mode {mode:o} lets others {}",
+            if private { "in" } else { "write" }
+        ));
     }
     Ok(())
 }
@@ -162,7 +165,12 @@ fn hex(bytes: &[u8]) -> String {
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
     (s.len() % 2 == 0)
-        .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect())
+        .then(|| {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+                .collect()
+        })
         .flatten()
 }
 

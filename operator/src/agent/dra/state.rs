@@ -146,7 +146,13 @@ fn pod_claims(pod: &Pod) -> Result<Vec<String>, String> {
             .clone()
     };
     let mut out = Vec::new();
-    for entry in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+    for entry in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+    {
         match (entry.resource_claim_name.clone(), generated(&entry.name)) {
             (Some(name), _) | (None, Some(name)) => out.push(name),
             (None, None) => {
