@@ -1,4 +1,4 @@
-//! The ways around tenant isolation (issue 14), tried on the real API server as a tenant's user
+//! The ways around tenant isolation, tried on the real API server as a tenant's user
 //! would: a user with Kubernetes' own `edit` role in its namespace, impersonated, against what
 //! the controller wrote, with the ResourceQuota controller and Pod Security admission running.
 //! Every way is refused with a message naming the tenant (or the namespace of no tenant) and the
@@ -104,6 +104,24 @@ fn pod(container: Value, spec: Value) -> Value {
     let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": {"containers": [c]}});
     merge(&mut p["spec"], spec);
     p
+}
+
+/// A pod mounting host path `path`.
+fn host_path(path: &str) -> Value {
+    pod(
+        json!({}),
+        json!({"volumes": [{"name": "d", "hostPath": {"path": path}}]}),
+    )
+}
+
+/// What the node-files rule says, after the namespace it names ([`files_of`]).
+const FILES: &str = "a hostPath volume may not reach the files that decide which GPU a container gets";
+
+fn files_of(ns: &'static str) -> &'static str {
+    match ns {
+        NONE_NS => "namespace atk-none: ",
+        _ => "namespace kube-public: ",
+    }
 }
 
 fn gpus(limits: Value) -> Value {
@@ -294,23 +312,67 @@ fn cases() -> Vec<Case> {
             ),
             &[none, "hostPath volume may not reach /dev"],
         ),
+        // `/` and an alias are refused by the device rules and the node-files rule alike; the
+        // API server answers with either's message.
         refused(
             "a hostPath of / in a namespace of no tenant",
             NONE_NS,
-            pod(
-                json!({}),
-                json!({"volumes": [{"name": "d", "hostPath": {"path": "/"}}]}),
-            ),
-            &[none, "nor a directory above them"],
+            host_path("/"),
+            &["nor a directory above them"],
         ),
         refused(
             "the kubelet's device plugin socket, by an alias",
             NONE_NS,
-            pod(
-                json!({}),
-                json!({"volumes": [{"name": "d", "hostPath": {"path": "/var/lib//kubelet/device-plugins"}}]}),
-            ),
-            &[none, "hostPath"],
+            host_path("/var/lib//kubelet/device-plugins"),
+            &["hostPath", "//"],
+        ),
+        // The files that decide which GPU a container gets and whether it is scrubbed first.
+        refused(
+            "the runtime's CDI specs",
+            NONE_NS,
+            host_path("/var/run/cdi"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "the runtime's CDI specs through /run",
+            NONE_NS,
+            host_path("/run/cdi"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "the static CDI specs, a trailing slash",
+            NONE_NS,
+            host_path("/etc/cdi/"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "the agent's state (the DRA checkpoint)",
+            NONE_NS,
+            host_path("/var/lib/gpu-tenancy"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "NVIDIA's container toolkit configuration",
+            NONE_NS,
+            host_path("/etc/nvidia-container-runtime"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "every host path again through /proc/1/root",
+            NONE_NS,
+            host_path("/proc/1/root/var/lib/kubelet"),
+            &[files_of(NONE_NS), FILES],
+        ),
+        refused(
+            "the CDI specs from a namespace exempt from the tenancy rules",
+            "kube-public",
+            host_path("/var/run/cdi"),
+            &[files_of("kube-public"), FILES],
+        ),
+        admitted(
+            "a hostPath beside the CDI specs in an exempt namespace",
+            "kube-public",
+            host_path("/var/log/pods"),
         ),
         refused(
             "a volume mounted where the toolkit reads device lists",
@@ -556,6 +618,20 @@ async fn every_way_around_tenant_isolation_is_refused_by_the_api_server() {
     for ns in ["atk-ext", "atk-mps", "atk-ts", "atk-ded", "atk-tmp", NONE_NS, FORGED_NS] {
         users.insert(ns, developer(&cleanup, ns).await);
     }
+    // An exempt namespace (no tenancy rule judges it) is still refused the node's hand-over files.
+    let exempt = developer(&cleanup, "kube-public").await;
+    let p = host_path("/var/run/cdi");
+    eventually(
+        "the node-files rule reaches kube-public",
+        || {
+            let (u, p) = (exempt.clone(), p.clone());
+            async move { create(&u, "kube-public", &p, false).await }
+        },
+        |r| r.as_ref().is_err_and(|e| e.contains(FILES)),
+    )
+    .await
+    .unwrap_err();
+    users.insert("kube-public", exempt);
     // Policies and RoleBindings reach the API server's caches a moment after they are written.
     // A tenant namespace is reached once its tenant's rules judge it (they refuse the probe,
     // naming NVIDIA's device-selecting variables) and the no-tenant rules no longer do. The
@@ -570,7 +646,7 @@ async fn every_way_around_tenant_isolation_is_refused_by_the_api_server() {
         json!({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}),
         json!({}),
     );
-    for ns in users.keys() {
+    for ns in users.keys().filter(|ns| **ns != "kube-public") {
         let u = users[ns].clone();
         let p = probe.clone();
         eventually(
@@ -621,6 +697,7 @@ async fn every_way_around_tenant_isolation_is_refused_by_the_api_server() {
     eprintln!("MEASURE {} attack and legitimate cases on the API server", cases.len());
 
     failures.extend(updates_and_ephemeral_containers(&client, &users).await);
+    failures.extend(no_tenant_pods_keep_off_gpu_nodes(&client, &users, &c).await);
     failures.extend(quota_is_enforced(&client, &users["atk-mps"]).await);
     assert!(
         failures.is_empty(),
@@ -685,6 +762,184 @@ async fn updates_and_ephemeral_containers(
         Some(&["device-selecting"]),
     ));
     admin_pods.delete(name, &DeleteParams::default()).await.unwrap();
+    failures.extend(gated_pods_and_other_updates(admin, &users["atk-ext"]).await);
+    failures
+}
+
+/// A gated pod's node selector and affinity can still change, a resize can change resources,
+/// and the binding subresource places a pod: each is judged as at creation, or refused.
+async fn gated_pods_and_other_updates(admin: &Client, dev: &Client) -> Vec<String> {
+    let mut failures = Vec::new();
+    let name = "atk-gated";
+    let gated = merge_into(
+        pod(json!({}), json!({"schedulingGates": [{"name": "example.com/wait"}]})),
+        json!({"metadata": {"name": name}}),
+    );
+    create(dev, "atk-ext", &gated, true).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(dev.clone(), "atk-ext");
+    let patch = |p: Value| {
+        let pods = pods.clone();
+        async move { outcome(pods.patch(name, &PatchParams::default(), &Patch::Merge(p)).await) }
+    };
+    let got = patch(json!({"spec": {"nodeSelector": {"gputenancy.io/dedicated": "atk-ded"}}})).await;
+    failures.extend(check(
+        "a gated pod's update selecting another tenant's dedicated nodes",
+        "atk-ext",
+        &got,
+        Some(&["GpuTenant atk-ext", "only its own dedicated nodes"]),
+    ));
+    let got = patch(json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gputenancy.io/dedicated", "operator": "In", "values": ["atk-ded"]}]}]}}}}}))
+    .await;
+    failures.extend(check(
+        "a gated pod's update requiring another tenant's dedicated nodes by affinity",
+        "atk-ext",
+        &got,
+        Some(&["GpuTenant atk-ext", "only its own dedicated nodes"]),
+    ));
+    let got = patch(json!({"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "a"}}})).await;
+    failures.extend(check("a gated pod's update selecting a zone", "atk-ext", &got, None));
+    let got = outcome(
+        pods.patch_subresource(
+            "resize",
+            name,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-7g.80gb": 1}}}]}})),
+        )
+        .await,
+    );
+    failures.extend(check(
+        "a resize adding a GPU no one granted",
+        "atk-ext",
+        &got,
+        Some(&[]),
+    ));
+    // The scheduler's verb: Kubernetes' edit role does not grant it.
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "atk-ded-0"}});
+    let got = outcome(
+        pods.create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
+        .await,
+    );
+    failures.extend(check(
+        "binding a pod to another tenant's dedicated node",
+        "atk-ext",
+        &got,
+        Some(&["forbidden"]),
+    ));
+    Api::<Pod>::namespaced(admin.clone(), "atk-ext")
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    failures
+}
+
+/// The required node affinity of `pod` as returned by the API server: per term, its expressions
+/// as `key operator`.
+fn required_terms(pod: &Pod) -> Vec<Vec<String>> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .map(|t| {
+                    t.match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| format!("{} {}", e.key, e.operator))
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Pods of a namespace of no tenant get a required node affinity that keeps them off every GPU
+/// node (every term, their own kept); a tenant's or an exempt namespace's pods are left alone;
+/// without the mutating policy, a pod of no tenant is refused, not let onto GPU nodes.
+async fn no_tenant_pods_keep_off_gpu_nodes(
+    admin: &Client,
+    users: &std::collections::BTreeMap<&str, Client>,
+    c: &gpu_tenancy::controller::Controller,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let off = ["gputenancy.io/device-access DoesNotExist", "nvidia.com/gpu.present DoesNotExist"];
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let returned = |client: &Client, ns: &str, p: Value| {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let dry = dry.clone();
+        async move { api.create(&dry, &serde_json::from_value(p).unwrap()).await }
+    };
+    let plain = returned(&users[NONE_NS], NONE_NS, pod(json!({}), json!({}))).await.unwrap();
+    if required_terms(&plain) != [off.map(String::from).to_vec()] {
+        failures.push(format!(
+            "a pod of no tenant was not kept off GPU nodes: {:?}",
+            required_terms(&plain)
+        ));
+    }
+    let own = pod(
+        json!({}),
+        json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["atk-mig-0"]}]}]}}}}),
+    );
+    let got = required_terms(&returned(&users[NONE_NS], NONE_NS, own).await.unwrap());
+    let want = vec![
+        vec!["topology.kubernetes.io/zone In".to_string(), off[0].into(), off[1].into()],
+        off.map(String::from).to_vec(),
+    ];
+    if got != want {
+        failures.push(format!(
+            "a pod of no tenant with two node affinity terms (a DaemonSet's names its node by a field): {got:?}"
+        ));
+    }
+    for (ns, client) in [("atk-mps", &users["atk-mps"]), ("kube-public", admin)] {
+        let p = returned(client, ns, pod(json!({}), json!({}))).await.unwrap();
+        if !required_terms(&p).is_empty() {
+            failures.push(format!("a pod of {ns} was given a node affinity: {:?}", required_terms(&p)));
+        }
+    }
+    // Fail closed: with the mutating policy's binding gone, the validating rule refuses.
+    let bindings: Api<k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBinding> =
+        Api::all(admin.clone());
+    bindings
+        .delete(gpu_tenancy::desired::OFF_GPU_NODES, &DeleteParams::default())
+        .await
+        .unwrap();
+    let dev = users[NONE_NS].clone();
+    let plain = pod(json!({}), json!({}));
+    let got = eventually(
+        "a pod of no tenant refused without the mutating policy",
+        || {
+            let (d, p) = (dev.clone(), plain.clone());
+            async move { create(&d, NONE_NS, &p, false).await }
+        },
+        |r| r.is_err(),
+    )
+    .await;
+    failures.extend(check(
+        "a pod of no tenant without the affinity that keeps it off GPU nodes",
+        NONE_NS,
+        &got,
+        Some(&["belongs to no GpuTenant", "stay off GPU nodes"]),
+    ));
+    pass(c).await;
+    let got = eventually(
+        "the controller puts the mutating policy's binding back",
+        || {
+            let (d, p) = (dev.clone(), plain.clone());
+            async move { create(&d, NONE_NS, &p, false).await }
+        },
+        |r| r.is_ok(),
+    )
+    .await;
+    failures.extend(check("a pod of no tenant once the binding is back", NONE_NS, &got, None));
     failures
 }
 
