@@ -819,7 +819,7 @@ async fn gated_pods_and_other_updates(admin: &Client, dev: &Client) -> Vec<Strin
         "target": {"apiVersion": "v1", "kind": "Node", "name": "atk-ded-0"}});
     let got = outcome(
         pods.create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
-        .await,
+            .await,
     );
     failures.extend(check(
         "binding a pod to another tenant's dedicated node",
@@ -866,7 +866,10 @@ async fn no_tenant_pods_keep_off_gpu_nodes(
     c: &gpu_tenancy::controller::Controller,
 ) -> Vec<String> {
     let mut failures = Vec::new();
-    let off = ["gputenancy.io/device-access DoesNotExist", "nvidia.com/gpu.present DoesNotExist"];
+    let off = [
+        "gputenancy.io/device-access DoesNotExist",
+        "nvidia.com/gpu.present DoesNotExist",
+    ];
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -876,7 +879,9 @@ async fn no_tenant_pods_keep_off_gpu_nodes(
         let dry = dry.clone();
         async move { api.create(&dry, &serde_json::from_value(p).unwrap()).await }
     };
-    let plain = returned(&users[NONE_NS], NONE_NS, pod(json!({}), json!({}))).await.unwrap();
+    let plain = returned(&users[NONE_NS], NONE_NS, pod(json!({}), json!({})))
+        .await
+        .unwrap();
     if required_terms(&plain) != [off.map(String::from).to_vec()] {
         failures.push(format!(
             "a pod of no tenant was not kept off GPU nodes: {:?}",
@@ -891,7 +896,11 @@ async fn no_tenant_pods_keep_off_gpu_nodes(
     );
     let got = required_terms(&returned(&users[NONE_NS], NONE_NS, own).await.unwrap());
     let want = vec![
-        vec!["topology.kubernetes.io/zone In".to_string(), off[0].into(), off[1].into()],
+        vec![
+            "topology.kubernetes.io/zone In".to_string(),
+            off[0].into(),
+            off[1].into(),
+        ],
         off.map(String::from).to_vec(),
     ];
     if got != want {
@@ -902,7 +911,10 @@ async fn no_tenant_pods_keep_off_gpu_nodes(
     for (ns, client) in [("atk-mps", &users["atk-mps"]), ("kube-public", admin)] {
         let p = returned(client, ns, pod(json!({}), json!({}))).await.unwrap();
         if !required_terms(&p).is_empty() {
-            failures.push(format!("a pod of {ns} was given a node affinity: {:?}", required_terms(&p)));
+            failures.push(format!(
+                "a pod of {ns} was given a node affinity: {:?}",
+                required_terms(&p)
+            ));
         }
     }
     // Fail closed: with the mutating policy's binding gone, the validating rule refuses.
@@ -939,7 +951,12 @@ async fn no_tenant_pods_keep_off_gpu_nodes(
         |r| r.is_ok(),
     )
     .await;
-    failures.extend(check("a pod of no tenant once the binding is back", NONE_NS, &got, None));
+    failures.extend(check(
+        "a pod of no tenant once the binding is back",
+        NONE_NS,
+        &got,
+        None,
+    ));
     failures
 }
 

@@ -11,9 +11,9 @@
 use gpu_tenancy::agent::dra::devices::DRIVER;
 use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::kubelet::{self, Prepared};
-use k8s_openapi::api::core::v1::Pod;
 use gpu_tenancy_e2e::procs::SimAgent;
 use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, ensure_operator_namespaces, repo_root};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -585,7 +585,10 @@ async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str],
     let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}}}))
     .unwrap();
-    let c = api.create(&PostParams::default(), &c).await.expect("creating the claim");
+    let c = api
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("creating the claim");
     let results: Vec<Value> = devices
         .iter()
         .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
@@ -607,7 +610,13 @@ async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str],
 /// A pod of `ns` naming `claims` (entry name, `Some(claim)` or `None` for a template whose claim
 /// is `generated`), with `ext` as its extended resource's claim; its status as the
 /// ResourceClaim controller and the scheduler write it.
-async fn pod_with_claims(client: &Client, ns: &str, name: &str, claims: &[(&str, &str, bool)], ext: Option<&str>) -> Pod {
+async fn pod_with_claims(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    claims: &[(&str, &str, bool)],
+    ext: Option<&str>,
+) -> Pod {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let entries: Vec<Value> = claims
         .iter()
@@ -626,7 +635,9 @@ async fn pod_with_claims(client: &Client, ns: &str, name: &str, claims: &[(&str,
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name},
         "spec": {"containers": [container], "resourceClaims": entries}}))
     .unwrap();
-    api.create(&PostParams::default(), &pod).await.expect("creating the pod");
+    api.create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the pod");
     let mut status = json!({"resourceClaimStatuses": claims.iter().filter(|c| c.2)
         .map(|(entry, claim, _)| json!({"name": entry, "resourceClaimName": claim})).collect::<Vec<_>>()});
     if let Some(ext) = ext {
@@ -671,12 +682,26 @@ async fn a_pod_holds_no_more_than_its_tenants_limit(client: &Client, dra: &std::
         }
     }
 
-    let twice = pod_with_claims(client, "dra-a", "twice", &[("a", "twice-a", true), ("b", "twice-b", true)], None).await;
+    let twice = pod_with_claims(
+        client,
+        "dra-a",
+        "twice",
+        &[("a", "twice-a", true), ("b", "twice-b", true)],
+        None,
+    )
+    .await;
     let a = reserved_claim(client, "dra-a", "twice-a", &["gpu-0-mig-0-8"], Some(&twice)).await;
     reserved_claim(client, "dra-a", "twice-b", &["gpu-0-mig-0-8"], Some(&twice)).await;
     refused("a one-device template named twice", "holds 2 devices")(kubelet::prepare(dra, &a).await);
 
-    let both = pod_with_claims(client, "dra-a", "claim-and-ext", &[("a", "both-a", false)], Some("both-ext")).await;
+    let both = pod_with_claims(
+        client,
+        "dra-a",
+        "claim-and-ext",
+        &[("a", "both-a", false)],
+        Some("both-ext"),
+    )
+    .await;
     let a = reserved_claim(client, "dra-a", "both-a", &["gpu-0-mig-0-8"], Some(&both)).await;
     reserved_claim(client, "dra-a", "both-ext", &["gpu-0-mig-0-8"], Some(&both)).await;
     refused("a claim beside an extended resource", "holds 2 devices")(kubelet::prepare(dra, &a).await);
