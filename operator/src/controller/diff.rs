@@ -342,17 +342,8 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen, now: Instant) ->
         &mut deletes,
     );
     let mut binding_deletes = Vec::new();
-    admission::writes(d, live, seen, &mut writes, &mut binding_deletes, &mut deletes);
-    // DRA: the classes the tenants' claims name, and the renames of device-plugin names (no
-    // order needed: a class or rename missing refuses, never hands over).
-    owned(
-        Kind::DeviceClass,
-        &d.device_classes,
-        &live.device_classes,
-        &mut seen.device_classes,
-        &mut writes,
-        &mut deletes,
-    );
+    // The mutating policies before the validating ones: a no-tenant pod is refused without the
+    // node affinity the mutating policy adds (a missing one refuses, never lets a pod through).
     owned(
         Kind::MutatingAdmissionPolicy,
         &d.mutating_policies,
@@ -368,6 +359,17 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen, now: Instant) ->
         &mut seen.mutating_bindings,
         &mut writes,
         &mut binding_deletes,
+    );
+    admission::writes(d, live, seen, &mut writes, &mut binding_deletes, &mut deletes);
+    // DRA: the classes the tenants' claims name (no order needed: a class missing refuses,
+    // never hands over).
+    owned(
+        Kind::DeviceClass,
+        &d.device_classes,
+        &live.device_classes,
+        &mut seen.device_classes,
+        &mut writes,
+        &mut deletes,
     );
     let held = if joining {
         seen.recent.hold(&mut writes, d, live, now)

@@ -1,5 +1,5 @@
-//! What the admission render keeps between passes (ISSUE 18, item 4: every tenant's rules and
-//! bindings were worked out again on every pass, a tenth of a tenant's change at 5,000 nodes):
+//! What the admission render keeps between passes
+//! (docs/concepts/planner.md#only-what-a-change-can-affect):
 //! - each tenant's rules and `status.admission`, while its inputs ([`TenantKey`]) and the
 //!   policies are the last pass's;
 //! - every binding, while the namespace rules are the same `Arc` (the same tenants with the same

@@ -1,5 +1,5 @@
-//! ValidatingAdmissionPolicies that keep every namespace's pods to what it was granted (DESIGN.md
-//! §4 invariant 2), enforced by the API server itself.
+//! ValidatingAdmissionPolicies that keep every namespace's pods to what it was granted
+//! (docs/design.md#tier-isolation), enforced by the API server itself.
 //!
 //! **Every tenant shares two policies; each reads its tenant as the parameter.** One pod policy
 //! ([`TENANTS_POLICY`]) and one claims policy ([`TENANTS_CLAIMS_POLICY`]) take the GpuTenant as
@@ -9,10 +9,9 @@
 //! PriorityClasses) from its `status.admission` (`rules::Granted::admission`), which the
 //! controller writes with the rest of its status. So a tenant added, or whose grants grow with
 //! the fleet, changes a binding or a status, not a policy: the API server compiles a policy's CEL
-//! when it is written and again when its admission plugin reloads it (a third of its CPU while a
-//! growing fleet's per-tenant policies were rewritten), and it matches every request it admits
-//! against every policy's resource rules (a seventh of its CPU with two policies per tenant at
-//! 333 tenants; ISSUE 18, item 5). Fail closed: a tenant without `status.admission` (not valid,
+//! when it is written and again when its admission plugin reloads it, and it matches every
+//! request it admits against every policy's resource rules
+//! (docs/decisions/shared-admission-policies.md). Fail closed: a tenant without `status.admission` (not valid,
 //! or not yet reconciled) gets no GPU and may name no PriorityClass, and a binding whose tenant
 //! is gone refuses every request it matches (`parameterNotFoundAction: Deny`) until the
 //! controller has moved its namespaces to the no-tenant rules. Only the controller may write a
@@ -117,8 +116,8 @@ impl NamespaceRules {
     }
 
     /// [`NamespaceRules::of`], taken back from `memo` while every tenant's name and namespaces
-    /// and the exempt namespaces are the last pass's (ISSUE 18, item 4: they were worked out
-    /// again on every pass).
+    /// and the exempt namespaces are the last pass's
+    /// (docs/concepts/planner.md#only-what-a-change-can-affect).
     pub fn of_with(tenants: &[Arc<GpuTenant>], exempt: BTreeSet<String>, memo: &mut RulesMemo) -> Arc<NamespaceRules> {
         let same = memo.rules.exempt == exempt
             && memo.tenants.len() == tenants.len()
@@ -473,8 +472,8 @@ fn untenanted(
 
 /// The policies: one pod policy and one claims policy for every tenant (each tenant's binding
 /// names the tenant as the parameter: the API server matches every request it admits against
-/// each policy, and two per tenant were a seventh of its CPU in a growing fleet, ISSUE 18, item
-/// 5), the same two for every namespace no tenant owns, and the one on configuration keys.
+/// each policy, docs/decisions/shared-admission-policies.md), the same two for every namespace
+/// no tenant owns, the one on configuration keys and the one on the node's hand-over files.
 fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<ValidatingAdmissionPolicy>> {
     // The names every DeviceClass gets as an extended resource, for the classes trusted anyway.
     let mut allowed = settings.allowed_resources.clone();

@@ -1,4 +1,4 @@
-//! DRA mode, node side (issue 15), on the real API server: a real `gpu-tenancy agent run --mode
+//! DRA mode, node side, on the real API server: a real `gpu-tenancy agent run --mode
 //! dra` on simulated GPUs, its sockets in a temporary directory, and the test playing the kubelet
 //! (GetInfo, then Prepare and Unprepare as the kubelet calls them) for ResourceClaims whose
 //! allocation the test writes (the scheduler comes with the cluster-side issue). This binary owns

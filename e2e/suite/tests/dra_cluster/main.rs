@@ -1,4 +1,4 @@
-//! DRA mode, cluster side (issue 16), on the real API server with the real kube-scheduler and
+//! DRA mode, cluster side, on the real API server with the real kube-scheduler and
 //! ResourceClaim controller (e2e/run.sh gives this binary a control plane started with
 //! `--scheduler`): the real controller writes the tenants' DeviceClasses, quotas and admission
 //! policies; real agents in DRA mode publish simulated GPUs; the test plays the kubelet of the
@@ -22,4 +22,5 @@ async fn the_scheduler_gives_each_tenant_only_its_own_devices() {
     scenarios::device_plugin_style_pods(&mut c).await;
     scenarios::numa_constraint(&mut c).await;
     scenarios::hand_over_waits_for_the_scrub(&mut c).await;
+    scenarios::no_tenant_pods_stay_off_dra_nodes(&mut c).await;
 }

@@ -1,4 +1,4 @@
-//! The scenarios of issue 16, in the order the test runs them on one cluster.
+//! The scenarios, in the order the test runs them on one cluster.
 
 use crate::support::*;
 use gpu_tenancy_e2e::kubelet::{FakeKubelet, PodRun, Synced};
@@ -659,4 +659,60 @@ pub async fn hand_over_waits_for_the_scrub(c: &mut Cluster) {
     );
     kubelet.finish(&run.uid).await;
     delete_claim(b, "dra-b", "h2").await;
+}
+
+/// A pod of a namespace of no tenant is never placed on a DRA node, though the DRA nodes carry no
+/// node taint: while only they are Ready the scheduler finds no node for it (the node affinity the
+/// controller's mutating policy added), and it is placed on a node without GPUs once one is.
+pub async fn no_tenant_pods_stay_off_dra_nodes(c: &mut Cluster) {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-only"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "10m"}}}]}});
+    create(&c.users[NONE_NS], NONE_NS, &pod)
+        .await
+        .expect("a CPU pod of no tenant is admitted");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NONE_NS);
+    let scheduled = |pods: Api<Pod>| async move {
+        let p = pods.get("cpu-only").await.map_err(|e| e.to_string())?;
+        let cond = p
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled");
+        Ok::<_, String>((p.spec.and_then(|s| s.node_name), cond))
+    };
+    until("the scheduler finds no node for the pod of no tenant", 60, || {
+        let pods = pods.clone();
+        async move {
+            match scheduled(pods).await? {
+                (Some(node), _) => panic!("a pod of no tenant was placed on DRA node {node}"),
+                (None, Some(c)) if c.status == "False" && c.message.as_deref().is_some_and(|m| m.contains("affinity")) => {
+                    eprintln!("MEASURE a pod of no tenant with only DRA nodes Ready: {}", c.message.unwrap_or_default());
+                    Ok(())
+                }
+                (None, c) => Err(format!("not judged yet: {c:?}")),
+            }
+        }
+    })
+    .await;
+    let plain = "plain-n1";
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({"metadata": {"name": plain,
+        "labels": {"kubernetes.io/hostname": plain}}}))
+    .unwrap();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client.clone());
+    nodes.create(&Default::default(), &node).await.unwrap();
+    fake_ready(&c.client, plain).await;
+    until("the pod of no tenant is placed on the node without GPUs", 60, || {
+        let pods = pods.clone();
+        async move {
+            match scheduled(pods).await? {
+                (Some(node), _) if node == plain => Ok(()),
+                (Some(node), _) => panic!("a pod of no tenant was placed on DRA node {node}"),
+                (None, c) => Err(format!("not placed yet: {c:?}")),
+            }
+        }
+    })
+    .await;
+    delete_pod(&c.client, NONE_NS, "cpu-only").await;
+    nodes.delete(plain, &Default::default()).await.unwrap();
 }

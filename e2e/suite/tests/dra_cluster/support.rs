@@ -70,7 +70,7 @@ fn world() -> Vec<Value> {
 /// Marks `node` Ready with room for pods, as the DRA integration tests fake their nodes, and
 /// lifts the not-ready taint the API server puts on a new Node (the node lifecycle controller
 /// would, once it is Ready; it does not run here).
-async fn fake_ready(client: &Client, node: &str) {
+pub async fn fake_ready(client: &Client, node: &str) {
     let now = jiff::Timestamp::now().to_string();
     let room = json!({"cpu": "64", "memory": "512Gi", "pods": "250"});
     let status = json!({"status": {"capacity": room, "allocatable": room, "conditions": [

@@ -6,7 +6,7 @@
 //! A device's record says who may have left data in it. A device without a record (no file, a
 //! file from before the device existed) has an unknown past, and a device whose UUID is not the
 //! one recorded (a MIG instance destroyed and created again) too: both are scrubbed before a
-//! claim gets them (docs/design.md, "An unknown previous owner is a change of hands").
+//! claim gets them (docs/design.md#scrub-on-change-of-hands: an unknown previous owner is a change of hands).
 //!
 //! The file decides whether a device is scrubbed, so the agent checks that it wrote it: the file
 //! must be the agent's user's and writable by no one else, and it carries an HMAC-SHA256 of its

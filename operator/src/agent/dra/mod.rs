@@ -1,5 +1,5 @@
 //! The node agent's DRA mode: the agent is also a DRA kubelet plugin for driver
-//! `gpu.gputenancy.io` (DESIGN.md §5b). Beside the common loop (which applies the GpuNode spec to
+//! `gpu.gputenancy.io` (docs/design.md#dra-mode). Beside the common loop (which applies the GpuNode spec to
 //! the GPUs and publishes their status, as in the device-plugin mode, and supervises its own MPS
 //! daemon), it
 //!

@@ -206,15 +206,19 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
             "status GpuPartitionPlan mig",
             "apply Namespace acme",
             "apply ResourceQuota acme/gpu-tenancy",
+            "apply MutatingAdmissionPolicy gputenancy.io-off-gpu-nodes",
+            "apply MutatingAdmissionPolicyBinding gputenancy.io-off-gpu-nodes",
             "apply ValidatingAdmissionPolicy gputenancy.io-claims-no-tenant",
             "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
             "apply ValidatingAdmissionPolicy gputenancy.io-device-env-keys",
             "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
+            "apply ValidatingAdmissionPolicy gputenancy.io-node-files",
             "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-env-keys",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant",
+            "apply ValidatingAdmissionPolicyBinding gputenancy.io-node-files",
             "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
         ]
     );
@@ -557,7 +561,9 @@ fn owned_objects_found_already_so_are_compared_again_only_when_either_side_chang
         + s.namespaces.len()
         + s.config_maps.len()
         + s.admission_policies.len()
-        + s.admission_bindings.len();
+        + s.admission_bindings.len()
+        + s.mutating_policies.len()
+        + s.mutating_bindings.len();
     assert_eq!(seen.len(), owned, "every owned object is known contained");
     assert_eq!(seen.quotas.len(), 1);
 
