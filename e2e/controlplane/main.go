@@ -8,6 +8,7 @@
 //	controlplane up --dir DIR [--die-with-parent=false] [--keep] [--scheduler] [-- extra kube-apiserver flags]
 //	controlplane down --dir DIR
 //	controlplane status --dir DIR
+//	controlplane register-plugin --socket PATH   (the kubelet's own plugin registration)
 //	controlplane kubectl ARGS...     (or run through a symlink named kubectl)
 //	controlplane version
 package main
@@ -68,6 +69,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "controlplane status: %v\n", err)
 			os.Exit(1)
 		}
+	case "register-plugin":
+		if err := cmdRegisterPlugin(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "controlplane register-plugin: %v\n", err)
+			os.Exit(1)
+		}
 	case "kubectl":
 		runKubectl(os.Args[1:])
 	case "version":
@@ -94,6 +100,9 @@ func printUsage() {
       stop the control plane recorded in DIR/controlplane.pid and wait until it is gone.
   controlplane status --dir DIR
       exit 0 and print the pid if the control plane recorded in DIR is running, else exit 1.
+  controlplane register-plugin --socket PATH [--type DRAPlugin]
+      register the kubelet plugin serving PATH with the kubelet's own registration code (its
+      plugin watcher's dial, GetInfo, validation and NotifyRegistrationStatus).
   controlplane kubectl ARGS...   (also: invoked through a link named "kubectl")
   controlplane version
 `)

@@ -195,7 +195,24 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
     let dra = dir.join(format!("plugins/{DRIVER}/dra.sock"));
     let cdi = dir.join("cdi");
 
-    // Registration, as the kubelet's plugin watcher sees it.
+    // Registration by the kubelet's own code (its plugin watcher's dial, GetInfo, validation and
+    // NotifyRegistrationStatus, built into e2e/bin/controlplane): grpc-go dials the bare socket
+    // path and sends it, percent-encoded, as the HTTP/2 :authority.
+    let out = std::process::Command::new(repo_root().join("e2e/bin/controlplane"))
+        .args(["register-plugin", "--socket"])
+        .arg(&reg)
+        .output()
+        .expect("running e2e/bin/controlplane register-plugin");
+    assert!(
+        out.status.success(),
+        "the kubelet's registration failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("registered {DRIVER} {} v1.DRAPlugin", dra.display())
+    );
+    // And as the suite's own client sees it.
     let info = kubelet::register(&reg).await;
     assert_eq!(
         (

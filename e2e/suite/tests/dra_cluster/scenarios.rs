@@ -686,8 +686,13 @@ pub async fn no_tenant_pods_stay_off_dra_nodes(c: &mut Cluster) {
         async move {
             match scheduled(pods).await? {
                 (Some(node), _) => panic!("a pod of no tenant was placed on DRA node {node}"),
-                (None, Some(c)) if c.status == "False" && c.message.as_deref().is_some_and(|m| m.contains("affinity")) => {
-                    eprintln!("MEASURE a pod of no tenant with only DRA nodes Ready: {}", c.message.unwrap_or_default());
+                (None, Some(c))
+                    if c.status == "False" && c.message.as_deref().is_some_and(|m| m.contains("affinity")) =>
+                {
+                    eprintln!(
+                        "MEASURE a pod of no tenant with only DRA nodes Ready: {}",
+                        c.message.unwrap_or_default()
+                    );
                     Ok(())
                 }
                 (None, c) => Err(format!("not judged yet: {c:?}")),

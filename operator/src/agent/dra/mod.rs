@@ -15,6 +15,7 @@
 //! plugin is a command of its own; here the same process also drives the GPUs, because Prepare's
 //! scrubs and the layout's changes must not race and share one GPU backend).
 
+pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;

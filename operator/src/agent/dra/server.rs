@@ -158,7 +158,11 @@ pub enum ServeError {
     },
 }
 
-fn listen(path: &Path) -> Result<tokio_stream::wrappers::UnixListenerStream, ServeError> {
+/// The connections to `path`, each through the relay that gives its requests an authority h2
+/// accepts ([`super::authority`]).
+fn listen(
+    path: &Path,
+) -> Result<impl tokio_stream::Stream<Item = std::io::Result<super::authority::Relayed>> + use<>, ServeError> {
     let err = |source| ServeError::Socket {
         path: path.to_path_buf(),
         source,
@@ -173,7 +177,10 @@ fn listen(path: &Path) -> Result<tokio_stream::wrappers::UnixListenerStream, Ser
         Err(e) => return Err(err(e)),
     }
     let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
-    Ok(tokio_stream::wrappers::UnixListenerStream::new(listener))
+    Ok(tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |conn| conn.map(super::authority::relay),
+    ))
 }
 
 /// Serves both sockets until `shutdown`. The DRA socket is up before the registration socket, so
