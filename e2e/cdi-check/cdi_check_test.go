@@ -8,9 +8,10 @@ import (
 	"testing"
 )
 
-// validSpec is a spec as the agent writes one for a prepared claim.
+// validSpec is a spec as the agent writes one for a prepared claim whose UID starts with a
+// letter (0.3.0 expresses it).
 const validSpec = `{
-  "cdiVersion": "1.1.0",
+  "cdiVersion": "0.3.0",
   "kind": "gputenancy.io/gpu",
   "devices": [
     {
@@ -115,13 +116,13 @@ func TestInvalidSpecs(t *testing.T) {
 		},
 		{
 			name:    "unknown cdiVersion",
-			spec:    strings.Replace(validSpec, `"1.1.0"`, `"1.2.0"`, 1),
+			spec:    strings.Replace(validSpec, `"0.3.0"`, `"1.2.0"`, 1),
 			wantErr: `invalid version "1.2.0"`,
 		},
 		{
 			name: "cdiVersion older than the features used",
 			spec: strings.Replace(
-				strings.Replace(validSpec, `"1.1.0"`, `"0.5.0"`, 1),
+				strings.Replace(validSpec, `"0.3.0"`, `"0.5.0"`, 1),
 				`"name": "uid1-gpu-0",`, `"name": "uid1-gpu-0", "annotations": {"a": "b"},`, 1),
 			wantErr: `the spec version must be at least v0.6.0`,
 		},
@@ -276,5 +277,28 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if code, _ := runCheck(t, "-no-such-flag", path); code != 2 {
 		t.Errorf("unknown flag: exit %d", code)
+	}
+}
+
+// A claim's spec names the lowest version that expresses it: 0.5.0 where a device name starts
+// with a digit (a claim UID may), 0.3.0 otherwise. 1.1.0 is valid to this library but refused by
+// runtimes with an older one.
+func TestLowestVersion(t *testing.T) {
+	dir := t.TempDir()
+	lowest := writeSpec(t, dir, "a.json", validSpec)
+	digit := writeSpec(t, dir, "b.json", strings.Replace(strings.Replace(validSpec, `"0.3.0"`, `"0.5.0"`, 1), "uid1", "4ea1", 1))
+	newer := writeSpec(t, dir, "c.json", strings.Replace(strings.Replace(validSpec, `"0.3.0"`, `"1.1.0"`, 1), "uid1", "uid2", 1))
+	tooLow := writeSpec(t, dir, "d.json", strings.Replace(validSpec, "uid1", "5ea1", 1))
+	if code, _ := runCheck(t, "-lowest-version", lowest, digit); code != 0 {
+		t.Errorf("the lowest versions refused")
+	}
+	if code, out := runCheck(t, "-lowest-version", newer); code != 1 || !strings.Contains(out, "not the lowest") {
+		t.Errorf("1.1.0 for a 0.3.0 spec: exit %d, %s", code, out)
+	}
+	if code, _ := runCheck(t, newer); code != 0 {
+		t.Errorf("without -lowest-version, 1.1.0 is valid")
+	}
+	if code, _ := runCheck(t, tooLow); code != 1 {
+		t.Errorf("0.3.0 with a device name starting with a digit was accepted")
 	}
 }

@@ -5,12 +5,16 @@
 //
 // Usage:
 //
-//	cdi-check [-require-device VENDOR/CLASS=NAME]... FILE...
+//	cdi-check [-lowest-version] [-require-device VENDOR/CLASS=NAME]... FILE...
 //
 // For each FILE it prints one line:
 //
 //	ok FILE: kind K, N devices: K=NAME...
 //	invalid FILE: <the library's error>
+//
+// With -lowest-version a file is also invalid unless its cdiVersion is the lowest that
+// expresses it (the library's own MinimumRequiredVersion): a runtime whose CDI library is older
+// than the version a spec names refuses the spec, whatever it holds.
 //
 // It exits 1 if any file is invalid, if two files in the same directory define
 // the same device (the runtime's cache drops such a device), or if a required
@@ -28,7 +32,11 @@ import (
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
+
+// checkLowestVersion: with -lowest-version, a spec must name the lowest version that expresses it.
+var checkLowestVersion bool
 
 // requiredDevices collects the repeatable -require-device flag.
 type requiredDevices []string
@@ -70,6 +78,25 @@ func checkFile(path string) (*checkedSpec, error) {
 	if err != nil {
 		return nil, err
 	}
+	if checkLowestVersion {
+		// On the spec as written: ReadSpec fills defaults in (a device node's hostPath) that
+		// would raise the minimum.
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := cdi.ParseSpec(data)
+		if err != nil {
+			return nil, err
+		}
+		lowest, err := cdispec.MinimumRequiredVersion(raw)
+		if err != nil {
+			return nil, err
+		}
+		if strings.TrimPrefix(spec.Version, "v") != lowest {
+			return nil, fmt.Errorf("cdiVersion %q is not the lowest that expresses this spec (%q): runtimes with an older CDI library refuse it", spec.Version, lowest)
+		}
+	}
 	out := &checkedSpec{Kind: spec.Kind}
 	for _, d := range spec.Devices {
 		dev := spec.GetDevice(d.Name)
@@ -104,9 +131,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cdi-check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var required requiredDevices
+	fs.BoolVar(&checkLowestVersion, "lowest-version", false, "fail a spec whose cdiVersion is not the lowest that expresses it")
 	fs.Var(&required, "require-device", "fail unless some given file defines this qualified device `VENDOR/CLASS=NAME` (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: cdi-check [-require-device VENDOR/CLASS=NAME]... FILE...\n")
+		fmt.Fprintf(stderr, "usage: cdi-check [-lowest-version] [-require-device VENDOR/CLASS=NAME]... FILE...\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -1,4 +1,5 @@
-//! One transient CDI spec per prepared claim (Container Device Interface, cdiVersion 1.1.0): a
+//! One transient CDI spec per prepared claim (Container Device Interface, the lowest version
+//! that expresses it, [`cdi_version`]): a
 //! device per allocated device, whose container edits give the container that device and no
 //! other. The kubelet passes the returned CDI device IDs to the runtime, which applies the edits.
 //!
@@ -20,6 +21,18 @@ use crate::api::Mode;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// The lowest CDI version that expresses a spec of `devices`, the one it names: a runtime refuses
+/// a spec whose version its CDI library does not know (containerd 1.7 to 2.2.0 refuse 1.1.0). A
+/// device name that starts with a digit (a claim's UID may) needs 0.5.0; device nodes by path,
+/// env and mounts with options are 0.3.0's.
+pub fn cdi_version<'a>(mut names: impl Iterator<Item = &'a str>) -> &'static str {
+    if names.any(|n| n.starts_with(|c: char| c.is_ascii_digit())) {
+        "0.5.0"
+    } else {
+        "0.3.0"
+    }
+}
 
 /// The CDI vendor and class of this driver's devices (`gputenancy.io/gpu=<claim>-<device>`).
 pub const KIND: &str = "gputenancy.io/gpu";
@@ -141,7 +154,8 @@ pub fn spec(
         }
         ids.push(these);
     }
-    Ok((json!({"cdiVersion": "1.1.0", "kind": KIND, "devices": out}), ids))
+    let version = cdi_version(out.iter().filter_map(|d| d["name"].as_str()));
+    Ok((json!({"cdiVersion": version, "kind": KIND, "devices": out}), ids))
 }
 
 /// Writes `spec` for `claim`, atomically (a runtime reading the directory sees it whole or not),
@@ -252,6 +266,10 @@ mod tests {
         let mig = dev(Unit::Instance(Placement { start: 0, size: 4 }), Mode::Mig);
         let (spec, ids) = spec(&ctx, "uid1", "a", &[(&mig, "MIG-1")]).unwrap();
         assert_eq!(ids, [["gputenancy.io/gpu=uid1-gpu-0-mig-0-4", "nvidia.com/gpu=MIG-1"]]);
+        // The lowest version that expresses it: 0.5.0 only for a name that starts with a digit.
+        assert_eq!(spec["cdiVersion"], "0.3.0");
+        let (digit, _) = super::spec(&ctx, "4ea1", "a", &[(&mig, "MIG-1")]).unwrap();
+        assert_eq!(digit["cdiVersion"], "0.5.0");
         let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
             .as_array()
             .unwrap()
