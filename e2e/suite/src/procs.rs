@@ -229,6 +229,14 @@ impl SimAgent {
         self.agent = Some(cmd.spawn().expect("the agent starts"));
     }
 
+    /// SIGTERM, as the kubelet stops a pod: the agent's clean stop. Its exit status (None if it
+    /// was not running or is still running after `timeout`).
+    pub async fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let pid = self.agent.as_ref()?.id();
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        self.exited(timeout).await
+    }
+
     /// SIGKILL, as a crash: no cleanup, whatever it was doing stops mid-way.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.agent.take() {

@@ -507,6 +507,14 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
 
     the_agent_trusts_only_its_own_files(&client, &mut agent, &reg, &dra, &cdi).await;
     a_pod_holds_no_more_than_its_tenants_limit(&client, &dra).await;
+
+    // A clean stop removes both sockets: the kubelet deregisters the plugin rather than keep a
+    // dead endpoint registered.
+    let status = agent.terminate(Duration::from_secs(20)).await;
+    assert!(status.is_some(), "the agent did not stop on SIGTERM");
+    for socket in [&reg, &dra] {
+        assert!(!socket.exists(), "{} left after a clean stop", socket.display());
+    }
 }
 
 /// Sets GPU 0 to one 7g instance of `tenant` and waits until it is published untainted.

@@ -104,7 +104,7 @@ impl<G: Gpus + 'static> DraPlugin for Plugin<G> {
                         devices: devices
                             .into_iter()
                             .map(|d| Device {
-                                request_names: vec![d.request],
+                                request_names: vec![base_request(&d.request).to_string()],
                                 pool_name: self.state.node.clone(),
                                 device_name: d.device,
                                 cdi_device_ids: d.cdi_device_ids,
@@ -144,6 +144,14 @@ impl<G: Gpus + 'static> DraPlugin for Plugin<G> {
         }
         Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
     }
+}
+
+/// The request a device was allocated for as the kubelet matches it against a container's
+/// `resources.claims[].request`: a subrequest's (`gpu/mine`, from `firstAvailable`) is its
+/// request's (`gpu`); the kubelet stores request names with the suffix stripped and would give
+/// the container none of the claim's devices otherwise.
+fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
 }
 
 /// Why a socket could not be served.
@@ -214,7 +222,25 @@ pub async fn serve<G: Gpus + 'static>(
     });
     tracing::info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet plugin");
     let (a, b) = tokio::join!(dra_server, reg_server);
+    // A clean stop removes both sockets, the registration's first: the kubelet's plugin watcher
+    // deregisters a plugin when its socket goes, and keeps a dead endpoint registered otherwise.
+    for path in [&reg_path, &dra_path] {
+        if let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(socket = %path.display(), error = %e, "removing the socket on stop");
+        }
+    }
     a.map_err(|source| ServeError::Serve { path: dra_path, source })?;
     b.map_err(|source| ServeError::Serve { path: reg_path, source })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_subrequest_is_answered_as_its_request() {
+        assert_eq!(super::base_request("gpu/mine"), "gpu");
+        assert_eq!(super::base_request("gpu"), "gpu");
+    }
 }
