@@ -506,6 +506,7 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
     );
 
     the_agent_trusts_only_its_own_files(&client, &mut agent, &reg, &dra, &cdi).await;
+    a_reboot_prepares_the_claim_again(&client, &mut agent, &reg, &dra, &cdi).await;
     a_pod_holds_no_more_than_its_tenants_limit(&client, &dra).await;
 
     // A clean stop removes both sockets: the kubelet deregisters the plugin rather than keep a
@@ -604,6 +605,57 @@ async fn the_agent_trusts_only_its_own_files(
     }
     kubelet::unprepare(dra, &f2).await.unwrap().unwrap();
     claims.delete("f2", &Default::default()).await.unwrap();
+}
+
+/// A reboot: the GPUs lose their MIG instances (the agent creates them again, with new UUIDs),
+/// the runtime's CDI directory (a tmpfs) is empty, and the kubelet, whose checkpoint survived,
+/// calls Prepare again for the running pod's claim. Its spec is written again before Prepare
+/// answers.
+async fn a_reboot_prepares_the_claim_again(
+    client: &Client,
+    agent: &mut SimAgent,
+    reg: &std::path::Path,
+    dra: &std::path::Path,
+    cdi: &std::path::Path,
+) {
+    let r1 = claim(client, "dra-a", "r1", "gpu-0-mig-0-8").await;
+    let before = ok(kubelet::prepare(dra, &r1).await, "dra-a's claim before the reboot");
+    agent.kill();
+    agent.sim_ctl(&["reboot"]);
+    for f in std::fs::read_dir(cdi).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    agent.restart();
+    kubelet::register(reg).await;
+    applied(client, "the instance created again after the reboot").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let scrubs_before = scrubs(agent);
+    let after = loop {
+        match kubelet::prepare(dra, &r1).await.expect("the plugin answers") {
+            Ok(d) => break d,
+            // The agent reads its GPUs again after its start: the kubelet retries.
+            Err(e) if e.contains("not known yet") || e.contains("may not be handed over yet") => {
+                assert!(Instant::now() < deadline, "the claim was never prepared again: {e}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => panic!("the claim after the reboot: {e}"),
+        }
+    };
+    // The simulator gives an instance made again its old UUID (its UUIDs follow the GPU and the
+    // instance's place), so the record still answers; a new UUID is prepared again, scrubbed
+    // first (`prepare::recorded`, unit-tested).
+    let same_uuid = after == before;
+    assert!(
+        same_uuid || scrubs(agent) > scrubs_before,
+        "an instance with a new UUID was handed over without a scrub"
+    );
+    let spec = cdi.join(format!("gputenancy.io-gpu_{}.json", r1.uid));
+    assert!(
+        spec.exists(),
+        "the claim's CDI spec was not written again after the reboot"
+    );
+    cdi_valid(cdi, &after[0].1);
+    kubelet::unprepare(dra, &r1).await.unwrap().unwrap();
 }
 
 /// A claim allocated `devices` (all of this node's pool), reserved for `pod` (name, UID) when given.

@@ -190,6 +190,39 @@ pub fn plan(cp: &Checkpoint, claim: &ClaimView, devices: &[DraDevice]) -> Result
     Ok(out)
 }
 
+/// Whether a claim's record still answers for it: every device it was prepared with is still
+/// there with the UUID recorded for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    Holds,
+    /// A device's UUID is not known yet (the agent has not read its GPUs since it started).
+    Unknown {
+        device: String,
+    },
+    /// A device is another one now (a MIG instance created again after a reboot has a new UUID):
+    /// its past is unknown, so the claim is prepared again, scrubbed first.
+    Changed {
+        device: String,
+    },
+}
+
+/// [`Recorded`] for claim `uid`, prepared with `prepared` devices, over the node's `devices` now.
+pub fn recorded(cp: &Checkpoint, uid: &str, prepared: &[String], devices: &[DraDevice]) -> Recorded {
+    for name in prepared {
+        let now = devices.iter().find(|d| &d.name == name).and_then(|d| d.uuid.as_deref());
+        let then = match cp.devices.get(name) {
+            Some(DeviceRecord::InUse { claim, uuid, .. }) if claim == uid => Some(uuid.as_str()),
+            _ => None,
+        };
+        match (now, then) {
+            (None, _) => return Recorded::Unknown { device: name.clone() },
+            (Some(n), Some(t)) if n == t => {}
+            _ => return Recorded::Changed { device: name.clone() },
+        }
+    }
+    Recorded::Holds
+}
+
 /// Whether a share of a GPU would be scrubbed: the whole GPU is, so no other claim may hold any
 /// device of that GPU then.
 pub fn is_share(d: &DraDevice) -> bool {
@@ -272,6 +305,40 @@ mod tests {
             plan(&cp, &claim(Some("a"), &["d0"]), &busy),
             Err(Refusal::NotReady { .. })
         ));
+    }
+
+    /// After a reboot a MIG instance is created again with a new UUID: the record no longer
+    /// answers for the claim; a device not read yet is waited for.
+    #[test]
+    fn a_record_answers_only_while_its_devices_are_the_same() {
+        let d = dev("d0", "a", ScrubMemory::OnTenantChange);
+        let mut cp = Checkpoint::default();
+        cp.devices.insert(
+            "d0".into(),
+            DeviceRecord::InUse {
+                claim: "c1".into(),
+                tenant: "a".into(),
+                uuid: "UUID-d0".into(),
+            },
+        );
+        let names = ["d0".to_string()];
+        assert_eq!(recorded(&cp, "c1", &names, std::slice::from_ref(&d)), Recorded::Holds);
+        let mut again = d.clone();
+        again.uuid = Some("UUID-new".into());
+        assert_eq!(
+            recorded(&cp, "c1", &names, &[again]),
+            Recorded::Changed { device: "d0".into() }
+        );
+        let mut unread = d.clone();
+        unread.uuid = None;
+        assert_eq!(
+            recorded(&cp, "c1", &names, &[unread]),
+            Recorded::Unknown { device: "d0".into() }
+        );
+        assert_eq!(
+            recorded(&cp, "c2", &names, &[d]),
+            Recorded::Changed { device: "d0".into() }
+        );
     }
 
     /// Scrub when the past is unknown, another tenant's, of another UUID, or under Always; not

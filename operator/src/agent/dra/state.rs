@@ -390,10 +390,26 @@ impl<G: Gpus + 'static> DraState<G> {
                     name: name.into(),
                 });
             }
-            if let Some(why) = cdi::restore(&self.cdi.dir, uid, &done.cdi_spec)? {
-                tracing::warn!(claim = %format!("{namespace}/{name}"), %why, "the claim's CDI spec was changed behind the agent; written again");
+            let names: Vec<String> = done.devices.iter().map(|d| d.device.clone()).collect();
+            match prepare::recorded(&inner.cp, uid, &names, &inner.devices) {
+                prepare::Recorded::Holds => {
+                    // A reboot empties the runtime's CDI directory (a tmpfs): written again.
+                    if let Some(why) = cdi::restore(&self.cdi.dir, uid, &done.cdi_spec)? {
+                        tracing::warn!(claim = %format!("{namespace}/{name}"), %why, "the claim's CDI spec was missing or changed behind the agent; written again");
+                    }
+                    return Ok(done.devices.clone());
+                }
+                prepare::Recorded::Unknown { device } => {
+                    return Err(ClaimError::Refused(Refusal::NotReady {
+                        device,
+                        why: "its UUID is not known yet",
+                    }));
+                }
+                prepare::Recorded::Changed { device } => {
+                    tracing::warn!(claim = %format!("{namespace}/{name}"), %device, "a device of the prepared claim is another one now (created again after a reboot?); prepared again, scrubbed first");
+                    inner.cp.claims.remove(uid);
+                }
             }
-            return Ok(done.devices.clone());
         }
         let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
         let tenant = view.tenant.clone().unwrap_or_default();
