@@ -183,7 +183,7 @@ fn agent_cluster_role_grants_exactly_what_the_agent_needs() {
             (
                 "resource.k8s.io",
                 &["resourceslices"],
-                &["list", "create", "patch", "delete"],
+                &["list", "watch", "create", "patch", "delete"],
             ),
             ("resource.k8s.io", &["resourceclaims"], &["get"]),
             ("gputenancy.io", &["gputenants"], &["list", "watch"]),

@@ -258,6 +258,18 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         .map(|x| x.resource_version().unwrap())
         .collect();
     assert_eq!(rv, again, "an idle agent rewrote its ResourceSlices");
+    // The kubelet deletes its node's slices when it starts (and a driver's 30 s after the
+    // plugin's last connection drops): the agent writes them back.
+    let all_slices: Api<ResourceSlice> = Api::all(client.clone());
+    for s in slices(&client).await {
+        all_slices.delete(&s.name_any(), &Default::default()).await.unwrap();
+    }
+    let t0 = Instant::now();
+    slices_say(&client, "the wiped slices written back", |d| {
+        d.len() == 3 && d.iter().all(|x| x.get("taints").is_none())
+    })
+    .await;
+    eprintln!("MEASURE wiped slices written back in {:?}", t0.elapsed());
 
     // (1) A claim of dra-a allocated dra-b's instance is refused; nothing is prepared.
     let stolen = claim(&client, "dra-a", "steal", "gpu-0-mig-4-4").await;

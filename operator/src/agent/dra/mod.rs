@@ -28,6 +28,7 @@ pub mod state;
 use crate::api::{GpuNode, GpuTenant};
 use crate::gpu::Gpus;
 use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use server::Sockets;
@@ -99,6 +100,74 @@ async fn publish_claims(client: Client, node: String, mut saved: tokio::sync::wa
     }
 }
 
+/// What wakes the slice publisher.
+enum Wake {
+    /// The GpuNode, with the devices it says.
+    Node(Box<GpuNode>),
+    /// Something happened to the node's slices: the kubelet wipes a node's slices when it starts,
+    /// and a driver's 30 s after its plugin's last connection drops.
+    Slices,
+}
+
+/// Keeps the node's ResourceSlices what its GpuNode says: written when the devices change, and
+/// again when the slices were changed or deleted by someone else, as the upstream resourceslice
+/// controller does. [`publish::publish`] writes nothing when the slices are as they should be.
+async fn publish_slices<G: Gpus + 'static>(client: Client, node: String, state: Arc<state::DraState<G>>) {
+    let nodes = watcher(
+        Api::<GpuNode>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    )
+    .default_backoff()
+    .applied_objects()
+    .filter_map(|ev| futures::future::ready(ev.ok().map(|n| Wake::Node(Box::new(n)))));
+    let slices = watcher(
+        Api::<ResourceSlice>::all(client.clone()),
+        watcher::Config::default().fields(&format!("spec.nodeName={node},spec.driver={}", devices::DRIVER)),
+    )
+    .default_backoff()
+    .filter_map(|ev| {
+        futures::future::ready(match ev {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => Some(Wake::Slices),
+            _ => None,
+        })
+    });
+    let mut wakes = std::pin::pin!(futures::stream::select(nodes, slices));
+    let mut devs: Option<Vec<devices::DraDevice>> = None;
+    let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
+    while let Some(wake) = wakes.next().await {
+        match wake {
+            Wake::Node(gn) => {
+                let now = devices::devices(&gn);
+                state.set_devices(now.clone()).await;
+                if devs.as_ref() == Some(&now) {
+                    continue;
+                }
+                devs = Some(now);
+            }
+            // Nothing to write back before the GpuNode is read.
+            Wake::Slices if devs.is_none() => continue,
+            Wake::Slices => {}
+        }
+        let Some(devs) = devs.as_ref() else { continue };
+        loop {
+            match publish::publish(&client, &node, devs).await {
+                Ok(p) => {
+                    if p.writes > 0 {
+                        tracing::info!(node = %node, devices = devs.len(), generation = p.generation, writes = p.writes, "ResourceSlices published");
+                    }
+                    backoff.reset();
+                    break;
+                }
+                Err(e) => {
+                    let wait = backoff.next();
+                    tracing::warn!(node = %node, error = %e, retry_in = ?wait, "publishing the ResourceSlices failed");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
 /// Runs the DRA side until `shutdown`: the tenants' watch (namespace owners), the GpuNode's watch
 /// (devices, slices), and the kubelet plugin's sockets.
 pub async fn run<G: Gpus + 'static>(
@@ -129,48 +198,7 @@ pub async fn run<G: Gpus + 'static>(
         cdi,
     )?);
 
-    let publisher = {
-        let state = state.clone();
-        let client = client.clone();
-        let node = node.clone();
-        async move {
-            let nodes = watcher(
-                Api::<GpuNode>::all(client.clone()),
-                watcher::Config::default().fields(&format!("metadata.name={node}")),
-            )
-            .default_backoff()
-            .applied_objects();
-            let mut nodes = std::pin::pin!(nodes);
-            let mut last: Option<Vec<devices::DraDevice>> = None;
-            let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
-            while let Some(ev) = nodes.next().await {
-                let Ok(gn) = ev else { continue };
-                let devs = devices::devices(&gn);
-                state.set_devices(devs.clone()).await;
-                if last.as_ref() == Some(&devs) {
-                    continue;
-                }
-                loop {
-                    match publish::publish(&client, &node, &devs).await {
-                        Ok(p) => {
-                            if p.writes > 0 {
-                                tracing::info!(node = %node, devices = devs.len(), generation = p.generation, writes = p.writes, "ResourceSlices published");
-                            }
-                            backoff.reset();
-                            break;
-                        }
-                        Err(e) => {
-                            let wait = backoff.next();
-                            tracing::warn!(node = %node, error = %e, retry_in = ?wait, "publishing the ResourceSlices failed");
-                            tokio::time::sleep(wait).await;
-                        }
-                    }
-                }
-                last = Some(devs);
-            }
-        }
-    };
-    tokio::spawn(publisher);
+    tokio::spawn(publish_slices(client.clone(), node.clone(), state.clone()));
     tokio::spawn(publish_claims(client.clone(), node.clone(), state.subscribe()));
     server::serve(state, &opts.sockets, shutdown).await?;
     Ok(())
