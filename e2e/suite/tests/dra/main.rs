@@ -233,6 +233,22 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         d.len() == 3 && d.iter().all(|x| x.get("taints").is_none())
     })
     .await;
+    // Owned by their Node: deleted with it.
+    let node_uid = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(NODE)
+        .await
+        .unwrap()
+        .uid();
+    for slice in &s {
+        let owners: Vec<(String, String, Option<String>)> = slice
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| (o.kind.clone(), o.name.clone(), Some(o.uid.clone())))
+            .collect();
+        assert_eq!(owners, [("Node".to_string(), NODE.to_string(), node_uid.clone())]);
+    }
     let tenants: Vec<(String, String)> = s
         .iter()
         .flat_map(|x| x.spec.devices.clone().unwrap_or_default())

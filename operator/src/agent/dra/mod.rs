@@ -132,6 +132,9 @@ async fn publish_slices<G: Gpus + 'static>(client: Client, node: String, state: 
         })
     });
     let mut wakes = std::pin::pin!(futures::stream::select(nodes, slices));
+    // The slices are owned by the Node (deleted with it); a node not registered yet gets them
+    // unowned until the next write after it is.
+    let mut owner: Option<slices::NodeOwner> = None;
     let mut devs: Option<Vec<devices::DraDevice>> = None;
     let mut backoff = crate::runtime::backoff::Backoff::for_api_errors();
     while let Some(wake) = wakes.next().await {
@@ -149,8 +152,18 @@ async fn publish_slices<G: Gpus + 'static>(client: Client, node: String, state: 
             Wake::Slices => {}
         }
         let Some(devs) = devs.as_ref() else { continue };
+        if owner.is_none()
+            && let Ok(Some(n)) = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+                .get_opt(&node)
+                .await
+        {
+            owner = n.metadata.uid.map(|uid| slices::NodeOwner {
+                name: node.clone(),
+                uid,
+            });
+        }
         loop {
-            match publish::publish(&client, &node, devs).await {
+            match publish::publish(&client, &node, owner.as_ref(), devs).await {
                 Ok(p) => {
                     if p.writes > 0 {
                         tracing::info!(node = %node, devices = devs.len(), generation = p.generation, writes = p.writes, "ResourceSlices published");

@@ -3,7 +3,7 @@
 //! Nothing is written when nothing changed.
 
 use super::devices::{DRIVER, DraDevice};
-use super::slices::{same, slices};
+use super::slices::{NodeOwner, same, slices};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch};
 use kube::{Client, ResourceExt};
@@ -16,22 +16,27 @@ pub struct Published {
     pub generation: i64,
 }
 
-/// Makes the API server's slices of `node` say `devices`.
-pub async fn publish(client: &Client, node: &str, devices: &[DraDevice]) -> Result<Published, kube::Error> {
+/// Makes the API server's slices of `node` say `devices`, owned by its Node when known.
+pub async fn publish(
+    client: &Client,
+    node: &str,
+    owner: Option<&NodeOwner>,
+    devices: &[DraDevice],
+) -> Result<Published, kube::Error> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let live = api
         .list(&ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}")))
         .await?
         .items;
     let current = live.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-    if same(&live, &slices(node, devices, current)) {
+    if same(&live, &slices(node, owner, devices, current)) {
         return Ok(Published {
             writes: 0,
             generation: current,
         });
     }
     let generation = current + 1;
-    let want = slices(node, devices, generation);
+    let want = slices(node, owner, devices, generation);
     let pp = crate::runtime::client::apply_params(crate::agent::field_manager::FIELD_MANAGER);
     let mut writes = 0;
     for s in &want {

@@ -60,8 +60,16 @@ fn device(d: &DraDevice) -> Value {
     out
 }
 
-/// The slices of `node`'s pool at `generation`, as server-side apply bodies.
-pub fn slices(node: &str, devices: &[DraDevice], generation: i64) -> Vec<ResourceSlice> {
+/// The Node that owns a node's slices: garbage collection deletes them with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeOwner {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The slices of `node`'s pool at `generation`, as server-side apply bodies, owned by `owner`
+/// when its Node is known.
+pub fn slices(node: &str, owner: Option<&NodeOwner>, devices: &[DraDevice], generation: i64) -> Vec<ResourceSlice> {
     let chunks: Vec<&[DraDevice]> = if devices.is_empty() {
         vec![&[]]
     } else {
@@ -75,7 +83,8 @@ pub fn slices(node: &str, devices: &[DraDevice], generation: i64) -> Vec<Resourc
             serde_json::from_value(json!({
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
-                "metadata": {"name": slice_name(node, n), "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGED_BY_VALUE}},
+                "metadata": {"name": slice_name(node, n), "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGED_BY_VALUE},
+                    "ownerReferences": owner.map(|o| vec![json!({"apiVersion": "v1", "kind": "Node", "name": o.name, "uid": o.uid, "controller": true})])},
                 "spec": {
                     "driver": DRIVER,
                     "nodeName": node,
@@ -88,7 +97,7 @@ pub fn slices(node: &str, devices: &[DraDevice], generation: i64) -> Vec<Resourc
         .collect()
 }
 
-/// What of a slice this agent writes, for comparison: its name, node, driver, pool name and
+/// What of a slice this agent writes, for comparison: its name, owner, node, driver, pool name and
 /// count, and per device its name, attributes, capacity values and taints (key, value, effect).
 /// The generation and what the API server adds (a taint's `timeAdded`) are left out; a field
 /// the live slice has and the wanted one lacks (a taint to lift) does count.
@@ -119,8 +128,16 @@ fn ours(s: &ResourceSlice) -> Value {
             })
         })
         .collect();
+    let owners: Vec<Value> = s
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| json!({"kind": o.kind, "name": o.name, "uid": o.uid}))
+        .collect();
     json!({
         "name": s.metadata.name,
+        "owners": owners,
         "node": s.spec.node_name,
         "driver": s.spec.driver,
         "pool": s.spec.pool.name,
@@ -173,7 +190,7 @@ mod tests {
         let devices: Vec<DraDevice> = (0..130)
             .map(|i| dev(i, (i == 3).then_some(NotReady::ScrubPending)))
             .collect();
-        let s = slices("n1", &devices, 5);
+        let s = slices("n1", None, &devices, 5);
         assert_eq!(s.len(), 3);
         let sizes: Vec<usize> = s
             .iter()
@@ -193,11 +210,11 @@ mod tests {
         assert!(s[0].spec.devices.as_ref().unwrap()[4].taints.is_none());
         let tenant = &d3.attributes.as_ref().unwrap()["tenant"];
         assert_eq!(tenant.string.as_deref(), Some("a"));
-        assert!(same(&slices("n1", &devices, 9), &s));
-        assert!(!same(&slices("n1", &devices[1..], 9), &s));
+        assert!(same(&slices("n1", None, &devices, 9), &s));
+        assert!(!same(&slices("n1", None, &devices[1..], 9), &s));
         // A taint lifted is a change, though the wanted slice has no field the live one lacks.
         let lifted: Vec<DraDevice> = (0..130).map(|i| dev(i, None)).collect();
-        assert!(!same(&s, &slices("n1", &lifted, 5)));
+        assert!(!same(&s, &slices("n1", None, &lifted, 5)));
         assert_eq!(slice_name("n1", 2), "n1-gpu.gputenancy.io-2");
     }
 }
