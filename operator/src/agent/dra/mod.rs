@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod devices;
 pub mod prepare;
 pub mod publish;
+pub mod scrubs;
 pub mod server;
 pub mod slices;
 pub mod state;

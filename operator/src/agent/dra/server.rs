@@ -94,8 +94,8 @@ impl<G: Gpus + 'static> DraPlugin for Plugin<G> {
         &self,
         request: Request<NodePrepareResourcesRequest>,
     ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
-        let mut claims = HashMap::new();
-        for c in request.into_inner().claims {
+        // The claims of one call (a pod's) are prepared at once, like those of other calls.
+        let answers = request.into_inner().claims.into_iter().map(|c| async move {
             let started = std::time::Instant::now();
             let answer = match self.state.prepare(&c.namespace, &c.name, &c.uid).await {
                 Ok(devices) => {
@@ -122,8 +122,9 @@ impl<G: Gpus + 'static> DraPlugin for Plugin<G> {
                     }
                 }
             };
-            claims.insert(c.uid, answer);
-        }
+            (c.uid, answer)
+        });
+        let claims: HashMap<_, _> = futures::future::join_all(answers).await.into_iter().collect();
         Ok(Response::new(NodePrepareResourcesResponse { claims }))
     }
 

@@ -87,6 +87,46 @@ fn step_done(step: &str) {
 struct Inner {
     cp: Checkpoint,
     devices: Vec<DraDevice>,
+    /// Devices a Prepare in progress decided on, by name, and its claim's UID: no other claim
+    /// gets them meanwhile.
+    reserved: std::collections::HashMap<String, String>,
+}
+
+/// Reserves `planned` for claim `uid`, refusing a device another Prepare in progress reserved,
+/// and a share to scrub (its whole GPU is scrubbed) while another claim holds or reserves a
+/// device of that GPU.
+fn reserve(inner: &mut Inner, uid: &str, planned: &[Planned]) -> Result<(), ClaimError> {
+    for p in planned {
+        if let Some(other) = inner.reserved.get(&p.device.name).filter(|c| *c != uid) {
+            return Err(ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: format!("claim {other} is being prepared with it"),
+            });
+        }
+        if !(p.scrub && prepare::is_share(&p.device)) {
+            continue;
+        }
+        let on_gpu = |dev: &str| inner.devices.iter().any(|d| d.name == dev && d.gpu == p.device.gpu);
+        let held = inner.cp.devices.iter().find_map(|(dev, r)| match r {
+            DeviceRecord::InUse { claim, .. } if claim != uid && on_gpu(dev) => Some(claim.clone()),
+            _ => None,
+        });
+        let reserved = inner
+            .reserved
+            .iter()
+            .find(|(dev, c)| *c != uid && on_gpu(dev))
+            .map(|(_, c)| c.clone());
+        if let Some(other) = held.or(reserved) {
+            return Err(ClaimError::Busy {
+                device: p.device.name.clone(),
+                why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
+            });
+        }
+    }
+    for p in planned {
+        inner.reserved.insert(p.device.name.clone(), uid.to_string());
+    }
+    Ok(())
 }
 
 /// The DRA mode's state: the node's devices as last published, and the checkpoint.
@@ -100,6 +140,8 @@ pub struct DraState<G: Gpus> {
     inner: Mutex<Inner>,
     /// The checkpoint as last saved, for the GpuNode status (`status.claims`).
     saved: tokio::sync::watch::Sender<Checkpoint>,
+    /// Scrubs running, by UUID.
+    scrubs: super::scrubs::InFlight,
 }
 
 /// The tenant that alone lists `namespace` (the rule the controller binds admission by).
@@ -196,7 +238,12 @@ impl<G: Gpus + 'static> DraState<G> {
             tenants,
             file,
             cdi,
-            inner: Mutex::new(Inner { cp, devices: vec![] }),
+            inner: Mutex::new(Inner {
+                cp,
+                devices: vec![],
+                reserved: Default::default(),
+            }),
+            scrubs: super::scrubs::InFlight::default(),
             saved,
         })
     }
@@ -355,104 +402,145 @@ impl<G: Gpus + 'static> DraState<G> {
         }
     }
 
-    async fn scrub(&self, p: &Planned) -> Result<(), ClaimError> {
-        let gpus = self.gpus.clone();
-        let uuid = p.uuid.clone();
-        // The GPU layer's scrub clears all free memory and reads it back; it fails unless what
-        // it read back is zero (gpu::scrub).
-        tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r)
-            .map(|_| ())
-            .map_err(|error| ClaimError::Scrub {
-                device: p.device.name.clone(),
+    /// Scrubs `p`'s device, or joins the scrub of its UUID already running (a Prepare the kubelet
+    /// retried after its deadline, another share of the GPU), and records it clean. The scrub runs
+    /// on in a task of its own when the caller is dropped, and records its result itself.
+    async fn scrub(self: &Arc<Self>, p: &Planned) -> Result<(), ClaimError> {
+        let me = self.clone();
+        let planned = p.clone();
+        let run = async move {
+            let gpus = me.gpus.clone();
+            let uuid = planned.uuid.clone();
+            // The GPU layer's scrub clears all free memory and reads it back; it fails unless
+            // what it read back is zero (gpu::scrub).
+            tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r)?;
+            me.record_clean(&planned).await.map_err(|e| e.to_string())
+        };
+        self.scrubs.run(&p.uuid, run).await.map_err(|error| ClaimError::Scrub {
+            device: p.device.name.clone(),
+            uuid: p.uuid.clone(),
+            error,
+        })
+    }
+
+    /// Records `p`'s device clean after its scrub, after the tenant whose release it was (its
+    /// record, unless another claim holds it or the device is another one now).
+    async fn record_clean(&self, p: &Planned) -> Result<(), CheckpointError> {
+        let mut inner = self.inner.lock().await;
+        let tenant = match inner.cp.devices.get(&p.device.name) {
+            Some(DeviceRecord::InUse { .. }) => return Ok(()),
+            Some(r) if r.uuid() != p.uuid => None,
+            Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
+            Some(DeviceRecord::Clean { tenant, .. }) => tenant.clone(),
+            None => None,
+        };
+        inner.cp.devices.insert(
+            p.device.name.clone(),
+            DeviceRecord::Clean {
                 uuid: p.uuid.clone(),
-                error,
-            })
+                tenant,
+            },
+        );
+        self.save(&inner.cp)
     }
 
     /// Prepares claim `uid` (`namespace/name`); the CDI device IDs per (request, device).
-    pub async fn prepare(&self, namespace: &str, name: &str, uid: &str) -> Result<Vec<PreparedDevice>, ClaimError> {
+    ///
+    /// Claims on different devices prepare at once: the state is locked only to decide and to
+    /// record, never across a read of the GPUs or a scrub, and the devices a Prepare in progress
+    /// decided on are reserved for its claim meanwhile.
+    pub async fn prepare(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
         // The claim asked about is checked against the API server's (namespace, name, UID) and
         // its pod's device count before anything recorded answers for it.
         let claim = self.read_claim(namespace, name, uid).await?;
         let tenant = owner(&self.tenants.state(), namespace);
         self.within_pod_limit(&claim, tenant.as_deref()).await?;
         let view = self.view(&claim, tenant);
-        let mut inner = self.inner.lock().await;
-        if let Some(done) = inner.cp.claims.get(uid) {
-            if done.namespace != namespace || done.name != name {
-                return Err(ClaimError::NotAsRecorded {
-                    uid: uid.into(),
-                    recorded: format!("{}/{}", done.namespace, done.name),
-                    namespace: namespace.into(),
-                    name: name.into(),
-                });
+        let planned = {
+            let mut inner = self.inner.lock().await;
+            if let Some(done) = self.answered(&mut inner, &view)? {
+                return Ok(done);
             }
-            let names: Vec<String> = done.devices.iter().map(|d| d.device.clone()).collect();
-            match prepare::recorded(&inner.cp, uid, &names, &inner.devices) {
-                prepare::Recorded::Holds => {
-                    // A reboot empties the runtime's CDI directory (a tmpfs): written again.
-                    if let Some(why) = cdi::restore(&self.cdi.dir, uid, &done.cdi_spec)? {
-                        tracing::warn!(claim = %format!("{namespace}/{name}"), %why, "the claim's CDI spec was missing or changed behind the agent; written again");
-                    }
-                    return Ok(done.devices.clone());
-                }
-                prepare::Recorded::Unknown { device } => {
-                    return Err(ClaimError::Refused(Refusal::NotReady {
-                        device,
-                        why: "its UUID is not known yet",
-                    }));
-                }
-                prepare::Recorded::Changed { device } => {
-                    tracing::warn!(claim = %format!("{namespace}/{name}"), %device, "a device of the prepared claim is another one now (created again after a reboot?); prepared again, scrubbed first");
-                    inner.cp.claims.remove(uid);
-                }
+            let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
+            reserve(&mut inner, uid, &planned)?;
+            planned
+        };
+        let result = self.prepare_planned(&view, &planned).await;
+        let mut inner = self.inner.lock().await;
+        for p in &planned {
+            if inner.reserved.get(&p.device.name).is_some_and(|c| c == uid) {
+                inner.reserved.remove(&p.device.name);
             }
         }
-        let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
-        let tenant = view.tenant.clone().unwrap_or_default();
-        for p in &planned {
-            // A share is scrubbed as its whole GPU: no other claim may hold any device of it.
-            if p.scrub
-                && prepare::is_share(&p.device)
-                && let Some(other) = inner.cp.devices.iter().find_map(|(dev, r)| match r {
-                    DeviceRecord::InUse { claim, .. }
-                        if claim != uid && inner.devices.iter().any(|d| &d.name == dev && d.gpu == p.device.gpu) =>
-                    {
-                        Some(claim.clone())
-                    }
-                    _ => None,
-                })
-            {
-                return Err(ClaimError::Busy {
-                    device: p.device.name.clone(),
-                    why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
-                });
+        result
+    }
+
+    /// The recorded answer for `view`'s claim, if it still holds (its spec written again where it
+    /// is missing or changed); `None` when there is none, or when a device of it is another one
+    /// now (the record is dropped: prepared again, scrubbed first).
+    fn answered(&self, inner: &mut Inner, view: &ClaimView) -> Result<Option<Vec<PreparedDevice>>, ClaimError> {
+        let (uid, namespace, name) = (view.uid.as_str(), view.namespace.as_str(), view.name.as_str());
+        let Some(done) = inner.cp.claims.get(uid) else {
+            return Ok(None);
+        };
+        if done.namespace != namespace || done.name != name {
+            return Err(ClaimError::NotAsRecorded {
+                uid: uid.into(),
+                recorded: format!("{}/{}", done.namespace, done.name),
+                namespace: namespace.into(),
+                name: name.into(),
+            });
+        }
+        let names: Vec<String> = done.devices.iter().map(|d| d.device.clone()).collect();
+        match prepare::recorded(&inner.cp, uid, &names, &inner.devices) {
+            prepare::Recorded::Holds => {
+                // A reboot empties the runtime's CDI directory (a tmpfs): written again.
+                if let Some(why) = cdi::restore(&self.cdi.dir, uid, &done.cdi_spec)? {
+                    tracing::warn!(claim = %format!("{namespace}/{name}"), %why, "the claim's CDI spec was missing or changed behind the agent; written again");
+                }
+                Ok(Some(done.devices.clone()))
             }
+            prepare::Recorded::Unknown { device } => Err(ClaimError::Refused(Refusal::NotReady {
+                device,
+                why: "its UUID is not known yet",
+            })),
+            prepare::Recorded::Changed { device } => {
+                tracing::warn!(claim = %format!("{namespace}/{name}"), %device, "a device of the prepared claim is another one now (created again after a reboot?); prepared again, scrubbed first");
+                inner.cp.claims.remove(uid);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Prepare's work once its devices are decided and reserved: each checked idle and scrubbed
+    /// where it must be (no lock held), then its spec written and the claim recorded.
+    async fn prepare_planned(
+        self: &Arc<Self>,
+        view: &ClaimView,
+        planned: &[Planned],
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        for p in planned {
             if p.scrub || !prepare::is_share(&p.device) {
                 self.idle(p).await?;
             }
             if p.scrub {
                 self.scrub(p).await?;
-                let last = match inner.cp.devices.get(&p.device.name) {
-                    Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
-                    _ => None,
-                };
-                inner.cp.devices.insert(
-                    p.device.name.clone(),
-                    DeviceRecord::Clean {
-                        uuid: p.uuid.clone(),
-                        tenant: last,
-                    },
-                );
-                self.save(&inner.cp)?;
                 step_done("prepare-scrubbed");
             }
         }
+        let uid = view.uid.as_str();
+        let tenant = view.tenant.clone().unwrap_or_default();
         let pairs: Vec<(&DraDevice, &str)> = planned.iter().map(|p| (&p.device, p.uuid.as_str())).collect();
         let (spec, ids) = cdi::spec(&self.cdi, uid, &tenant, &pairs)?;
+        let mut inner = self.inner.lock().await;
         cdi::write(&self.cdi.dir, uid, &spec)?;
         step_done("prepare-cdi-written");
         let devices: Vec<PreparedDevice> = planned
@@ -464,7 +552,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 cdi_device_ids: ids,
             })
             .collect();
-        for p in &planned {
+        for p in planned {
             inner.cp.devices.insert(
                 p.device.name.clone(),
                 DeviceRecord::InUse {
@@ -477,8 +565,8 @@ impl<G: Gpus + 'static> DraState<G> {
         inner.cp.claims.insert(
             uid.into(),
             PreparedClaim {
-                namespace: namespace.into(),
-                name: name.into(),
+                namespace: view.namespace.clone(),
+                name: view.name.clone(),
                 tenant,
                 devices: devices.clone(),
                 cdi_spec: spec,
@@ -491,56 +579,55 @@ impl<G: Gpus + 'static> DraState<G> {
 
     /// Unprepares claim `uid`: its devices are released by its tenant. A claim not prepared here
     /// (or already unprepared) is done.
-    pub async fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
-        let mut inner = self.inner.lock().await;
-        let Some(claim) = inner.cp.claims.get(uid).cloned() else {
-            cdi::remove(&self.cdi.dir, uid)?;
-            return Ok(());
-        };
-        for d in &claim.devices {
-            if let Some(DeviceRecord::InUse { claim: c, uuid, .. }) = inner.cp.devices.get(&d.device).cloned()
-                && c == uid
-            {
-                inner.cp.devices.insert(
-                    d.device.clone(),
-                    DeviceRecord::Released {
-                        tenant: claim.tenant.clone(),
-                        uuid,
-                    },
-                );
+    pub async fn unprepare(self: &Arc<Self>, uid: &str) -> Result<(), ClaimError> {
+        let (claim, always) = {
+            let mut inner = self.inner.lock().await;
+            let Some(claim) = inner.cp.claims.get(uid).cloned() else {
+                cdi::remove(&self.cdi.dir, uid)?;
+                return Ok(());
+            };
+            for d in &claim.devices {
+                if let Some(DeviceRecord::InUse { claim: c, uuid, .. }) = inner.cp.devices.get(&d.device).cloned()
+                    && c == uid
+                {
+                    inner.cp.devices.insert(
+                        d.device.clone(),
+                        DeviceRecord::Released {
+                            tenant: claim.tenant.clone(),
+                            uuid,
+                        },
+                    );
+                }
             }
-        }
-        self.save(&inner.cp)?;
-        step_done("unprepare-released");
-        cdi::remove(&self.cdi.dir, uid)?;
-        inner.cp.claims.remove(uid);
-        self.save(&inner.cp)?;
-        step_done("unprepare-recorded");
-        // `scrubMemory: Always` scrubs between any two claims: do it now, ahead of the next one.
-        let always: Vec<Planned> = claim
-            .devices
-            .iter()
-            .filter_map(|pd| {
-                let d = inner.devices.iter().find(|d| d.name == pd.device)?;
-                let uuid = inner.cp.devices.get(&pd.device)?.uuid().to_string();
-                (d.scrub == ScrubMemory::Always && !matches!(d.unit, Unit::Share { .. })).then(|| Planned {
-                    request: pd.request.clone(),
-                    device: d.clone(),
-                    uuid,
-                    scrub: true,
+            self.save(&inner.cp)?;
+            step_done("unprepare-released");
+            cdi::remove(&self.cdi.dir, uid)?;
+            inner.cp.claims.remove(uid);
+            self.save(&inner.cp)?;
+            step_done("unprepare-recorded");
+            let always: Vec<Planned> = claim
+                .devices
+                .iter()
+                .filter_map(|pd| {
+                    let d = inner.devices.iter().find(|d| d.name == pd.device)?;
+                    let uuid = inner.cp.devices.get(&pd.device)?.uuid().to_string();
+                    (d.scrub == ScrubMemory::Always && !matches!(d.unit, Unit::Share { .. })).then(|| Planned {
+                        request: pd.request.clone(),
+                        device: d.clone(),
+                        uuid,
+                        scrub: true,
+                    })
                 })
-            })
-            .collect();
+                .collect();
+            (claim, always)
+        };
+        // `scrubMemory: Always` scrubs between any two claims: do it now, ahead of the next one
+        // (a Prepare that comes meanwhile joins it). A failure here is the next Prepare's scrub.
         for p in always {
-            if self.idle(&p).await.is_ok() && self.scrub(&p).await.is_ok() {
-                inner.cp.devices.insert(
-                    p.device.name.clone(),
-                    DeviceRecord::Clean {
-                        uuid: p.uuid.clone(),
-                        tenant: Some(claim.tenant.clone()),
-                    },
-                );
-                self.save(&inner.cp)?;
+            if self.idle(&p).await.is_ok()
+                && let Err(e) = self.scrub(&p).await
+            {
+                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %e, "the scrub after the claim failed; the next claim's Prepare scrubs");
             }
         }
         Ok(())
