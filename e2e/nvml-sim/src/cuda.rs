@@ -22,6 +22,9 @@ const CUDA_ERROR_INVALID_DEVICE: u32 = 101;
 pub const DIRTY_BYTE: u8 = 0xAB;
 /// A scrub may leave this much of the free memory untouched (allocation granularity).
 pub const SCRUB_SLACK: u64 = 64 * MIB;
+/// Milliseconds a scrub takes once its memory is cleared, as a real GPU's tens of gigabytes do:
+/// tests of what waits behind a scrub set it in the agent's environment.
+pub const SCRUB_MS_ENV: &str = "GPU_TENANCY_SIM_SCRUB_MS";
 
 /// A CUDA device as this process sees it: a whole GPU or one MIG instance.
 #[derive(Clone, Copy, Debug)]
@@ -338,6 +341,9 @@ pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
         })
         .map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
         ctx.scrubbed = done;
+        if done && let Some(ms) = std::env::var(SCRUB_MS_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         Ok(())
     })
 }

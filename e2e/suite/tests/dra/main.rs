@@ -535,6 +535,7 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
 
     the_agent_trusts_only_its_own_files(&client, &mut agent, &reg, &dra, &cdi).await;
     a_reboot_prepares_the_claim_again(&client, &mut agent, &reg, &dra, &cdi).await;
+    a_scrub_holds_up_no_other_device(&client, &mut agent, &reg, &dra).await;
     a_pod_holds_no_more_than_its_tenants_limit(&client, &dra).await;
 
     // A clean stop removes both sockets: the kubelet deregisters the plugin rather than keep a
@@ -684,6 +685,55 @@ async fn a_reboot_prepares_the_claim_again(
     );
     cdi_valid(cdi, &after[0].1);
     kubelet::unprepare(dra, &r1).await.unwrap().unwrap();
+}
+
+/// Claims on different devices prepare at once: with each scrub taking 3 s, a claim on GPU 1
+/// started while GPU 0's is being scrubbed is ready about when GPU 0's is, not 3 s after it.
+async fn a_scrub_holds_up_no_other_device(
+    client: &Client,
+    agent: &mut SimAgent,
+    reg: &std::path::Path,
+    dra: &std::path::Path,
+) {
+    agent.env = vec![("GPU_TENANCY_SIM_SCRUB_MS".into(), "3000".into())];
+    agent.restart();
+    kubelet::register(reg).await;
+    applied(client, "the agent restarted with slow scrubs").await;
+    // GPU 0's instance changes hands (a scrub); GPU 1's is under scrubMemory Always (a scrub).
+    whole_gpu0_to(client, "dra-b").await;
+    let on0 = claim(client, "dra-b", "p0", "gpu-0-mig-0-8").await;
+    let on1 = claim(client, "dra-c", "p1", "gpu-1-mig-0-4").await;
+    let t0 = Instant::now();
+    let first = {
+        let (dra, c) = (dra.to_path_buf(), on0.clone());
+        tokio::spawn(async move {
+            let r = kubelet::prepare(&dra, &c).await;
+            (r, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = kubelet::prepare(dra, &on1).await;
+    let second_done = Instant::now();
+    let (first, first_done) = first.await.unwrap();
+    ok(first, "GPU 0's claim");
+    ok(second, "GPU 1's claim");
+    let gap = second_done.saturating_duration_since(first_done);
+    eprintln!(
+        "MEASURE two claims on two GPUs, each scrub 3 s: GPU 0's ready after {:?}, GPU 1's {gap:?} after it",
+        first_done - t0
+    );
+    assert!(
+        gap < Duration::from_millis(2500),
+        "GPU 1's claim waited behind GPU 0's scrub: ready {gap:?} after it"
+    );
+    for c in [&on0, &on1] {
+        kubelet::unprepare(dra, c).await.unwrap().unwrap();
+    }
+    agent.env.clear();
+    agent.restart();
+    kubelet::register(reg).await;
+    applied(client, "the agent restarted").await;
+    whole_gpu0_to(client, "dra-a").await;
 }
 
 /// A claim allocated `devices` (all of this node's pool), reserved for `pod` (name, UID) when given.
