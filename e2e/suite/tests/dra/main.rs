@@ -27,12 +27,16 @@ fn mig(start: u32, tenant: &str) -> Value {
     json!({"profile": "3g.40gb", "placement": {"start": start, "size": 4}, "tenant": tenant})
 }
 
-/// The GpuNode spec as the controller would write it: GPU 0 cut in two for dra-a and dra-b, GPU 1
-/// one instance for dra-c under scrubMemory Always.
-async fn write_spec(client: &Client, gpu0: [&str; 2]) {
+/// Writes the GpuNode spec as the controller would: GPU 0's instances `gpu0` under
+/// `scrubMemory: OnTenantChange` (the default when `None`), GPU 1 one instance for dra-c under
+/// `Always`.
+async fn write_gpus(client: &Client, gpu0: Value, scrub: Option<&str>) {
+    let mut first = json!({"index": 0, "mode": "MIG", "migInstances": gpu0});
+    if let Some(s) = scrub {
+        first["scrub"] = json!(s);
+    }
     let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
-        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
-            {"index": 0, "mode": "MIG", "migInstances": [mig(0, gpu0[0]), mig(4, gpu0[1])], "scrub": "OnTenantChange"},
+        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [first,
             {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
     Api::<GpuNode>::all(client.clone())
         .patch(
@@ -42,6 +46,21 @@ async fn write_spec(client: &Client, gpu0: [&str; 2]) {
         )
         .await
         .expect("writing the GpuNode spec");
+}
+
+/// GPU 0 cut in two for `gpu0`'s tenants.
+async fn write_spec(client: &Client, gpu0: [&str; 2]) {
+    write_gpus(
+        client,
+        json!([mig(0, gpu0[0]), mig(4, gpu0[1])]),
+        Some("OnTenantChange"),
+    )
+    .await;
+}
+
+/// GPU 0 as one 7g instance of `tenant`.
+fn whole(tenant: &str) -> Value {
+    json!([{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": tenant}])
 }
 
 /// Waits until the agent reports the current spec applied (Ready for its generation).
@@ -449,18 +468,7 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
     agent.sim_ctl(&[
         "attach", "--gpu", "0", "--start", "0", "--pid", "4242", "--tenant", "dra-b",
     ]);
-    let busy = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
-        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
-            {"index": 0, "mode": "MIG", "migInstances": [{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": "dra-b"}]},
-            {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
-    Api::<GpuNode>::all(client.clone())
-        .patch(
-            NODE,
-            &PatchParams::apply("gpu-tenancy-controller").force(),
-            &Patch::Apply(busy),
-        )
-        .await
-        .unwrap();
+    write_gpus(&client, whole("dra-b"), None).await;
     slices_say(&client, "the busy GPU's device tainted", |d| {
         d.iter()
             .filter(|x| x["name"].as_str().is_some_and(|n| n.starts_with("gpu-0-")))
@@ -549,18 +557,7 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
 
 /// Sets GPU 0 to one 7g instance of `tenant` and waits until it is published untainted.
 async fn whole_gpu0_to(client: &Client, tenant: &str) {
-    let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
-        "spec": {"plan": "dra", "deviceAccess": "DRA", "gpus": [
-            {"index": 0, "mode": "MIG", "migInstances": [{"profile": "7g.80gb", "placement": {"start": 0, "size": 8}, "tenant": tenant}], "scrub": "OnTenantChange"},
-            {"index": 1, "mode": "MIG", "migInstances": [mig(0, "dra-c")], "scrub": "Always"}]}});
-    Api::<GpuNode>::all(client.clone())
-        .patch(
-            NODE,
-            &PatchParams::apply("gpu-tenancy-controller").force(),
-            &Patch::Apply(spec),
-        )
-        .await
-        .unwrap();
+    write_gpus(client, whole(tenant), Some("OnTenantChange")).await;
     applied(client, "GPU 0 whole").await;
     slices_say(client, "GPU 0's instance published", |d| {
         d.iter()
