@@ -3,7 +3,8 @@
 # kube-apiserver, built from the Kubernetes Go modules) on 127.0.0.1, and runs the Rust suite
 # in e2e/suite against it.
 #
-#   e2e/run.sh build        build e2e/bin/controlplane, the e2e/bin/kubectl link and
+#   e2e/run.sh build        build e2e/bin/controlplane, e2e/bin/kubelet (the kubelet and a CRI
+#                           runtime that runs no containers), the e2e/bin/kubectl link and
 #                           e2e/bin/helm-render (Helm's own renderer, for deploy/helm) and
 #                           e2e/bin/gitops (Argo CD health Lua, Flux apply/wait, kstatus) (if needed)
 #   e2e/run.sh up           start a control plane in the background (state: target/e2e/);
@@ -42,6 +43,8 @@ SRC_DIR="$ROOT/e2e/controlplane"
 HELM_RENDER="$BIN_DIR/helm-render"
 HELM_RENDER_SRC="$ROOT/e2e/helm-render"
 GITOPS="$BIN_DIR/gitops"
+KUBELET="$BIN_DIR/kubelet"
+KUBELET_SRC="$ROOT/e2e/kubelet"
 GITOPS_SRC="$ROOT/e2e/gitops"
 PROMETHEUS_SRC="$ROOT/e2e/prometheus"
 STATE_DIR="$ROOT/target/e2e"
@@ -78,6 +81,18 @@ build() {
 			-o "$CONTROLPLANE.tmp" .) || die "building the control plane failed (see the Go output above)"
 		mv -f "$CONTROLPLANE.tmp" "$CONTROLPLANE"
 		say "built e2e/bin/controlplane in $((SECONDS - start))s"
+	fi
+	# The kubelet and a CRI runtime that runs no containers (e2e/kubelet), from the same
+	# Kubernetes module and version ldflags as the control plane: its Go build cache is shared.
+	if needs_build "$KUBELET" "$KUBELET_SRC"; then
+		say "building e2e/bin/kubelet $version from k8s.io/kubernetes cmd/kubelet ..."
+		local kstart=$SECONDS minor="${version#v1.}"
+		minor="${minor%%.*}"
+		(cd "$KUBELET_SRC" && "$GO" build -trimpath -buildvcs=false \
+			-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+			-o "$KUBELET.tmp" .) || die "building e2e/bin/kubelet failed (see the Go output above)"
+		mv -f "$KUBELET.tmp" "$KUBELET"
+		say "built e2e/bin/kubelet in $((SECONDS - kstart))s"
 	fi
 	if [[ "$(readlink "$KUBECTL_LINK" 2>/dev/null)" != "controlplane" ]]; then
 		ln -sfn controlplane "$KUBECTL_LINK"

@@ -165,6 +165,24 @@ impl SimAgent {
         a
     }
 
+    /// Restarts the agent as the DRA plugin of a real kubelet: its sockets in the kubelet's
+    /// `registry` and `plugins` directories, its CDI specs in the runtime's `cdi` directory.
+    pub fn serve_kubelet(&mut self, registry: &Path, plugins: &Path, cdi: &Path) {
+        for (flag, value) in [
+            ("--kubelet-registry-dir", registry),
+            ("--kubelet-plugins-dir", plugins),
+            ("--cdi-dir", cdi),
+        ] {
+            let i = self
+                .args
+                .iter()
+                .position(|a| a == flag)
+                .unwrap_or_else(|| panic!("agent {} runs without {flag}: not in DRA mode", self.name));
+            self.args[i + 1] = value.display().to_string();
+        }
+        self.restart();
+    }
+
     /// Restarts the agent serving its metrics on a free port of 127.0.0.1; the address.
     pub fn serve_metrics(&mut self) -> std::net::SocketAddr {
         // The port is free now; nothing else on this machine takes ports at random meanwhile.

@@ -8,6 +8,7 @@
 //! status), what the ResourceSlices say of its tenant, the API server's refusals (quota, the
 //! admission policies), and the simulator's memory marks for scrubs.
 
+mod real_kubelet;
 mod scenarios;
 mod support;
 
@@ -23,4 +24,5 @@ async fn the_scheduler_gives_each_tenant_only_its_own_devices() {
     scenarios::numa_constraint(&mut c).await;
     scenarios::hand_over_waits_for_the_scrub(&mut c).await;
     scenarios::no_tenant_pods_stay_off_dra_nodes(&mut c).await;
+    real_kubelet::pods_run_on_a_real_kubelet(&mut c).await;
 }

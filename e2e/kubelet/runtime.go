@@ -1,0 +1,139 @@
+package main
+
+// A CRI runtime for a real kubelet on a machine without containers: the CRI API's own fake
+// runtime (k8s.io/cri-client pkg/fake, the kubelet's test double) served on a unix socket, with
+// CreateContainer resolving the container's CDI devices the way containerd does, with the CDI
+// library's cache over the runtime's spec directory: a device no valid spec defines fails the
+// container ("unresolvable CDI devices"), as it would in production. Device nodes are not
+// injected (this machine has no GPU device nodes to stat); what each container was given is
+// appended to the record file, one JSON object a line, for the tests to read.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+// cdiRuntime is the fake runtime with CreateContainer resolving CDI devices.
+type cdiRuntime struct {
+	*fake.RemoteRuntime
+	cdiDir string
+	record string
+	mu     sync.Mutex
+}
+
+// created is one container as the runtime created it.
+type created struct {
+	Pod        string   `json:"pod"`
+	Namespace  string   `json:"namespace"`
+	Container  string   `json:"container"`
+	CDIDevices []string `json:"cdiDevices"`
+	Env        []string `json:"env"`
+}
+
+func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	var names []string
+	for _, d := range req.GetConfig().GetCDIDevices() {
+		names = append(names, d.GetName())
+	}
+	env, err := r.resolve(names)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	meta := req.GetSandboxConfig().GetMetadata()
+	line, err := json.Marshal(created{
+		Pod: meta.GetName(), Namespace: meta.GetNamespace(), Container: req.GetConfig().GetMetadata().GetName(),
+		CDIDevices: names, Env: env,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, err := os.OpenFile(r.record, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	_, err = f.Write(append(line, '\n'))
+	return resp, err
+}
+
+// resolve finds every device in the spec directory, as the runtime's CDI cache does on each
+// container's creation, and returns the environment their edits set.
+func (r *cdiRuntime) resolve(names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(r.cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI cache over %s: %w", r.cdiDir, err)
+	}
+	if err := cache.Refresh(); err != nil {
+		// Invalid specs are reported and skipped: their devices stay unresolvable.
+		fmt.Fprintf(os.Stderr, "kubelet runtime: refreshing CDI specs: %v\n", err)
+	}
+	var env []string
+	var unresolved []string
+	for _, n := range names {
+		d := cache.GetDevice(n)
+		if d == nil {
+			unresolved = append(unresolved, n)
+			continue
+		}
+		env = append(env, d.GetSpec().ContainerEdits.Env...)
+		env = append(env, d.ContainerEdits.Env...)
+	}
+	if len(unresolved) > 0 {
+		return nil, fmt.Errorf("failed to inject CDI devices: unresolvable CDI devices %v", unresolved)
+	}
+	return env, nil
+}
+
+func runRuntime(args []string) error {
+	fs := flag.NewFlagSet("runtime", flag.ContinueOnError)
+	socket := fs.String("socket", "", "the unix socket to serve the CRI on")
+	cdiDir := fs.String("cdi-dir", "", "the CDI spec directory")
+	record := fs.String("record", "", "the file each created container is appended to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *socket == "" || *cdiDir == "" || *record == "" {
+		return fmt.Errorf("--socket, --cdi-dir and --record are required")
+	}
+	_ = os.Remove(*socket)
+	l, err := net.Listen("unix", *socket)
+	if err != nil {
+		return err
+	}
+	r := &cdiRuntime{RemoteRuntime: fake.NewFakeRemoteRuntime(), cdiDir: *cdiDir, record: *record}
+	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+		{Type: runtimeapi.RuntimeReady, Status: true},
+		{Type: runtimeapi.NetworkReady, Status: true},
+	}}
+	server := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(server, r)
+	runtimeapi.RegisterImageServiceServer(server, r)
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-stop
+		server.Stop()
+	}()
+	return server.Serve(l)
+}

@@ -1,0 +1,227 @@
+//! The DRA plugin with Kubernetes' own kubelet: a node whose kubelet (e2e/kubelet) registers the
+//! agent through its plugin watcher, calls Prepare and Unprepare as it does in production, and
+//! hands the CDI device IDs to a runtime that resolves them as containerd does. Nothing here
+//! imitates the kubelet.
+
+use crate::support::*;
+use gpu_tenancy_e2e::apply_docs_as_kubectl;
+use gpu_tenancy_e2e::node::RealNode;
+use gpu_tenancy_e2e::procs::SimAgent;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "dra-kubelet-n1";
+const TENANT: &str = "dra-k";
+
+fn world() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": TENANT},
+            "spec": {"tier": "internal", "namespaces": [TENANT], "resources": [{"mode": "Exclusive", "count": 1}]}}),
+        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": "dra-kubelet"},
+            "spec": {"nodeSelector": {"matchLabels": {"pool": "dra-kubelet"}}, "deviceAccess": "DRA", "gpus": [
+                {"devices": "all", "mode": "Exclusive", "tenants": [TENANT]}]}}),
+    ]
+}
+
+/// A template of one device of the tenant's GPU class; `first_available`: as the one
+/// alternative of a `firstAvailable` request (a subrequest `gpu/mine`).
+fn template(name: &str, first_available: bool) -> Value {
+    let class = class(TENANT, "gpu");
+    let request = if first_available {
+        json!({"name": "gpu", "firstAvailable": [{"name": "mine", "deviceClassName": class}]})
+    } else {
+        json!({"name": "gpu", "exactly": {"deviceClassName": class}})
+    };
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}}})
+}
+
+/// A pod on the real node whose container uses request `gpu` of a claim from `template`. No
+/// service account token: the test control plane publishes no root CA ConfigMap to mount.
+fn pod(name: &str, template: &str) -> Value {
+    let mut p = pod_body(
+        name,
+        json!([{"name": "gpu", "resourceClaimTemplateName": template}]),
+        json!({}),
+    );
+    p["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu", "request": "gpu"}]);
+    p["spec"]["nodeSelector"] = json!({"pool": "dra-kubelet"});
+    p["spec"]["automountServiceAccountToken"] = json!(false);
+    // The runtime's images name no user: the kubelet needs one to honour runAsNonRoot.
+    p["spec"]["containers"][0]["securityContext"]["runAsUser"] = json!(1000);
+    p
+}
+
+async fn running(client: &Client, node: &RealNode, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), TENANT);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let p = pods.get(name).await.expect("the pod");
+        let st = p.status.clone().unwrap_or_default();
+        if st.phase.as_deref() == Some("Running") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod {TENANT}/{name} did not run on the real kubelet: {st:#?}\nthe kubelet's log:\n{}",
+            node.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn gone(client: &Client, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), TENANT);
+    let _ = pods.delete(name, &DeleteParams::default().grace_period(0)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pods.get_opt(name).await.expect("reading the pod").is_some() {
+        assert!(Instant::now() < deadline, "pod {TENANT}/{name} was not deleted");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The device the runtime gave pod `name`'s container: its CDI device IDs and environment.
+fn given(node: &RealNode, name: &str) -> Option<Value> {
+    node.containers()
+        .into_iter()
+        .rev()
+        .find(|c| c["pod"] == name && c["container"] == "c")
+}
+
+async fn published(client: &Client, what: &str) {
+    until(what, 90, || async {
+        let d = devices(client).await;
+        match d.get(&(NODE.to_string(), "gpu-0".to_string())) {
+            Some(dev) if attr(dev, "tenant") == TENANT && dev.get("taints").is_none() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// NVIDIA's own CDI spec of the node's GPUs, as `nvidia-ctk cdi generate
+/// --device-name-strategy=uuid` (and the GPU Operator) write it: a `nvidia.com/gpu` device per
+/// GPU, named by its UUID, which brings the driver's files. Prepare names it beside the agent's
+/// own device; a node without it fails every container ("unresolvable CDI devices").
+async fn nvidia_spec(client: &Client, node: &RealNode) {
+    let d = devices(client).await;
+    let uuids: Vec<String> = d
+        .iter()
+        .filter(|((n, _), _)| n == NODE)
+        .filter_map(|(_, dev)| attr(dev, "uuid").as_str().map(String::from))
+        .collect();
+    assert!(!uuids.is_empty(), "the node's devices carry no UUID: {d:?}");
+    let devices: Vec<Value> = uuids
+        .iter()
+        .map(|u| json!({"name": u, "containerEdits": {"env": [format!("NVIDIA_DRIVER_DEVICE={u}")]}}))
+        .collect();
+    let spec = json!({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
+        "containerEdits": {"env": ["NVIDIA_DRIVER_LIBRARIES=injected"]}});
+    std::fs::write(
+        node.cdi_dir().join("nvidia.json"),
+        serde_json::to_vec_pretty(&spec).unwrap(),
+    )
+    .expect("writing NVIDIA's CDI spec");
+}
+
+/// Registration by the kubelet itself, a pod Running with its device, a `firstAvailable` pod's
+/// container given its device, and the slices back after the kubelet restarts (it wipes them).
+pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
+    let docs = world();
+    c._cleanup.add_docs(&docs);
+    apply_docs_as_kubectl(&docs, "the real kubelet's tenant and plan").await;
+    let t0 = Instant::now();
+    let mut node = RealNode::start(&c.client, &c._cleanup, NODE, "pool=dra-kubelet").await;
+    eprintln!(
+        "MEASURE the real kubelet's Node Ready in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let mut agent = SimAgent::start_dra(&c.client, &c._cleanup, NODE, "dra-kubelet", 1).await;
+    agent.serve_kubelet(&node.registry_dir(), &node.plugins_dir(), &node.cdi_dir());
+    published(&c.client, "the real node's GPU published for its tenant").await;
+    nvidia_spec(&c.client, &node).await;
+    until("the tenant's namespace", 60, || async {
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(c.client.clone())
+            .get_opt(TENANT)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    c._cleanup.add_resource("namespaces", TENANT);
+
+    for (tpl, first) in [("k-exact", false), ("k-first", true)] {
+        let body = template(tpl, first);
+        let templates = kube::api::Api::<kube::api::DynamicObject>::namespaced_with(
+            c.client.clone(),
+            TENANT,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
+                "resourceclaimtemplates",
+            ),
+        );
+        // The tenant's rules reach the API server's cache a moment after its namespace exists.
+        until("the claim template admitted under the tenant's rules", 60, || {
+            let (templates, body) = (templates.clone(), body.clone());
+            async move {
+                match templates
+                    .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await;
+    }
+
+    // A pod whose claim the kubelet prepares: the agent registered through the kubelet's plugin
+    // watcher, the CDI specs resolved by the runtime.
+    let t0 = Instant::now();
+    create(&c.client, TENANT, &pod("k1", "k-exact"))
+        .await
+        .expect("creating the pod");
+    running(&c.client, &node, "k1").await;
+    eprintln!(
+        "MEASURE a pod with a claim Running on the real kubelet {:.1} s after its creation",
+        t0.elapsed().as_secs_f64()
+    );
+    let k1 = given(&node, "k1").expect("the runtime created pod k1's container");
+    let env: Vec<&str> = k1["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(
+        env.iter().any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=GPU-"))
+            && env.contains(&"GPU_TENANCY_TENANT=dra-k")
+            && env.contains(&"NVIDIA_DRIVER_LIBRARIES=injected"),
+        "pod k1's container was not given its GPU: {k1}"
+    );
+    gone(&c.client, "k1").await;
+
+    // firstAvailable: the kubelet matches the container's request `gpu` against the device's
+    // request names; answered as `gpu/mine`, the container would start without its GPU.
+    create(&c.client, TENANT, &pod("k2", "k-first"))
+        .await
+        .expect("creating the firstAvailable pod");
+    running(&c.client, &node, "k2").await;
+    let k2 = given(&node, "k2").expect("the runtime created pod k2's container");
+    assert!(
+        k2["cdiDevices"].as_array().is_some_and(|d| !d.is_empty()),
+        "the firstAvailable pod's container was given no device: {k2}"
+    );
+
+    // The kubelet restarts and wipes its node's slices: the agent writes them back.
+    node.restart_kubelet(&c.client).await;
+    let t0 = Instant::now();
+    published(&c.client, "the slices back after the kubelet's restart").await;
+    eprintln!(
+        "MEASURE slices back {:.1} s after the restarted kubelet was Ready",
+        t0.elapsed().as_secs_f64()
+    );
+    gone(&c.client, "k2").await;
+    drop(agent);
+}
