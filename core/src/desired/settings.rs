@@ -26,9 +26,10 @@ pub struct Settings {
     /// Extended resources under a GPU prefix (`nvidia.com/`) that are not GPUs (a NIC's, say):
     /// not refused by the allow-list of granted GPU resources.
     pub allowed_resources: Vec<String>,
-    /// Namespaces whose pods may mount the node's hand-over files ([`Settings::node_file_paths`]),
-    /// beside this operator's and the device plugin's: node components that run privileged
-    /// anyway (the cluster's own, a CNI that mounts `/proc`). Every other namespace is refused.
+    /// Namespaces whose pods may mount the node's hand-over files (CDI specs, the agents' state,
+    /// NVIDIA's toolkit configuration, `/proc`), beside this operator's and the device plugin's:
+    /// node components that run privileged anyway (the cluster's own, a CNI that mounts `/proc`).
+    /// Every other namespace is refused.
     pub node_file_namespaces: Vec<String>,
     /// The container runtime's CDI spec directories (its `cdi_spec_dirs`).
     pub cdi_spec_dirs: Vec<String>,
@@ -62,9 +63,7 @@ impl Settings {
             .cloned()
             .collect()
     }
-}
 
-impl Settings {
     /// The namespaces whose pods may mount the node's hand-over files: this operator's, the
     /// device plugin's (NVIDIA's plugin mounts the driver root, `/` by default) and those named.
     pub fn node_file_trusted(&self) -> BTreeSet<String> {
@@ -73,22 +72,6 @@ impl Settings {
             .chain([&self.device_plugin_namespace, &self.operator_namespace])
             .cloned()
             .collect()
-    }
-
-    /// The host paths no other pod may mount: the CDI spec directories and the agents' state
-    /// (each with its other spelling through `/var/run` -> `/run`), and NVIDIA's toolkit and the
-    /// runtimes' configuration and `/proc` (`admission::cel::NODE_FILE_PATHS`).
-    pub fn node_file_paths(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .cdi_spec_dirs
-            .iter()
-            .chain(&self.agent_state_dirs)
-            .flat_map(|p| super::admission::with_run_alias(p.trim_end_matches('/')))
-            .chain(super::admission::NODE_FILE_PATHS.iter().map(|p| p.to_string()))
-            .collect();
-        out.sort();
-        out.dedup();
-        out
     }
 }
 

@@ -150,6 +150,10 @@ pub mod when {
     pub const AFFINITY_SET: &str = "(request.operation == 'CREATE' || has(object.spec.affinity) != has(oldObject.spec.affinity) || (has(object.spec.affinity) && object.spec.affinity != oldObject.spec.affinity))";
 }
 
+/// The mutating policy (and its binding) that keeps the pods of namespaces of no tenant off GPU
+/// nodes; the no-tenant rules name it when they refuse a pod without its affinity.
+pub const OFF_GPU_NODES: &str = "gputenancy.io-off-gpu-nodes";
+
 /// Node labels that mark a GPU node: ours, on every node a GpuPartitionPlan governs, and GPU
 /// feature discovery's, on every node with an NVIDIA GPU. A pod of no tenant must require that
 /// neither exists.
@@ -299,6 +303,22 @@ pub const NODE_FILE_PATHS: [&str; 6] = [
     "/etc/crio",
     "/proc",
 ];
+
+/// The host paths no pod outside the trusted namespaces may mount: the CDI spec directories and
+/// the agents' state (each with its other spelling through `/var/run` -> `/run`), and
+/// [`NODE_FILE_PATHS`].
+pub fn node_file_paths(settings: &crate::desired::Settings) -> Vec<String> {
+    let mut out: Vec<String> = settings
+        .cdi_spec_dirs
+        .iter()
+        .chain(&settings.agent_state_dirs)
+        .flat_map(|p| with_run_alias(p.trim_end_matches('/')))
+        .chain(NODE_FILE_PATHS.iter().map(|p| p.to_string()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// `path` and its other spelling through the `/var/run` -> `/run` link most distributions have.
 pub fn with_run_alias(path: &str) -> Vec<String> {
@@ -516,7 +536,7 @@ mod tests {
     /// into `/proc`, at, below and above; neighbours with similar names are admitted.
     #[test]
     fn node_file_paths_cover_cdi_state_toolkit_and_proc() {
-        let paths = crate::desired::Settings::default().node_file_paths();
+        let paths = node_file_paths(&crate::desired::Settings::default());
         let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
         let res: Vec<regex::Regex> = path_regexes(&refs, &[])
             .iter()

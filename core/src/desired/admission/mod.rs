@@ -37,20 +37,21 @@
 
 mod cel;
 mod claims;
+mod guards;
 mod memo;
+mod objects;
+use objects::{binding, pod_rules, policy, typed};
 mod mutation;
 mod rules;
 
 use super::dra::DraHoldings;
-use super::settings::{Settings, managed_labels};
+use super::settings::Settings;
 use crate::api::{GpuTenant, SharingPolicy};
 use crate::labels::NAMESPACE_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, NamedRuleWithOperations, ParamKind,
-    ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, NamedRuleWithOperations, ParamKind,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, Variable,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use kube::{Resource, ResourceExt};
 pub use memo::AdmissionMemo;
 use memo::BindingsMemo;
@@ -67,17 +68,14 @@ pub const TENANTS_POLICY: &str = "gputenancy.io-tenants";
 pub const TENANTS_CLAIMS_POLICY: &str = "gputenancy.io-claims-tenants";
 /// The policy for every namespace that is neither exempt nor a tenant's.
 pub const UNTENANTED_POLICY: &str = "gputenancy.io-no-tenant";
-/// The policy on ConfigMap and Secret keys in every namespace that is not exempt.
-pub const CONFIG_KEYS_POLICY: &str = "gputenancy.io-device-env-keys";
 /// Prefix of each tenant's claims binding (`gputenancy.io-claims-tenant-<name>`), and of the
 /// per-tenant claims policies of earlier versions.
 pub const CLAIMS_PREFIX: &str = "gputenancy.io-claims-tenant-";
 /// The claims policy for every namespace that is neither exempt nor a tenant's.
 pub const UNTENANTED_CLAIMS_POLICY: &str = "gputenancy.io-claims-no-tenant";
-pub use cel::{NODE_FILE_PATHS, with_run_alias};
-pub use mutation::{MUTATION_PREFIX, OFF_GPU_NODES};
-/// The policy on host paths of the node's hand-over files, in every namespace but the trusted.
-pub const NODE_FILES_POLICY: &str = "gputenancy.io-node-files";
+pub use cel::OFF_GPU_NODES;
+pub use guards::{CONFIG_KEYS_POLICY, NODE_FILES_POLICY};
+pub use mutation::MUTATION_PREFIX;
 
 /// The label the API server sets on every namespace to its name; no one can change it.
 /// Which rule set governs each namespace.
@@ -213,98 +211,11 @@ pub fn coverage(binding: &ValidatingAdmissionPolicyBinding) -> Coverage {
     }
 }
 
-/// A policy on `resources` (of the core group unless named `group/resource`) that refuses what
-/// its validations refuse, failing closed (an expression that errors refuses).
-fn policy(
-    name: &str,
-    rules: &[NamedRuleWithOperations],
-    variables: &[Variable],
-    validations: Vec<Validation>,
-    param_kind: Option<ParamKind>,
-) -> ValidatingAdmissionPolicy {
-    // Built as the typed object (not through a JSON value and back): the rules and variables are
-    // the same for every tenant; at 20,000 tenants the round trip made rendering them 1.17 s, not 0.95 s.
-    ValidatingAdmissionPolicy {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(managed_labels()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some("Fail".into()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(rules.to_vec()),
-                ..MatchResources::default()
-            }),
-            variables: Some(variables.to_vec()),
-            validations: Some(validations),
-            param_kind,
-            ..ValidatingAdmissionPolicySpec::default()
-        }),
-        status: None,
-    }
-}
-
 /// A tenant's policies read the tenant itself as their parameter (its `status.admission`).
 fn tenant_param_kind() -> ParamKind {
     ParamKind {
         api_version: Some(format!("{}/{}", GpuTenant::group(&()), GpuTenant::version(&()))),
         kind: Some(GpuTenant::kind(&()).into_owned()),
-    }
-}
-
-/// A value this module wrote as a Kubernetes type's JSON, as that type.
-fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
-    serde_json::from_value(v).expect("an admission object built from its own fields deserialises")
-}
-
-/// Pods, created or updated, the ephemeral containers `kubectl debug` adds to them, and in-place
-/// resizes.
-fn pod_rules() -> Value {
-    json!([{
-        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-        "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
-    }])
-}
-
-/// A binding of policy `name` to `namespaces` (`In` them or `NotIn`), with the parameter object
-/// `param` when the policy takes one. A binding whose parameter is missing refuses every request
-/// it matches (`parameterNotFoundAction: Deny`): a deleted tenant's namespaces get nothing until
-/// the controller has moved them to the no-tenant rules.
-fn binding(
-    name: &str,
-    policy: &str,
-    operator: &str,
-    namespaces: &BTreeSet<String>,
-    param: Option<&str>,
-) -> ValidatingAdmissionPolicyBinding {
-    // Built as the typed object: two per tenant, each pass.
-    ValidatingAdmissionPolicyBinding {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(managed_labels()),
-            ..ObjectMeta::default()
-        },
-        spec: ValidatingAdmissionPolicyBindingSpec {
-            policy_name: policy.to_string(),
-            validation_actions: vec!["Deny".into()],
-            match_resources: Some(MatchResources {
-                namespace_selector: Some(LabelSelector {
-                    match_expressions: Some(vec![LabelSelectorRequirement {
-                        key: NAMESPACE_NAME.into(),
-                        operator: operator.into(),
-                        values: Some(namespaces.iter().cloned().collect()),
-                    }]),
-                    match_labels: None,
-                }),
-                ..MatchResources::default()
-            }),
-            param_ref: param.map(|p| ParamRef {
-                name: Some(p.to_string()),
-                parameter_not_found_action: Some("Deny".into()),
-                ..ParamRef::default()
-            }),
-        },
     }
 }
 
@@ -436,8 +347,8 @@ pub fn render(
         None => {
             out.bindings
                 .extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
-            out.bindings.push(Arc::new(config_keys(&namespaces.exempt).1));
-            out.bindings.push(Arc::new(node_files(settings).1));
+            out.bindings.push(Arc::new(guards::config_keys(&namespaces.exempt).1));
+            out.bindings.push(Arc::new(guards::node_files(settings).1));
             crate::api::sort_shared_by_name(&mut out.bindings);
             if remember {
                 memo.all_bindings = Some((namespaces.clone(), out.bindings.clone()));
@@ -520,61 +431,9 @@ fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<Valida
             claims::untenanted(settings),
             None,
         )),
-        Arc::new(config_keys(exempt).0),
-        Arc::new(node_files(settings).0),
+        Arc::new(guards::config_keys(exempt).0),
+        Arc::new(guards::node_files(settings).0),
     ]
-}
-
-/// The policy on the node's hand-over files and its binding, to every namespace but the trusted
-/// ([`Settings::node_file_trusted`]): exempt namespaces too, since the files decide which GPU a
-/// container gets and whether a device is scrubbed before it changes hands.
-fn node_files(settings: &Settings) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-    let who = "'namespace ' + namespaceObject.metadata.name";
-    let paths = settings.node_file_paths();
-    let trusted = settings.node_file_trusted();
-    let policy = policy(
-        NODE_FILES_POLICY,
-        &typed::<Vec<NamedRuleWithOperations>>(pod_rules()),
-        &[],
-        vec![cel::validation_with(
-            &cel::host_path_reaching(&paths),
-            format!(
-                "{who} + {}",
-                cel::text(&format!(
-                    ": a hostPath volume may not reach the files that decide which GPU a container gets and whether it is scrubbed first ({}), nor a directory above them, nor name a path with // or /./ (through /proc/<pid>/root every host path is reachable); only the namespaces {} may, the controller's --node-files-namespace names more",
-                    paths.join(", "),
-                    trusted.iter().cloned().collect::<Vec<_>>().join(", "),
-                ))
-            ),
-        )],
-        None,
-    );
-    (
-        policy,
-        binding(NODE_FILES_POLICY, NODE_FILES_POLICY, "NotIn", &trusted, None),
-    )
-}
-
-/// The policy for every guarded namespace, whoever owns it, and its binding: it judges objects
-/// other than pods and claims, so it need not follow a namespace from one rule set to another.
-fn config_keys(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-    // The tenant label is shown for what it is, a label (who may label a namespace may write it);
-    // the rule itself is the same for every namespace that is not exempt.
-    let who = "'namespace ' + namespaceObject.metadata.name + (has(namespaceObject.metadata.labels) && 'gputenancy.io/tenant' in namespaceObject.metadata.labels ? ' (labelled gputenancy.io/tenant=' + namespaceObject.metadata.labels['gputenancy.io/tenant'] + ')' : ' (no GpuTenant label)')";
-    let policy = policy(
-        CONFIG_KEYS_POLICY,
-        &typed::<Vec<NamedRuleWithOperations>>(json!([{
-            "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-            "resources": ["configmaps", "secrets"],
-        }])),
-        &[],
-        vec![cel::config_key_validation(who)],
-        None,
-    );
-    (
-        policy,
-        binding(CONFIG_KEYS_POLICY, CONFIG_KEYS_POLICY, "NotIn", exempt, None),
-    )
 }
 
 #[cfg(test)]

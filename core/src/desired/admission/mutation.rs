@@ -21,8 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Prefix of each tenant's mutating policy and binding (`gputenancy.io-dra-names-<tenant>`).
 pub const MUTATION_PREFIX: &str = "gputenancy.io-dra-names-";
-/// The mutating policy and binding that keep the pods of namespaces of no tenant off GPU nodes.
-pub const OFF_GPU_NODES: &str = "gputenancy.io-off-gpu-nodes";
+pub use super::cel::OFF_GPU_NODES;
 
 /// CEL map literal of the renames.
 fn renames_literal(renames: &BTreeMap<String, String>) -> String {

@@ -286,7 +286,7 @@ pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
         format!(
             "{who}, so its pods stay off GPU nodes: every term of their required node affinity must require that neither {} exists (the controller's mutating policy {} adds this to every new pod; an update may not take it away); add the namespace to a tenant's spec.namespaces, or exempt it with the controller's --exempt-namespace",
             cel::GPU_NODE_LABELS.join(" nor "),
-            super::mutation::OFF_GPU_NODES,
+            cel::OFF_GPU_NODES,
         ),
     ));
     out.push(validation(
