@@ -19,6 +19,7 @@ pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
+pub mod pods;
 pub mod prepare;
 pub mod publish;
 pub mod scrubs;

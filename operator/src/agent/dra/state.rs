@@ -12,13 +12,12 @@
 
 use super::cdi::{self, CdiContext, CdiError};
 use super::checkpoint::{Checkpoint, CheckpointError, CheckpointFile, DeviceRecord, PreparedClaim, PreparedDevice};
-use super::devices::{DRIVER, DraDevice, Unit};
+use super::devices::{DraDevice, Unit};
+use super::pods;
 use super::prepare::{self, ClaimView, Planned, Refusal};
 use crate::api::{GpuTenant, ScrubMemory};
 use crate::gpu::Gpus;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::ListParams;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use std::sync::Arc;
@@ -51,13 +50,8 @@ pub enum ClaimError {
         namespace: String,
         name: String,
     },
-    #[error("reading pod {namespace}/{name}, which claim {claim} is reserved for: {why}")]
-    Pod {
-        namespace: String,
-        name: String,
-        claim: String,
-        why: String,
-    },
+    #[error(transparent)]
+    Pod(#[from] pods::PodError),
     #[error("{0}")]
     Refused(Refusal),
     #[error("device {device} is busy: {why}")]
@@ -155,62 +149,6 @@ pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
     }
 }
 
-/// The (request, device) pairs of this driver allocated to `claim`, on `pool` when given.
-fn devices_of(claim: &ResourceClaim, pool: Option<&str>) -> Vec<(String, String)> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .map(|d| {
-            d.results
-                .iter()
-                .flatten()
-                .filter(|r| r.driver == DRIVER && pool.is_none_or(|p| r.pool == p))
-                .map(|r| (r.request.clone(), r.device.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The names of every claim `pod` holds, once per entry of its `resourceClaims` (a claim named
-/// twice counts twice), and the claim its extended resources were allocated through. An entry
-/// whose claim is not created yet cannot be counted: an error.
-fn pod_claims(pod: &Pod) -> Result<Vec<String>, String> {
-    let status = pod.status.as_ref();
-    let generated = |entry: &str| -> Option<String> {
-        status?
-            .resource_claim_statuses
-            .as_ref()?
-            .iter()
-            .find(|s| s.name == entry)?
-            .resource_claim_name
-            .clone()
-    };
-    let mut out = Vec::new();
-    for entry in pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.resource_claims.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        match (entry.resource_claim_name.clone(), generated(&entry.name)) {
-            (Some(name), _) | (None, Some(name)) => out.push(name),
-            (None, None) => {
-                return Err(format!(
-                    "its claim {} is not created yet (no resourceClaimStatuses entry)",
-                    entry.name
-                ));
-            }
-        }
-    }
-    if let Some(ext) = status.and_then(|s| s.extended_resource_claim_status.as_ref()) {
-        out.push(ext.resource_claim_name.clone());
-    }
-    Ok(out)
-}
-
 impl<G: Gpus + 'static> DraState<G> {
     pub fn new(
         node: String,
@@ -291,78 +229,8 @@ impl<G: Gpus + 'static> DraState<G> {
             namespace: claim.namespace().unwrap_or_default(),
             name: claim.name_any(),
             tenant,
-            allocated: devices_of(claim, Some(&self.node)),
+            allocated: pods::devices_of(claim, Some(&self.node)),
         }
-    }
-
-    /// Refuses the claim when a pod it is reserved for holds, through all its claims, more
-    /// devices of this driver than its tenant's `maxGpusPerPod`. The admission policies cannot
-    /// count them (a pod names its claims; what they hold is in other objects), so it is counted
-    /// here, where every claim of the pod is allocated.
-    async fn within_pod_limit(&self, claim: &ResourceClaim, tenant: Option<&str>) -> Result<(), ClaimError> {
-        let Some(tenant) = tenant else { return Ok(()) };
-        let max = self
-            .tenants
-            .state()
-            .iter()
-            .find(|t| t.name_any() == tenant)
-            .and_then(|t| t.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod));
-        let Some(max) = max else { return Ok(()) };
-        let namespace = claim.namespace().unwrap_or_default();
-        let pods: Vec<(String, String)> = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.reserved_for.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
-            .map(|r| (r.name.clone(), r.uid.clone()))
-            .collect();
-        if pods.is_empty() {
-            return Err(ClaimError::Refused(Refusal::NotReserved {
-                tenant: tenant.to_string(),
-            }));
-        }
-        let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let claim_api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
-        for (pod_name, pod_uid) in pods {
-            let pod_err = |why: String| ClaimError::Pod {
-                namespace: namespace.clone(),
-                name: pod_name.clone(),
-                claim: claim.name_any(),
-                why,
-            };
-            // The agent may list pods (to find a busy GPU's), not get them.
-            let pod = pod_api
-                .list(&ListParams::default().fields(&format!("metadata.name={pod_name}")))
-                .await
-                .map_err(|e| pod_err(e.to_string()))?
-                .items
-                .into_iter()
-                .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
-                .ok_or_else(|| pod_err(format!("no pod of UID {pod_uid}")))?;
-            let mut holds = 0u32;
-            for claim_name in pod_claims(&pod).map_err(pod_err)? {
-                let other = if claim_name == claim.name_any() {
-                    claim.clone()
-                } else {
-                    claim_api
-                        .get(&claim_name)
-                        .await
-                        .map_err(|e| pod_err(format!("its claim {claim_name}: {e}")))?
-                };
-                holds += u32::try_from(devices_of(&other, None).len()).unwrap_or(u32::MAX);
-            }
-            if holds > max {
-                return Err(ClaimError::Refused(Refusal::TooManyForPod {
-                    pod: format!("{namespace}/{pod_name}"),
-                    tenant: tenant.to_string(),
-                    holds,
-                    max,
-                }));
-            }
-        }
-        Ok(())
     }
 
     /// Refuses a device with processes on it (someone uses it outside any claim, or, for a share
@@ -462,7 +330,16 @@ impl<G: Gpus + 'static> DraState<G> {
         // its pod's device count before anything recorded answers for it.
         let claim = self.read_claim(namespace, name, uid).await?;
         let tenant = owner(&self.tenants.state(), namespace);
-        self.within_pod_limit(&claim, tenant.as_deref()).await?;
+        let max = tenant.as_deref().and_then(|t| {
+            self.tenants
+                .state()
+                .iter()
+                .find(|x| x.name_any() == t)
+                .and_then(|x| x.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod))
+        });
+        if let (Some(t), Some(max)) = (tenant.as_deref(), max) {
+            pods::within_limit(&self.client, &claim, t, max).await?;
+        }
         let view = self.view(&claim, tenant);
         let planned = {
             let mut inner = self.inner.lock().await;
