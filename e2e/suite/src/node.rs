@@ -157,6 +157,25 @@ impl RealNode {
         self.ready(client).await;
     }
 
+    /// A reboot: the kubelet and the runtime stop (every container with them) and start again,
+    /// the runtime's CDI directory emptied (a tmpfs) but for the files `keep` names (NVIDIA's
+    /// toolkit writes its own spec again at boot). The kubelet's checkpoint survives.
+    pub async fn reboot(&mut self, client: &Client, keep: &[&str]) {
+        for c in [self.kubelet.take(), self.runtime.take()].into_iter().flatten() {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for f in std::fs::read_dir(self.cdi_dir()).expect("the CDI directory").flatten() {
+            if !keep.iter().any(|k| f.file_name() == *k) {
+                std::fs::remove_file(f.path()).expect("emptying the CDI directory");
+            }
+        }
+        self.start_runtime();
+        self.start_kubelet();
+        self.ready(client).await;
+    }
+
     /// Waits until the Node is Ready, then lifts the not-ready taint.
     async fn ready(&self, client: &Client) {
         let nodes: Api<Node> = Api::all(client.clone());

@@ -214,6 +214,25 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
         "the firstAvailable pod's container was given no device: {k2}"
     );
 
+    // A reboot: the runtime's containers and its CDI directory are gone, the kubelet's checkpoint
+    // is not. The kubelet makes the pod's sandbox again and calls Prepare again; the container is
+    // created again only if the claim's spec is there again.
+    let before = node.containers().iter().filter(|c| c["pod"] == "k2").count();
+    node.reboot(&c.client, &["nvidia.json"]).await;
+    until("pod k2's container created again after the reboot", 90, || async {
+        let now = node.containers().iter().filter(|c| c["pod"] == "k2").count();
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!(
+                "{now} containers of k2, as before the reboot; the kubelet:\n{}",
+                node.log_tail()
+            ))
+        }
+    })
+    .await;
+    running(&c.client, &node, "k2").await;
+
     // The kubelet restarts and wipes its node's slices: the agent writes them back.
     node.restart_kubelet(&c.client).await;
     let t0 = Instant::now();
