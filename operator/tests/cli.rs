@@ -178,6 +178,28 @@ fn plan_prints_exactly_the_desired_state() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), manifests_yaml(&desired));
+    // Every kind the controller writes for examples/ (which has a DRA pool, so DeviceClasses and
+    // the mutating policies too), as the install guide lists them.
+    let yaml = stdout(&o);
+    let kinds: std::collections::BTreeSet<&str> = yaml
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .map(str::trim)
+        .collect();
+    let want: std::collections::BTreeSet<&str> = [
+        "GpuNode",
+        "Namespace",
+        "ResourceQuota",
+        "ConfigMap",
+        "Node",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ]
+    .into();
+    assert_eq!(kinds, want, "plan -o yaml prints every kind the controller writes");
 
     let o = gpu_tenancy(&[
         "plan",

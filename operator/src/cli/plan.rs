@@ -183,14 +183,36 @@ fn read_inventory(path: &Path, limits: &Limits) -> Result<(String, InventoryFile
 /// GpuNode specs, namespaces, quotas, the device plugin's ConfigMap, node labels and taints, the
 /// admission policies and their bindings. (Statuses are not applyable; `-o json` has them.)
 pub fn manifests_yaml(desired: &Desired) -> String {
+    // Every object the controller writes, by name: a field added to `Desired` fails to compile
+    // here until it is printed or said not to be an object the controller writes.
+    let Desired {
+        nodes,
+        namespaces,
+        resource_quotas,
+        config_maps,
+        node_labels,
+        device_classes,
+        admission_policies,
+        admission_bindings,
+        mutating_policies,
+        mutating_bindings,
+        // The user's own objects: the controller writes only their status.
+        tenants: _,
+        plans: _,
+        policies: _,
+        // What the bindings say, as data; the bindings are printed.
+        namespace_rules: _,
+        // Reports: `plan`'s tables and `-o json` show them.
+        changes: _,
+        problems: _,
+    } = desired;
     let mut docs: Vec<String> = Vec::new();
     fn push<T: Serialize>(docs: &mut Vec<String>, items: &[T]) {
         for item in items {
             docs.push(serde_saphyr::to_string(item).expect("a Kubernetes object serialises"));
         }
     }
-    let specs: Vec<GpuNode> = desired
-        .nodes
+    let specs: Vec<GpuNode> = nodes
         .iter()
         .map(|n| {
             let mut n = n.clone();
@@ -199,12 +221,15 @@ pub fn manifests_yaml(desired: &Desired) -> String {
         })
         .collect();
     push(&mut docs, &specs);
-    push(&mut docs, &desired.namespaces);
-    push(&mut docs, &desired.resource_quotas);
-    push(&mut docs, &desired.config_maps);
-    push(&mut docs, &desired.node_labels);
-    push(&mut docs, &desired.admission_policies);
-    push(&mut docs, &desired.admission_bindings);
+    push(&mut docs, namespaces);
+    push(&mut docs, resource_quotas);
+    push(&mut docs, config_maps);
+    push(&mut docs, node_labels);
+    push(&mut docs, device_classes);
+    push(&mut docs, admission_policies);
+    push(&mut docs, admission_bindings);
+    push(&mut docs, mutating_policies);
+    push(&mut docs, mutating_bindings);
     docs.join("---\n")
 }
 
