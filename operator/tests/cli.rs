@@ -15,6 +15,13 @@ fn gpu_tenancy(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `gpu-tenancy plan` of `examples/` on its inventory, with `more` arguments.
+fn plan_examples(more: &[&str]) -> Output {
+    let mut args = vec!["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml"];
+    args.extend_from_slice(more);
+    gpu_tenancy(&args)
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -118,15 +125,7 @@ fn garbage_never_panics() {
 
 #[test]
 fn plan_json_has_nodes_tenants_and_problems() {
-    let o = gpu_tenancy(&[
-        "plan",
-        "-f",
-        "examples/",
-        "--inventory",
-        "examples/inventory.yaml",
-        "-o",
-        "json",
-    ]);
+    let o = plan_examples(&["-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["nodes"].as_array().unwrap().len(), 6);
@@ -167,15 +166,7 @@ fn plan_prints_exactly_the_desired_state() {
     .unwrap();
     assert_eq!(problems, Vec::<String>::new());
 
-    let o = gpu_tenancy(&[
-        "plan",
-        "-f",
-        "examples/",
-        "--inventory",
-        "examples/inventory.yaml",
-        "-o",
-        "yaml",
-    ]);
+    let o = plan_examples(&["-o", "yaml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), manifests_yaml(&desired));
     // Every kind the controller writes for examples/ (which has a DRA pool, so DeviceClasses and
@@ -201,15 +192,7 @@ fn plan_prints_exactly_the_desired_state() {
     .into();
     assert_eq!(kinds, want, "plan -o yaml prints every kind the controller writes");
 
-    let o = gpu_tenancy(&[
-        "plan",
-        "-f",
-        "examples/",
-        "--inventory",
-        "examples/inventory.yaml",
-        "-o",
-        "json",
-    ]);
+    let o = plan_examples(&["-o", "json"]);
     let mut printed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let mut computed = serde_json::to_value(&desired).unwrap();
     computed["problems"] = serde_json::json!([]);
@@ -235,20 +218,12 @@ fn plan_prints_exactly_the_desired_state() {
 
 #[test]
 fn plan_table_is_for_people() {
-    let o = gpu_tenancy(&["plan", "-f", "examples/", "--inventory", "examples/inventory.yaml"]);
+    let o = plan_examples(&[]);
     let out = stdout(&o);
     assert!(out.starts_with("NODES\nNODE "), "{out}");
     assert!(out.contains("\nTENANTS\nTENANT "));
     assert!(out.contains("3g.40gb+2×2g.20gb   team-beta,acme"), "{out}");
-    let o = gpu_tenancy(&[
-        "plan",
-        "-f",
-        "examples/",
-        "--inventory",
-        "examples/inventory.yaml",
-        "-o",
-        "wide",
-    ]);
+    let o = plan_examples(&["-o", "wide"]);
     assert!(stdout(&o).contains("2g.20gb@0=team-beta 2g.20gb@2=team-beta 3g.40gb@4=acme"));
 }
 
