@@ -3,11 +3,13 @@
 # built from the Kubernetes modules, with kube-scheduler and the ResourceClaim controller), the
 # CRDs, the controller and one agent per node of examples/inventory.yaml, each on its own
 # simulated libnvidia-ml.so state, plus one node of a DRA pool (examples/dra/) whose agent runs as
-# the DRA kubelet plugin; then examples/ is applied and everything is watched until Ready. There
-# is no kubelet: the demo creates the Node objects with the labels NVIDIA's GPU feature discovery
-# would set, and on the DRA node a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs) prepares the
-# claims of the pods the scheduler binds there, so the two DRA teams' example pods show which
-# device each got. A Prometheus (e2e/bin/prometheus, when built) scrapes every agent and the
+# the DRA kubelet plugin; then examples/ is applied and everything is watched until Ready. The
+# device-plugin nodes have no kubelet: the demo creates their Node objects with the labels NVIDIA's
+# GPU feature discovery would set. The DRA node runs Kubernetes' own kubelet (e2e/bin/kubelet) on
+# a CRI runtime that runs no containers but resolves their CDI devices as containerd does, so the
+# two DRA teams' example pods really start with the devices the agent prepared; the kubelet needs
+# root (it mounts pod volumes), and without root a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs)
+# prepares the claims instead. A Prometheus (e2e/bin/prometheus, when built) scrapes every agent and the
 # controller every 2 s; simulated processes of each tenant run on devices the plan granted it, and
 # `gpu-tenancy report` shows their GPU-hours and efficiency.
 #
@@ -21,6 +23,7 @@ ROOT="$(pwd)"
 DIR="$ROOT/target/demo"
 BIN="$ROOT/target/debug/gpu-tenancy"
 FAKE_KUBELET="$ROOT/target/debug/fake-kubelet"
+KUBELET="$ROOT/e2e/bin/kubelet"
 SIM="$ROOT/target/debug/libnvidia_ml_sim.so"
 SIM_CTL="$ROOT/target/debug/sim-ctl"
 PROMETHEUS="$ROOT/e2e/bin/prometheus"
@@ -35,6 +38,13 @@ die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 PIDS=()
+# The kubelet mounts each pod's volumes (tmpfs) under its root directory.
+unmount_kubelets() {
+	local r
+	for r in "$DIR"/dra-*/root; do
+		[[ -d "$r" ]] && umount -R "$r" 2>/dev/null || true
+	done
+}
 cleanup() {
 	# Newest first (the watches, the controller, the agents), the control plane last, so nothing
 	# retries against an API server that is gone. A watch is a subshell with kubectl as its
@@ -59,7 +69,8 @@ cleanup() {
 		pkill -KILL -P "$p" 2>/dev/null || true
 		kill -KILL "$p" 2>/dev/null || true
 	done
-	stoplog "processes stopped; stopping the control plane"
+	stoplog "processes stopped; unmounting the kubelet's volumes, stopping the control plane"
+	unmount_kubelets
 	[[ -x "$ROOT/e2e/bin/controlplane" ]] && "$ROOT/e2e/bin/controlplane" down --dir "$DIR/controlplane" --timeout 15s >/dev/null 2>&1 || true
 	stoplog "stopped"
 }
@@ -73,6 +84,7 @@ say "building gpu-tenancy and the simulated NVML library ..."
 say "building the control plane (the first build takes several minutes; later ones seconds) ..."
 e2e/run.sh build
 
+unmount_kubelets
 rm -rf "$DIR"
 mkdir -p "$DIR"
 say "starting a control plane (logs: target/demo/controlplane/) ..."
@@ -119,20 +131,69 @@ node gpu-h200-2 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"t
 - {pciDeviceId: "0x233510DE", count: 4, numaNode: 1}'
 
 # A node of the DRA pool (examples/dra/pool.yaml): its agent is also the DRA kubelet plugin, its
-# sockets, checkpoint and CDI specs under target/demo/dra-NAME/. The node is faked Ready (as
-# Kubernetes' own DRA tests do) so the scheduler places pods there, and a fake kubelet prepares
-# their claims.
-node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
-	local name="$1" labels="$2" gpus="$3" count="$4" d="$DIR/dra-$1" now port
-	mkdir -p "$d"
+# checkpoint under target/demo/dra-NAME/. As root, Kubernetes' own kubelet registers the Node
+# and the plugin (its root directory, the runtime's socket and CDI specs under the same folder);
+# the node lifecycle controller does not run here, so the demo lifts the not-ready taint the API
+# server gives a new Node, as it would. Otherwise the Node is faked Ready (as Kubernetes' own DRA
+# tests do) and a fake kubelet prepares the claims of the pods bound there.
+real_kubelet() { # NAME LABELS_JSON DIR: the runtime and the kubelet, until the Node is Ready
+	local name="$1" labels d="$3" port
+	labels="$(python3 -c 'import json, sys; print(",".join(k + "=" + v for k, v in json.loads(sys.argv[1]).items()))' "$2")"
+	mkdir -p "$d/root" "$d/cdi" "$d/logs" "$d/pki"
+	(cd "$d" && exec "$KUBELET" runtime --socket "$d/cri.sock" --cdi-dir "$d/cdi" --record "$d/containers.jsonl") >"$DIR/runtime-$name.log" 2>&1 &
+	PIDS+=($!)
 	port="$(free_port)"
-	TARGETS+=("127.0.0.1:$port")
+	cat >"$d/kubelet.yaml" <<-EOF
+		apiVersion: kubelet.config.k8s.io/v1beta1
+		kind: KubeletConfiguration
+		failCgroupV1: false
+		cgroupsPerQOS: false
+		enforceNodeAllocatable: []
+		failSwapOn: false
+		cgroupDriver: cgroupfs
+		containerRuntimeEndpoint: unix://$d/cri.sock
+		authentication: {webhook: {enabled: false}, anonymous: {enabled: false}}
+		authorization: {mode: AlwaysAllow}
+		evictionHard: {}
+		readOnlyPort: 0
+		healthzPort: 0
+		address: 127.0.0.1
+		port: $port
+		podLogsDir: $d/logs
+	EOF
+	# In its own folder: with this runtime the kubelet removes files relative to its working directory.
+	(cd "$d" && exec "$KUBELET" --config "$d/kubelet.yaml" --kubeconfig "$DIR/controlplane/kubeconfig" \
+		--root-dir "$d/root" --cert-dir "$d/pki" --hostname-override "$name" --node-labels "$labels") \
+		>"$DIR/kubelet-$name.log" 2>&1 &
+	PIDS+=($!)
+	local start=$SECONDS
+	until [[ "$(k get node "$name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]; do
+		((SECONDS - start > 90)) && die "the kubelet of $name did not make its Node Ready (log: target/demo/kubelet-$name.log)"
+		sleep 0.5
+	done
+	k patch node "$name" --type=json -p '[{"op":"remove","path":"/spec/taints"}]' >/dev/null 2>&1 || true
+}
+fake_node() { # NAME LABELS_JSON: a Node object, faked Ready
+	local name="$1" labels="$2" now
 	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
 	now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	k patch node "$name" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"64","memory":"512Gi","pods":"250"},"allocatable":{"cpu":"64","memory":"512Gi","pods":"250"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"make run fakes this node","lastHeartbeatTime":"'"$now"'","lastTransitionTime":"'"$now"'"}]}}' >/dev/null
 	# The API server taints a new Node not-ready; the node lifecycle controller (not run here)
 	# would lift it once the node is Ready.
 	k patch node "$name" --type=merge -p '{"spec":{"taints":null}}' >/dev/null
+}
+node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
+	local name="$1" labels="$2" gpus="$3" count="$4" d="$DIR/dra-$1" port registry plugins cdi
+	mkdir -p "$d"
+	port="$(free_port)"
+	TARGETS+=("127.0.0.1:$port")
+	if ((EUID == 0)); then
+		real_kubelet "$name" "$labels" "$d"
+		registry="$d/root/plugins_registry" plugins="$d/root/plugins" cdi="$d/cdi"
+	else
+		fake_node "$name" "$labels"
+		registry="$d/plugins_registry" plugins="$d/plugins" cdi="$d/cdi"
+	fi
 	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
 	# The driver's MIG capability minors, as the simulator numbers GPU and compute instances.
 	{
@@ -150,14 +211,36 @@ node_dra() { # NAME LABELS_JSON SIM_GPUS_YAML GPU_COUNT
 	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
 		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
 		"$BIN" agent run --node-name "$name" --poll 5 --mode dra --metrics-addr "127.0.0.1:$port" \
-		--kubelet-registry-dir "$d/plugins_registry" --kubelet-plugins-dir "$d/plugins" \
-		--state-dir "$d/state" --cdi-dir "$d/cdi" --mig-minors-file "$d/mig-minors" \
+		--kubelet-registry-dir "$registry" --kubelet-plugins-dir "$plugins" \
+		--state-dir "$d/state" --cdi-dir "$cdi" --mig-minors-file "$d/mig-minors" \
 		--mps-pipe-dir "$d/mps-pipe" --mps-log-dir "$d/mps-log" --proc-root "$DIR/proc-$name" \
 		>"$DIR/agent-$name.log" 2>&1 &
 	PIDS+=($!)
-	"$FAKE_KUBELET" "$name" "$d" >"$DIR/kubelet-$name.log" 2>&1 &
-	PIDS+=($!)
-	say "node $name: DRA agent and fake kubelet started (logs: target/demo/agent-$name.log, kubelet-$name.log)"
+	if ((EUID == 0)); then
+		say "node $name: Kubernetes' kubelet and its DRA agent started (logs: target/demo/kubelet-$name.log, agent-$name.log)"
+	else
+		"$FAKE_KUBELET" "$name" "$d" >"$DIR/kubelet-$name.log" 2>&1 &
+		PIDS+=($!)
+		say "node $name: DRA agent and fake kubelet started, not root (logs: target/demo/agent-$name.log, kubelet-$name.log)"
+	fi
+}
+# NVIDIA's CDI spec of a DRA node's GPUs and MIG instances, named by UUID, as the GPU Operator's
+# toolkit writes it (nvidia-ctk cdi generate --device-name-strategy=uuid) once the instances exist:
+# Prepare names these devices beside its own, and the runtime refuses a container without them.
+nvidia_cdi_spec() { # NAME
+	local d="$DIR/dra-$1"
+	((EUID == 0)) || return 0
+	k get resourceslices -o json | python3 -c '
+import json, sys
+node, out = sys.argv[1], sys.argv[2]
+uuids = sorted({d["attributes"]["uuid"]["string"] for s in json.load(sys.stdin)["items"]
+                if s["spec"].get("nodeName") == node for d in s["spec"].get("devices", [])
+                if "uuid" in d.get("attributes", {})})
+spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+        "devices": [{"name": u, "containerEdits": {"env": ["NVIDIA_DRIVER_DEVICE=" + u]}} for u in uuids],
+        "containerEdits": {"env": ["NVIDIA_DRIVER_CAPABILITIES=compute,utility"]}}
+json.dump(spec, open(out, "w"), indent=1)
+' "$1" "$d/cdi/nvidia.json"
 }
 node_dra gpu-h100-dra-1 '{"gputenancy.io/pool":"dra","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233010DE", count: 2}' 2
 
@@ -229,6 +312,7 @@ say "tenant grants"
 k get gputenants -o custom-columns='TENANT:.metadata.name,TIER:.spec.tier,GRANTED:.status.summary,MEMORY MiB:.status.grantedMemoryMiB,ISOLATED:.status.conditions[?(@.type=="Isolated")].reason'
 echo
 # The DRA pool: the two teams' example claims and pods, and which device each got.
+nvidia_cdi_spec gpu-h100-dra-1
 say "applying examples/dra/claims.yaml: claims and pods of vision and speech on the DRA node ..."
 k apply -f examples/dra/claims.yaml >/dev/null
 start=$SECONDS
@@ -240,6 +324,9 @@ until [[ "$(k get pods -A --field-selector=status.phase=Running -o name 2>/dev/n
 	sleep 1
 done
 sleep 2 # the agent publishes status.claims within half a second of a Prepare
+say "DRA: the example pods, on the DRA node's kubelet"
+k get pods -A --field-selector spec.nodeName=gpu-h100-dra-1 -o custom-columns='NAMESPACE:.metadata.namespace,POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase'
+echo
 say "DRA: who got which device (kube-scheduler allocated, the agent prepared it after checking the tenant)"
 k get resourceclaims -A -o custom-columns='NAMESPACE:.metadata.namespace,CLAIM:.metadata.name,CLASS:.spec.devices.requests[*].exactly.deviceClassName,NODE:.status.allocation.devices.results[*].pool,DEVICES:.status.allocation.devices.results[*].device'
 echo

@@ -53,6 +53,7 @@ import (
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/klog/v2"
 	pkgcontroller "k8s.io/kubernetes/pkg/controller"
+	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/clusterroleaggregation"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	namespacecontroller "k8s.io/kubernetes/pkg/controller/namespace"
@@ -243,6 +244,25 @@ func startControllers(ctx, waitCtx context.Context, kubeconfig string, withSched
 		}
 		go claims.Run(ctx, resourceClaimWorkers)
 		started = append(started, "resourceclaim")
+
+		// The root CA publisher (kube-controller-manager's root-ca-cert-publisher): every
+		// namespace's kube-root-ca.crt, which a real kubelet mounts into pods with a service
+		// account token.
+		publisherClient, err := clientset.NewForConfig(config("root-ca-cert-publisher"))
+		if err != nil {
+			return err
+		}
+		publisher, err := rootcacertpublisher.NewPublisher(
+			sharedInformers.Core().V1().ConfigMaps(),
+			sharedInformers.Core().V1().Namespaces(),
+			publisherClient,
+			base.CAData,
+		)
+		if err != nil {
+			return fmt.Errorf("creating the root CA publisher: %w", err)
+		}
+		go publisher.Run(ctx, 1)
+		started = append(started, "root-ca-cert-publisher")
 	}
 
 	go wait.Until(restMapper.Reset, gcSyncPeriod, ctx.Done())
