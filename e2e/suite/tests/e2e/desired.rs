@@ -73,8 +73,11 @@ async fn the_plan_of_the_examples_applies_with_a_server_side_dry_run() {
         + desired.resource_quotas.len()
         + desired.config_maps.len()
         + desired.node_labels.len()
+        + desired.device_classes.len()
         + desired.admission_policies.len()
-        + desired.admission_bindings.len();
+        + desired.admission_bindings.len()
+        + desired.mutating_policies.len()
+        + desired.mutating_bindings.len();
     assert_eq!(
         stdout.lines().filter(|l| l.contains("(server dry run)")).count(),
         expected,
