@@ -196,3 +196,48 @@ pub fn mutations(paths: &Paths) -> Result<u64, String> {
 pub fn log_since(paths: &Paths, since: u64) -> Result<Vec<LogEntry>, String> {
     Ok(read(paths)?.log_since(since))
 }
+
+/// What went wrong on a GPU, as the driver reports it to NVML's event sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverEvent {
+    /// An XID error (e.g. 79: the GPU has fallen off the bus; 13: an application's fault).
+    Xid(u64),
+    /// An uncorrectable (double-bit) ECC error.
+    EccUncorrectable,
+}
+
+/// The driver reports `event` on GPU `gpu`, in the MIG instance at memory slice `start` if given
+/// (its GPU instance and first compute instance), else on the whole GPU.
+pub fn event(paths: &Paths, gpu: u32, start: Option<u32>, event: DriverEvent) -> Result<(), String> {
+    use nvml_wrapper_sys::bindings::{nvmlEventTypeDoubleBitEccError, nvmlEventTypeXidCriticalError};
+    update(paths, |st| {
+        let g = st.gpu_mut(gpu).ok_or_else(|| format!("no GPU {gpu}"))?;
+        let (gi, ci) = match start {
+            None => (None, None),
+            Some(s) => {
+                let gi = g
+                    .gis
+                    .iter()
+                    .find(|gi| gi.start == s)
+                    .ok_or_else(|| format!("GPU {gpu} has no GPU instance starting at slice {s}"))?;
+                (Some(gi.id), gi.cis.first().map(|c| c.id))
+            }
+        };
+        let (event_type, data) = match event {
+            DriverEvent::Xid(xid) => (u64::from(nvmlEventTypeXidCriticalError), xid),
+            DriverEvent::EccUncorrectable => (u64::from(nvmlEventTypeDoubleBitEccError), 0),
+        };
+        let seq = st.events.last().map_or(1, |e| e.seq + 1);
+        st.events.push(crate::state::SimEvent {
+            seq,
+            gpu,
+            event_type,
+            data,
+            gpu_instance: gi,
+            compute_instance: ci,
+        });
+        let excess = st.events.len().saturating_sub(crate::state::EVENTS_KEPT);
+        st.events.drain(..excess);
+        Ok(())
+    })?
+}

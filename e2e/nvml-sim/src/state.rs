@@ -85,6 +85,10 @@ pub struct SimState {
     pub abort_at_mutation: Option<u64>,
     /// Scrubs completed through the simulated CUDA side.
     pub scrubs: Vec<ScrubEntry>,
+    /// What the driver reported since the node started, for NVML's event sets
+    /// (`nvmlEventSetWait_v2`): XID errors and ECC errors, oldest first ([`SimEvent`]).
+    #[serde(default)]
+    pub events: Vec<SimEvent>,
     /// State of the generator random-rate faults draw from (xorshift64*; 0: not seeded yet).
     #[serde(default)]
     pub rng: u64,
@@ -202,6 +206,26 @@ pub struct Fault {
     #[serde(default)]
     pub rate: Option<f64>,
 }
+
+/// One event of the driver, as an event set delivers it: `seq` numbers them from 1, so each
+/// event set delivers only what came after it was created, as NVML's do.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SimEvent {
+    pub seq: u64,
+    pub gpu: u32,
+    /// An `nvmlEventType*` bit: `nvmlEventTypeXidCriticalError`, `nvmlEventTypeDoubleBitEccError`...
+    pub event_type: u64,
+    /// The XID of an XID event; 0 otherwise.
+    pub data: u64,
+    /// The GPU and compute instance the error was in, on a GPU in MIG mode (`None`: the whole GPU,
+    /// which NVML reports as 0xFFFFFFFF).
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+}
+
+/// Events kept in the state: an event set that falls this far behind loses the oldest, as the
+/// driver's queue would.
+pub const EVENTS_KEPT: usize = 256;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ScrubEntry {

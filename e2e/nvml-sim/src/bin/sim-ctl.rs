@@ -116,6 +116,23 @@ enum Cmd {
         #[arg(long)]
         tenant: String,
     },
+    /// The driver reports an error on a GPU (or the MIG instance at --start), as NVML's event sets
+    /// deliver it: an XID (--xid 79: fallen off the bus; 48: double-bit ECC; 13: an application's
+    /// fault) or an uncorrectable ECC error (--ecc-uncorrectable).
+    Event {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        start: Option<u32>,
+        #[arg(
+            long,
+            required_unless_present = "ecc_uncorrectable",
+            conflicts_with = "ecc_uncorrectable"
+        )]
+        xid: Option<u64>,
+        #[arg(long)]
+        ecc_uncorrectable: bool,
+    },
     /// Print the mutation log as JSON lines (after mutation number --since).
     Log {
         #[arg(long, default_value_t = 0)]
@@ -176,6 +193,15 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
         Cmd::AbortAt { mutation } => ctl::abort_at(p, mutation),
         Cmd::ClearFaults => ctl::clear_faults(p),
         Cmd::Dirty { gpu, start, tenant } => ctl::set_dirty(p, gpu, start, &tenant),
+        Cmd::Event {
+            gpu,
+            start,
+            xid,
+            ecc_uncorrectable: _,
+        } => {
+            let event = xid.map_or(ctl::DriverEvent::EccUncorrectable, ctl::DriverEvent::Xid);
+            ctl::event(p, gpu, start, event)
+        }
         Cmd::Log { since } => {
             for e in ctl::log_since(p, since)? {
                 println!("{}", serde_json::to_string(&e).expect("log entries serialise"));

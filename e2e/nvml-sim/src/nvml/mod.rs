@@ -4,6 +4,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+pub mod events;
 pub mod instances;
 pub mod lookup;
 pub mod mig_devices;
