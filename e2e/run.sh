@@ -3,8 +3,9 @@
 # kube-apiserver, built from the Kubernetes Go modules) on 127.0.0.1, and runs the Rust suite
 # in e2e/suite against it.
 #
-#   e2e/run.sh build        build e2e/bin/controlplane, e2e/bin/kubelet (the kubelet and a CRI
-#                           runtime that runs no containers), the e2e/bin/kubectl link and
+#   e2e/run.sh build        build e2e/bin/controlplane, e2e/bin/kubelet (the kubelet, a CRI
+#                           runtime that runs no containers and a device plugin advertising what
+#                           NVIDIA's would), the e2e/bin/kubectl link and
 #                           e2e/bin/helm-render (Helm's own renderer, for deploy/helm) and
 #                           e2e/bin/gitops (Argo CD health Lua, Flux apply/wait, kstatus) (if needed)
 #   e2e/run.sh up           start a control plane in the background (state: target/e2e/);
@@ -268,6 +269,7 @@ cmd_test() {
 	"$CARGO" build -p nvml-sim
 	nvml_check
 	cdi_check
+	kubelet_check
 	"$CARGO" test -p gpu-tenancy-e2e --no-run
 	# A control plane of its own (not the one of `make e2e-up`, nor of a concurrent run), torn
 	# down on any exit. Directories of earlier runs whose control plane is gone are removed.
@@ -330,6 +332,13 @@ cmd_faults() {
 	"$CARGO" build -p nvml-sim
 	"$CARGO" test -p gpu-tenancy-e2e --test faults --no-run
 	GPU_TENANCY_FAULTS_SECONDS="${GPU_TENANCY_FAULTS_SECONDS:-300}" run_faults "$@"
+}
+
+# kubelet_check: e2e/kubelet's own Go tests (the device plugin's resources for each config the
+# controller renders; the real-kubelet scenarios then run it).
+kubelet_check() {
+	say "checking e2e/kubelet (the device plugin's resources per NVIDIA config) ..."
+	(cd "$KUBELET_SRC" && "$GO" test -count=1 ./...) || die "e2e/kubelet's tests failed (above)"
 }
 
 # cdi_check: e2e/cdi-check's own Go tests (the CDI project's validation, which the DRA scenarios

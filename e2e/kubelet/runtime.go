@@ -6,7 +6,9 @@ package main
 // library's cache over the runtime's spec directory: a device no valid spec defines fails the
 // container ("unresolvable CDI devices"), as it would in production. Device nodes are not
 // injected (this machine has no GPU device nodes to stat); what each container was given is
-// appended to the record file, one JSON object a line, for the tests to read.
+// appended to the record file, one JSON object a line, for the tests to read: its CDI devices,
+// the environment their specs set, and the environment the kubelet set (a device plugin's
+// Allocate answer among it).
 
 import (
 	"context"
@@ -40,6 +42,8 @@ type created struct {
 	Container  string   `json:"container"`
 	CDIDevices []string `json:"cdiDevices"`
 	Env        []string `json:"env"`
+	// ContainerEnv is the container's own environment as the kubelet sent it (KEY=VALUE).
+	ContainerEnv []string `json:"containerEnv"`
 }
 
 func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
@@ -55,10 +59,14 @@ func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.Create
 	if err != nil {
 		return nil, err
 	}
+	var own []string
+	for _, kv := range req.GetConfig().GetEnvs() {
+		own = append(own, kv.GetKey()+"="+string(kv.GetValue()))
+	}
 	meta := req.GetSandboxConfig().GetMetadata()
 	line, err := json.Marshal(created{
 		Pod: meta.GetName(), Namespace: meta.GetNamespace(), Container: req.GetConfig().GetMetadata().GetName(),
-		CDIDevices: names, Env: env,
+		CDIDevices: names, Env: env, ContainerEnv: own,
 	})
 	if err != nil {
 		return nil, err
