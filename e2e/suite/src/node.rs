@@ -1,7 +1,16 @@
 //! A real node: Kubernetes' own kubelet (e2e/kubelet, built from `cmd/kubelet` at the control
 //! plane's version) on a CRI runtime that runs no containers but resolves their CDI devices as
 //! containerd does (`e2e/bin/kubelet runtime`). The kubelet registers its Node, watches its plugin
-//! registry, calls the DRA plugins' Prepare and Unprepare, and starts the pods bound to it.
+//! registry, calls the DRA plugins' Prepare and Unprepare, and starts the pods bound to it. With
+//! [`RealNode::start_device_plugin`] its device manager also has a device plugin advertising what
+//! NVIDIA's would for the node's config (`e2e/bin/kubelet device-plugin`), and its pod-resources
+//! server ([`RealNode::pod_resources_socket`]) says which pod holds which of those devices.
+//!
+//! The kubelet's device manager serves `/var/lib/kubelet/device-plugins/kubelet.sock` whatever
+//! its `--root-dir`, and empties that directory when it starts: each kubelet runs in a mount
+//! namespace of its own where that path is its node's `root/device-plugins/`
+//! ([`RealNode::device_plugin_dir`]), so kubelets of one machine (tests in parallel, other suites)
+//! keep their own plugins. Needs `unshare` and root, as the kubelet does.
 //!
 //! Settings for these machines (cgroup v1, no swap accounting, no image filesystem): no QoS
 //! cgroups, no node-allocatable enforcement, no eviction thresholds, no read-only or healthz port,
@@ -26,6 +35,38 @@ pub struct RealNode {
     labels: String,
     runtime: Option<Child>,
     kubelet: Option<Child>,
+    device_plugin: Option<Child>,
+}
+
+/// The devices of a node as NVIDIA's device plugin finds them through NVML: whole GPUs, GPUs with
+/// MIG mode on, and MIG devices with their profiles.
+#[derive(Clone, Debug, Default)]
+pub struct NodeDevices {
+    /// UUIDs (`GPU-...`) of the GPUs without MIG mode.
+    pub gpus: Vec<String>,
+    /// UUIDs of the GPUs with MIG mode on.
+    pub mig_gpus: Vec<String>,
+    /// MIG devices: UUID (`MIG-...`) and profile (`3g.40gb`).
+    pub mig_devices: Vec<(String, String)>,
+}
+
+/// Where the kubelet's device manager serves and looks for device plugins, whatever its root
+/// directory (`pluginapi.KubeletSocket`, fixed in k8s.io/kubelet's deviceplugin/v1beta1).
+const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";
+
+/// A command that runs the program given next in a mount namespace of its own where
+/// [`DEVICE_PLUGIN_PATH`] is `dir`: the device manager ignores `--root-dir` and empties that
+/// directory at start, so kubelets sharing a machine would take each other's plugins. Mounts the
+/// kubelet makes (pod volumes) stay in that namespace and go with it.
+fn in_own_device_plugin_dir(dir: &Path) -> Command {
+    std::fs::create_dir_all(dir).expect("creating the kubelet's device-plugin directory");
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!(
+            "mkdir -p {DEVICE_PLUGIN_PATH} && mount --bind \"$0\" {DEVICE_PLUGIN_PATH} && exec \"$@\""
+        ))
+        .arg(dir);
+    c
 }
 
 fn bin() -> PathBuf {
@@ -54,6 +95,7 @@ impl RealNode {
             labels: labels.into(),
             runtime: None,
             kubelet: None,
+            device_plugin: None,
         };
         node.start_runtime();
         node.start_kubelet();
@@ -69,6 +111,95 @@ impl RealNode {
     /// The kubelet's plugins directory (`plugins/`).
     pub fn plugins_dir(&self) -> PathBuf {
         self.dir.join("root/plugins")
+    }
+
+    /// The kubelet's device-plugin directory (`device-plugins/`: its registration socket and the
+    /// plugins' sockets).
+    pub fn device_plugin_dir(&self) -> PathBuf {
+        self.dir.join("root/device-plugins")
+    }
+
+    /// The kubelet's pod-resources socket (`pod-resources/kubelet.sock`), for the agent's
+    /// `--pod-resources-socket`.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.dir.join("root/pod-resources/kubelet.sock")
+    }
+
+    /// Starts (again: a running one is stopped first, as NVIDIA's plugin is restarted to read its
+    /// devices again) the device plugin for NVIDIA's plugin config `config` (YAML, as the
+    /// controller renders it for this node) on `devices`, and waits until the kubelet's Node
+    /// has the `want` resources allocatable (name and count; other resource names none).
+    pub async fn start_device_plugin(
+        &mut self,
+        client: &Client,
+        config: &str,
+        devices: &NodeDevices,
+        want: &[(&str, u64)],
+    ) {
+        self.stop_device_plugin();
+        let file = self.dir.join("device-plugin.yaml");
+        std::fs::write(&file, config).expect("writing the device plugin's config");
+        let log = std::fs::File::create(self.dir.join("device-plugin.log")).expect("the device plugin's log");
+        let mig: Vec<String> = devices.mig_devices.iter().map(|(u, p)| format!("{u}={p}")).collect();
+        let child = Command::new(bin())
+            .current_dir(&self.dir)
+            .arg("device-plugin")
+            .arg("--plugin-dir")
+            .arg(self.device_plugin_dir())
+            .arg("--config")
+            .arg(&file)
+            .args(["--gpus", &devices.gpus.join(",")])
+            .args(["--mig-gpus", &devices.mig_gpus.join(",")])
+            .args(["--mig-devices", &mig.join(",")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the device plugin starts");
+        self.device_plugin = Some(child);
+        self.allocatable(client, want).await;
+    }
+
+    /// Stops the device plugin (SIGKILL); the kubelet marks its devices unhealthy.
+    pub fn stop_device_plugin(&mut self) {
+        if let Some(mut c) = self.device_plugin.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The device plugin's log, for a failure's message.
+    pub fn device_plugin_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("device-plugin.log")).unwrap_or_default()
+    }
+
+    /// Waits until the Node's allocatable GPU resources (`nvidia.com/...`) are `want`.
+    async fn allocatable(&self, client: &Client, want: &[(&str, u64)]) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let want: std::collections::BTreeMap<String, u64> = want.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let node = nodes.get(&self.name).await.expect("the Node");
+            let have: std::collections::BTreeMap<String, u64> = node
+                .status
+                .and_then(|s| s.allocatable)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("nvidia.com/"))
+                .map(|(k, q)| (k, q.0.parse().unwrap_or(u64::MAX)))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            if have == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} has {have:?} allocatable, not {want:?}\nthe device plugin's log:\n{}\nthe kubelet's log:\n{}",
+                self.name,
+                self.device_plugin_log(),
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     /// The runtime's CDI spec directory.
@@ -126,7 +257,8 @@ impl RealNode {
         // Run in the node's own directory: with this runtime the kubelet removes files by paths
         // relative to its working directory (a `Cargo.toml` there went, the suite's own when the
         // kubelet ran in the suite's directory).
-        let child = Command::new(bin())
+        let child = in_own_device_plugin_dir(&self.device_plugin_dir())
+            .arg(bin())
             .current_dir(&self.dir)
             .arg("--config")
             .arg(self.dir.join("kubelet.yaml"))
@@ -226,7 +358,10 @@ impl RealNode {
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        for c in [self.kubelet.take(), self.runtime.take()].into_iter().flatten() {
+        for c in [self.device_plugin.take(), self.kubelet.take(), self.runtime.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut c = c;
             let _ = c.kill();
             let _ = c.wait();

@@ -55,6 +55,8 @@ pub struct SimAgent {
     pub env: Vec<(String, String)>,
     /// `--poll` of the next start, in seconds (1 unless a test sets it).
     pub poll: u64,
+    /// `--pod-resources-socket` when not the one under [`SimAgent::dir`] (a real kubelet's).
+    pod_resources: Option<PathBuf>,
 }
 
 impl SimAgent {
@@ -103,6 +105,7 @@ impl SimAgent {
             args: vec![],
             env: vec![],
             poll,
+            pod_resources: None,
         };
         agent.restart();
         agent
@@ -201,9 +204,19 @@ impl SimAgent {
 
     /// Where this agent reads the kubelet's pod-resources API (under [`SimAgent::dir`], never the
     /// host's kubelet): absent unless a test serves it
-    /// ([`crate::kubelet::pod_resources::PodResourcesServer`]).
+    /// ([`crate::kubelet::pod_resources::PodResourcesServer`]), or a real kubelet's
+    /// ([`SimAgent::read_kubelet`]).
     pub fn pod_resources_socket(&self) -> PathBuf {
-        self.dir.join("pod-resources/kubelet.sock")
+        self.pod_resources
+            .clone()
+            .unwrap_or_else(|| self.dir.join("pod-resources/kubelet.sock"))
+    }
+
+    /// Restarts the agent reading the pod-resources API of a real kubelet on `socket`
+    /// ([`crate::node::RealNode::pod_resources_socket`]).
+    pub fn read_kubelet(&mut self, socket: &Path) {
+        self.pod_resources = Some(socket.to_path_buf());
+        self.restart();
     }
 
     /// The agent's `--proc-root` (under [`SimAgent::dir`], never this machine's `/proc`: the
