@@ -14,6 +14,10 @@ pub const DRIVER: &str = "gpu.gputenancy.io";
 /// The device taint of a device not safe to hand over; its value says why.
 pub const NOT_READY_TAINT: &str = "gputenancy.io/not-ready";
 
+/// The device taint of an unhealthy device (an XID or ECC error, a GPU NVML cannot read); its
+/// value is the `HealthReason`.
+pub const UNHEALTHY_TAINT: &str = "gputenancy.io/unhealthy";
+
 /// Device attributes (in the driver's domain).
 pub mod attr {
     /// The tenant the GpuNode binds the device to (empty: none).

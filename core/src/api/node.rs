@@ -330,6 +330,43 @@ pub struct GpuStatus {
     pub reason: Option<GpuReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Why the GPU is unhealthy, all its instances with it (docs/concepts/health.md); absent while
+    /// nothing wrong is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<Unhealthy>,
+}
+
+/// What makes a device unhealthy: no new claim or pod gets it until the agent restarts (a node
+/// reboot or GPU reset usually follows what the driver reports).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unhealthy {
+    pub reason: HealthReason,
+    pub message: String,
+}
+
+/// Why a device is unhealthy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum HealthReason {
+    /// The driver reported an XID error that is not an application's own (docs/concepts/health.md).
+    Xid,
+    /// The driver reported an uncorrectable (double-bit) ECC error.
+    EccUncorrectable,
+    /// NVML cannot read the GPU (fallen off the bus, driver trouble).
+    Unreadable,
+    /// The agent cannot watch the GPU's events, so an error on it would go unnoticed.
+    Unmonitored,
+}
+
+impl HealthReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthReason::Xid => "Xid",
+            HealthReason::EccUncorrectable => "EccUncorrectable",
+            HealthReason::Unreadable => "Unreadable",
+            HealthReason::Unmonitored => "Unmonitored",
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -425,6 +462,10 @@ pub struct MigInstanceStatus {
     pub tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scrub: Option<ScrubRecord>,
+    /// Why this instance is unhealthy (an error the driver reported in it); an unhealthy GPU's
+    /// instances say so on the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<Unhealthy>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

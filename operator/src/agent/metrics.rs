@@ -53,6 +53,7 @@ struct Families {
     mig_changes: Family<Labels, Counter>,
     holders: Family<Labels, Gauge>,
     ungranted: Family<Labels, Gauge>,
+    unhealthy: Family<Labels, Gauge>,
 }
 
 /// What the last observation left for the time until the next one.
@@ -105,6 +106,7 @@ impl AgentMetrics {
             mig_changes: Family::default(),
             holders: Family::default(),
             ungranted: Family::default(),
+            unhealthy: Family::default(),
         };
         let r = &mut registry;
         r.register_with_unit(
@@ -137,6 +139,11 @@ impl AgentMetrics {
             f.share.clone(),
         );
         r.register("node_gpus", "GPUs the agent found on the node", f.node_gpus.clone());
+        r.register(
+            "device_unhealthy",
+            "1 for a GPU or MIG instance the driver reported an error on (label reason: Xid, EccUncorrectable, Unreadable, Unmonitored), else 0 (docs/concepts/health.md)",
+            f.unhealthy.clone(),
+        );
         r.register(
             "allocated_gpu_seconds",
             "GPU-seconds granted, share-weighted (a whole GPU counts 1 per second); tenant unallocated for what no tenant holds: per node the rates add up to its GPUs",
@@ -278,6 +285,7 @@ impl AgentMetrics {
             family.clear();
         }
         f.processes.clear();
+        f.unhealthy.clear();
         f.node_gpus.clear();
         f.node_gpus
             .get_or_create(&vec![("Hostname", self.node.clone())])
@@ -293,6 +301,19 @@ impl AgentMetrics {
                 f.memory_used.get_or_create(&labels).set(row.used_mib as f64 * MIB);
                 f.memory_total.get_or_create(&labels).set(row.total_mib as f64 * MIB);
                 f.processes.get_or_create(&labels).set(row.processes as i64);
+                let unhealthy = g.unhealthy.as_ref().or_else(|| {
+                    let (id, _) = row.instance.as_ref()?;
+                    g.instances
+                        .iter()
+                        .find(|i| i.gpu_instance_id == *id)?
+                        .unhealthy
+                        .as_ref()
+                });
+                let mut with_reason = labels.clone();
+                with_reason.push(("reason", unhealthy.map_or("", |u| u.reason.as_str()).into()));
+                f.unhealthy
+                    .get_or_create(&with_reason)
+                    .set(i64::from(unhealthy.is_some()));
                 let ratio = match &row.instance {
                     None => busy.gpus.get(&g.index),
                     Some((id, _)) => g

@@ -21,8 +21,10 @@ pub mod attribution;
 pub mod device_plugin;
 pub mod dra;
 mod field_manager;
+mod health;
 mod join;
 mod known;
+pub mod kubelet_api;
 pub mod metrics;
 mod options;
 mod pass_error;
@@ -43,6 +45,7 @@ use crate::labels::{CONFIG_STATE, ConfigState};
 use crate::runtime::client::apply_params;
 use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
+use health::HealthWatch;
 use k8s_openapi::api::core::v1::Node;
 use known::Known;
 use kube::api::{Api, Patch, PatchParams};
@@ -126,6 +129,7 @@ async fn pass<G: Gpus + 'static>(
     gpus: &Arc<G>,
     opts: &Options,
     known: &mut Known,
+    health: &HealthWatch,
 ) -> Result<Passed, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
     if let Some(declared) = known.awaiting_spec(opts.poll.saturating_mul(join::SPEC_PATIENCE_POLLS))
@@ -180,6 +184,7 @@ async fn pass<G: Gpus + 'static>(
         }
     };
     let mut status = applied.status;
+    health.annotate(&mut status);
     status.observed_generation = generation;
     // Published with each GPU model's MIG profiles once, as every later read sees it.
     status.share_profiles(prev.as_ref().map_or(&[], |p| p.mig_profiles.as_slice()));
@@ -428,10 +433,12 @@ pub async fn run_node<G: Gpus + 'static>(
     tokio::pin!(shutdown);
     let mut last_generation: Option<i64> = None;
     let mut known = Known::default();
+    let mut health = HealthWatch::start(gpus.clone());
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
             _ = tokio::time::sleep(wait) => {}
+            _ = health.changed() => tracing::info!(node = %opts.node, "a device's health changed"),
             ev = changes.next() => {
                 match ev {
                     // Our own status writes come back as events; only a new spec is worth a pass.
@@ -449,7 +456,7 @@ pub async fn run_node<G: Gpus + 'static>(
                 }
             }
         }
-        let passed = pass(&client, &gpus, &opts, &mut known).await;
+        let passed = pass(&client, &gpus, &opts, &mut known, &health).await;
         // The watch's event for the generation a pass just read and applied (the GpuNode this
         // pass created, or the one found at start) brings nothing new: no second pass for it.
         // Why: that pass re-read both objects, one more read of each per node the API server

@@ -8,11 +8,13 @@
 //! backend, where a thousand loaded copies of the NVML library could not.
 
 use super::actions::Action;
+use super::health::HealthSignal;
 use super::scrub::ScrubReport;
 use crate::api::GpuNodeStatus;
 use crate::api::GpuReason;
 use crate::attribution::ProcessSample;
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 
 /// A node's GPUs as one apply sees them. Implementations are called from a blocking thread.
 pub trait Gpus: Send + Sync {
@@ -29,6 +31,9 @@ pub trait Gpus: Send + Sync {
     fn usage(&self, _status: &GpuNodeStatus) -> Usage {
         Usage::default()
     }
+    /// Watches the GPUs' error events until `stop` is set, telling `report` what it sees
+    /// ([`HealthSignal`]); returns soon after `stop`. Backends without events return at once.
+    fn watch_health(&self, _stop: &AtomicBool, _report: &mut dyn FnMut(HealthSignal)) {}
 }
 
 /// How busy a node's devices are, where NVML reports it; what it does not report is absent.

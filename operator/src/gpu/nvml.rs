@@ -10,6 +10,7 @@
 mod execute;
 mod ffi;
 mod handle;
+mod health;
 mod usage;
 
 pub use handle::NvmlGpus;
@@ -384,5 +385,14 @@ impl super::Gpus for NvmlGpus {
     /// Device utilization, per-process samples and GPM per MIG instance ([`usage`]).
     fn usage(&self, status: &GpuNodeStatus) -> crate::gpu::Usage {
         self.read_usage(status)
+    }
+
+    /// XID and ECC events through NVML's event sets ([`health`]).
+    fn watch_health(
+        &self,
+        stop: &std::sync::atomic::AtomicBool,
+        report: &mut dyn FnMut(crate::gpu::health::HealthSignal),
+    ) {
+        self.watch_events(stop, report)
     }
 }

@@ -75,6 +75,7 @@ fn inst(profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstan
         uuid: Some(format!("MIG-{gi}")),
         tenant: tenant.map(String::from),
         last_scrub: None,
+        unhealthy: None,
     }
 }
 

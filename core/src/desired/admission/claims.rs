@@ -17,7 +17,7 @@
 
 use super::cel::{exact, list, quote, shown, validation_with};
 use crate::desired::settings::Settings;
-use crate::dra::{DRIVER, NOT_READY_TAINT};
+use crate::dra::{DRIVER, NOT_READY_TAINT, UNHEALTHY_TAINT};
 use k8s_openapi::api::admissionregistration::v1::Validation;
 use serde_json::{Value, json};
 
@@ -53,11 +53,12 @@ fn common(who: &str, allowed: &str, offer: &str) -> Vec<Validation> {
         ),
         validation_with(
             &format!(
-                "variables.subrequests.exists(s, has(s.tolerations) && s.tolerations.exists(t, !has(t.key) || t.key == '' || t.key == {}))",
-                quote(NOT_READY_TAINT)
+                "variables.subrequests.exists(s, has(s.tolerations) && s.tolerations.exists(t, !has(t.key) || t.key == '' || t.key == {} || t.key == {}))",
+                quote(NOT_READY_TAINT),
+                quote(UNHEALTHY_TAINT)
             ),
             format!(
-                "{who} + ': a claim may not tolerate {NOT_READY_TAINT} (or every taint): a device carries it until it is safe to hand over, and the driver refuses it until then'"
+                "{who} + ': a claim may not tolerate {NOT_READY_TAINT} or {UNHEALTHY_TAINT} (or every taint): a device carries them until it is safe to hand over, and the driver refuses it until then'"
             ),
         ),
         validation_with(

@@ -231,7 +231,10 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("registered {DRIVER} {} v1.DRAPlugin", dra.display())
+        format!(
+            "registered {DRIVER} {} v1.DRAPlugin,v1.DRAResourceHealth,v1alpha1.DRAResourceHealth",
+            dra.display()
+        )
     );
     // And as the suite's own client sees it.
     let info = kubelet::register(&reg).await;
@@ -241,7 +244,13 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
             info.name.as_str(),
             info.supported_versions.clone()
         ),
-        ("DRAPlugin", DRIVER, vec!["v1.DRAPlugin".to_string()])
+        (
+            "DRAPlugin",
+            DRIVER,
+            ["v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+                .map(String::from)
+                .to_vec()
+        )
     );
     assert_eq!(PathBuf::from(&info.endpoint), dra);
 

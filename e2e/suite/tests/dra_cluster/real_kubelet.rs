@@ -241,6 +241,99 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
         "MEASURE slices back {:.1} s after the restarted kubelet was Ready",
         t0.elapsed().as_secs_f64()
     );
+    health_reaches_the_pod(&c.client, &node, &agent, "k2").await;
     gone(&c.client, "k2").await;
     drop(agent);
+}
+
+/// What the kubelet says of the health of pod `name`'s devices (`allocatedResourcesStatus`).
+async fn pod_health(client: &Client, name: &str) -> Vec<String> {
+    let p = Api::<Pod>::namespaced(client.clone(), TENANT)
+        .get(name)
+        .await
+        .expect("the pod");
+    let statuses = p.status.and_then(|s| s.container_statuses).unwrap_or_default();
+    statuses
+        .iter()
+        .flat_map(|c| c.allocated_resources_status.clone().unwrap_or_default())
+        .flat_map(|r| r.resources.unwrap_or_default())
+        .map(|r| format!("{}={}", r.resource_id, r.health.unwrap_or_default()))
+        .collect()
+}
+
+/// A driver error on the GPU of a running pod: an application's XID (13) changes nothing; a
+/// GPU's (79, fallen off the bus) makes it unhealthy in the GpuNode, taints its device in the
+/// slice, and reaches the pod's status through the kubelet's health stream.
+async fn health_reaches_the_pod(client: &Client, node: &RealNode, agent: &SimAgent, pod: &str) {
+    // The kubelet names a device by its first CDI device ID (the claim's own spec here).
+    let all = |h: &[String], health: &str| !h.is_empty() && h.iter().all(|r| r.ends_with(&format!("={health}")));
+    until("the kubelet reports the pod's GPU Healthy", 60, || async {
+        let h = pod_health(client, pod).await;
+        match all(&h, "Healthy") {
+            true => Ok(()),
+            false => Err(format!("{h:?}; the kubelet:\n{}", node.log_tail())),
+        }
+    })
+    .await;
+    let gpu_node = || async {
+        let n: Value = Api::<kube::api::DynamicObject>::all_with(
+            client.clone(),
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("gputenancy.io", "v1alpha1", "GpuNode"),
+                "gpunodes",
+            ),
+        )
+        .get(NODE)
+        .await
+        .map(|o| o.data)
+        .unwrap_or_default();
+        n
+    };
+    agent.sim_ctl(&["event", "--gpu", "0", "--xid", "13"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let n = gpu_node().await;
+    assert!(
+        n["status"]["gpus"][0].get("unhealthy").is_none(),
+        "an application's XID made the GPU unhealthy: {}",
+        n["status"]["gpus"][0]
+    );
+
+    let t0 = Instant::now();
+    agent.sim_ctl(&["event", "--gpu", "0", "--xid", "79"]);
+    until("the GPU unhealthy in its GpuNode", 30, || async {
+        let n = gpu_node().await;
+        match n["status"]["gpus"][0]["unhealthy"]["reason"].as_str() {
+            Some("Xid") => Ok(()),
+            _ => Err(format!("{}", n["status"]["gpus"][0])),
+        }
+    })
+    .await;
+    until("the device tainted unhealthy in its slice", 30, || async {
+        let d = devices(client).await;
+        let dev = d
+            .get(&(NODE.to_string(), "gpu-0".to_string()))
+            .cloned()
+            .unwrap_or_default();
+        let tainted = dev["taints"].as_array().is_some_and(|t| {
+            t.iter()
+                .any(|t| t["key"] == "gputenancy.io/unhealthy" && t["value"] == "Xid")
+        });
+        match tainted {
+            true => Ok(()),
+            false => Err(format!("{dev}")),
+        }
+    })
+    .await;
+    until("the kubelet reports the pod's GPU Unhealthy", 60, || async {
+        let h = pod_health(client, pod).await;
+        match all(&h, "Unhealthy") {
+            true => Ok(()),
+            false => Err(format!("{h:?}; the kubelet:\n{}", node.log_tail())),
+        }
+    })
+    .await;
+    eprintln!(
+        "MEASURE an XID on a pod's GPU in the pod's status {:.1} s after the driver reported it",
+        t0.elapsed().as_secs_f64()
+    );
 }

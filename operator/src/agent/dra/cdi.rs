@@ -250,6 +250,7 @@ mod tests {
             }),
             scrub: ScrubMemory::OnTenantChange,
             not_ready: None,
+            unhealthy: None,
             minor: Some(3),
             instance_ids: Some((2, 0)),
         }

@@ -10,7 +10,9 @@
 //! keeps its name when other tenants' counts change: a prepared claim never ends up naming
 //! another tenant's share.
 
-use crate::api::{DeviceAccess, GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory};
+use crate::api::{
+    DeviceAccess, GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory, Unhealthy,
+};
 
 pub use crate::dra::DRIVER;
 
@@ -80,6 +82,10 @@ pub struct DraDevice {
     /// When its memory is cleared between claims (the strictest of its GPU's tenants).
     pub scrub: ScrubMemory,
     pub not_ready: Option<NotReady>,
+    /// Why it is unhealthy (its GPU's or its own error, docs/concepts/health.md): published as
+    /// the device taint `gputenancy.io/unhealthy`, refused by Prepare, and streamed to the
+    /// kubelet for the status of the pods that have it.
+    pub unhealthy: Option<Unhealthy>,
     /// The GPU's minor number (`/dev/nvidia<minor>`).
     pub minor: Option<u32>,
     /// A MIG instance's GPU instance and compute instance IDs (its capability device nodes).
@@ -158,6 +164,7 @@ pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
             scrub: spec.scrub,
             // A spec the agent has not reported on yet: nothing is known to match it.
             not_ready: not_ready.or((!current).then_some(NotReady::NotApplied)),
+            unhealthy: st.and_then(|g| g.unhealthy.clone()),
             minor: st.and_then(|g| g.minor_number),
             instance_ids: None,
         };
@@ -186,6 +193,7 @@ pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
                     d.parent_uuid = d.uuid.take();
                     d.uuid = found.and_then(|f| f.uuid.clone());
                     d.instance_ids = found.map(|f| (f.gpu_instance_id, f.compute_instance_id.unwrap_or(0)));
+                    d.unhealthy = d.unhealthy.or_else(|| found.and_then(|f| f.unhealthy.clone()));
                     d.memory_mib = st
                         .zip(status)
                         .and_then(|(g, s)| s.profiles_of(g).iter().find(|p| p.name == inst.profile))

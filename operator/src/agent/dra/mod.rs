@@ -9,7 +9,8 @@
 //! - serves the kubelet's registration and `DRAPlugin` services ([`server`]): Prepare refuses a
 //!   device of another tenant and hands a device to a new tenant only after its memory was
 //!   scrubbed and verified, checkpointed across restarts ([`prepare`], [`state`],
-//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]).
+//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]);
+//! - streams its devices' health to the kubelet ([`health`]).
 //!
 //! Like NVIDIA's DRA driver, the plugin is a mode of its own over shared parts (their kubelet
 //! plugin is a command of its own; here the same process also drives the GPUs, because Prepare's
@@ -19,6 +20,7 @@ pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
+pub mod health;
 pub mod pods;
 pub mod prepare;
 pub mod publish;

@@ -41,6 +41,10 @@ pub enum Refusal {
         device: String,
         why: &'static str,
     },
+    Unhealthy {
+        device: String,
+        why: String,
+    },
     InUse {
         device: String,
         claim: String,
@@ -88,6 +92,10 @@ impl fmt::Display for Refusal {
                     "device {device} may not be handed over yet ({why}); the kubelet will retry"
                 )
             }
+            Refusal::Unhealthy { device, why } => write!(
+                f,
+                "device {device} is unhealthy ({why}); the claim needs another device: delete the pod so its claim is allocated again"
+            ),
             Refusal::InUse { device, claim } => write!(f, "device {device} is prepared for claim {claim}"),
             Refusal::NotReserved { tenant } => write!(
                 f,
@@ -158,6 +166,12 @@ pub fn plan(cp: &Checkpoint, claim: &ClaimView, devices: &[DraDevice]) -> Result
             return Err(Refusal::NotReady {
                 device: name.clone(),
                 why: why.as_str(),
+            });
+        }
+        if let Some(u) = &d.unhealthy {
+            return Err(Refusal::Unhealthy {
+                device: name.clone(),
+                why: u.message.clone(),
             });
         }
         // A share's memory is its GPU's: what is scrubbed and recorded is the GPU.
@@ -251,6 +265,7 @@ mod tests {
             mps: None,
             scrub,
             not_ready: None,
+            unhealthy: None,
             minor: Some(0),
             instance_ids: None,
         }
@@ -305,6 +320,16 @@ mod tests {
             plan(&cp, &claim(Some("a"), &["d0"]), &busy),
             Err(Refusal::NotReady { .. })
         ));
+        let mut sick = devices.clone();
+        sick[0].unhealthy = Some(crate::api::Unhealthy {
+            reason: crate::api::HealthReason::EccUncorrectable,
+            message: "the driver reported an uncorrectable ECC error".into(),
+        });
+        let refused = plan(&cp, &claim(Some("a"), &["d0"]), &sick);
+        assert!(
+            matches!(&refused, Err(Refusal::Unhealthy { why, .. }) if why.contains("ECC")),
+            "{refused:?}"
+        );
     }
 
     /// After a reboot a MIG instance is created again with a new UUID: the record no longer

@@ -1,9 +1,11 @@
 //! The kubelet's two gRPC services, over unix sockets: plugin registration (the kubelet's plugin
 //! watcher finds `<registry>/<driver>-reg.sock`, asks `GetInfo`, and reports the outcome) and
-//! `DRAPlugin` v1 (`<plugins>/<driver>/dra.sock`), compiled from the kubelet's own .proto files.
+//! `DRAPlugin` v1 (`<plugins>/<driver>/dra.sock`, with the optional `DRAResourceHealth` beside it:
+//! [`super::health`]), compiled from the kubelet's own .proto files.
 
 use super::devices::DRIVER;
 use super::state::DraState;
+use crate::agent::kubelet_api::{v1, v1alpha1};
 use crate::gpu::Gpus;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,9 @@ use proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, Registrat
 /// pkg/apis/dra/v1; k8s.io/dynamic-resource-allocation kubeletplugin).
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 pub const SUPPORTED_VERSION: &str = "v1.DRAPlugin";
+/// The optional health services served beside it ([`super::health`]), listed at registration as
+/// the kubelet chooses among them by these names.
+pub const HEALTH_SERVICES: [&str; 2] = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 
 /// Where the two sockets are.
 #[derive(Clone, Debug)]
@@ -65,7 +70,10 @@ impl Registration for Registrar {
             r#type: PLUGIN_TYPE.into(),
             name: DRIVER.into(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![SUPPORTED_VERSION.into()],
+            supported_versions: std::iter::once(SUPPORTED_VERSION)
+                .chain(HEALTH_SERVICES)
+                .map(String::from)
+                .collect(),
         }))
     }
 
@@ -207,8 +215,20 @@ pub async fn serve<G: Gpus + 'static>(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
+    let health = super::health::Health {
+        pool: state.node.clone(),
+        devices: state.watch_devices(),
+    };
+    let health_alpha = super::health::Health {
+        pool: state.node.clone(),
+        devices: state.watch_devices(),
+    };
     let dra_server = tonic::transport::Server::builder()
         .add_service(DraPluginServer::new(Plugin { state }))
+        .add_service(v1::dra_resource_health_server::DraResourceHealthServer::new(health))
+        .add_service(v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+            health_alpha,
+        ))
         .serve_with_incoming_shutdown(dra, stopped(stop_rx.clone()));
     let registrar = Registrar {
         endpoint: dra_path.display().to_string(),

@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 
 /// Devices per slice: the limit of a slice whose devices may carry taints.
 pub const DEVICES_PER_SLICE: usize = 64;
-pub use crate::dra::NOT_READY_TAINT;
 use crate::dra::attr;
+pub use crate::dra::{NOT_READY_TAINT, UNHEALTHY_TAINT};
 
 /// The name of slice `n` of `node`'s pool.
 pub fn slice_name(node: &str, n: usize) -> String {
@@ -54,8 +54,15 @@ fn device(d: &DraDevice) -> Value {
         "attributes": attributes,
         "capacity": {"memory": {"value": format!("{}Mi", d.memory_mib)}},
     });
+    let mut taints = Vec::new();
     if let Some(why) = d.not_ready {
-        out["taints"] = json!([{"key": NOT_READY_TAINT, "value": why.as_str(), "effect": "NoSchedule"}]);
+        taints.push(json!({"key": NOT_READY_TAINT, "value": why.as_str(), "effect": "NoSchedule"}));
+    }
+    if let Some(u) = &d.unhealthy {
+        taints.push(json!({"key": UNHEALTHY_TAINT, "value": u.reason.as_str(), "effect": "NoSchedule"}));
+    }
+    if !taints.is_empty() {
+        out["taints"] = json!(taints);
     }
     out
 }
@@ -178,6 +185,7 @@ mod tests {
             mps: None,
             scrub: ScrubMemory::OnTenantChange,
             not_ready,
+            unhealthy: None,
             minor: Some(i),
             instance_ids: None,
         }
@@ -215,6 +223,26 @@ mod tests {
         // A taint lifted is a change, though the wanted slice has no field the live one lacks.
         let lifted: Vec<DraDevice> = (0..130).map(|i| dev(i, None)).collect();
         assert!(!same(&s, &slices("n1", None, &lifted, 5)));
+        // An unhealthy device carries its own taint beside the other.
+        let mut sick = devices.clone();
+        sick[3].unhealthy = Some(crate::api::Unhealthy {
+            reason: crate::api::HealthReason::Xid,
+            message: "the driver reported XID 79".into(),
+        });
+        let s = slices("n1", None, &sick, 5);
+        let taints: Vec<(String, Option<String>)> = s[0].spec.devices.as_ref().unwrap()[3]
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| (t.key.clone(), t.value.clone()))
+            .collect();
+        assert_eq!(
+            taints,
+            [
+                (NOT_READY_TAINT.to_string(), Some("ScrubPending".to_string())),
+                (UNHEALTHY_TAINT.to_string(), Some("Xid".to_string()))
+            ]
+        );
         assert_eq!(slice_name("n1", 2), "n1-gpu.gputenancy.io-2");
     }
 }

@@ -81,23 +81,32 @@ fn step_done(step: &str) {
 struct Inner {
     cp: Checkpoint,
     devices: Vec<DraDevice>,
-    /// Devices a Prepare in progress decided on, by name, and its claim's UID: no other claim
-    /// gets them meanwhile.
-    reserved: std::collections::HashMap<String, String>,
+    /// Devices a Prepare in progress decided on, by name: no other claim gets them meanwhile.
+    reserved: std::collections::HashMap<String, Reservation>,
 }
 
-/// Reserves `planned` for claim `uid`, refusing a device another Prepare in progress reserved,
-/// and a share to scrub (its whole GPU is scrubbed) while another claim holds or reserves a
-/// device of that GPU.
+/// A device a Prepare in progress decided on: its claim's UID, and whether that Prepare scrubs the
+/// device's whole GPU (a share's scrub).
+struct Reservation {
+    claim: String,
+    scrubs_gpu: bool,
+}
+
+/// Reserves `planned` for claim `uid`, refusing a device another Prepare in progress reserved.
+/// A share's scrub clears its whole GPU, so on a GPU of shares: a share to scrub is refused while
+/// another claim holds a device of the GPU (its pod could run out of memory while the scrub takes
+/// all that is free) or another Prepare reserves one without scrubbing (its pod could start
+/// meanwhile); Prepares that all scrub the GPU go ahead together and share one scrub
+/// ([`super::scrubs`]); a share without a scrub waits while another Prepare scrubs its GPU.
 fn reserve(inner: &mut Inner, uid: &str, planned: &[Planned]) -> Result<(), ClaimError> {
     for p in planned {
-        if let Some(other) = inner.reserved.get(&p.device.name).filter(|c| *c != uid) {
+        if let Some(other) = inner.reserved.get(&p.device.name).filter(|r| r.claim != uid) {
             return Err(ClaimError::Busy {
                 device: p.device.name.clone(),
-                why: format!("claim {other} is being prepared with it"),
+                why: format!("claim {} is being prepared with it", other.claim),
             });
         }
-        if !(p.scrub && prepare::is_share(&p.device)) {
+        if !prepare::is_share(&p.device) {
             continue;
         }
         let on_gpu = |dev: &str| inner.devices.iter().any(|d| d.name == dev && d.gpu == p.device.gpu);
@@ -105,20 +114,35 @@ fn reserve(inner: &mut Inner, uid: &str, planned: &[Planned]) -> Result<(), Clai
             DeviceRecord::InUse { claim, .. } if claim != uid && on_gpu(dev) => Some(claim.clone()),
             _ => None,
         });
-        let reserved = inner
-            .reserved
-            .iter()
-            .find(|(dev, c)| *c != uid && on_gpu(dev))
-            .map(|(_, c)| c.clone());
-        if let Some(other) = held.or(reserved) {
+        let reserved = |scrubbing: bool| {
+            inner
+                .reserved
+                .iter()
+                .find(|(dev, r)| r.claim != uid && r.scrubs_gpu == scrubbing && on_gpu(dev))
+                .map(|(_, r)| r.claim.clone())
+        };
+        let (why, other) = match p.scrub {
+            true => (
+                "it must be scrubbed, which clears its whole GPU, and claim {} uses that GPU",
+                held.or_else(|| reserved(false)),
+            ),
+            false => ("claim {} is scrubbing its GPU", reserved(true)),
+        };
+        if let Some(other) = other {
             return Err(ClaimError::Busy {
                 device: p.device.name.clone(),
-                why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
+                why: why.replace("{}", &other),
             });
         }
     }
     for p in planned {
-        inner.reserved.insert(p.device.name.clone(), uid.to_string());
+        inner.reserved.insert(
+            p.device.name.clone(),
+            Reservation {
+                claim: uid.to_string(),
+                scrubs_gpu: p.scrub && prepare::is_share(&p.device),
+            },
+        );
     }
     Ok(())
 }
@@ -136,6 +160,8 @@ pub struct DraState<G: Gpus> {
     saved: tokio::sync::watch::Sender<Checkpoint>,
     /// Scrubs running, by UUID.
     scrubs: super::scrubs::InFlight,
+    /// The node's devices as last set, for the kubelet's health stream ([`super::health`]).
+    published: tokio::sync::watch::Sender<Vec<DraDevice>>,
 }
 
 /// The tenant that alone lists `namespace` (the rule the controller binds admission by).
@@ -146,6 +172,30 @@ pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
     match (owners.next(), owners.next()) {
         (Some(t), None) => Some(t.name_any()),
         _ => None,
+    }
+}
+
+/// A share of `p`'s GPU is now `tenant`'s: the other shares of that GPU no claim holds may hold
+/// `tenant`'s data from now on, whatever their record said (a share's memory is its GPU's), so
+/// another tenant's claim on one of them is scrubbed first.
+fn shared_gpu_used(inner: &mut Inner, p: &Planned, tenant: &str) {
+    let others: Vec<String> = inner
+        .devices
+        .iter()
+        .filter(|d| d.gpu == p.device.gpu && prepare::is_share(d) && d.name != p.device.name)
+        .filter(|d| d.uuid.as_deref() == Some(p.uuid.as_str()))
+        .map(|d| d.name.clone())
+        .collect();
+    for name in others {
+        if !matches!(inner.cp.devices.get(&name), Some(DeviceRecord::InUse { .. })) {
+            inner.cp.devices.insert(
+                name,
+                DeviceRecord::Released {
+                    tenant: tenant.to_string(),
+                    uuid: p.uuid.clone(),
+                },
+            );
+        }
     }
 }
 
@@ -182,6 +232,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 reserved: Default::default(),
             }),
             scrubs: super::scrubs::InFlight::default(),
+            published: tokio::sync::watch::channel(vec![]).0,
             saved,
         })
     }
@@ -200,7 +251,17 @@ impl<G: Gpus + 'static> DraState<G> {
 
     /// The node's devices changed (a new GpuNode spec or status).
     pub async fn set_devices(&self, devices: Vec<DraDevice>) {
+        self.published.send_if_modified(|d| {
+            let changed = *d != devices;
+            *d = devices.clone();
+            changed
+        });
         self.inner.lock().await.devices = devices;
+    }
+
+    /// The node's devices, as each [`DraState::set_devices`] sets them.
+    pub fn watch_devices(&self) -> tokio::sync::watch::Receiver<Vec<DraDevice>> {
+        self.published.subscribe()
     }
 
     /// The claim as the API server has it, refused unless it is the one asked about (its UID).
@@ -295,23 +356,37 @@ impl<G: Gpus + 'static> DraState<G> {
     }
 
     /// Records `p`'s device clean after its scrub, after the tenant whose release it was (its
-    /// record, unless another claim holds it or the device is another one now).
+    /// record, unless another claim holds it or the device is another one now). A share's scrub
+    /// cleared its whole GPU, so every share of that GPU no claim holds is recorded clean with it:
+    /// else each other share would need a scrub of its own, refused while the first one is held.
     async fn record_clean(&self, p: &Planned) -> Result<(), CheckpointError> {
         let mut inner = self.inner.lock().await;
-        let tenant = match inner.cp.devices.get(&p.device.name) {
-            Some(DeviceRecord::InUse { .. }) => return Ok(()),
-            Some(r) if r.uuid() != p.uuid => None,
-            Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
-            Some(DeviceRecord::Clean { tenant, .. }) => tenant.clone(),
-            None => None,
+        let names: Vec<String> = match prepare::is_share(&p.device) {
+            true => inner
+                .devices
+                .iter()
+                .filter(|d| d.gpu == p.device.gpu && prepare::is_share(d) && d.uuid.as_deref() == Some(&p.uuid))
+                .map(|d| d.name.clone())
+                .chain(std::iter::once(p.device.name.clone()))
+                .collect(),
+            false => vec![p.device.name.clone()],
         };
-        inner.cp.devices.insert(
-            p.device.name.clone(),
-            DeviceRecord::Clean {
-                uuid: p.uuid.clone(),
-                tenant,
-            },
-        );
+        for name in names {
+            let tenant = match inner.cp.devices.get(&name) {
+                Some(DeviceRecord::InUse { .. }) => continue,
+                Some(r) if r.uuid() != p.uuid => None,
+                Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
+                Some(DeviceRecord::Clean { tenant, .. }) => tenant.clone(),
+                None => None,
+            };
+            inner.cp.devices.insert(
+                name,
+                DeviceRecord::Clean {
+                    uuid: p.uuid.clone(),
+                    tenant,
+                },
+            );
+        }
         self.save(&inner.cp)
     }
 
@@ -353,7 +428,7 @@ impl<G: Gpus + 'static> DraState<G> {
         let result = self.prepare_planned(&view, &planned).await;
         let mut inner = self.inner.lock().await;
         for p in &planned {
-            if inner.reserved.get(&p.device.name).is_some_and(|c| c == uid) {
+            if inner.reserved.get(&p.device.name).is_some_and(|r| r.claim == uid) {
                 inner.reserved.remove(&p.device.name);
             }
         }
@@ -438,6 +513,9 @@ impl<G: Gpus + 'static> DraState<G> {
                     uuid: p.uuid.clone(),
                 },
             );
+            if prepare::is_share(&p.device) {
+                shared_gpu_used(&mut inner, p, &tenant);
+            }
         }
         inner.cp.claims.insert(
             uid.into(),

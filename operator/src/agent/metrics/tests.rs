@@ -336,3 +336,36 @@ fn holders_name_the_containers_of_each_device_the_kubelet_reports() {
     m.holders(&status, None);
     assert!(samples(&m.encode(), "gpu_tenancy_device_holder_info").is_empty());
 }
+
+/// An unhealthy GPU makes all its rows 1 with the reason; an unhealthy MIG instance only its row.
+#[test]
+fn unhealthy_devices_are_exported_with_their_reason() {
+    let m = AgentMetrics::new("n1");
+    let (spec, mut status) = node();
+    let xid = crate::api::Unhealthy {
+        reason: crate::api::HealthReason::Xid,
+        message: "the driver reported XID 94".into(),
+    };
+    status.gpus[0].instances[0].unhealthy = Some(xid.clone());
+    status.gpus[2].unhealthy = Some(crate::api::Unhealthy {
+        reason: crate::api::HealthReason::Unreadable,
+        ..xid
+    });
+    m.observe(&spec, &status, gpus_busy(BTreeMap::new()), &[]);
+    let text = m.encode();
+    let rows = samples(&text, "gpu_tenancy_device_unhealthy");
+    let sick: Vec<&String> = rows.iter().filter(|r| r.ends_with(" 1")).collect();
+    assert_eq!(sick.len(), 2, "{rows:#?}");
+    let id = status.gpus[0].instances[0].gpu_instance_id;
+    assert!(
+        sick.iter()
+            .any(|r| r.contains(&format!(r#"gpu="0",UUID="GPU-0",GPU_I_ID="{id}""#)) && r.contains(r#"reason="Xid""#)),
+        "{rows:#?}"
+    );
+    assert!(
+        sick.iter()
+            .any(|r| r.contains(r#"gpu="2""#) && r.contains(r#"reason="Unreadable""#)),
+        "{rows:#?}"
+    );
+    assert_eq!(rows.len(), 4, "one row per device, healthy ones at 0: {rows:#?}");
+}

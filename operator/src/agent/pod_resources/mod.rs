@@ -32,9 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The generated code of the kubelet's `podresources/v1/api.proto` (its package is `v1`).
-pub mod proto {
-    tonic::include_proto!("v1");
-}
+pub use crate::agent::kubelet_api::v1 as proto;
 
 use proto::pod_resources_lister_client::PodResourcesListerClient;
 use proto::{ListPodResourcesRequest, ListPodResourcesResponse};
