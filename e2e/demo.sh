@@ -3,13 +3,17 @@
 # built from the Kubernetes modules, with kube-scheduler and the ResourceClaim controller), the
 # CRDs, the controller and one agent per node of examples/inventory.yaml, each on its own
 # simulated libnvidia-ml.so state, plus one node of a DRA pool (examples/dra/) whose agent runs as
-# the DRA kubelet plugin; then examples/ is applied and everything is watched until Ready. The
-# device-plugin nodes have no kubelet: the demo creates their Node objects with the labels NVIDIA's
-# GPU feature discovery would set. The DRA node runs Kubernetes' own kubelet (e2e/bin/kubelet) on
-# a CRI runtime that runs no containers but resolves their CDI devices as containerd does, so the
-# two DRA teams' example pods really start with the devices the agent prepared; the kubelet needs
-# root (it mounts pod volumes), and without root a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs)
-# prepares the claims instead. A Prometheus (e2e/bin/prometheus, when built) scrapes every agent and the
+# the DRA kubelet plugin; then examples/ is applied and everything is watched until Ready. As root,
+# every node runs Kubernetes' own kubelet (e2e/bin/kubelet) on a CRI runtime that runs no
+# containers but resolves their CDI devices as containerd does, registering its Node with the
+# labels NVIDIA's GPU feature discovery would set: the two DRA teams' example pods start with the
+# devices the agent prepared, and on each device-plugin node a device plugin advertising what
+# NVIDIA's would for the config the controller rendered (e2e/bin/kubelet device-plugin) lets the
+# device-plugin tenants' example pods (examples/device-plugin/) start, their agents reading the
+# kubelet's pod-resources API. The kubelet needs root (it mounts pod volumes, and each runs in a
+# mount namespace of its own: its device manager's directory is fixed); without root the
+# device-plugin nodes are Node objects only and a fake kubelet (e2e/suite/src/bin/fake-kubelet.rs)
+# prepares the DRA claims. A Prometheus (e2e/bin/prometheus, when built) scrapes every agent and the
 # controller every 2 s; simulated processes of each tenant run on devices the plan granted it, and
 # `gpu-tenancy report` shows their GPU-hours and efficiency.
 #
@@ -41,7 +45,7 @@ PIDS=()
 # The kubelet mounts each pod's volumes (tmpfs) under its root directory.
 unmount_kubelets() {
 	local r
-	for r in "$DIR"/dra-*/root; do
+	for r in "$DIR"/dra-*/root "$DIR"/dp-*/root; do
 		[[ -d "$r" ]] && umount -R "$r" 2>/dev/null || true
 	done
 }
@@ -104,38 +108,9 @@ k create namespace gpu-tenancy-system >/dev/null
 # Every metrics endpoint (agents, controller), for Prometheus to scrape.
 TARGETS=()
 
-# The fleet of examples/inventory.yaml: name, labels, simulated GPUs.
-node() { # NAME LABELS_JSON SIM_GPUS_YAML
-	local name="$1" labels="$2" gpus="$3" port
-	port="$(free_port)"
-	TARGETS+=("127.0.0.1:$port")
-	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
-	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
-	# --proc-root: the simulated PIDs are no processes of this machine; a tree of its own (empty:
-	# there are no pods) keeps the agent from reading another process's cgroup for one.
-	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
-		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
-		"$BIN" agent run --node-name "$name" --poll 5 --metrics-addr "127.0.0.1:$port" \
-		--pod-resources-socket "$DIR/pod-resources-$name.sock" --proc-root "$DIR/proc-$name" \
-		>"$DIR/agent-$name.log" 2>&1 &
-	PIDS+=($!)
-	say "node $name: agent started on simulated GPUs (log: target/demo/agent-$name.log)"
-}
-H100='{"nvidia.com/gpu.product":"NVIDIA-H100-80GB-HBM3","nvidia.com/gpu.present":"true"}'
-node gpu-h100-1 "$H100" '- {pciDeviceId: "0x233010DE", count: 4, numaNode: 0}
-- {pciDeviceId: "0x233010DE", count: 4, numaNode: 1}'
-node gpu-h100-2 "$H100" '- {pciDeviceId: "0x233010DE", count: 8}'
-node gpu-a100-1 '{"nvidia.com/gpu.product":"NVIDIA-A100-SXM4-40GB","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x20B010DE", count: 8}'
-node gpu-h200-1 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"experiments","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233510DE", count: 8}'
-node gpu-h200-2 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"training","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233510DE", count: 4, numaNode: 0}
-- {pciDeviceId: "0x233510DE", count: 4, numaNode: 1}'
-
-# A node of the DRA pool (examples/dra/pool.yaml): its agent is also the DRA kubelet plugin, its
-# checkpoint under target/demo/dra-NAME/. As root, Kubernetes' own kubelet registers the Node
-# and the plugin (its root directory, the runtime's socket and CDI specs under the same folder);
-# the node lifecycle controller does not run here, so the demo lifts the not-ready taint the API
-# server gives a new Node, as it would. Otherwise the Node is faked Ready (as Kubernetes' own DRA
-# tests do) and a fake kubelet prepares the claims of the pods bound there.
+# Kubernetes' own kubelet for a node, as root: its root directory, the runtime's socket and CDI
+# specs under DIR. The node lifecycle controller does not run here, so the demo lifts the
+# not-ready taint the API server gives a new Node, as it would.
 real_kubelet() { # NAME LABELS_JSON DIR: the runtime and the kubelet, until the Node is Ready
 	local name="$1" labels d="$3" port
 	labels="$(python3 -c 'import json, sys; print(",".join(k + "=" + v for k, v in json.loads(sys.argv[1]).items()))' "$2")"
@@ -161,8 +136,14 @@ real_kubelet() { # NAME LABELS_JSON DIR: the runtime and the kubelet, until the 
 		port: $port
 		podLogsDir: $d/logs
 	EOF
-	# In its own folder: with this runtime the kubelet removes files relative to its working directory.
-	(cd "$d" && exec "$KUBELET" --config "$d/kubelet.yaml" --kubeconfig "$DIR/controlplane/kubeconfig" \
+	# In its own folder: with this runtime the kubelet removes files relative to its working
+	# directory. In a mount namespace of its own where the device manager's fixed directory
+	# (/var/lib/kubelet/device-plugins, whatever --root-dir says; emptied at its start) is the
+	# node's: the kubelets of this machine keep their own device plugins.
+	mkdir -p "$d/root/device-plugins"
+	(cd "$d" && exec unshare --mount --propagation private -- sh -c \
+		'mkdir -p /var/lib/kubelet/device-plugins && mount --bind "$0" /var/lib/kubelet/device-plugins && exec "$@"' \
+		"$d/root/device-plugins" "$KUBELET" --config "$d/kubelet.yaml" --kubeconfig "$DIR/controlplane/kubeconfig" \
 		--root-dir "$d/root" --cert-dir "$d/pki" --hostname-override "$name" --node-labels "$labels") \
 		>"$DIR/kubelet-$name.log" 2>&1 &
 	PIDS+=($!)
@@ -173,6 +154,49 @@ real_kubelet() { # NAME LABELS_JSON DIR: the runtime and the kubelet, until the 
 	done
 	k patch node "$name" --type=json -p '[{"op":"remove","path":"/spec/taints"}]' >/dev/null 2>&1 || true
 }
+# The fleet of examples/inventory.yaml: name, labels, simulated GPUs.
+# As root the kubelet registers the Node and serves the pod-resources API the agent reads;
+# otherwise the demo creates the Node object and nothing answers there.
+node() { # NAME LABELS_JSON SIM_GPUS_YAML
+	local name="$1" labels="$2" gpus="$3" port socket
+	port="$(free_port)"
+	TARGETS+=("127.0.0.1:$port")
+	if ((EUID == 0)); then
+		real_kubelet "$name" "$labels" "$DIR/dp-$name"
+		socket="$DIR/dp-$name/root/pod-resources/kubelet.sock"
+	else
+		printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
+		socket="$DIR/pod-resources-$name.sock"
+	fi
+	printf 'gpus:\n%s\n' "$gpus" >"$DIR/sim-$name.yaml"
+	# --proc-root: the simulated PIDs are no processes of this machine; a tree of its own (empty:
+	# there are no pods) keeps the agent from reading another process's cgroup for one.
+	GPU_TENANCY_SIM_CONFIG="$DIR/sim-$name.yaml" GPU_TENANCY_SIM_STATE="$DIR/sim-$name.state.json" \
+		GPU_TENANCY_NVML_LIB="$SIM" GPU_TENANCY_CUDA_LIB="$SIM" RUST_LOG=warn \
+		"$BIN" agent run --node-name "$name" --poll 5 --metrics-addr "127.0.0.1:$port" \
+		--pod-resources-socket "$socket" --proc-root "$DIR/proc-$name" \
+		>"$DIR/agent-$name.log" 2>&1 &
+	PIDS+=($!)
+	if ((EUID == 0)); then
+		say "node $name: Kubernetes' kubelet and the agent started on simulated GPUs (logs: target/demo/kubelet-$name.log, agent-$name.log)"
+	else
+		say "node $name: agent started on simulated GPUs (log: target/demo/agent-$name.log)"
+	fi
+}
+H100='{"nvidia.com/gpu.product":"NVIDIA-H100-80GB-HBM3","nvidia.com/gpu.present":"true"}'
+node gpu-h100-1 "$H100" '- {pciDeviceId: "0x233010DE", count: 4, numaNode: 0}
+- {pciDeviceId: "0x233010DE", count: 4, numaNode: 1}'
+node gpu-h100-2 "$H100" '- {pciDeviceId: "0x233010DE", count: 8}'
+node gpu-a100-1 '{"nvidia.com/gpu.product":"NVIDIA-A100-SXM4-40GB","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x20B010DE", count: 8}'
+node gpu-h200-1 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"experiments","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233510DE", count: 8}'
+node gpu-h200-2 '{"nvidia.com/gpu.product":"NVIDIA-H200","gputenancy.io/pool":"training","nvidia.com/gpu.present":"true"}' '- {pciDeviceId: "0x233510DE", count: 4, numaNode: 0}
+- {pciDeviceId: "0x233510DE", count: 4, numaNode: 1}'
+
+# A node of the DRA pool (examples/dra/pool.yaml): its agent is also the DRA kubelet plugin, its
+# checkpoint under target/demo/dra-NAME/. As root, Kubernetes' own kubelet registers the Node
+# and the plugin (its root directory, the runtime's socket and CDI specs under the same folder).
+# Otherwise the Node is faked Ready (as Kubernetes' own DRA
+# tests do) and a fake kubelet prepares the claims of the pods bound there.
 fake_node() { # NAME LABELS_JSON: a Node object, faked Ready
 	local name="$1" labels="$2" now
 	printf '{"apiVersion":"v1","kind":"Node","metadata":{"name":"%s","labels":%s}}' "$name" "$labels" | k apply -f - >/dev/null
@@ -332,6 +356,58 @@ k get resourceclaims -A -o custom-columns='NAMESPACE:.metadata.namespace,CLAIM:.
 echo
 k get gpunode gpu-h100-dra-1 -o jsonpath='{range .status.claims[*]}{.device}{"\t"}{.tenant}{"\t"}{.claim}{"\n"}{end}' | awk 'BEGIN {printf "%-16s %-8s %s\n", "DEVICE", "TENANT", "CLAIM"} {printf "%-16s %-8s %s\n", $1, $2, $3}'
 echo
+
+# NVIDIA's device plugin on each device-plugin node, as root: e2e/bin/kubelet device-plugin
+# advertises what NVIDIA's plugin would for the config the controller rendered for the node (the
+# key its nvidia.com/device-plugin.config label names in the plugin's ConfigMap) on the node's
+# GPUs and MIG devices as its GpuNode reports them, and registers with the node's kubelet. Like
+# NVIDIA's it reads the devices once, at start; nothing here restarts it after a later change of
+# the node's layout or config (in a cluster the agent and config-manager do).
+DP_NODES=(gpu-h100-1 gpu-h100-2 gpu-a100-1 gpu-h200-1 gpu-h200-2)
+device_plugin() { # NAME
+	local name="$1" d="$DIR/dp-$1" args
+	k get node "$name" -o json >"$d/node.json"
+	k get gpunode "$name" -o json >"$d/gpunode.json"
+	k get configmap -n nvidia-device-plugin gpu-tenancy-device-plugin-configs -o json >"$d/configs.json"
+	mapfile -t args < <(python3 -c '
+import json, sys
+d = sys.argv[1]
+key = json.load(open(d + "/node.json"))["metadata"]["labels"]["nvidia.com/device-plugin.config"]
+open(d + "/device-plugin.yaml", "w").write(json.load(open(d + "/configs.json"))["data"][key])
+gpus, mig_gpus, mig = [], [], []
+for g in json.load(open(d + "/gpunode.json"))["status"]["gpus"]:
+    if (g.get("migMode") or {}).get("current"):
+        mig_gpus.append(g["uuid"])
+        mig += [i["uuid"] + "=" + i["profile"] for i in g.get("instances", []) if i.get("uuid")]
+    else:
+        gpus.append(g["uuid"])
+for flag, v in (("--gpus", gpus), ("--mig-gpus", mig_gpus), ("--mig-devices", mig)):
+    print(flag)
+    print(",".join(v))
+' "$d")
+	(cd "$d" && exec "$KUBELET" device-plugin --plugin-dir "$d/root/device-plugins" --config "$d/device-plugin.yaml" "${args[@]}") \
+		>"$DIR/device-plugin-$name.log" 2>&1 &
+	PIDS+=($!)
+}
+if ((EUID == 0)); then
+	say "starting a device plugin on each device-plugin node, for its rendered config (logs: target/demo/device-plugin-NODE.log) ..."
+	for n in "${DP_NODES[@]}"; do device_plugin "$n"; done
+	say "applying examples/device-plugin/pods.yaml: pods of acme, team-gamma, team-beta and research ..."
+	k apply -f examples/device-plugin/pods.yaml >/dev/null
+	start=$SECONDS
+	until [[ "$(k get pods -A --field-selector=status.phase=Running -o name 2>/dev/null | grep -c -E 'pod/(inference|finetune|train|worker|notebook)$')" == 5 ]]; do
+		if ((SECONDS - start > 90)); then
+			k get pods -A -o wide || true
+			die "the device-plugin example pods did not start within 90s (logs: target/demo/kubelet-NODE.log, device-plugin-NODE.log)"
+		fi
+		sleep 1
+	done
+	say "the example pods, on the nodes' kubelets (the device-plugin ones with the devices their kubelet's device manager allocated)"
+	k get pods -A -o wide
+	echo
+else
+	say "not root: the device-plugin nodes run no kubelet, so examples/device-plugin/pods.yaml is not applied"
+fi
 
 # Simulated work of each tenant on devices its grant holds, for the report: TENANT DEVICE MiB SM%.
 # DEVICE `gpu` is a whole GPU the tenant is granted (Exclusive, MPS or time-sliced; one it holds
