@@ -130,6 +130,13 @@ func runRuntime(args []string) error {
 		return err
 	}
 	r := &cdiRuntime{RemoteRuntime: fake.NewFakeRemoteRuntime(), cdiDir: *cdiDir, record: *record}
+	// Images have a size once pulled, as a real runtime's do: the kubelet takes an image without
+	// one for a failed status and pulls it again for every container, into its pull rate limit.
+	r.ImageService.SetFakeImageSize(1 << 20)
+	// The tests' image is on the node already, as an image is after its first pull: a hundred
+	// pods started at once would otherwise each pull it, into the kubelet's pull rate limit
+	// (registryPullQPS), which is not what is measured.
+	r.ImageService.SetFakeImages([]string{"pause", "pause:latest"})
 	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},

@@ -253,9 +253,10 @@ impl SimAgent {
         .arg("--proc-root")
         .arg(self.proc_root())
         .args(&self.args)
+        .env("RUST_LOG", "warn")
+        // A test's own settings (RUST_LOG among them) come after the defaults.
         .envs(self.env.iter().map(|(k, v)| (k, v)))
-        .env("KUBECONFIG", kubeconfig_path())
-        .env("RUST_LOG", "warn");
+        .env("KUBECONFIG", kubeconfig_path());
         sim_env(&self.dir, &mut cmd);
         self.agent = Some(cmd.spawn().expect("the agent starts"));
     }

@@ -9,6 +9,7 @@
 //! admission policies), and the simulator's memory marks for scrubs.
 
 mod real_kubelet;
+mod real_kubelet_burst;
 mod scenarios;
 mod support;
 
@@ -25,4 +26,5 @@ async fn the_scheduler_gives_each_tenant_only_its_own_devices() {
     scenarios::hand_over_waits_for_the_scrub(&mut c).await;
     scenarios::no_tenant_pods_stay_off_dra_nodes(&mut c).await;
     real_kubelet::pods_run_on_a_real_kubelet(&mut c).await;
+    real_kubelet_burst::a_hundred_pods_at_once(&mut c).await;
 }

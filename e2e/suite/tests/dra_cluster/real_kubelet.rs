@@ -106,12 +106,14 @@ async fn published(client: &Client, what: &str) {
 /// --device-name-strategy=uuid` (and the GPU Operator) write it: a `nvidia.com/gpu` device per
 /// GPU, named by its UUID, which brings the driver's files. Prepare names it beside the agent's
 /// own device; a node without it fails every container ("unresolvable CDI devices").
-async fn nvidia_spec(client: &Client, node: &RealNode) {
+pub async fn nvidia_spec(client: &Client, node: &RealNode) {
     let d = devices(client).await;
     let uuids: Vec<String> = d
         .iter()
-        .filter(|((n, _), _)| n == NODE)
+        .filter(|((n, _), _)| *n == node.name)
         .filter_map(|(_, dev)| attr(dev, "uuid").as_str().map(String::from))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect();
     assert!(!uuids.is_empty(), "the node's devices carry no UUID: {d:?}");
     let devices: Vec<Value> = uuids

@@ -3,7 +3,7 @@
 //! Nothing is written when nothing changed.
 
 use super::devices::{DRIVER, DraDevice};
-use super::slices::{NodeOwner, same, slices};
+use super::slices::{NodeOwner, difference, slices};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch};
 use kube::{Client, ResourceExt};
@@ -29,12 +29,13 @@ pub async fn publish(
         .await?
         .items;
     let current = live.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-    if same(&live, &slices(node, owner, devices, current)) {
+    let Some(why) = difference(&live, &slices(node, owner, devices, current)) else {
         return Ok(Published {
             writes: 0,
             generation: current,
         });
-    }
+    };
+    tracing::debug!(node, %why, "the ResourceSlices differ from the devices");
     let generation = current + 1;
     let want = slices(node, owner, devices, generation);
     let pp = crate::runtime::client::apply_params(crate::agent::field_manager::FIELD_MANAGER);

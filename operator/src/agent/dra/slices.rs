@@ -125,7 +125,7 @@ fn ours(s: &ResourceSlice) -> Value {
                 .capacity
                 .iter()
                 .flatten()
-                .map(|(k, c)| (k.clone(), json!(c.value.0)))
+                .map(|(k, c)| (k.clone(), json!(quantity_value(&c.value.0))))
                 .collect();
             json!({
                 "name": d.name,
@@ -153,14 +153,61 @@ fn ours(s: &ResourceSlice) -> Value {
     })
 }
 
+/// A quantity as a number where it is a whole one (`0`, `5097Mi`, `40Gi`, `2k`), else as written:
+/// the API server writes back its canonical form (`0Mi` as `0`, `10240Mi` as `10Gi`), which must
+/// compare equal to what was applied, or every comparison would find a change.
+fn quantity_value(q: &str) -> Value {
+    const SUFFIXES: [(&str, u128); 12] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("Pi", 1 << 50),
+        ("Ei", 1 << 60),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("E", 1_000_000_000_000_000_000),
+    ];
+    let (digits, factor) = SUFFIXES
+        .iter()
+        .find_map(|(s, f)| q.strip_suffix(s).map(|d| (d, *f)))
+        .unwrap_or((q, 1));
+    match digits.parse::<u128>().ok().and_then(|d| d.checked_mul(factor)) {
+        Some(n) => json!(n.to_string()),
+        None => json!(q),
+    }
+}
+
 /// Do the live slices already say what `want` says (the generation aside)?
 pub fn same(live: &[ResourceSlice], want: &[ResourceSlice]) -> bool {
+    difference(live, want).is_none()
+}
+
+/// The first thing the live slices say otherwise than `want` (the generation aside), for the log.
+pub fn difference(live: &[ResourceSlice], want: &[ResourceSlice]) -> Option<String> {
     let mut l: Vec<Value> = live.iter().map(ours).collect();
     let mut w: Vec<Value> = want.iter().map(ours).collect();
     let by_name = |a: &Value, b: &Value| a["name"].as_str().cmp(&b["name"].as_str());
     l.sort_by(by_name);
     w.sort_by(by_name);
-    l == w
+    if l.len() != w.len() {
+        return Some(format!("{} slices, {} wanted", l.len(), w.len()));
+    }
+    l.iter().zip(&w).find(|(a, b)| a != b).map(|(a, b)| {
+        let (da, db) = (&a["devices"], &b["devices"]);
+        let device = da
+            .as_array()
+            .zip(db.as_array())
+            .and_then(|(x, y)| x.iter().zip(y).find(|(p, q)| p != q))
+            .map(|(p, q)| format!(": device {p} is to be {q}"));
+        match device {
+            Some(d) => format!("slice {}{d}", b["name"]),
+            None => format!("slice {} is {a}, to be {b}", b["name"]),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -192,6 +239,27 @@ mod tests {
     }
 
     /// A pool of 130 devices is three slices of the same generation, counted in each; a device
+    /// The API server's canonical quantities are the ones applied: `0Mi` comes back as `0`,
+    /// `10240Mi` as `10Gi`.
+    #[test]
+    fn canonical_quantities_are_no_change() {
+        let mut devices: Vec<DraDevice> = (0..3).map(|i| dev(i, None)).collect();
+        devices[0].memory_mib = 0;
+        devices[1].memory_mib = 10240;
+        let want = slices("n1", None, &devices, 1);
+        let mut live = want.clone();
+        let caps = |s: &mut ResourceSlice, i: usize, v: &str| {
+            let d = &mut s.spec.devices.as_mut().unwrap()[i];
+            d.capacity.as_mut().unwrap().get_mut("memory").unwrap().value =
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.into());
+        };
+        caps(&mut live[0], 0, "0");
+        caps(&mut live[0], 1, "10Gi");
+        assert!(same(&live, &want), "{:?}", difference(&live, &want));
+        caps(&mut live[0], 1, "11Gi");
+        assert!(!same(&live, &want));
+    }
+
     /// not ready carries the taint; the same devices at another generation are the same.
     #[test]
     fn slices_hold_at_most_64_devices_and_the_taint_of_what_is_not_ready() {

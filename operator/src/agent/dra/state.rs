@@ -83,6 +83,10 @@ struct Inner {
     devices: Vec<DraDevice>,
     /// Devices a Prepare in progress decided on, by name: no other claim gets them meanwhile.
     reserved: std::collections::HashMap<String, Reservation>,
+    /// Scrubs completed so far, by the UUID they cleared: a Prepare that planned a scrub skips it
+    /// when one of the same UUID completed after it planned (it joined that one, or came too late
+    /// to: either way the memory was cleared after its decision).
+    scrubbed: std::collections::HashMap<String, u64>,
 }
 
 /// A device a Prepare in progress decided on: its claim's UID, and whether that Prepare scrubs the
@@ -97,9 +101,10 @@ struct Reservation {
 /// another claim holds a device of the GPU (its pod could run out of memory while the scrub takes
 /// all that is free) or another Prepare reserves one without scrubbing (its pod could start
 /// meanwhile); Prepares that all scrub the GPU go ahead together and share one scrub
-/// ([`super::scrubs`]); a share without a scrub waits while another Prepare scrubs its GPU.
-fn reserve(inner: &mut Inner, uid: &str, planned: &[Planned]) -> Result<(), ClaimError> {
-    for p in planned {
+/// ([`super::scrubs`]); a share without a scrub while another Prepare scrubs its GPU joins that
+/// scrub (its pod must not start while the scrub takes the GPU's memory).
+fn reserve(inner: &mut Inner, uid: &str, planned: &mut [Planned]) -> Result<(), ClaimError> {
+    for p in planned.iter_mut() {
         if let Some(other) = inner.reserved.get(&p.device.name).filter(|r| r.claim != uid) {
             return Err(ClaimError::Busy {
                 device: p.device.name.clone(),
@@ -121,21 +126,19 @@ fn reserve(inner: &mut Inner, uid: &str, planned: &[Planned]) -> Result<(), Clai
                 .find(|(dev, r)| r.claim != uid && r.scrubs_gpu == scrubbing && on_gpu(dev))
                 .map(|(_, r)| r.claim.clone())
         };
-        let (why, other) = match p.scrub {
-            true => (
-                "it must be scrubbed, which clears its whole GPU, and claim {} uses that GPU",
-                held.or_else(|| reserved(false)),
-            ),
-            false => ("claim {} is scrubbing its GPU", reserved(true)),
-        };
-        if let Some(other) = other {
+        if !p.scrub && reserved(true).is_some() {
+            p.scrub = true;
+        }
+        if p.scrub
+            && let Some(other) = held.or_else(|| reserved(false))
+        {
             return Err(ClaimError::Busy {
                 device: p.device.name.clone(),
-                why: why.replace("{}", &other),
+                why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
             });
         }
     }
-    for p in planned {
+    for p in planned.iter() {
         inner.reserved.insert(
             p.device.name.clone(),
             Reservation {
@@ -162,6 +165,8 @@ pub struct DraState<G: Gpus> {
     scrubs: super::scrubs::InFlight,
     /// The node's devices as last set, for the kubelet's health stream ([`super::health`]).
     published: tokio::sync::watch::Sender<Vec<DraDevice>>,
+    /// The last reading of the GPUs for the idle checks, and when it started ([`DraState::idle`]).
+    reading: tokio::sync::Mutex<Option<(std::time::Instant, Arc<crate::api::GpuNodeStatus>)>>,
 }
 
 /// The tenant that alone lists `namespace` (the rule the controller binds admission by).
@@ -230,9 +235,11 @@ impl<G: Gpus + 'static> DraState<G> {
                 cp,
                 devices: vec![],
                 reserved: Default::default(),
+                scrubbed: Default::default(),
             }),
             scrubs: super::scrubs::InFlight::default(),
             published: tokio::sync::watch::channel(vec![]).0,
+            reading: Default::default(),
             saved,
         })
     }
@@ -294,16 +301,33 @@ impl<G: Gpus + 'static> DraState<G> {
         }
     }
 
+    /// The GPUs as read after `asked`: Prepares that ask while a reading is under way wait for it
+    /// and share the next one, so a hundred Prepares at once read the GPUs a few times, not a
+    /// hundred times one after the other; none is answered with a reading older than its question.
+    async fn read_gpus(&self, asked: std::time::Instant) -> Result<Arc<crate::api::GpuNodeStatus>, String> {
+        let mut last = self.reading.lock().await;
+        if let Some((started, status)) = last.as_ref()
+            && *started >= asked
+        {
+            return Ok(status.clone());
+        }
+        let started = std::time::Instant::now();
+        let gpus = self.gpus.clone();
+        let status = Arc::new(
+            tokio::task::spawn_blocking(move || gpus.discover())
+                .await
+                .map_err(|e| e.to_string())??,
+        );
+        *last = Some((started, status.clone()));
+        Ok(status)
+    }
+
     /// Refuses a device with processes on it (someone uses it outside any claim, or, for a share
     /// to scrub, another claim does), as the GPUs report them now.
     async fn idle(&self, p: &Planned) -> Result<(), ClaimError> {
-        let gpus = self.gpus.clone();
-        let status = tokio::task::spawn_blocking(move || gpus.discover())
+        let status = self
+            .read_gpus(std::time::Instant::now())
             .await
-            .map_err(|e| ClaimError::Busy {
-                device: p.device.name.clone(),
-                why: format!("the GPUs could not be read: {e}"),
-            })?
             .map_err(|e| ClaimError::Busy {
                 device: p.device.name.clone(),
                 why: format!("the GPUs could not be read: {e}"),
@@ -361,6 +385,7 @@ impl<G: Gpus + 'static> DraState<G> {
     /// else each other share would need a scrub of its own, refused while the first one is held.
     async fn record_clean(&self, p: &Planned) -> Result<(), CheckpointError> {
         let mut inner = self.inner.lock().await;
+        *inner.scrubbed.entry(p.uuid.clone()).or_default() += 1;
         let names: Vec<String> = match prepare::is_share(&p.device) {
             true => inner
                 .devices
@@ -421,11 +446,16 @@ impl<G: Gpus + 'static> DraState<G> {
             if let Some(done) = self.answered(&mut inner, &view)? {
                 return Ok(done);
             }
-            let planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
-            reserve(&mut inner, uid, &planned)?;
-            planned
+            let mut planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
+            reserve(&mut inner, uid, &mut planned)?;
+            let seen: std::collections::HashMap<String, u64> = planned
+                .iter()
+                .map(|p| (p.uuid.clone(), inner.scrubbed.get(&p.uuid).copied().unwrap_or(0)))
+                .collect();
+            (planned, seen)
         };
-        let result = self.prepare_planned(&view, &planned).await;
+        let (planned, seen) = planned;
+        let result = self.prepare_planned(&view, &planned, &seen).await;
         let mut inner = self.inner.lock().await;
         for p in &planned {
             if inner.reserved.get(&p.device.name).is_some_and(|r| r.claim == uid) {
@@ -478,8 +508,16 @@ impl<G: Gpus + 'static> DraState<G> {
         self: &Arc<Self>,
         view: &ClaimView,
         planned: &[Planned],
+        seen: &std::collections::HashMap<String, u64>,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
         for p in planned {
+            let scrubbed_since = || async {
+                let inner = self.inner.lock().await;
+                inner.scrubbed.get(&p.uuid).copied().unwrap_or(0) > seen.get(&p.uuid).copied().unwrap_or(0)
+            };
+            if p.scrub && scrubbed_since().await {
+                continue;
+            }
             if p.scrub || !prepare::is_share(&p.device) {
                 self.idle(p).await?;
             }
