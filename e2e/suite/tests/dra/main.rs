@@ -4,6 +4,11 @@
 //! allocation the test writes (the scheduler comes with the cluster-side issue). This binary owns
 //! its control plane (e2e/run.sh gives it one): no admission policy of the controller runs here.
 //!
+//! The test plays the kubelet here because what it checks are the plugin's answers to calls a
+//! real kubelet would not make: a claim's UID that is not the API server's, a claim of another
+//! tenant's device, a Prepare dropped at its deadline and sent again, a checkpoint forged between
+//! two calls. The real kubelet's calls are in the cluster suite (`tests/dra_cluster/real_kubelet*`).
+//!
 //! The oracle is the simulator: it marks memory with the tenant whose workload wrote it (`sim-ctl
 //! dirty`) and clears it only when the agent scrubs (`scrubs` in its state); a device handed over
 //! with another claim's data in it would show that data.

@@ -2,7 +2,10 @@
 //! ResourceClaim controller (e2e/run.sh gives this binary a control plane started with
 //! `--scheduler`): the real controller writes the tenants' DeviceClasses, quotas and admission
 //! policies; real agents in DRA mode publish simulated GPUs; the test plays the kubelet of the
-//! fake Ready nodes ([`FakeKubelet`]) for the pods the scheduler binds there.
+//! fake Ready nodes ([`FakeKubelet`]) for the pods the scheduler binds there: those scenarios
+//! need pods that end (a workload finishing frees its device for the next), which the real
+//! kubelet's runtime here cannot do, as it runs no containers. The real kubelet runs the rest
+//! ([`real_kubelet`], [`real_kubelet_burst`]).
 //!
 //! The oracles are not this project's code: which device the scheduler allocated (the claims'
 //! status), what the ResourceSlices say of its tenant, the API server's refusals (quota, the

@@ -245,6 +245,26 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
     );
     health_reaches_the_pod(&c.client, &node, &agent, "k2").await;
     gone(&c.client, "k2").await;
+
+    // The agent down for longer than the kubelet waits: 30 s after the last connection to a
+    // plugin drops, the kubelet deletes the driver's slices. They are back once the agent is
+    // (which also starts with no record of the XID above: health marks last until a restart).
+    agent.kill();
+    let t0 = Instant::now();
+    until("the kubelet deleted the slices of the stopped plugin", 90, || async {
+        let d = devices(&c.client).await;
+        match d.keys().filter(|(n, _)| n == NODE).count() {
+            0 => Ok(()),
+            n => Err(format!("{n} devices still published")),
+        }
+    })
+    .await;
+    eprintln!(
+        "MEASURE the kubelet deleted the stopped plugin's slices after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    agent.restart();
+    published(&c.client, "the slices back after the agent's restart").await;
     drop(agent);
 }
 

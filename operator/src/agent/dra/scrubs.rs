@@ -22,27 +22,33 @@ impl InFlight {
     where
         F: std::future::Future<Output = Result<(), String>> + Send + 'static,
     {
-        let joined = {
-            let mut running = self.running.lock().expect("the scrubs' map is never poisoned");
-            match running.get(uuid) {
-                Some(s) => s.clone(),
-                None => {
-                    let map = self.running.clone();
-                    let key = uuid.to_string();
-                    let task = tokio::spawn(async move {
-                        let result = scrub.await;
-                        map.lock().expect("the scrubs' map is never poisoned").remove(&key);
-                        result
-                    });
-                    let s: Scrub = async move { task.await.map_err(|e| format!("the scrub task failed: {e}"))? }
-                        .boxed()
-                        .shared();
-                    running.insert(uuid.to_string(), s.clone());
-                    s
-                }
+        self.start_or_join(uuid, scrub).await
+    }
+
+    /// The scrub of `uuid` running now, or `scrub` started as it: the caller decides under its own
+    /// lock whether a scrub is still due and joins one without waiting for it there.
+    pub fn start_or_join<F>(&self, uuid: &str, scrub: F) -> Shared<BoxFuture<'static, Result<(), String>>>
+    where
+        F: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let mut running = self.running.lock().expect("the scrubs' map is never poisoned");
+        match running.get(uuid) {
+            Some(s) => s.clone(),
+            None => {
+                let map = self.running.clone();
+                let key = uuid.to_string();
+                let task = tokio::spawn(async move {
+                    let result = scrub.await;
+                    map.lock().expect("the scrubs' map is never poisoned").remove(&key);
+                    result
+                });
+                let s: Scrub = async move { task.await.map_err(|e| format!("the scrub task failed: {e}"))? }
+                    .boxed()
+                    .shared();
+                running.insert(uuid.to_string(), s.clone());
+                s
             }
-        };
-        joined.await
+        }
     }
 }
 

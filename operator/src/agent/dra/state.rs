@@ -356,9 +356,11 @@ impl<G: Gpus + 'static> DraState<G> {
     }
 
     /// Scrubs `p`'s device, or joins the scrub of its UUID already running (a Prepare the kubelet
-    /// retried after its deadline, another share of the GPU), and records it clean. The scrub runs
-    /// on in a task of its own when the caller is dropped, and records its result itself.
-    async fn scrub(self: &Arc<Self>, p: &Planned) -> Result<(), ClaimError> {
+    /// retried after its deadline, another share of the GPU), and records it clean; nothing when a
+    /// scrub of its UUID completed since the Prepare decided (`seen`: the count of completed scrubs
+    /// then). The scrub runs on in a task of its own when the caller is dropped, and records its
+    /// result itself.
+    async fn scrub(self: &Arc<Self>, p: &Planned, seen: u64) -> Result<(), ClaimError> {
         let me = self.clone();
         let planned = p.clone();
         let run = async move {
@@ -372,7 +374,16 @@ impl<G: Gpus + 'static> DraState<G> {
                 .and_then(|r| r)?;
             me.record_clean(&planned).await.map_err(|e| e.to_string())
         };
-        self.scrubs.run(&p.uuid, run).await.map_err(|error| ClaimError::Scrub {
+        // Decided and joined under the state's lock, which a scrub's record takes too: a scrub
+        // either completed before (and is counted) or is joined, never missed in between.
+        let joined = {
+            let inner = self.inner.lock().await;
+            if inner.scrubbed.get(&p.uuid).copied().unwrap_or(0) > seen {
+                return Ok(());
+            }
+            self.scrubs.start_or_join(&p.uuid, run)
+        };
+        joined.await.map_err(|error| ClaimError::Scrub {
             device: p.device.name.clone(),
             uuid: p.uuid.clone(),
             error,
@@ -511,9 +522,10 @@ impl<G: Gpus + 'static> DraState<G> {
         seen: &std::collections::HashMap<String, u64>,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
         for p in planned {
+            let seen = seen.get(&p.uuid).copied().unwrap_or(0);
             let scrubbed_since = || async {
                 let inner = self.inner.lock().await;
-                inner.scrubbed.get(&p.uuid).copied().unwrap_or(0) > seen.get(&p.uuid).copied().unwrap_or(0)
+                inner.scrubbed.get(&p.uuid).copied().unwrap_or(0) > seen
             };
             if p.scrub && scrubbed_since().await {
                 continue;
@@ -522,7 +534,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 self.idle(p).await?;
             }
             if p.scrub {
-                self.scrub(p).await?;
+                self.scrub(p, seen).await?;
                 step_done("prepare-scrubbed");
             }
         }
@@ -618,7 +630,8 @@ impl<G: Gpus + 'static> DraState<G> {
         // (a Prepare that comes meanwhile joins it). A failure here is the next Prepare's scrub.
         for p in always {
             if self.idle(&p).await.is_ok()
-                && let Err(e) = self.scrub(&p).await
+                // Released just now: no earlier scrub counts.
+                && let Err(e) = self.scrub(&p, u64::MAX).await
             {
                 tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %e, "the scrub after the claim failed; the next claim's Prepare scrubs");
             }
