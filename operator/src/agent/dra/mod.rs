@@ -24,6 +24,7 @@ pub mod health;
 pub mod pods;
 pub mod prepare;
 pub mod publish;
+pub mod reservations;
 pub mod scrubs;
 pub mod server;
 pub mod slices;

@@ -15,6 +15,7 @@ use super::checkpoint::{Checkpoint, CheckpointError, CheckpointFile, DeviceRecor
 use super::devices::{DraDevice, Unit};
 use super::pods;
 use super::prepare::{self, ClaimView, Planned, Refusal};
+use super::reservations;
 use crate::api::{GpuTenant, ScrubMemory};
 use crate::gpu::Gpus;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -82,72 +83,11 @@ struct Inner {
     cp: Checkpoint,
     devices: Vec<DraDevice>,
     /// Devices a Prepare in progress decided on, by name: no other claim gets them meanwhile.
-    reserved: std::collections::HashMap<String, Reservation>,
+    reserved: std::collections::HashMap<String, reservations::Reservation>,
     /// Scrubs completed so far, by the UUID they cleared: a Prepare that planned a scrub skips it
     /// when one of the same UUID completed after it planned (it joined that one, or came too late
     /// to: either way the memory was cleared after its decision).
     scrubbed: std::collections::HashMap<String, u64>,
-}
-
-/// A device a Prepare in progress decided on: its claim's UID, and whether that Prepare scrubs the
-/// device's whole GPU (a share's scrub).
-struct Reservation {
-    claim: String,
-    scrubs_gpu: bool,
-}
-
-/// Reserves `planned` for claim `uid`, refusing a device another Prepare in progress reserved.
-/// A share's scrub clears its whole GPU, so on a GPU of shares: a share to scrub is refused while
-/// another claim holds a device of the GPU (its pod could run out of memory while the scrub takes
-/// all that is free) or another Prepare reserves one without scrubbing (its pod could start
-/// meanwhile); Prepares that all scrub the GPU go ahead together and share one scrub
-/// ([`super::scrubs`]); a share without a scrub while another Prepare scrubs its GPU joins that
-/// scrub (its pod must not start while the scrub takes the GPU's memory).
-fn reserve(inner: &mut Inner, uid: &str, planned: &mut [Planned]) -> Result<(), ClaimError> {
-    for p in planned.iter_mut() {
-        if let Some(other) = inner.reserved.get(&p.device.name).filter(|r| r.claim != uid) {
-            return Err(ClaimError::Busy {
-                device: p.device.name.clone(),
-                why: format!("claim {} is being prepared with it", other.claim),
-            });
-        }
-        if !prepare::is_share(&p.device) {
-            continue;
-        }
-        let on_gpu = |dev: &str| inner.devices.iter().any(|d| d.name == dev && d.gpu == p.device.gpu);
-        let held = inner.cp.devices.iter().find_map(|(dev, r)| match r {
-            DeviceRecord::InUse { claim, .. } if claim != uid && on_gpu(dev) => Some(claim.clone()),
-            _ => None,
-        });
-        let reserved = |scrubbing: bool| {
-            inner
-                .reserved
-                .iter()
-                .find(|(dev, r)| r.claim != uid && r.scrubs_gpu == scrubbing && on_gpu(dev))
-                .map(|(_, r)| r.claim.clone())
-        };
-        if !p.scrub && reserved(true).is_some() {
-            p.scrub = true;
-        }
-        if p.scrub
-            && let Some(other) = held.or_else(|| reserved(false))
-        {
-            return Err(ClaimError::Busy {
-                device: p.device.name.clone(),
-                why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
-            });
-        }
-    }
-    for p in planned.iter() {
-        inner.reserved.insert(
-            p.device.name.clone(),
-            Reservation {
-                claim: uid.to_string(),
-                scrubs_gpu: p.scrub && prepare::is_share(&p.device),
-            },
-        );
-    }
-    Ok(())
 }
 
 /// The DRA mode's state: the node's devices as last published, and the checkpoint.
@@ -177,30 +117,6 @@ pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
     match (owners.next(), owners.next()) {
         (Some(t), None) => Some(t.name_any()),
         _ => None,
-    }
-}
-
-/// A share of `p`'s GPU is now `tenant`'s: the other shares of that GPU no claim holds may hold
-/// `tenant`'s data from now on, whatever their record said (a share's memory is its GPU's), so
-/// another tenant's claim on one of them is scrubbed first.
-fn shared_gpu_used(inner: &mut Inner, p: &Planned, tenant: &str) {
-    let others: Vec<String> = inner
-        .devices
-        .iter()
-        .filter(|d| d.gpu == p.device.gpu && prepare::is_share(d) && d.name != p.device.name)
-        .filter(|d| d.uuid.as_deref() == Some(p.uuid.as_str()))
-        .map(|d| d.name.clone())
-        .collect();
-    for name in others {
-        if !matches!(inner.cp.devices.get(&name), Some(DeviceRecord::InUse { .. })) {
-            inner.cp.devices.insert(
-                name,
-                DeviceRecord::Released {
-                    tenant: tenant.to_string(),
-                    uuid: p.uuid.clone(),
-                },
-            );
-        }
     }
 }
 
@@ -458,7 +374,10 @@ impl<G: Gpus + 'static> DraState<G> {
                 return Ok(done);
             }
             let mut planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
-            reserve(&mut inner, uid, &mut planned)?;
+            let Inner {
+                cp, devices, reserved, ..
+            } = &mut *inner;
+            reservations::reserve(reserved, cp, devices, uid, &mut planned)?;
             let seen: std::collections::HashMap<String, u64> = planned
                 .iter()
                 .map(|p| (p.uuid.clone(), inner.scrubbed.get(&p.uuid).copied().unwrap_or(0)))
@@ -469,7 +388,7 @@ impl<G: Gpus + 'static> DraState<G> {
         let result = self.prepare_planned(&view, &planned, &seen).await;
         let mut inner = self.inner.lock().await;
         for p in &planned {
-            if inner.reserved.get(&p.device.name).is_some_and(|r| r.claim == uid) {
+            if inner.reserved.get(&p.device.name).is_some_and(|r| r.claim() == uid) {
                 inner.reserved.remove(&p.device.name);
             }
         }
@@ -564,7 +483,8 @@ impl<G: Gpus + 'static> DraState<G> {
                 },
             );
             if prepare::is_share(&p.device) {
-                shared_gpu_used(&mut inner, p, &tenant);
+                let Inner { cp, devices, .. } = &mut *inner;
+                reservations::shared_gpu_used(cp, devices, p, &tenant);
             }
         }
         inner.cp.claims.insert(
