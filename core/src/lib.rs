@@ -20,3 +20,4 @@ pub mod policy;
 pub mod problem;
 pub mod selectors;
 pub mod signals;
+pub mod tenancy;

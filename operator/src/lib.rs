@@ -7,7 +7,7 @@
 
 pub use gpu_tenancy_core::{
     accounting, api, attribution, desired, device_plugin, devices, dra, handover, inventory, labels, mig, planner,
-    policy, problem, selectors, signals,
+    policy, problem, selectors, signals, tenancy,
 };
 
 pub mod agent;

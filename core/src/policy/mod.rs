@@ -53,21 +53,10 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
     let policies: BTreeMap<String, &SharingPolicy> = policies.iter().map(|p| (p.name_any(), p)).collect();
     let mut check = TenantCheck::default();
 
-    // Names borrowed, hashed, and a list only for a namespace of two owners: a fleet's tenants
-    // have thousands of namespaces, nearly all with one owner.
-    let mut owners: foldhash::HashMap<&str, (&str, Vec<&str>)> = foldhash::HashMap::default();
     let tenants: Vec<&GpuTenant> = tenants.iter().map(|t| t.borrow()).collect();
-    for t in &tenants {
-        let name = crate::api::name_of(*t);
-        for ns in &t.spec.namespaces {
-            owners
-                .entry(ns.as_str())
-                .and_modify(|(_, more)| more.push(name))
-                .or_insert((name, Vec::new()));
-        }
-    }
+    let owners = crate::tenancy::NamespaceOwners::of(&tenants);
 
-    let mut sorted = tenants;
+    let mut sorted = tenants.clone();
     crate::api::sort_refs_by_name(&mut sorted);
     for t in sorted {
         let name = t.name_any();
@@ -92,8 +81,7 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
                     ),
                 ));
             }
-            let (first, more) = &owners[ns.as_str()];
-            let others: Vec<&&str> = std::iter::once(first).chain(more).filter(|o| **o != name).collect();
+            let others: Vec<&&str> = owners.listers(ns).iter().filter(|o| **o != name).collect();
             if !others.is_empty() {
                 let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
                 problems.push(problem(

@@ -61,9 +61,10 @@ impl Attribution {
         }
     }
 
-    /// The tenant that alone lists `namespace` (the rule admission binds namespaces by).
+    /// The tenant `namespace` belongs to (the rule admission binds namespaces by,
+    /// [`crate::tenancy`]; exempt namespaces, which the agent does not know, list no valid tenant).
     pub fn owner(&self, namespace: &str) -> Option<String> {
-        super::dra::state::owner(&self.tenants.state(), namespace)
+        crate::tenancy::owner_of(&self.tenants.state(), namespace, &Default::default()).map(str::to_string)
     }
 
     /// Each of `pids`' tenant, `None` where it cannot be told.

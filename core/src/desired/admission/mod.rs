@@ -90,26 +90,17 @@ pub struct NamespaceRules {
 
 impl NamespaceRules {
     pub fn of(tenants: &[Arc<GpuTenant>], exempt: BTreeSet<String>) -> NamespaceRules {
-        let mut claims: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for t in tenants {
-            for ns in &t.spec.namespaces {
-                claims
-                    .entry(ns.as_str())
-                    .or_default()
-                    .push(crate::api::name_of(t.as_ref()));
-            }
-        }
         let mut out = NamespaceRules {
             tenants: tenants.iter().map(|t| (t.name_any(), BTreeSet::new())).collect(),
-            exempt,
+            exempt: BTreeSet::new(),
         };
-        for (ns, owners) in claims {
-            if let [only] = owners.as_slice()
-                && !out.exempt.contains(ns)
-            {
-                out.tenants.entry(only.to_string()).or_default().insert(ns.to_string());
+        // The owner rule is crate::tenancy's, shared with the DRA driver and the attribution.
+        for (ns, owner) in crate::tenancy::NamespaceOwners::of(tenants).owners(&exempt) {
+            if let Some(t) = owner {
+                out.tenants.entry(t.to_string()).or_default().insert(ns.to_string());
             }
         }
+        out.exempt = exempt;
         out
     }
 

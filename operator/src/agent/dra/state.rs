@@ -109,15 +109,11 @@ pub struct DraState<G: Gpus> {
     reading: tokio::sync::Mutex<Option<(std::time::Instant, Arc<crate::api::GpuNodeStatus>)>>,
 }
 
-/// The tenant that alone lists `namespace` (the rule the controller binds admission by).
+/// The tenant `namespace` belongs to (the rule admission binds namespaces by,
+/// [`crate::tenancy`]). The agent does not know the controller's exempt namespaces: a tenant that
+/// lists one is invalid (the controller's check), is granted nothing, and so has no device here.
 pub fn owner(tenants: &[Arc<GpuTenant>], namespace: &str) -> Option<String> {
-    let mut owners = tenants
-        .iter()
-        .filter(|t| t.spec.namespaces.iter().any(|n| n == namespace));
-    match (owners.next(), owners.next()) {
-        (Some(t), None) => Some(t.name_any()),
-        _ => None,
-    }
+    crate::tenancy::owner_of(tenants, namespace, &Default::default()).map(str::to_string)
 }
 
 impl<G: Gpus + 'static> DraState<G> {
