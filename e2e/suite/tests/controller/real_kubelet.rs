@@ -386,11 +386,60 @@ async fn g_device_plugin_pods_on_a_real_kubelet() {
     running(&client, &node, "p2").await;
     assert_eq!(given(&node, "p2"), g1, "p2 was given the free GPU");
     evict_the_busy_gpus_holder(&client, &agent, &i0).await;
+    unhealthy_in_status_and_metrics(&client, &agent, metrics, &i1).await;
     // Deleted while the kubelet runs to confirm it: the namespace's deletion must not wait on it.
     delete(&client, "p2").await;
     controller.abort();
     drop(agent);
     drop(node);
+}
+
+/// The device-plugin mode reports device health as the DRA mode does: an XID on p2's GPU makes it
+/// unhealthy in the GpuNode and in the metrics, every row of it and no other (NVIDIA's device plugin withdraws it from the
+/// kubelet on its own); an application's XID before it changes nothing.
+async fn unhealthy_in_status_and_metrics(client: &Client, agent: &SimAgent, metrics: std::net::SocketAddr, gpu: &str) {
+    let names = [NODE.to_string()];
+    let reason = |n: &GpuNode| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.gpus.iter().find(|g| g.index.to_string() == gpu))
+            .and_then(|g| g.unhealthy.as_ref())
+            .map(|u| u.reason)
+    };
+    agent.sim_ctl(&["event", "--gpu", gpu, "--xid", "43"]);
+    agent.sim_ctl(&["event", "--gpu", gpu, "--xid", "48"]);
+    wait_nodes(client, &names, 30, "the GPU unhealthy in its GpuNode", |n| {
+        reason(n) == Some(gpu_tenancy::api::HealthReason::Xid)
+    })
+    .await;
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let n = api.get(NODE).await.expect("the GpuNode");
+    let status = n.status.unwrap_or_default();
+    let message = status
+        .gpus
+        .iter()
+        .find_map(|g| g.unhealthy.as_ref())
+        .map(|u| u.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("XID 48"),
+        "the first XID that counts is reported, not 43: {message}"
+    );
+    let sick: Vec<String> = http_get(metrics, "/metrics")
+        .await
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("gpu_tenancy_device_unhealthy{") && l.ends_with(" 1"))
+        .map(String::from)
+        .collect();
+    assert!(
+        !sick.is_empty()
+            && sick
+                .iter()
+                .all(|r| r.contains(&format!("gpu=\"{gpu}\"")) && r.contains("reason=\"Xid\"")),
+        "the metrics' unhealthy devices: {sick:?}"
+    );
 }
 
 /// Both GPUs are to be cut into MIG; p0's GPU is busy (process 4301): the agent asks only for
