@@ -5,8 +5,15 @@
 use super::checkpoint::{Checkpoint, DeviceRecord};
 use super::devices::DraDevice;
 use super::prepare::{self, Planned};
-use super::state::ClaimError;
 use std::collections::HashMap;
+
+/// Why a Prepare may not go ahead now (the kubelet retries it).
+#[derive(Debug, thiserror::Error)]
+#[error("device {device} is busy: {why}")]
+pub struct Busy {
+    pub device: String,
+    pub why: String,
+}
 
 /// A device a Prepare in progress decided on: its claim's UID, and whether that Prepare scrubs the
 /// device's whole GPU (a share's scrub).
@@ -34,10 +41,10 @@ pub fn reserve(
     devices: &[DraDevice],
     uid: &str,
     planned: &mut [Planned],
-) -> Result<(), ClaimError> {
+) -> Result<(), Busy> {
     for p in planned.iter_mut() {
         if let Some(other) = reserved.get(&p.device.name).filter(|r| r.claim != uid) {
-            return Err(ClaimError::Busy {
+            return Err(Busy {
                 device: p.device.name.clone(),
                 why: format!("claim {} is being prepared with it", other.claim),
             });
@@ -62,7 +69,7 @@ pub fn reserve(
         if p.scrub
             && let Some(other) = held.or_else(|| reserving(false))
         {
-            return Err(ClaimError::Busy {
+            return Err(Busy {
                 device: p.device.name.clone(),
                 why: format!("it must be scrubbed, which clears its whole GPU, and claim {other} uses that GPU"),
             });
@@ -154,7 +161,7 @@ mod tests {
         assert!(z[0].scrub, "a Prepare without a scrub joins the GPU's scrub");
         assert!(matches!(
             reserve(&mut reserved, &cp, &devices, "w", &mut planned(0, false)),
-            Err(ClaimError::Busy { .. })
+            Err(Busy { .. })
         ));
 
         let mut held = Checkpoint::default();
@@ -169,13 +176,13 @@ mod tests {
         let mut fresh = HashMap::new();
         assert!(matches!(
             reserve(&mut fresh, &held, &devices, "x", &mut planned(0, true)),
-            Err(ClaimError::Busy { .. })
+            Err(Busy { .. })
         ));
         reserve(&mut fresh, &held, &devices, "x", &mut planned(0, false)).unwrap();
         // A Prepare reserving without a scrub keeps scrubs off the GPU.
         assert!(matches!(
             reserve(&mut fresh, &Checkpoint::default(), &devices, "y", &mut planned(1, true)),
-            Err(ClaimError::Busy { .. })
+            Err(Busy { .. })
         ));
     }
 

@@ -57,6 +57,8 @@ pub enum ClaimError {
     Refused(Refusal),
     #[error("device {device} is busy: {why}")]
     Busy { device: String, why: String },
+    #[error(transparent)]
+    Reserved(#[from] reservations::Busy),
     #[error("scrubbing device {device} ({uuid}) failed: {error}; it is not handed over")]
     Scrub {
         device: String,
