@@ -9,7 +9,7 @@ use gpu_tenancy_e2e::node::RealNode;
 use gpu_tenancy_e2e::procs::SimAgent;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -157,30 +157,7 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
     c._cleanup.add_resource("namespaces", TENANT);
 
     for (tpl, first) in [("k-exact", false), ("k-first", true)] {
-        let body = template(tpl, first);
-        let templates = kube::api::Api::<kube::api::DynamicObject>::namespaced_with(
-            c.client.clone(),
-            TENANT,
-            &kube::api::ApiResource::from_gvk_with_plural(
-                &kube::api::GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
-                "resourceclaimtemplates",
-            ),
-        );
-        // The tenant's rules reach the API server's cache a moment after its namespace exists.
-        until("the claim template admitted under the tenant's rules", 60, || {
-            let (templates, body) = (templates.clone(), body.clone());
-            async move {
-                match templates
-                    .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        })
-        .await;
+        create_template(&c.client, TENANT, &template(tpl, first)).await;
     }
 
     // A pod whose claim the kubelet prepares: the agent registered through the kubelet's plugin

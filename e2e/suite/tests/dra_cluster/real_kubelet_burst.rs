@@ -13,7 +13,7 @@ use gpu_tenancy_e2e::apply_docs_as_kubectl;
 use gpu_tenancy_e2e::node::RealNode;
 use gpu_tenancy_e2e::procs::SimAgent;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -70,35 +70,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
-/// Creates the templates of `tenant`, retrying while its rules reach the API server's cache.
-async fn templates(client: &kube::Client, tenant: &str) {
-    let api = Api::<kube::api::DynamicObject>::namespaced_with(
-        client.clone(),
-        tenant,
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
-            "resourceclaimtemplates",
-        ),
-    );
-    for shares in [1, 2] {
-        let body = template(tenant, shares);
-        until("the claim template admitted under the tenant's rules", 60, || {
-            let (api, body) = (api.clone(), body.clone());
-            async move {
-                match api
-                    .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        })
-        .await;
-    }
-}
-
 pub async fn a_hundred_pods_at_once(c: &mut Cluster) {
     let docs = world();
     c._cleanup.add_docs(&docs);
@@ -131,7 +102,9 @@ pub async fn a_hundred_pods_at_once(c: &mut Cluster) {
         })
         .await;
         c._cleanup.add_resource("namespaces", t);
-        templates(&c.client, t).await;
+        for shares in [1, 2] {
+            create_template(&c.client, t, &template(t, shares)).await;
+        }
     }
     // A GPU's first claim scrubs it (its past is unknown to the agent just started); the other
     // claims of the GPU join that scrub or find it done.

@@ -452,3 +452,33 @@ pub fn audit_log() -> Vec<Value> {
 pub fn tenants(client: &Client) -> Api<GpuTenant> {
     Api::all(client.clone())
 }
+
+/// Creates ResourceClaimTemplate `body` in `ns` (admin), retrying while the tenant's admission
+/// rules reach the API server's cache after its namespace exists; one already there is kept.
+pub async fn create_template(client: &Client, ns: &str, body: &Value) {
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
+            "resourceclaimtemplates",
+        ),
+    );
+    until("the claim template admitted under the tenant's rules", 60, || {
+        let (api, body) = (api.clone(), body.clone());
+        async move {
+            match api
+                .create(
+                    &kube::api::PostParams::default(),
+                    &serde_json::from_value(body).unwrap(),
+                )
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+}

@@ -69,9 +69,58 @@ fn now_seconds() -> i64 {
     jiff::Timestamp::now().as_second()
 }
 
+/// The v1 response to `reports`, stamped now.
+fn response(reports: Vec<Report>) -> v1::NodeWatchResourcesResponse {
+    let at = now_seconds();
+    v1::NodeWatchResourcesResponse {
+        devices: reports
+            .into_iter()
+            .map(|r| v1::DeviceHealth {
+                device: Some(v1::DeviceIdentifier {
+                    pool_name: r.pool,
+                    device_name: r.device,
+                }),
+                health: match r.healthy {
+                    true => v1::HealthStatus::Healthy,
+                    false => v1::HealthStatus::Unhealthy,
+                } as i32,
+                last_updated_time: at,
+                health_check_timeout_seconds: TIMEOUT_SECONDS,
+                message: r.message,
+            })
+            .collect(),
+    }
+}
+
+/// The same response in v1alpha1's messages (the same fields and numbers).
+fn alpha(r: v1::NodeWatchResourcesResponse) -> v1alpha1::NodeWatchResourcesResponse {
+    v1alpha1::NodeWatchResourcesResponse {
+        devices: r
+            .devices
+            .into_iter()
+            .map(|d| v1alpha1::DeviceHealth {
+                device: d.device.map(|i| v1alpha1::DeviceIdentifier {
+                    pool_name: i.pool_name,
+                    device_name: i.device_name,
+                }),
+                health: d.health,
+                last_updated_time: d.last_updated_time,
+                health_check_timeout_seconds: d.health_check_timeout_seconds,
+                message: d.message,
+            })
+            .collect(),
+    }
+}
+
 pub struct Health {
     pub pool: String,
     pub devices: watch::Receiver<Vec<DraDevice>>,
+}
+
+impl Health {
+    fn stream(&self) -> impl Stream<Item = v1::NodeWatchResourcesResponse> + Send + 'static {
+        futures::StreamExt::map(due(self.pool.clone(), self.devices.clone()), response)
+    }
 }
 
 #[tonic::async_trait]
@@ -82,28 +131,7 @@ impl v1::dra_resource_health_server::DraResourceHealth for Health {
         &self,
         _: Request<v1::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let stream = futures::StreamExt::map(due(self.pool.clone(), self.devices.clone()), |rs| {
-            let at = now_seconds();
-            Ok(v1::NodeWatchResourcesResponse {
-                devices: rs
-                    .into_iter()
-                    .map(|r| v1::DeviceHealth {
-                        device: Some(v1::DeviceIdentifier {
-                            pool_name: r.pool,
-                            device_name: r.device,
-                        }),
-                        health: match r.healthy {
-                            true => v1::HealthStatus::Healthy,
-                            false => v1::HealthStatus::Unhealthy,
-                        } as i32,
-                        last_updated_time: at,
-                        health_check_timeout_seconds: TIMEOUT_SECONDS,
-                        message: r.message,
-                    })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(futures::StreamExt::map(self.stream(), Ok))))
     }
 }
 
@@ -115,28 +143,9 @@ impl v1alpha1::dra_resource_health_server::DraResourceHealth for Health {
         &self,
         _: Request<v1alpha1::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let stream = futures::StreamExt::map(due(self.pool.clone(), self.devices.clone()), |rs| {
-            let at = now_seconds();
-            Ok(v1alpha1::NodeWatchResourcesResponse {
-                devices: rs
-                    .into_iter()
-                    .map(|r| v1alpha1::DeviceHealth {
-                        device: Some(v1alpha1::DeviceIdentifier {
-                            pool_name: r.pool,
-                            device_name: r.device,
-                        }),
-                        health: match r.healthy {
-                            true => v1alpha1::HealthStatus::Healthy,
-                            false => v1alpha1::HealthStatus::Unhealthy,
-                        } as i32,
-                        last_updated_time: at,
-                        health_check_timeout_seconds: TIMEOUT_SECONDS,
-                        message: r.message,
-                    })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(futures::StreamExt::map(self.stream(), |r| {
+            Ok(alpha(r))
+        }))))
     }
 }
 
