@@ -313,10 +313,7 @@ impl Fleet {
             nvml_lib: None,
             cuda_lib: None,
             poll: self.opts.poll,
-            device_plugin_namespace: "nvidia-device-plugin".into(),
-            device_plugin_selector: "app.kubernetes.io/name=nvidia-device-plugin".into(),
-            mps_root: None,
-            pod_resources_socket: None,
+            // The device plugin's mode, with no plugin or kubelet to read.
             mode: Default::default(),
             metrics: None,
             attribution: None,

@@ -14,11 +14,9 @@ use crate::accounting::{Busy, Holding};
 use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuTenant, Mode};
 use crate::attribution::{self, Held};
 use crate::gpu::Usage;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -46,14 +44,9 @@ impl std::fmt::Debug for Attribution {
 }
 
 impl Attribution {
-    /// Starts the watch of GpuTenants (the namespaces' tenants) in the background.
-    pub fn start(client: Client, proc_root: PathBuf) -> Attribution {
-        let (tenants, writer) = reflector::store::<GpuTenant>();
-        let watch = watcher(Api::<GpuTenant>::all(client), watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-            .for_each(|_| futures::future::ready(()));
-        tokio::spawn(watch);
+    /// Reads processes' pods under `proc_root`, and namespaces' tenants from `tenants` (the
+    /// agent's watch of GpuTenants, [`super::Watches`]).
+    pub fn new(proc_root: PathBuf, tenants: Store<GpuTenant>) -> Attribution {
         Attribution {
             proc_root,
             tenants,

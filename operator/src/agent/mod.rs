@@ -26,11 +26,13 @@ mod join;
 mod known;
 pub mod kubelet_api;
 pub mod metrics;
+pub mod mode;
 mod options;
 mod pass_error;
-pub mod pitfalls;
 pub mod pod_resources;
+pub mod signals;
 mod spec_changes;
+pub mod watches;
 
 pub use field_manager::FIELD_MANAGER;
 pub use options::{AgentMode, Options};
@@ -43,18 +45,18 @@ use crate::gpu::nvml::NvmlGpus;
 use crate::gpu::scrub::CudaLib;
 use crate::labels::{CONFIG_STATE, ConfigState};
 use crate::runtime::client::apply_params;
-use device_plugin::restart_device_plugin;
 use futures::{Stream, StreamExt};
 use health::HealthWatch;
 use k8s_openapi::api::core::v1::Node;
 use known::Known;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
+use mode::PassView;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+pub use watches::Watches;
 
 /// The node's reconfiguration state from the published conditions.
 fn config_state(status: &GpuNodeStatus) -> ConfigState {
@@ -67,24 +69,20 @@ fn config_state(status: &GpuNodeStatus) -> ConfigState {
     }
 }
 
-/// Per GPU index, its MIG instances as (profile, start, size).
-type MigLayout = Vec<(u32, Vec<(String, u32, u32)>)>;
+/// The part of the GpuNode status the pass writes. The status has two writers, merged by
+/// server-side apply: the pass applies every field but `claims` under [`FIELD_MANAGER`], and the
+/// DRA mode applies `claims` (the claims it prepared) under [`dra::CLAIMS_FIELD_MANAGER`]. So the
+/// pass compares and writes this part only, never the other writer's.
+fn status_part(status: &GpuNodeStatus) -> GpuNodeStatus {
+    GpuNodeStatus {
+        claims: vec![],
+        ..status.clone()
+    }
+}
 
-/// The MIG layout of a status, to tell whether a pass changed it.
-fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
-    status
-        .gpus
-        .iter()
-        .map(|g| {
-            (
-                g.index,
-                g.instances
-                    .iter()
-                    .map(|i| (i.profile.clone(), i.placement.start, i.placement.size))
-                    .collect(),
-            )
-        })
-        .collect()
+/// The server-side apply body of a GpuNode status.
+fn status_body(status: &GpuNodeStatus) -> serde_json::Value {
+    json!({"apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()), "status": status})
 }
 
 /// Why the agent stopped.
@@ -123,7 +121,8 @@ pub struct Passed {
 }
 
 /// One pass: apply the GpuNode's spec, publish what changed. The GpuNode and the node's label
-/// are read only where `known` does not have them ([`known`]): a poll reads neither.
+/// are read only where `known` does not have them ([`known`]): a poll reads neither. What differs
+/// by mode comes from the mode ([`mode::NodeMode`]).
 async fn pass<G: Gpus + 'static>(
     client: &Client,
     gpus: &Arc<G>,
@@ -132,48 +131,30 @@ async fn pass<G: Gpus + 'static>(
     health: &HealthWatch,
 ) -> Result<Passed, PassError> {
     let api: Api<GpuNode> = Api::all(client.clone());
-    if let Some(declared) = known.awaiting_spec(opts.poll.saturating_mul(join::SPEC_PATIENCE_POLLS))
-        && join::still_as_declared(gpus, declared).await
-    {
-        // A poll before the spec: the declaration still says all the controller needs.
-        return Ok(Passed {
-            generation: declared.metadata.generation,
-            next: Next::Poll,
-        });
-    }
-    let node = match known.take_gpu_node() {
-        Some(n) => n,
-        None => match join::read_or_create(&api, gpus, opts).await? {
-            join::Joined::Read(n) => n,
-            join::Joined::Declared(n) => {
-                // Its first status comes with the spec planned from what it declared, or at a
-                // poll that finds the GPUs changed or the spec late ([`join`]): nothing to apply
-                // (an empty spec) and nothing to publish yet.
-                tracing::info!(node = %opts.node, "GpuNode created with the GPUs found declared");
-                let generation = n.metadata.generation;
-                known.keep_declared(n);
-                return Ok(Passed {
-                    generation,
-                    next: Next::Poll,
-                });
-            }
-        },
+    let node = match node_to_apply(&api, gpus, opts, known).await? {
+        ToApply::Node(n) => *n,
+        ToApply::Nothing(passed) => return Ok(passed),
     };
-    let spec = node.spec.clone();
+    let mode = opts.mode.node_mode();
     let prev = node.status.clone();
     let generation = node.metadata.generation;
-    let device_plugin = matches!(opts.mode, AgentMode::DevicePlugin);
+    let view = PassView {
+        client,
+        node: &opts.node,
+        spec: &node.spec,
+        prev: prev.as_ref(),
+    };
     let apply_opts = ApplyOptions {
-        // With the device plugin, its own MPS daemon serves pods (docs/concepts/isolation.md#mps); a second
-        // daemon would fight it, so the agent supervises none. In DRA mode the agent's daemon
-        // serves the MPS claims it prepares.
-        mps: match &opts.mode {
-            AgentMode::DevicePlugin => None,
-            AgentMode::Dra(d) => d.mps.clone(),
-        },
+        mps: mode.mps(),
         dry_run: false,
     };
-    let sampled = apply_and_sample(gpus, spec, prev.clone(), apply_opts, opts.metrics.is_some());
+    let sampled = apply_and_sample(
+        gpus,
+        node.spec.clone(),
+        prev.clone(),
+        apply_opts,
+        opts.metrics.is_some(),
+    );
     let (applied, usage) = match sampled.await.map_err(PassError::Stopped)? {
         Ok(applied) => applied,
         Err(e) => {
@@ -183,24 +164,12 @@ async fn pass<G: Gpus + 'static>(
             return Err(PassError::Apply(e));
         }
     };
-    let mut status = applied.status;
+    let mut status = applied.status.clone();
     health.annotate(&mut status);
-    status.observed_generation = generation;
-    // Published with each GPU model's MIG profiles once, as every later read sees it.
-    status.share_profiles(prev.as_ref().map_or(&[], |p| p.mig_profiles.as_slice()));
-    // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
-    for c in &mut status.conditions {
-        c.observed_generation = generation;
-    }
-    let holders = if device_plugin {
-        device_plugin::observe(client, opts, &node.spec, prev.as_ref(), &mut status).await
-    } else {
-        // Not read in DRA mode (its Prepare knows each claim's devices).
-        pod_resources::clear(&mut status);
-        None
-    };
+    stamp(&mut status, generation, prev.as_ref());
+    let holders = mode.observe(view, &mut status).await;
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-    let signals = pitfalls::report(&mut status, &node.spec, holders.as_ref(), &now);
+    let signals = signals::report(&mut status, &node.spec, holders.as_ref(), &now);
     if let Some(m) = &opts.metrics {
         let (busy, namespaces) = attribute(client, opts, &node.spec, &status, usage, holders.as_ref()).await;
         m.observe(&node.spec, &status, busy, &applied.events);
@@ -208,42 +177,99 @@ async fn pass<G: Gpus + 'static>(
         m.holders(&status, holders.as_ref());
         m.ungranted(&status, &signals);
     }
-    // `claims` belongs to the DRA mode's kubelet plugin (its own field manager): not compared, not
-    // written here.
-    let unchanged = prev.as_ref().is_some_and(|p| {
-        GpuNodeStatus {
-            claims: vec![],
-            ..p.clone()
-        } == status
-    });
-    if !unchanged {
-        api.patch_status(
-            &opts.node,
-            &apply_params(FIELD_MANAGER),
-            &Patch::Apply(json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status})),
-        )
-        .await
-        .map_err(|source| PassError::Publish {
-            node: opts.node.clone(),
-            source,
-        })?;
-        tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
-    }
-    let mig_changed = prev.as_ref().is_some_and(|p| mig_layout(p) != mig_layout(&status));
-    if mig_changed && device_plugin {
-        restart_device_plugin(client, opts).await;
-    }
+    publish(&api, opts, prev.as_ref(), &status).await?;
+    mode.passed(view, &status).await;
     label_config_state(client, opts, config_state(&status), known).await;
     let retry = status
         .gpus
         .iter()
         .any(|g| g.reason.is_some_and(GpuReason::retries_soon));
-    // What the API server now holds (`claims` aside: the DRA plugin's, never read here).
+    // What the API server now holds (`claims` aside: the DRA mode's, never read here).
     known.keep_gpu_node(node, status);
     Ok(Passed {
         generation,
         next: if retry { Next::Retry } else { Next::Poll },
     })
+}
+
+/// The GpuNode a pass applies, or why it has nothing to apply.
+enum ToApply {
+    Node(Box<GpuNode>),
+    Nothing(Passed),
+}
+
+/// The GpuNode to apply: as `known` has it, or read (created, with the GPUs found declared, if
+/// missing). Nothing to apply while the declaration still says all the controller needs.
+async fn node_to_apply<G: Gpus + 'static>(
+    api: &Api<GpuNode>,
+    gpus: &Arc<G>,
+    opts: &Options,
+    known: &mut Known,
+) -> Result<ToApply, PassError> {
+    if let Some(declared) = known.awaiting_spec(opts.poll.saturating_mul(join::SPEC_PATIENCE_POLLS))
+        && join::still_as_declared(gpus, declared).await
+    {
+        // A poll before the spec: the declaration still says all the controller needs.
+        return Ok(ToApply::Nothing(Passed {
+            generation: declared.metadata.generation,
+            next: Next::Poll,
+        }));
+    }
+    if let Some(n) = known.take_gpu_node() {
+        return Ok(ToApply::Node(Box::new(n)));
+    }
+    match join::read_or_create(api, gpus, opts).await? {
+        join::Joined::Read(n) => Ok(ToApply::Node(Box::new(n))),
+        join::Joined::Declared(n) => {
+            // Its first status comes with the spec planned from what it declared, or at a poll
+            // that finds the GPUs changed or the spec late ([`join`]): nothing to apply (an empty
+            // spec) and nothing to publish yet.
+            tracing::info!(node = %opts.node, "GpuNode created with the GPUs found declared");
+            let generation = n.metadata.generation;
+            known.keep_declared(n);
+            Ok(ToApply::Nothing(Passed {
+                generation,
+                next: Next::Poll,
+            }))
+        }
+    }
+}
+
+/// Marks a status just read from the GPUs with the spec's generation it describes, and shares
+/// each GPU model's MIG profiles as published before.
+fn stamp(status: &mut GpuNodeStatus, generation: Option<i64>, prev: Option<&GpuNodeStatus>) {
+    status.observed_generation = generation;
+    // Published with each GPU model's MIG profiles once, as every later read sees it.
+    status.share_profiles(prev.map_or(&[], |p| p.mig_profiles.as_slice()));
+    // The GPU layer builds conditions before it knows the spec's generation; they describe this one.
+    for c in &mut status.conditions {
+        c.observed_generation = generation;
+    }
+}
+
+/// Writes the pass's part of the status ([`status_part`]) where it differs from `prev`.
+async fn publish(
+    api: &Api<GpuNode>,
+    opts: &Options,
+    prev: Option<&GpuNodeStatus>,
+    status: &GpuNodeStatus,
+) -> Result<(), PassError> {
+    let status = status_part(status);
+    if prev.is_some_and(|p| status_part(p) == status) {
+        return Ok(());
+    }
+    api.patch_status(
+        &opts.node,
+        &apply_params(FIELD_MANAGER),
+        &Patch::Apply(status_body(&status)),
+    )
+    .await
+    .map_err(|source| PassError::Publish {
+        node: opts.node.clone(),
+        source,
+    })?;
+    tracing::info!(node = %opts.node, layout = status.layout.as_deref().unwrap_or(""), "status published");
+    Ok(())
 }
 
 /// What an apply did, and how busy the devices were afterwards (where known).
@@ -320,9 +346,12 @@ async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&G
     if prev == Some(&status) {
         return;
     }
-    let patch = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "status": status});
     if let Err(e) = api
-        .patch_status(&opts.node, &apply_params(FIELD_MANAGER), &Patch::Apply(patch))
+        .patch_status(
+            &opts.node,
+            &apply_params(FIELD_MANAGER),
+            &Patch::Apply(status_body(&status)),
+        )
         .await
     {
         tracing::warn!(node = %opts.node, error = %e, "cannot report the NVML failure in the GpuNode status");
@@ -365,11 +394,13 @@ async fn label_config_state(client: &Client, opts: &Options, state: ConfigState,
     }
 }
 
-/// The production agent: NVML (and CUDA for scrubs) from `opts`, a watch on this node's GpuNode;
-/// runs [`run_node`] until `shutdown`.
+/// The production agent: NVML (and CUDA for scrubs) from `opts`, the agent's shared watches
+/// ([`Watches`]); runs [`run_node`] and the mode's own work ([`AgentMode::serve`]) until
+/// `shutdown`.
 pub async fn run(
     client: Client,
     opts: Options,
+    watches: Watches,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let nvml_lib = opts.nvml_lib.clone();
@@ -379,18 +410,7 @@ pub async fn run(
         .map_err(RunError::Stopped)?
         .map_err(RunError::Nvml)?
         .with_cuda(cuda);
-    let api: Api<GpuNode> = Api::all(client.clone());
-    let seen = spec_changes::spec_changes(
-        watcher(
-            api,
-            watcher::Config::default().fields(&format!("metadata.name={}", opts.node)),
-        )
-        .default_backoff(),
-    );
     let gpus = Arc::new(gpus);
-    let AgentMode::Dra(dra_opts) = opts.mode.clone() else {
-        return run_node(client, gpus, opts, seen, shutdown).await;
-    };
     // Both halves stop on the one shutdown.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -400,17 +420,17 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let plugin = dra::run(
+    let serving = opts.mode.clone().serve(
         client.clone(),
         opts.node.clone(),
         gpus.clone(),
-        *dra_opts,
+        watches.clone(),
         stopped(stop_rx.clone()),
     );
-    let common = run_node(client, gpus, opts, seen, stopped(stop_rx));
-    let (p, c) = tokio::join!(plugin, common);
-    p.map_err(RunError::Dra)?;
-    c
+    let common = run_node(client, gpus, opts, watches.gpu_node_changes(), stopped(stop_rx));
+    let (served, ran) = tokio::join!(serving, common);
+    served?;
+    ran
 }
 
 /// Runs until `shutdown`: a pass at once, on every new spec generation `seen` brings (the GpuNode

@@ -1,9 +1,17 @@
-//! What the agent is told: its node, libraries, poll, device plugin and mode.
+//! What the agent is told: its node, libraries, poll, and mode. Each mode's own settings live in
+//! its variant of [`AgentMode`], the registration of the modes ([`super::mode`]).
 
+use super::RunError;
 use super::attribution::Attribution;
+use super::device_plugin::DevicePluginOptions;
 use super::dra::DraOptions;
 use super::metrics::AgentMetrics;
+use super::mode::NodeMode;
+use super::watches::Watches;
+use crate::gpu::Gpus;
+use kube::Client;
 use std::ffi::OsString;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,16 +24,6 @@ pub struct Options {
     pub cuda_lib: Option<PathBuf>,
     /// How often the GPUs are read again without a spec change (drift).
     pub poll: Duration,
-    /// Namespace and label selector of NVIDIA's device plugin pods (restarted after a MIG change).
-    pub device_plugin_namespace: String,
-    pub device_plugin_selector: String,
-    /// The device plugin's MPS root, whose daemon this node's `MpsDaemonReady` condition reports;
-    /// `None` reports nothing (backends without a device plugin).
-    pub mps_root: Option<PathBuf>,
-    /// The kubelet's pod-resources socket, read in the device-plugin mode for which pod holds
-    /// which device (condition `PodResources`); `None` reads nothing (backends without a kubelet),
-    /// and evictions go by resource names.
-    pub pod_resources_socket: Option<PathBuf>,
     pub mode: AgentMode,
     /// Where each pass's GPUs, holdings and events go (`None`: nowhere).
     pub metrics: Option<Arc<AgentMetrics>>,
@@ -34,13 +32,46 @@ pub struct Options {
     pub attribution: Option<Arc<Attribution>>,
 }
 
-/// How pods reach this node's GPUs.
-#[derive(Clone, Debug, Default)]
+/// How pods reach this node's GPUs, with the mode's own settings. A mode is a folder of
+/// [`super`] that implements [`NodeMode`], and one variant here.
+#[derive(Clone, Debug)]
 pub enum AgentMode {
-    /// Through NVIDIA's device plugin, which this operator configures: the agent restarts the
-    /// plugin's pod after a MIG change, reports its MPS daemon and lists the pods on a busy GPU.
-    #[default]
-    DevicePlugin,
-    /// Through this agent as a DRA kubelet plugin ([`super::dra`]); it runs its own MPS daemon.
+    /// Through NVIDIA's device plugin, which this operator configures ([`super::device_plugin`]).
+    DevicePlugin(DevicePluginOptions),
+    /// Through this agent as a DRA kubelet plugin ([`super::dra`]).
     Dra(Box<DraOptions>),
+}
+
+impl Default for AgentMode {
+    fn default() -> Self {
+        AgentMode::DevicePlugin(DevicePluginOptions::default())
+    }
+}
+
+impl AgentMode {
+    /// What the mode does in each pass.
+    pub fn node_mode(&self) -> &dyn NodeMode {
+        match self {
+            AgentMode::DevicePlugin(o) => o,
+            AgentMode::Dra(o) => o.as_ref(),
+        }
+    }
+
+    /// The mode's own work beside the passes, until `shutdown`: the DRA mode's kubelet plugin;
+    /// nothing for the device plugin (NVIDIA's plugin serves the kubelet).
+    pub async fn serve<G: Gpus + 'static>(
+        self,
+        client: Client,
+        node: String,
+        gpus: Arc<G>,
+        watches: Watches,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), RunError> {
+        match self {
+            AgentMode::DevicePlugin(_) => Ok(()),
+            AgentMode::Dra(o) => super::dra::run(client, node, gpus, *o, &watches, shutdown)
+                .await
+                .map_err(RunError::Dra),
+        }
+    }
 }

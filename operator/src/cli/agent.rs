@@ -116,13 +116,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     poll: u64,
     /// Namespace of NVIDIA's device plugin (its pod on this node restarts after a MIG change).
-    #[arg(long, value_name = "NS", default_value = "nvidia-device-plugin")]
+    #[arg(long, value_name = "NS", default_value = crate::agent::device_plugin::DEFAULT_NAMESPACE)]
     device_plugin_namespace: String,
     /// Label selector of the device plugin's pods.
     #[arg(
         long,
         value_name = "SELECTOR",
-        default_value = "app.kubernetes.io/name=nvidia-device-plugin"
+        default_value = crate::agent::device_plugin::DEFAULT_SELECTOR
     )]
     device_plugin_selector: String,
     /// The device plugin's MPS root (its `--mps-root`), mounted read-only: the agent reports
@@ -221,45 +221,18 @@ fn run_in_cluster(args: RunArgs) -> i32 {
                 crate::runtime::client::shutdown_signal(),
             ));
         }
-        let attribution = crate::agent::attribution::Attribution::start(client.clone(), args.proc_root);
+        let watches = crate::agent::Watches::start(&client, &args.node_name);
+        let attribution = crate::agent::attribution::Attribution::new(args.proc_root.clone(), watches.tenants.clone());
         let opts = crate::agent::Options {
             metrics: Some(metrics),
             attribution: Some(std::sync::Arc::new(attribution)),
-            node: args.node_name,
-            nvml_lib: args.nvml_lib.map(PathBuf::into_os_string),
-            cuda_lib: args.cuda_lib,
+            node: args.node_name.clone(),
+            nvml_lib: args.nvml_lib.clone().map(PathBuf::into_os_string),
+            cuda_lib: args.cuda_lib.clone(),
             poll: std::time::Duration::from_secs(args.poll.max(1)),
-            device_plugin_namespace: args.device_plugin_namespace,
-            device_plugin_selector: args.device_plugin_selector,
-            mps_root: Some(args.mps_root),
-            pod_resources_socket: Some(args.pod_resources_socket),
-            mode: match args.mode {
-                AgentModeArg::DevicePlugin => crate::agent::AgentMode::DevicePlugin,
-                AgentModeArg::Dra => {
-                    let mps = MpsConfig {
-                        pipe_dir: args.mps_pipe_dir.clone(),
-                        log_dir: args.mps_log_dir.clone(),
-                        ..MpsConfig::default()
-                    };
-                    crate::agent::AgentMode::Dra(Box::new(crate::agent::dra::DraOptions {
-                        sockets: crate::agent::dra::server::Sockets {
-                            registry_dir: args.kubelet_registry_dir,
-                            plugins_dir: args.kubelet_plugins_dir,
-                        },
-                        state_dir: args.state_dir,
-                        cdi: crate::agent::dra::cdi::CdiContext {
-                            dir: args.cdi_dir,
-                            mps_pipe_dir: Some(mps.pipe_dir.clone()),
-                            mig_minors: Default::default(),
-                            nvidia_kind: Some(args.nvidia_cdi_kind).filter(|k| !k.is_empty()),
-                        },
-                        mig_minors_file: args.mig_minors_file,
-                        mps: Some(mps),
-                    }))
-                }
-            },
+            mode: agent_mode(&args),
         };
-        match crate::agent::run(client, opts, crate::runtime::client::shutdown_signal()).await {
+        match crate::agent::run(client, opts, watches, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -267,6 +240,41 @@ fn run_in_cluster(args: RunArgs) -> i32 {
             }
         }
     })
+}
+
+/// The mode `--mode` names, with its own flags.
+fn agent_mode(args: &RunArgs) -> crate::agent::AgentMode {
+    use crate::agent::{AgentMode, device_plugin::DevicePluginOptions, dra};
+    match args.mode {
+        AgentModeArg::DevicePlugin => AgentMode::DevicePlugin(DevicePluginOptions {
+            namespace: args.device_plugin_namespace.clone(),
+            selector: args.device_plugin_selector.clone(),
+            mps_root: Some(args.mps_root.clone()),
+            pod_resources_socket: Some(args.pod_resources_socket.clone()),
+        }),
+        AgentModeArg::Dra => {
+            let mps = MpsConfig {
+                pipe_dir: args.mps_pipe_dir.clone(),
+                log_dir: args.mps_log_dir.clone(),
+                ..MpsConfig::default()
+            };
+            AgentMode::Dra(Box::new(dra::DraOptions {
+                sockets: dra::server::Sockets {
+                    registry_dir: args.kubelet_registry_dir.clone(),
+                    plugins_dir: args.kubelet_plugins_dir.clone(),
+                },
+                state_dir: args.state_dir.clone(),
+                cdi: dra::cdi::CdiContext {
+                    dir: args.cdi_dir.clone(),
+                    mps_pipe_dir: Some(mps.pipe_dir.clone()),
+                    mig_minors: Default::default(),
+                    nvidia_kind: Some(args.nvidia_cdi_kind.clone()).filter(|k| !k.is_empty()),
+                },
+                mig_minors_file: args.mig_minors_file.clone(),
+                mps: Some(mps),
+            }))
+        }
+    }
 }
 
 fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> String) {

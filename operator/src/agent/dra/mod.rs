@@ -30,12 +30,17 @@ pub mod server;
 pub mod slices;
 pub mod state;
 
-use crate::api::{GpuNode, GpuTenant};
+use super::mode::{NodeMode, PassView};
+use super::pod_resources::{self, Holdings};
+use super::watches::Watches;
+use crate::api::{GpuNode, GpuNodeStatus};
 use crate::gpu::Gpus;
-use futures::StreamExt;
+use crate::gpu::mps::MpsConfig;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
 use server::Sockets;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,6 +58,24 @@ pub struct DraOptions {
     pub mps: Option<crate::gpu::mps::MpsConfig>,
 }
 
+impl NodeMode for DraOptions {
+    /// The agent's own daemon serves the MPS claims it prepares.
+    fn mps(&self) -> Option<MpsConfig> {
+        self.mps.clone()
+    }
+
+    /// Nothing to read: Prepare knows each claim's devices, and publishes them itself
+    /// (`status.claims`, [`CLAIMS_FIELD_MANAGER`]).
+    fn observe<'a>(&'a self, _pass: PassView<'a>, status: &'a mut GpuNodeStatus) -> BoxFuture<'a, Option<Holdings>> {
+        pod_resources::clear(status);
+        futures::future::ready(None).boxed()
+    }
+
+    fn passed<'a>(&'a self, _pass: PassView<'a>, _status: &'a GpuNodeStatus) -> BoxFuture<'a, ()> {
+        futures::future::ready(()).boxed()
+    }
+}
+
 /// Why the DRA mode stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
@@ -62,8 +85,8 @@ pub enum DraError {
     Serve(#[from] server::ServeError),
 }
 
-/// The field manager of `status.claims`: the common loop applies the rest of the status under its
-/// own, so neither removes the other's fields.
+/// The field manager of `status.claims`: the pass applies the rest of the status under its own
+/// ([`super::status_part`]), so neither removes the other's fields.
 pub const CLAIMS_FIELD_MANAGER: &str = "gpu-tenancy-agent-dra";
 
 /// Keeps the GpuNode's `status.claims` what the checkpoint says: written after a change, changes
@@ -81,7 +104,7 @@ async fn publish_claims(client: Client, node: String, mut saved: tokio::sync::wa
         let claims = saved.borrow_and_update().device_claims();
         if written.as_ref() != Some(&claims) {
             let body = serde_json::json!({
-                "apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode",
+                "apiVersion": GpuNode::api_version(&()), "kind": GpuNode::kind(&()),
                 "status": {"claims": claims},
             });
             let pp = crate::runtime::client::apply_params(CLAIMS_FIELD_MANAGER);
@@ -117,14 +140,14 @@ enum Wake {
 /// Keeps the node's ResourceSlices what its GpuNode says: written when the devices change, and
 /// again when the slices were changed or deleted by someone else, as the upstream resourceslice
 /// controller does. [`publish::publish`] writes nothing when the slices are as they should be.
-async fn publish_slices<G: Gpus + 'static>(client: Client, node: String, state: Arc<state::DraState<G>>) {
-    let nodes = watcher(
-        Api::<GpuNode>::all(client.clone()),
-        watcher::Config::default().fields(&format!("metadata.name={node}")),
-    )
-    .default_backoff()
-    .applied_objects()
-    .filter_map(|ev| futures::future::ready(ev.ok().map(|n| Wake::Node(Box::new(n)))));
+async fn publish_slices<G: Gpus + 'static>(
+    client: Client,
+    node: String,
+    state: Arc<state::DraState<G>>,
+    gpu_node: tokio::sync::watch::Receiver<Option<GpuNode>>,
+) {
+    let nodes = tokio_stream::wrappers::WatchStream::new(gpu_node)
+        .filter_map(|n| futures::future::ready(n.map(|n| Wake::Node(Box::new(n)))));
     let slices = watcher(
         Api::<ResourceSlice>::all(client.clone()),
         watcher::Config::default().fields(&format!("spec.nodeName={node},spec.driver={}", devices::DRIVER)),
@@ -186,21 +209,18 @@ async fn publish_slices<G: Gpus + 'static>(client: Client, node: String, state: 
     }
 }
 
-/// Runs the DRA side until `shutdown`: the tenants' watch (namespace owners), the GpuNode's watch
-/// (devices, slices), and the kubelet plugin's sockets.
+/// Runs the DRA side until `shutdown`: the slices and claims it publishes from the agent's shared
+/// watches (the GpuNode's devices, the tenants that own namespaces), and the kubelet plugin's
+/// sockets.
 pub async fn run<G: Gpus + 'static>(
     client: Client,
     node: String,
     gpus: Arc<G>,
     opts: DraOptions,
+    watches: &Watches,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), DraError> {
-    let (tenants, writer) = reflector::store::<GpuTenant>();
-    let tenant_watch = watcher(Api::<GpuTenant>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .for_each(|_| futures::future::ready(()));
-    tokio::spawn(tenant_watch);
+    let tenants = watches.tenants.clone();
 
     let mut cdi = opts.cdi.clone();
     // Read at start: the driver writes it once, when it loads.
@@ -216,7 +236,12 @@ pub async fn run<G: Gpus + 'static>(
         cdi,
     )?);
 
-    tokio::spawn(publish_slices(client.clone(), node.clone(), state.clone()));
+    tokio::spawn(publish_slices(
+        client.clone(),
+        node.clone(),
+        state.clone(),
+        watches.gpu_node.clone(),
+    ));
     tokio::spawn(publish_claims(client.clone(), node.clone(), state.subscribe()));
     server::serve(state, &opts.sockets, shutdown).await?;
     Ok(())
