@@ -68,6 +68,114 @@ struct Held {
     ledger: Ledger,
 }
 
+impl Families {
+    fn new() -> Families {
+        Families {
+            memory_used: Family::default(),
+            memory_total: Family::default(),
+            utilization: Family::default(),
+            processes: Family::default(),
+            share: Family::default(),
+            node_gpus: Family::default(),
+            allocated: Family::default(),
+            used: Family::default(),
+            namespace_allocated: Family::default(),
+            busy_gpus: Family::default(),
+            scrubs: Family::default(),
+            scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
+            mig_changes: Family::default(),
+            holders: Family::default(),
+            ungranted: Family::default(),
+            unhealthy: Family::default(),
+        }
+    }
+
+    /// What each device is and holds: memory, use, shares, health, holders.
+    fn register_devices(&self, r: &mut Registry) {
+        r.register_with_unit(
+            "device_memory_used",
+            "Memory the compute processes on a GPU or MIG instance use (NVML's per-process use)",
+            Unit::Bytes,
+            self.memory_used.clone(),
+        );
+        r.register_with_unit(
+            "device_memory_total",
+            "Memory of a GPU or MIG instance",
+            Unit::Bytes,
+            self.memory_total.clone(),
+        );
+        r.register_with_unit(
+            "device_utilization",
+            "Fraction of the time work ran on the GPU (nvmlDeviceGetUtilizationRates, its last sample period) or MIG instance (GPM's GRAPHICS_UTIL since the previous pass, Hopper and later); absent where NVML does not report it",
+            Unit::Other("ratio".into()),
+            self.utilization.clone(),
+        );
+        r.register(
+            "device_processes",
+            "Compute processes on a GPU or MIG instance",
+            self.processes.clone(),
+        );
+        r.register_with_unit(
+            "device_share",
+            "Fraction of the whole GPU a tenant is granted there (a MIG instance its compute slices of 7, an MPS or time-slicing share its part of the replicas)",
+            Unit::Other("ratio".into()),
+            self.share.clone(),
+        );
+        r.register("node_gpus", "GPUs the agent found on the node", self.node_gpus.clone());
+        r.register(
+            "device_unhealthy",
+            "1 for a GPU or MIG instance the driver reported an error on (label reason: Xid, EccUncorrectable, Unreadable, Unmonitored), else 0 (docs/concepts/health.md)",
+            self.unhealthy.clone(),
+        );
+    }
+
+    /// The accounting (GPU-seconds granted and used) and what the agent did (scrubs, MIG changes).
+    fn register_accounting(&self, r: &mut Registry) {
+        r.register(
+            "allocated_gpu_seconds",
+            "GPU-seconds granted, share-weighted (a whole GPU counts 1 per second); tenant unallocated for what no tenant holds: per node the rates add up to its GPUs",
+            self.allocated.clone(),
+        );
+        r.register(
+            "used_gpu_seconds",
+            "GPU-seconds busy (utilization × time) where NVML reports utilization (a MIG instance's weighted by its part of the GPU); on an MPS or time-sliced GPU split by its processes' samples (tenant unattributed for processes of no known tenant's pod), else tenant shared where several tenants share it",
+            self.used.clone(),
+        );
+        r.register(
+            "busy_gpus",
+            "GPUs busy now per tenant and mode, at the last pass's reading: the rate used_gpu_seconds advances at (for plots: a gauge needs no rate window)",
+            self.busy_gpus.clone(),
+        );
+        r.register(
+            "namespace_allocated_gpu_seconds",
+            "GPU-seconds granted to a tenant that pods of one of its namespaces hold, by the kubelet's pod-resources API (device-plugin mode), share-weighted as allocated_gpu_seconds",
+            self.namespace_allocated.clone(),
+        );
+        r.register("scrubs", "Memory scrubs, by result (ok, failed)", self.scrubs.clone());
+        r.register_with_unit(
+            "scrub_duration",
+            "How long a scrub took",
+            Unit::Seconds,
+            self.scrub_seconds.clone(),
+        );
+        r.register(
+            "mig_changes",
+            "MIG changes carried out (create_instance, destroy_instance, mig_mode)",
+            self.mig_changes.clone(),
+        );
+        r.register(
+            "device_holder_info",
+            "1 for each container holding a GPU, MIG instance or share, by the kubelet's pod-resources API (device-plugin mode); join on UUID and GPU_I_ID for the tenant",
+            self.holders.clone(),
+        );
+        r.register(
+            "device_ungranted_processes",
+            "Compute processes on a GPU or MIG instance that no grant explains (DRA: no tenant is granted the device; device plugin: no container holds it by the kubelet's pod-resources API); absent where that cannot be told",
+            self.ungranted.clone(),
+        );
+    }
+}
+
 /// The agent's metrics for one node.
 pub struct AgentMetrics {
     node: String,
@@ -90,102 +198,9 @@ impl std::fmt::Debug for AgentMetrics {
 impl AgentMetrics {
     pub fn new(node: &str) -> AgentMetrics {
         let mut registry = Registry::with_prefix("gpu_tenancy");
-        let f = Families {
-            memory_used: Family::default(),
-            memory_total: Family::default(),
-            utilization: Family::default(),
-            processes: Family::default(),
-            share: Family::default(),
-            node_gpus: Family::default(),
-            allocated: Family::default(),
-            used: Family::default(),
-            namespace_allocated: Family::default(),
-            busy_gpus: Family::default(),
-            scrubs: Family::default(),
-            scrub_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 12))),
-            mig_changes: Family::default(),
-            holders: Family::default(),
-            ungranted: Family::default(),
-            unhealthy: Family::default(),
-        };
-        let r = &mut registry;
-        r.register_with_unit(
-            "device_memory_used",
-            "Memory the compute processes on a GPU or MIG instance use (NVML's per-process use)",
-            Unit::Bytes,
-            f.memory_used.clone(),
-        );
-        r.register_with_unit(
-            "device_memory_total",
-            "Memory of a GPU or MIG instance",
-            Unit::Bytes,
-            f.memory_total.clone(),
-        );
-        r.register_with_unit(
-            "device_utilization",
-            "Fraction of the time work ran on the GPU (nvmlDeviceGetUtilizationRates, its last sample period) or MIG instance (GPM's GRAPHICS_UTIL since the previous pass, Hopper and later); absent where NVML does not report it",
-            Unit::Other("ratio".into()),
-            f.utilization.clone(),
-        );
-        r.register(
-            "device_processes",
-            "Compute processes on a GPU or MIG instance",
-            f.processes.clone(),
-        );
-        r.register_with_unit(
-            "device_share",
-            "Fraction of the whole GPU a tenant is granted there (a MIG instance its compute slices of 7, an MPS or time-slicing share its part of the replicas)",
-            Unit::Other("ratio".into()),
-            f.share.clone(),
-        );
-        r.register("node_gpus", "GPUs the agent found on the node", f.node_gpus.clone());
-        r.register(
-            "device_unhealthy",
-            "1 for a GPU or MIG instance the driver reported an error on (label reason: Xid, EccUncorrectable, Unreadable, Unmonitored), else 0 (docs/concepts/health.md)",
-            f.unhealthy.clone(),
-        );
-        r.register(
-            "allocated_gpu_seconds",
-            "GPU-seconds granted, share-weighted (a whole GPU counts 1 per second); tenant unallocated for what no tenant holds: per node the rates add up to its GPUs",
-            f.allocated.clone(),
-        );
-        r.register(
-            "used_gpu_seconds",
-            "GPU-seconds busy (utilization × time) where NVML reports utilization (a MIG instance's weighted by its part of the GPU); on an MPS or time-sliced GPU split by its processes' samples (tenant unattributed for processes of no known tenant's pod), else tenant shared where several tenants share it",
-            f.used.clone(),
-        );
-        r.register(
-            "busy_gpus",
-            "GPUs busy now per tenant and mode, at the last pass's reading: the rate used_gpu_seconds advances at (for plots: a gauge needs no rate window)",
-            f.busy_gpus.clone(),
-        );
-        r.register(
-            "namespace_allocated_gpu_seconds",
-            "GPU-seconds granted to a tenant that pods of one of its namespaces hold, by the kubelet's pod-resources API (device-plugin mode), share-weighted as allocated_gpu_seconds",
-            f.namespace_allocated.clone(),
-        );
-        r.register("scrubs", "Memory scrubs, by result (ok, failed)", f.scrubs.clone());
-        r.register_with_unit(
-            "scrub_duration",
-            "How long a scrub took",
-            Unit::Seconds,
-            f.scrub_seconds.clone(),
-        );
-        r.register(
-            "mig_changes",
-            "MIG changes carried out (create_instance, destroy_instance, mig_mode)",
-            f.mig_changes.clone(),
-        );
-        r.register(
-            "device_holder_info",
-            "1 for each container holding a GPU, MIG instance or share, by the kubelet's pod-resources API (device-plugin mode); join on UUID and GPU_I_ID for the tenant",
-            f.holders.clone(),
-        );
-        r.register(
-            "device_ungranted_processes",
-            "Compute processes on a GPU or MIG instance that no grant explains (DRA: no tenant is granted the device; device plugin: no container holds it by the kubelet's pod-resources API); absent where that cannot be told",
-            f.ungranted.clone(),
-        );
+        let f = Families::new();
+        f.register_devices(&mut registry);
+        f.register_accounting(&mut registry);
         AgentMetrics {
             node: node.into(),
             registry,

@@ -11,7 +11,8 @@
 //! another tenant's share.
 
 use crate::api::{
-    DeviceAccess, GpuNode, GpuReason, GpuSpec, GpuStatus, Mode, MpsSettings, Placement, ScrubMemory, Unhealthy,
+    DeviceAccess, GpuNode, GpuNodeStatus, GpuReason, GpuSpec, GpuStatus, MigInstanceSpec, Mode, MpsSettings, Placement,
+    ScrubMemory, Unhealthy,
 };
 
 pub use crate::dra::DRIVER;
@@ -147,8 +148,35 @@ pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
     let current = status.is_some_and(|s| s.observed_generation == node.metadata.generation);
     let mut out = Vec::new();
     for spec in &node.spec.gpus {
-        let st = status.and_then(|s| s.gpus.iter().find(|g| g.index == spec.index));
-        let base = |unit: Unit, tenant: Option<String>, not_ready: Option<NotReady>| DraDevice {
+        let gpu = GpuView {
+            spec,
+            st: status.and_then(|s| s.gpus.iter().find(|g| g.index == spec.index)),
+            status,
+            current,
+        };
+        match spec.mode {
+            Mode::Exclusive => out.push(gpu.whole()),
+            Mode::Mig => out.extend(spec.mig_instances.iter().map(|inst| gpu.instance(inst))),
+            Mode::Mps | Mode::TimeSlicing => gpu.shares(&mut out),
+        }
+    }
+    out
+}
+
+/// One GPU of a node's spec, with what its status says of it.
+struct GpuView<'a> {
+    spec: &'a GpuSpec,
+    st: Option<&'a GpuStatus>,
+    status: Option<&'a GpuNodeStatus>,
+    /// Whether the status reports on the spec's generation.
+    current: bool,
+}
+
+impl GpuView<'_> {
+    /// A device of this GPU, with what the GPU's status says of it.
+    fn device(&self, unit: Unit, tenant: Option<String>, not_ready: Option<NotReady>) -> DraDevice {
+        let (spec, st) = (self.spec, self.st);
+        DraDevice {
             name: device_name(spec.index, &unit, spec.mode, tenant.as_deref()),
             gpu: spec.index,
             unit,
@@ -163,69 +191,72 @@ pub fn devices(node: &GpuNode) -> Vec<DraDevice> {
             mps: spec.mps.clone(),
             scrub: spec.scrub,
             // A spec the agent has not reported on yet: nothing is known to match it.
-            not_ready: not_ready.or((!current).then_some(NotReady::NotApplied)),
+            not_ready: not_ready.or((!self.current).then_some(NotReady::NotApplied)),
             unhealthy: st.and_then(|g| g.unhealthy.clone()),
             minor: st.and_then(|g| g.minor_number),
             instance_ids: None,
+        }
+    }
+
+    /// An exclusive GPU: one device, its tenant's.
+    fn whole(&self) -> DraDevice {
+        let tenant = self.spec.tenants.first().cloned();
+        let nr = gpu_not_ready(self.spec, self.st, tenant.as_deref());
+        self.device(Unit::Gpu, tenant, nr)
+    }
+
+    /// A MIG instance of the spec, ready once the instance found there is its tenant's.
+    fn instance(&self, inst: &MigInstanceSpec) -> DraDevice {
+        let st = self.st;
+        let found = st.and_then(|g| {
+            g.instances
+                .iter()
+                .find(|i| i.placement == inst.placement && i.profile == inst.profile)
+        });
+        let nr = match (&inst.tenant, found) {
+            (None, _) => Some(NotReady::NoTenant),
+            (Some(_), None) => Some(NotReady::NotApplied),
+            (Some(t), Some(f)) if f.tenant.as_ref() != Some(t) => Some(NotReady::ScrubPending),
+            (Some(_), Some(f)) if f.uuid.is_none() => Some(NotReady::Unknown),
+            _ => st.and_then(|g| (g.reason == Some(GpuReason::Busy)).then_some(NotReady::Busy)),
         };
-        match spec.mode {
-            Mode::Exclusive => {
-                let tenant = spec.tenants.first().cloned();
-                let nr = gpu_not_ready(spec, st, tenant.as_deref());
-                out.push(base(Unit::Gpu, tenant, nr));
-            }
-            Mode::Mig => {
-                for inst in &spec.mig_instances {
-                    let found = st.and_then(|g| {
-                        g.instances
-                            .iter()
-                            .find(|i| i.placement == inst.placement && i.profile == inst.profile)
-                    });
-                    let nr = match (&inst.tenant, found) {
-                        (None, _) => Some(NotReady::NoTenant),
-                        (Some(_), None) => Some(NotReady::NotApplied),
-                        (Some(t), Some(f)) if f.tenant.as_ref() != Some(t) => Some(NotReady::ScrubPending),
-                        (Some(_), Some(f)) if f.uuid.is_none() => Some(NotReady::Unknown),
-                        _ => st.and_then(|g| (g.reason == Some(GpuReason::Busy)).then_some(NotReady::Busy)),
-                    };
-                    let mut d = base(Unit::Instance(inst.placement), inst.tenant.clone(), nr);
-                    d.profile = Some(inst.profile.clone());
-                    d.parent_uuid = d.uuid.take();
-                    d.uuid = found.and_then(|f| f.uuid.clone());
-                    d.instance_ids = found.map(|f| (f.gpu_instance_id, f.compute_instance_id.unwrap_or(0)));
-                    d.unhealthy = d.unhealthy.or_else(|| found.and_then(|f| f.unhealthy.clone()));
-                    d.memory_mib = st
-                        .zip(status)
-                        .and_then(|(g, s)| s.profiles_of(g).iter().find(|p| p.name == inst.profile))
-                        .map_or(0, |p| p.memory_mib);
-                    out.push(d);
-                }
-            }
-            Mode::Mps | Mode::TimeSlicing => {
-                let replicas = match spec.mode {
-                    Mode::Mps => spec.mps.as_ref().map_or(1, |m| m.max_clients),
-                    _ => spec.time_slicing.as_ref().map_or(1, |t| t.replicas),
-                }
-                .max(1);
-                for share in &spec.shares {
-                    let nr = gpu_not_ready(spec, st, Some(&share.tenant));
-                    for k in 0..share.count {
-                        let mut d = base(Unit::Share { k }, Some(share.tenant.clone()), nr);
-                        d.parent_uuid = d.uuid.clone();
-                        d.memory_mib /= u64::from(replicas);
-                        out.push(d);
-                    }
-                }
+        let mut d = self.device(Unit::Instance(inst.placement), inst.tenant.clone(), nr);
+        d.profile = Some(inst.profile.clone());
+        d.parent_uuid = d.uuid.take();
+        d.uuid = found.and_then(|f| f.uuid.clone());
+        d.instance_ids = found.map(|f| (f.gpu_instance_id, f.compute_instance_id.unwrap_or(0)));
+        d.unhealthy = d.unhealthy.or_else(|| found.and_then(|f| f.unhealthy.clone()));
+        d.memory_mib = st
+            .zip(self.status)
+            .and_then(|(g, s)| s.profiles_of(g).iter().find(|p| p.name == inst.profile))
+            .map_or(0, |p| p.memory_mib);
+        d
+    }
+
+    /// An MPS or time-sliced GPU: one device per share, each with its part of the memory.
+    fn shares(&self, out: &mut Vec<DraDevice>) {
+        let spec = self.spec;
+        let replicas = match spec.mode {
+            Mode::Mps => spec.mps.as_ref().map_or(1, |m| m.max_clients),
+            _ => spec.time_slicing.as_ref().map_or(1, |t| t.replicas),
+        }
+        .max(1);
+        for share in &spec.shares {
+            let nr = gpu_not_ready(spec, self.st, Some(&share.tenant));
+            for k in 0..share.count {
+                let mut d = self.device(Unit::Share { k }, Some(share.tenant.clone()), nr);
+                d.parent_uuid = d.uuid.clone();
+                d.memory_mib /= u64::from(replicas);
+                out.push(d);
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuNodeSpec, GpuNodeStatus, MigInstanceSpec, MigInstanceStatus, MigProfileStatus, TenantShares};
+    use crate::api::{GpuNodeSpec, MigInstanceStatus, MigProfileStatus, TenantShares};
 
     fn node() -> GpuNode {
         let mut n = GpuNode::new(
