@@ -326,7 +326,7 @@ impl Fleet {
             let seen = futures::stream::unfold(rx, |mut rx| async move {
                 rx.changed().await.ok()?;
                 let n = rx.borrow_and_update().clone();
-                Some((Ok(n), rx))
+                Some((n, rx))
             });
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;

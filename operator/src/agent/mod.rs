@@ -442,7 +442,7 @@ pub async fn run_node<G: Gpus + 'static>(
     client: Client,
     gpus: Arc<G>,
     opts: Options,
-    seen: impl Stream<Item = Result<Option<GpuNode>, String>>,
+    seen: impl Stream<Item = Option<GpuNode>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
     let mut changes = std::pin::pin!(seen);
@@ -462,16 +462,15 @@ pub async fn run_node<G: Gpus + 'static>(
             ev = changes.next() => {
                 match ev {
                     // Our own status writes come back as events; only a new spec is worth a pass.
-                    Some(Ok(Some(n))) if n.metadata.generation == last_generation => continue,
-                    Some(Ok(Some(n))) => {
+                    Some(Some(n)) if n.metadata.generation == last_generation => continue,
+                    Some(Some(n)) => {
                         last_generation = n.metadata.generation;
                         known.new_generation(n);
                     }
-                    Some(Ok(None)) => {
+                    Some(None) => {
                         last_generation = None;
                         known.forget_gpu_node();
                     }
-                    Some(Err(e)) => { tracing::warn!(node = %opts.node, error = %e, "retrying"); continue }
                     None => return Err(RunError::WatchEnded(opts.node.clone())),
                 }
             }

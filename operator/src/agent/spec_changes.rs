@@ -45,16 +45,16 @@ impl Seen {
     }
 }
 
-/// The GpuNode as `events` (a watch on it) bring it, `None` for it gone; watch errors as text (the
-/// watch retries them with its backoff).
+/// The GpuNode as `events` (a watch on it) bring it, `None` for it gone; watch errors as they
+/// come (the watch retries them with its backoff).
 pub fn spec_changes(
     events: impl Stream<Item = Result<Event<GpuNode>, watcher::Error>>,
-) -> impl Stream<Item = Result<Option<GpuNode>, String>> {
+) -> impl Stream<Item = Result<Option<GpuNode>, watcher::Error>> {
     events
         .scan(Seen::default(), |seen, event| {
             let told = match event {
                 Ok(e) => seen.read(e).map(Ok),
-                Err(e) => Some(Err(format!("watching the GpuNode failed: {e}"))),
+                Err(e) => Some(Err(e)),
             };
             std::future::ready(Some(told))
         })
@@ -146,10 +146,7 @@ mod tests {
     fn watch_errors_are_passed_on() {
         let events = futures::stream::iter(vec![Err(watcher::Error::NoResourceVersion), Ok(Event::Apply(node(1)))]);
         let out: Vec<_> = block_on(spec_changes(events).collect());
-        assert!(
-            matches!(&out[0], Err(e) if e.contains("watching the GpuNode failed")),
-            "{out:?}"
-        );
+        assert!(matches!(&out[0], Err(watcher::Error::NoResourceVersion)), "{out:?}");
         assert!(
             matches!(&out[1], Ok(Some(n)) if n.metadata.generation == Some(1)),
             "{out:?}"

@@ -35,7 +35,7 @@ impl Watches {
                 Ok(n) => {
                     tx.send_replace(n);
                 }
-                Err(e) => tracing::warn!(node = %node_name, error = %e, "retrying"),
+                Err(e) => tracing::warn!(node = %node_name, error = %e, "watching the GpuNode failed; retrying"),
             }
             futures::future::ready(())
         }));
@@ -50,11 +50,11 @@ impl Watches {
 
     /// The GpuNode's changes as [`super::run_node`] reads them: one item per change sent after
     /// this call.
-    pub fn gpu_node_changes(&self) -> impl Stream<Item = Result<Option<GpuNode>, String>> + use<> {
+    pub fn gpu_node_changes(&self) -> impl Stream<Item = Option<GpuNode>> + use<> {
         futures::stream::unfold(self.gpu_node.clone(), |mut rx| async move {
             rx.changed().await.ok()?;
             let n = rx.borrow_and_update().clone();
-            Some((Ok(n), rx))
+            Some((n, rx))
         })
     }
 }

@@ -186,22 +186,46 @@ pub fn write(dir: &Path, claim: &str, spec: &Value) -> Result<(), CdiError> {
 /// Whether `claim`'s spec on disk is `spec` as this agent wrote it: its bytes, its owner (the
 /// agent's user) and a mode that lets no one else write it. A runtime applies whatever the file
 /// says, so a spec changed behind the agent's back would hand a container other devices.
-pub fn intact(dir: &Path, claim: &str, spec: &Value) -> Result<(), String> {
+pub fn intact(dir: &Path, claim: &str, spec: &Value) -> Result<(), NotIntact> {
     let path = spec_path(dir, claim);
-    let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(meta) => meta,
+        Err(source) => return Err(NotIntact::Unreadable { path, source }),
+    };
     if !meta.file_type().is_file() {
-        return Err(format!("{} is not a plain file", path.display()));
+        return Err(NotIntact::NotAFile { path });
     }
-    super::checkpoint::owned_by_us(&meta, false).map_err(|why| format!("{}: {why}", path.display()))?;
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Err(why) = super::checkpoint::owned_by_us(&meta, false) {
+        return Err(NotIntact::NotOurs { path, why });
+    }
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(source) => return Err(NotIntact::Unreadable { path, source }),
+    };
     if bytes != serde_json::to_vec_pretty(spec).expect("a CDI spec serialises") {
-        return Err(format!("{} differs from the spec the agent wrote", path.display()));
+        return Err(NotIntact::Differs { path });
     }
     Ok(())
 }
 
+/// Why a claim's CDI spec on disk is not the one the agent wrote.
+#[derive(Debug, thiserror::Error)]
+pub enum NotIntact {
+    #[error("{}: {source}", path.display())]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    #[error("{} is not a plain file", path.display())]
+    NotAFile { path: PathBuf },
+    #[error("{}: {why}", path.display())]
+    NotOurs {
+        path: PathBuf,
+        why: super::checkpoint::NotOurs,
+    },
+    #[error("{} differs from the spec the agent wrote", path.display())]
+    Differs { path: PathBuf },
+}
+
 /// Writes `claim`'s spec again unless it is [`intact`]; says why it was rewritten.
-pub fn restore(dir: &Path, claim: &str, spec: &Value) -> Result<Option<String>, CdiError> {
+pub fn restore(dir: &Path, claim: &str, spec: &Value) -> Result<Option<NotIntact>, CdiError> {
     match intact(dir, claim, spec) {
         Ok(()) => Ok(None),
         Err(why) => {
@@ -298,7 +322,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gt-cdi-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         write(&dir, "uid2", &spec).unwrap();
-        assert_eq!(restore(&dir, "uid2", &spec).unwrap(), None);
+        assert!(restore(&dir, "uid2", &spec).unwrap().is_none());
         let forged = std::fs::read_to_string(spec_path(&dir, "uid2"))
             .unwrap()
             .replace("NVIDIA_VISIBLE_DEVICES=GPU-0", "NVIDIA_VISIBLE_DEVICES=all");

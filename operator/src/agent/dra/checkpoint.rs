@@ -139,22 +139,32 @@ pub struct CheckpointFile {
     key_path: PathBuf,
 }
 
+/// Why a file is not this agent's alone.
+#[derive(Debug, thiserror::Error)]
+pub enum NotOurs {
+    #[error("owned by uid {owner}, not this agent's uid {me}")]
+    Owner { owner: u32, me: u32 },
+    /// `access`: what the mode lets others do (`in`, for a private file; `write`).
+    #[error("mode {mode:o} lets others {access}")]
+    Mode { mode: u32, access: &'static str },
+}
+
 /// Is the file at `meta` owned by this process's user and writable by no one else (and, with
 /// `private`, readable by no one else)?
-pub fn owned_by_us(meta: &std::fs::Metadata, private: bool) -> Result<(), String> {
+pub fn owned_by_us(meta: &std::fs::Metadata, private: bool) -> Result<(), NotOurs> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     let mode = meta.mode() & 0o777;
     if meta.uid() != me {
-        return Err(format!("owned by uid {}, not this agent's uid {me}", meta.uid()));
+        return Err(NotOurs::Owner { owner: meta.uid(), me });
     }
     let others = if private { 0o077 } else { 0o022 };
     if mode & others != 0 {
-        return Err(format!(
-            "mode {mode:o} lets others {}",
-            if private { "in" } else { "write" }
-        ));
+        return Err(NotOurs::Mode {
+            mode,
+            access: if private { "in" } else { "write" },
+        });
     }
     Ok(())
 }
@@ -193,7 +203,7 @@ impl CheckpointFile {
         match std::fs::File::open(&self.key_path) {
             Ok(mut f) => {
                 let meta = f.metadata().map_err(|e| err(e.to_string()))?;
-                owned_by_us(&meta, true).map_err(err)?;
+                owned_by_us(&meta, true).map_err(|e| err(e.to_string()))?;
                 let mut bytes = Vec::new();
                 std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| err(e.to_string()))?;
                 if bytes.len() != KEY_LEN {
@@ -247,7 +257,7 @@ impl CheckpointFile {
             path: self.path.clone(),
             source,
         })?;
-        owned_by_us(&meta, false).map_err(untrusted)?;
+        owned_by_us(&meta, false).map_err(|e| untrusted(e.to_string()))?;
         let sealed: Sealed =
             serde_json::from_slice(&bytes).map_err(|e| untrusted(format!("not a sealed checkpoint: {e}")))?;
         let tag = unhex(&sealed.hmac).ok_or_else(|| untrusted("its HMAC is not hex".into()))?;

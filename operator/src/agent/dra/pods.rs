@@ -42,10 +42,17 @@ pub fn devices_of(claim: &ResourceClaim, pool: Option<&str>) -> Vec<(String, Str
         .unwrap_or_default()
 }
 
+/// A pod's claim entry whose claim does not exist yet.
+#[derive(Debug, thiserror::Error)]
+#[error("its claim {entry} is not created yet (no resourceClaimStatuses entry)")]
+struct ClaimNotCreated {
+    entry: String,
+}
+
 /// The names of every claim `pod` holds, once per entry of its `resourceClaims` (a claim named
 /// twice counts twice), and the claim its extended resources were allocated through. An entry
 /// whose claim is not created yet cannot be counted: an error.
-fn pod_claims(pod: &Pod) -> Result<Vec<String>, String> {
+fn pod_claims(pod: &Pod) -> Result<Vec<String>, ClaimNotCreated> {
     let status = pod.status.as_ref();
     let generated = |entry: &str| -> Option<String> {
         status?
@@ -67,10 +74,9 @@ fn pod_claims(pod: &Pod) -> Result<Vec<String>, String> {
         match (entry.resource_claim_name.clone(), generated(&entry.name)) {
             (Some(name), _) | (None, Some(name)) => out.push(name),
             (None, None) => {
-                return Err(format!(
-                    "its claim {} is not created yet (no resourceClaimStatuses entry)",
-                    entry.name
-                ));
+                return Err(ClaimNotCreated {
+                    entry: entry.name.clone(),
+                });
             }
         }
     }
@@ -118,7 +124,7 @@ pub async fn within_limit(client: &Client, claim: &ResourceClaim, tenant: &str, 
             .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
             .ok_or_else(|| pod_err(format!("no pod of UID {pod_uid}")))?;
         let mut holds = 0u32;
-        for claim_name in pod_claims(&pod).map_err(pod_err)? {
+        for claim_name in pod_claims(&pod).map_err(|e| pod_err(e.to_string()))? {
             let other = if claim_name == claim.name_any() {
                 claim.clone()
             } else {
