@@ -157,7 +157,7 @@ mod tests {
     use serde_json::json;
 
     fn tenant(spec: Value) -> Value {
-        json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": "t"}, "spec": spec})
+        json!({"apiVersion": crate::api::API_VERSION, "kind": "GpuTenant", "metadata": {"name": "t"}, "spec": spec})
     }
 
     #[test]
