@@ -390,6 +390,26 @@ pub async fn cross_tenant_claims_get_nothing(c: &mut Cluster) {
         .await,
         &["may not tolerate gputenancy.io/not-ready"],
     );
+    // The unhealthy taint, by key or by value, and every taint at once (no key).
+    for (name, toleration) in [
+        ("x5u", json!({"key": "gputenancy.io/unhealthy", "operator": "Exists"})),
+        (
+            "x5v",
+            json!({"key": "gputenancy.io/unhealthy", "operator": "Equal", "value": "Xid", "effect": "NoSchedule"}),
+        ),
+        ("x5a", json!({"operator": "Exists"})),
+    ] {
+        refused(
+            &format!("a toleration {toleration}"),
+            create(
+                a,
+                "dra-a",
+                &claim_body(name, &own, 1, json!({"tolerations": [toleration]})),
+            )
+            .await,
+            &["may not tolerate gputenancy.io/not-ready or gputenancy.io/unhealthy"],
+        );
+    }
     let mut with_config = claim_body("x6", &own, 1, json!({}));
     with_config["spec"]["devices"]["config"] =
         json!([{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"activeThreadPercentage": 100}}}]);
