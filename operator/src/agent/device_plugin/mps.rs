@@ -17,15 +17,13 @@
 //! down the plugin advertises no MPS devices, so nothing is handed out unsafely, but the condition
 //! tells the operator why MPS pods stay Pending.
 
-use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuStatus, Mode, set_condition};
+use crate::api::{GpuNodeSpec, GpuNodeStatus, Mode, set_condition};
 use crate::device_plugin::RESOURCE_SHARED;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::path::{Path, PathBuf};
 
 /// The device plugin's default `--mps-root`.
 pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
-/// Where the plugin mounts the MPS root's directories in a container.
-const CONTAINER_ROOT: &str = "/mps";
 /// The GpuNode condition that reports the plugin's MPS daemon.
 pub const MPS_DAEMON_READY: &str = "MpsDaemonReady";
 
@@ -50,53 +48,6 @@ impl MpsRoot {
     pub fn started_file(&self) -> PathBuf {
         self.resource_dir().join(".started")
     }
-}
-
-/// What a pod that asks for `nvidia.com/gpu.shared` on an MPS node gets from the plugin's Allocate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodMps {
-    /// Environment variables set in the container.
-    pub env: Vec<(String, String)>,
-    /// `(container path, host path)` mounts.
-    pub mounts: Vec<(PathBuf, PathBuf)>,
-}
-
-/// The Allocate response's MPS part for a node whose plugin uses `host_root` as `--mps-root`.
-pub fn pod_mps(host_root: &MpsRoot) -> PodMps {
-    let container = MpsRoot(PathBuf::from(CONTAINER_ROOT));
-    PodMps {
-        env: vec![(
-            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
-            container.pipe_dir().display().to_string(),
-        )],
-        mounts: vec![
-            (container.pipe_dir(), host_root.pipe_dir()),
-            (container.shm_dir(), host_root.shm_dir()),
-        ],
-    }
-}
-
-/// The commands the plugin's daemon sends its control pipe at start for a node whose GPUs are
-/// shared `replicas` ways: a pinned memory limit per GPU (bytes / replicas, in whole MiB), then
-/// the thread percentage. Every non-MIG GPU of the node is shared (the plugin applies one sharing
-/// setting per node).
-pub fn daemon_commands(gpus: &[GpuStatus], replicas: u32) -> Vec<String> {
-    let replicas = u64::from(replicas.max(1));
-    let mut out: Vec<String> = gpus
-        .iter()
-        .filter(|g| g.instances.is_empty() && g.memory_mib > 0)
-        .map(|g| {
-            // The plugin divides bytes, then converts to MiB: floor(floor(B/r)/2^20) equals
-            // floor(floor(B/2^20)/r), so the driver's MiB figure gives the same number.
-            format!(
-                "set_default_device_pinned_mem_limit {} {}M",
-                g.index,
-                g.memory_mib / replicas
-            )
-        })
-        .collect();
-    out.push(format!("set_default_active_thread_percentage {}", 100 / replicas));
-    out
 }
 
 /// What the agent found of the daemon.

@@ -27,7 +27,7 @@ mod tests;
 
 use crate::api::{GpuNodeStatus, GpuStatus, set_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -207,22 +207,6 @@ impl<'a> DeviceId<'a> {
         gpus.iter()
             .find(|g| g.uuid == self.uuid || g.instances.iter().any(|i| i.uuid.as_deref() == Some(self.uuid)))
             .map(|g| g.index)
-    }
-}
-
-impl Holdings {
-    /// The pods that hold a device of GPU `gpu` (itself, its MIG instances, their replicas).
-    pub fn pods_holding(&self, gpu: &GpuStatus) -> BTreeSet<PodRef> {
-        let gpus = std::slice::from_ref(gpu);
-        self.devices
-            .iter()
-            .filter(|(id, _)| DeviceId::parse(id).gpu(gpus).is_some())
-            .flat_map(|(_, d)| d.holders.iter())
-            .map(|h| PodRef {
-                namespace: h.namespace.clone(),
-                name: h.pod.clone(),
-            })
-            .collect()
     }
 }
 

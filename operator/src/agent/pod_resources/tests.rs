@@ -6,7 +6,22 @@ use super::proto::{
 };
 use super::*;
 use crate::api::MigInstanceStatus;
+use std::collections::BTreeSet;
 use tonic::{Request, Response, Status};
+
+/// The pods that hold a device of GPU `gpu` (itself, its MIG instances, their replicas).
+fn pods_holding(h: &Holdings, gpu: &GpuStatus) -> BTreeSet<PodRef> {
+    let gpus = std::slice::from_ref(gpu);
+    h.devices
+        .iter()
+        .filter(|(id, _)| DeviceId::parse(id).gpu(gpus).is_some())
+        .flat_map(|(_, d)| d.holders.iter())
+        .map(|h| PodRef {
+            namespace: h.namespace.clone(),
+            name: h.pod.clone(),
+        })
+        .collect()
+}
 
 const GPU0: &str = "GPU-0a1b2c3d-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-0a1b2c3d-1111-1111-1111-111111111111";
@@ -198,9 +213,9 @@ fn list_maps_devices_to_their_holders() {
     );
     // Per GPU: the pod of two GPUs holds both; GPU 1's replicas are held by both infer pods.
     let g = gpus();
-    assert_eq!(h.pods_holding(&g[0]), [pod_ref("team-a", "train")].into());
+    assert_eq!(pods_holding(&h, &g[0]), [pod_ref("team-a", "train")].into());
     assert_eq!(
-        h.pods_holding(&g[1]),
+        pods_holding(&h, &g[1]),
         [
             pod_ref("team-a", "train"),
             pod_ref("team-b", "infer-1"),
@@ -321,7 +336,7 @@ async fn the_client_reads_a_kubelet_on_a_unix_socket() {
     assert_eq!(list(&socket).await.unwrap(), canned);
     let h = read(&socket).await.unwrap();
     assert_eq!(h, holdings(&canned));
-    assert_eq!(h.pods_holding(&gpus()[0]), [pod_ref("team-a", "train")].into());
+    assert_eq!(pods_holding(&h, &gpus()[0]), [pod_ref("team-a", "train")].into());
     // Reported as read.
     let mut status = GpuNodeStatus::default();
     let now = Time(jiff::Timestamp::UNIX_EPOCH);

@@ -2,7 +2,58 @@
 //! computed by the functions under test.
 
 use super::*;
-use crate::api::{GpuSpec, MpsSettings, ScrubMemory, condition_status};
+use crate::api::{GpuSpec, GpuStatus, MpsSettings, ScrubMemory, condition_status};
+
+/// Where the plugin mounts the MPS root's directories in a container.
+const CONTAINER_ROOT: &str = "/mps";
+
+/// What a pod that asks for `nvidia.com/gpu.shared` on an MPS node gets from the plugin's Allocate.
+/// A model of NVIDIA's plugin, which the tests hold the agent's paths and the planner's limits to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PodMps {
+    /// Environment variables set in the container.
+    pub env: Vec<(String, String)>,
+    /// `(container path, host path)` mounts.
+    pub mounts: Vec<(PathBuf, PathBuf)>,
+}
+
+/// The Allocate response's MPS part for a node whose plugin uses `host_root` as `--mps-root`.
+fn pod_mps(host_root: &MpsRoot) -> PodMps {
+    let container = MpsRoot(PathBuf::from(CONTAINER_ROOT));
+    PodMps {
+        env: vec![(
+            "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+            container.pipe_dir().display().to_string(),
+        )],
+        mounts: vec![
+            (container.pipe_dir(), host_root.pipe_dir()),
+            (container.shm_dir(), host_root.shm_dir()),
+        ],
+    }
+}
+
+/// The commands the plugin's daemon sends its control pipe at start for a node whose GPUs are
+/// shared `replicas` ways: a pinned memory limit per GPU (bytes / replicas, in whole MiB), then
+/// the thread percentage. Every non-MIG GPU of the node is shared (the plugin applies one sharing
+/// setting per node). A model of NVIDIA's plugin, for the tests.
+fn daemon_commands(gpus: &[GpuStatus], replicas: u32) -> Vec<String> {
+    let replicas = u64::from(replicas.max(1));
+    let mut out: Vec<String> = gpus
+        .iter()
+        .filter(|g| g.instances.is_empty() && g.memory_mib > 0)
+        .map(|g| {
+            // The plugin divides bytes, then converts to MiB: floor(floor(B/r)/2^20) equals
+            // floor(floor(B/2^20)/r), so the driver's MiB figure gives the same number.
+            format!(
+                "set_default_device_pinned_mem_limit {} {}M",
+                g.index,
+                g.memory_mib / replicas
+            )
+        })
+        .collect();
+    out.push(format!("set_default_active_thread_percentage {}", 100 / replicas));
+    out
+}
 
 fn gpu(index: u32, memory_mib: u64) -> GpuStatus {
     GpuStatus {
