@@ -9,7 +9,8 @@
 
 use super::bound::Bound;
 use super::cells::cells;
-use super::report::{PlacedTenant, Positions, cells_of_tenants, merge_tenant};
+use super::merge::{cells_of_tenants, merge_tenant};
+use super::report::{PlacedTenant, Positions};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
 use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
@@ -231,7 +232,7 @@ fn runs_on(bound: &Bound, j: usize, node: &NodeDesired, g: usize, tenants: &[Ten
         .is_some_and(|inv| bound.runs_on(j, spec, inv, tenants))
 }
 
-/// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
+/// A tenant's grants as the last pass merged them from its cells' ([`super::merge::merge_tenant`]).
 struct MergedTenant {
     /// Its cells (index in that pass's cells) with its requests in each.
     cells: Vec<(usize, Vec<usize>)>,
