@@ -498,30 +498,8 @@ mod tests {
         use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceSpec, MigInstanceStatus};
         let spec = GpuNodeSpec {
             gpus: vec![
-                GpuSpec {
-                    index: 0,
-                    mode: Mode::Exclusive,
-                    mig_instances: vec![],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec!["a".into()],
-                    shares: vec![],
-                    scrub: Default::default(),
-                },
-                GpuSpec {
-                    index: 1,
-                    mode: Mode::Mig,
-                    mig_instances: vec![MigInstanceSpec {
-                        profile: "7g.80gb".into(),
-                        placement: Placement { start: 0, size: 8 },
-                        tenant: Some("b".into()),
-                    }],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec![],
-                    shares: vec![],
-                    scrub: Default::default(),
-                },
+                GpuSpec::exclusive(0, "a"),
+                GpuSpec::mig(1, vec![MigInstanceSpec::new("7g.80gb", 0, 8).for_tenant("b")]),
             ]
             .into(),
             ..GpuNodeSpec::default()
@@ -589,20 +567,7 @@ mod tests {
         // The agent applies a spec and publishes what it found and did.
         let placement = Placement { start: 0, size: 4 };
         node.spec.gpus = (0..2)
-            .map(|i| GpuSpec {
-                index: i,
-                mode: Mode::Mig,
-                mig_instances: vec![MigInstanceSpec {
-                    profile: "3g.40gb".into(),
-                    placement,
-                    tenant: Some("t".into()),
-                }],
-                mps: None,
-                time_slicing: None,
-                tenants: vec![],
-                shares: vec![],
-                scrub: Default::default(),
-            })
+            .map(|i| GpuSpec::mig(i, vec![MigInstanceSpec::new("3g.40gb", 0, 4).for_tenant("t")]))
             .collect::<Vec<_>>()
             .into();
         let mut status = found.clone();
@@ -650,19 +615,9 @@ mod tests {
         let g = &nodes[0].gpus[1];
         assert_eq!(g.tenants, ["t1", "t2"], "a tenant with shares uses the GPU");
         assert_eq!(g.shares, BTreeMap::from([("t1".into(), 3), ("t2".into(), 1)]));
-        let spec = GpuSpec {
-            index: 0,
-            mode: Mode::Mps,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: vec!["t1".into()],
-            shares: vec![crate::api::TenantShares {
-                tenant: "t1".into(),
-                count: 5,
-            }],
-            scrub: Default::default(),
-        };
+        let spec = GpuSpec::new(0, Mode::Mps)
+            .with_tenants(&["t1"])
+            .with_shares(&[("t1", 5)]);
         let status = GpuStatus {
             index: 0,
             ..GpuStatus::default()

@@ -163,16 +163,7 @@ mod tests {
     }
 
     fn gpu_spec(index: u32, mode: Mode, tenants: &[&str]) -> GpuSpec {
-        GpuSpec {
-            index,
-            mode,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: tenants.iter().map(|t| t.to_string()).collect(),
-            shares: vec![],
-            scrub: Default::default(),
-        }
+        GpuSpec::new(index, mode).with_tenants(tenants)
     }
 
     fn gpu(index: u32, processes: Vec<ProcessStatus>) -> GpuStatus {

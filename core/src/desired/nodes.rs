@@ -325,17 +325,7 @@ mod tests {
 
     fn spec(mode: Mode, tenants: &[&str]) -> GpuNodeSpec {
         GpuNodeSpec {
-            gpus: vec![GpuSpec {
-                index: 0,
-                mode,
-                mig_instances: vec![],
-                mps: None,
-                time_slicing: None,
-                tenants: tenants.iter().map(|t| t.to_string()).collect(),
-                shares: vec![],
-                scrub: Default::default(),
-            }]
-            .into(),
+            gpus: vec![GpuSpec::new(0, mode).with_tenants(tenants)].into(),
             ..GpuNodeSpec::default()
         }
     }

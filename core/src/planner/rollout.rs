@@ -300,25 +300,14 @@ impl PlanRollout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuNodeSpec, GpuSpec, Mode, Rollout as RolloutSpec, ScrubMemory};
+    use crate::api::{GpuNodeSpec, GpuSpec, Mode, Rollout as RolloutSpec};
     use crate::planner::fixtures::{group, plan_for};
 
     /// A spec of `gpus` GPUs in `mode` under plan `p`.
     fn spec(mode: Mode, gpus: u32) -> GpuNodeSpec {
         GpuNodeSpec {
             plan: Some("p".into()),
-            gpus: (0..gpus)
-                .map(|index| GpuSpec {
-                    index,
-                    mode,
-                    mig_instances: vec![],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec![],
-                    shares: vec![],
-                    scrub: ScrubMemory::default(),
-                })
-                .collect(),
+            gpus: (0..gpus).map(|index| GpuSpec::new(index, mode)).collect(),
             ..GpuNodeSpec::default()
         }
     }

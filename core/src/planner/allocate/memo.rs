@@ -13,7 +13,7 @@ use super::merge::{cells_of_tenants, merge_tenant};
 use super::report::{PlacedTenant, Positions};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
-use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
+use crate::api::{GpuSpec, MigInstanceSpec};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -62,8 +62,6 @@ impl GpuInput {
         let spec = &node.gpus[g];
         GpuInput {
             spec: GpuSpec {
-                index: spec.index,
-                mode: spec.mode,
                 mig_instances: spec
                     .mig_instances
                     .iter()
@@ -74,9 +72,7 @@ impl GpuInput {
                     .collect(),
                 mps: spec.mps.clone(),
                 time_slicing: spec.time_slicing.clone(),
-                tenants: vec![],
-                shares: vec![],
-                scrub: ScrubMemory::default(),
+                ..GpuSpec::new(spec.index, spec.mode)
             },
             dedicated: node.dedicated[g].clone(),
             inventory: node.inventory.gpus[spec.index as usize].clone(),
