@@ -72,8 +72,9 @@ pub struct NodeRollout {
     pub changing: bool,
 }
 
+#[cfg(test)]
 impl NodeRollout {
-    pub fn is_held_back(&self) -> bool {
+    fn is_held_back(&self) -> bool {
         self.progress == Progress::HeldBack
     }
 }
