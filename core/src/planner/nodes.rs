@@ -195,7 +195,7 @@ fn resolve_layout(
     for (g, group) in plan.spec.gpus.iter().enumerate() {
         // Field names are written only for an error: this runs for every group of every node.
         let devices_field = || format!("spec.gpus[{g}].devices");
-        let indices = expand_devices(&group.devices, count).map_err(|e| (devices_field(), e))?;
+        let indices = expand_devices(&group.devices, count).map_err(|e| (devices_field(), e.to_string()))?;
         for index in indices {
             let Some(gpu) = inv.gpus.get(index as usize) else {
                 return Err((

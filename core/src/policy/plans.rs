@@ -215,7 +215,7 @@ fn group_problems(plan: &GpuPartitionPlan, name: &str, tenants: &BTreeSet<String
 /// The `i`th group's device list parses and names no GPU an earlier group `claimed`.
 fn device_problems(g: &GpuGroup, i: usize, name: &str, claimed: &mut Vec<(u32, usize)>) -> Vec<Problem> {
     let list = match parse_devices(&g.devices) {
-        Err(e) => return vec![problem(name, format!("spec.gpus[{i}].devices"), e)],
+        Err(e) => return vec![problem(name, format!("spec.gpus[{i}].devices"), e.to_string())],
         Ok(list) => list,
     };
     let mut problems = Vec::new();
