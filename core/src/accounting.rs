@@ -235,30 +235,18 @@ mod tests {
     use proptest::prelude::*;
 
     fn gpu(index: u32, mode: Mode) -> GpuSpec {
-        GpuSpec {
-            index,
-            mode,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: vec![],
-            shares: vec![],
-            scrub: Default::default(),
-        }
+        GpuSpec::new(index, mode)
     }
 
     fn mig(index: u32, instances: &[(&str, u32, Option<&str>)]) -> GpuSpec {
-        GpuSpec {
-            mig_instances: instances
-                .iter()
-                .map(|(p, start, t)| MigInstanceSpec {
-                    profile: (*p).into(),
-                    placement: Placement { start: *start, size: 1 },
-                    tenant: t.map(Into::into),
-                })
-                .collect(),
-            ..gpu(index, Mode::Mig)
-        }
+        let instance = |&(p, start, t): &(&str, u32, Option<&str>)| {
+            let i = MigInstanceSpec::new(p, start, 1);
+            match t {
+                Some(t) => i.for_tenant(t),
+                None => i,
+            }
+        };
+        GpuSpec::mig(index, instances.iter().map(instance).collect())
     }
 
     fn spec(gpus: Vec<GpuSpec>) -> GpuNodeSpec {
@@ -313,27 +301,8 @@ mod tests {
 
     #[test]
     fn shares_weigh_their_fraction_of_the_replicas() {
-        let mut mps = gpu(0, Mode::Mps);
-        mps.mps = Some(MpsSettings {
-            max_clients: 4,
-            ..Default::default()
-        });
-        mps.shares = vec![
-            TenantShares {
-                tenant: "beta".into(),
-                count: 3,
-            },
-            TenantShares {
-                tenant: "delta".into(),
-                count: 1,
-            },
-        ];
-        let mut ts = gpu(1, Mode::TimeSlicing);
-        ts.time_slicing = Some(TimeSlicingSettings { replicas: 4 });
-        ts.shares = vec![TenantShares {
-            tenant: "research".into(),
-            count: 1,
-        }];
+        let mps = GpuSpec::mps(0, 4).with_shares(&[("beta", 3), ("delta", 1)]);
+        let ts = GpuSpec::time_sliced(1, 4).with_shares(&[("research", 1)]);
         let h = holdings(&spec(vec![mps, ts]), &[0, 1]);
         assert_eq!(weight_of(&h, "beta"), 0.75);
         assert_eq!(weight_of(&h, "delta"), 0.25);
@@ -345,8 +314,7 @@ mod tests {
 
     #[test]
     fn gpus_no_spec_covers_are_unallocated_and_unplanned() {
-        let mut ex = gpu(0, Mode::Exclusive);
-        ex.tenants = vec!["gamma".into()];
+        let ex = GpuSpec::exclusive(0, "gamma");
         let h = holdings(&spec(vec![ex, gpu(1, Mode::Exclusive)]), &[0, 1, 2]);
         assert_eq!(weight_of(&h, "gamma"), 1.0);
         assert_eq!(
@@ -361,10 +329,8 @@ mod tests {
 
     #[test]
     fn use_goes_to_the_one_tenant_or_to_shared() {
-        let mut ex = gpu(0, Mode::Exclusive);
-        ex.tenants = vec!["gamma".into()];
-        let mut ts = gpu(1, Mode::TimeSlicing);
-        ts.tenants = vec!["a".into(), "b".into()];
+        let ex = GpuSpec::exclusive(0, "gamma");
+        let ts = gpu(1, Mode::TimeSlicing).with_tenants(&["a", "b"]);
         let h = holdings(&spec(vec![ex, ts, mig(2, &[("7g.80gb", 0, Some("c"))])]), &[0, 1, 2]);
         let mut l = Ledger::default();
         let busy = Busy {
@@ -379,8 +345,7 @@ mod tests {
 
     #[test]
     fn samples_split_a_shared_gpu_and_an_instance_counts_its_part_of_the_gpu() {
-        let mut ts = gpu(1, Mode::TimeSlicing);
-        ts.tenants = vec!["a".into(), "b".into()];
+        let ts = gpu(1, Mode::TimeSlicing).with_tenants(&["a", "b"]);
         let s = spec(vec![
             ts,
             mig(2, &[("3g.40gb", 4, Some("c")), ("2g.20gb", 0, Some("d"))]),

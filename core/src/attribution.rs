@@ -164,7 +164,7 @@ fn replicas(spec: &GpuNodeSpec, gpu: u32) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::accounting::holdings;
-    use crate::api::{GpuSpec, MigInstanceSpec, Placement, TenantShares, TimeSlicingSettings};
+    use crate::api::{GpuSpec, MigInstanceSpec};
 
     const UID: &str = "0f5e6a1c-3b2d-4c8e-9a7b-1d2e3f4a5b6c";
 
@@ -232,46 +232,12 @@ mod tests {
     }
 
     fn spec() -> GpuNodeSpec {
-        let ts = GpuSpec {
-            index: 0,
-            mode: Mode::TimeSlicing,
-            time_slicing: Some(TimeSlicingSettings { replicas: 4 }),
-            shares: vec![TenantShares {
-                tenant: "a".into(),
-                count: 3,
-            }],
-            ..gpu(0)
-        };
-        let mig = GpuSpec {
-            index: 1,
-            mode: Mode::Mig,
-            mig_instances: vec![MigInstanceSpec {
-                profile: "3g.40gb".into(),
-                placement: Placement { start: 4, size: 4 },
-                tenant: Some("b".into()),
-            }],
-            ..gpu(1)
-        };
-        let ex = GpuSpec {
-            tenants: vec!["b".into()],
-            ..gpu(2)
-        };
+        let ts = GpuSpec::time_sliced(0, 4).with_shares(&[("a", 3)]);
+        let mig = GpuSpec::mig(1, vec![MigInstanceSpec::new("3g.40gb", 4, 4).for_tenant("b")]);
+        let ex = GpuSpec::exclusive(2, "b");
         GpuNodeSpec {
             gpus: vec![ts, mig, ex].into(),
             ..Default::default()
-        }
-    }
-
-    fn gpu(index: u32) -> GpuSpec {
-        GpuSpec {
-            index,
-            mode: Mode::Exclusive,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: vec![],
-            shares: vec![],
-            scrub: Default::default(),
         }
     }
 

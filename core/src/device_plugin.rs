@@ -303,12 +303,14 @@ pub struct SharedResource {
 /// (`api/config/v1/flags.go` `updateFromCLIFlag`: `c.IsSet(flag)` is true for a flag whose env
 /// var exists, and urfave/cli v2 marks it so). The install guide's values must leave
 /// `MIG_STRATEGY` unset, or every node gets that one strategy.
+#[cfg(test)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PluginEnv {
     /// `MIG_STRATEGY`.
     pub mig_strategy: Option<String>,
 }
 
+#[cfg(test)]
 impl PluginEnv {
     /// The plugin's Helm chart with `migStrategy` unset (its default, `null`): the template
     /// renders `MIG_STRATEGY` only `if typeIs "string" .Values.migStrategy`. Also the GPU
@@ -332,6 +334,7 @@ impl PluginEnv {
 /// `mig_devices`: the node's GPUs have MIG enabled. One message per rule broken, each naming the
 /// plugin function the rule comes from. An independent check of what [`NodeConfig::render`]
 /// writes, and of the install guide's values.
+#[cfg(test)]
 pub fn parser_rule_violations(config: &PluginConfig, env: &PluginEnv, mig_devices: bool) -> Vec<String> {
     let mut out = Vec::new();
     // api/config/v1/config.go parseConfig: "unknown version".
@@ -413,6 +416,7 @@ pub fn parser_rule_violations(config: &PluginConfig, env: &PluginEnv, mig_device
 }
 
 /// api/config/v1/resources.go NewResourceName: `nvidia.com/` and a DNS subdomain, 63 at most.
+#[cfg(test)]
 fn valid_resource_name(name: &str) -> bool {
     let full = if name.contains('/') {
         name.to_string()

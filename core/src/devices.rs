@@ -5,9 +5,22 @@
 /// more than 64, and the bound keeps `0-4000000000` from expanding into a huge list.
 pub const MAX_DEVICE_INDEX: u32 = 63;
 
+/// Why a device list does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceListError {
+    #[error("range {part:?} runs backwards; write {hi}-{lo}")]
+    Backwards { part: String, lo: u32, hi: u32 },
+    #[error("device index {index} is out of range (0-{MAX_DEVICE_INDEX})")]
+    OutOfRange { index: u32 },
+    #[error("{list:?} names a device twice")]
+    Repeated { list: String },
+    #[error("{list:?} is not a device list; write `all`, `0,2` or `4-7`")]
+    NotAList { list: String },
+}
+
 /// Parses an explicit device list (`0,2`, `4-7`, `0-3,6`) into sorted, unique indices.
 /// `all` is not a list: callers expand it with the node's GPU count ([`expand_devices`]).
-pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
+pub fn parse_devices(spec: &str) -> Result<Vec<u32>, DeviceListError> {
     let mut out = Vec::new();
     for part in spec.split(',') {
         let part = part.trim();
@@ -19,10 +32,14 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
             }
         };
         if lo > hi {
-            return Err(format!("range {part:?} runs backwards; write {hi}-{lo}"));
+            return Err(DeviceListError::Backwards {
+                part: part.to_string(),
+                lo,
+                hi,
+            });
         }
         if hi > MAX_DEVICE_INDEX {
-            return Err(format!("device index {hi} is out of range (0-{MAX_DEVICE_INDEX})"));
+            return Err(DeviceListError::OutOfRange { index: hi });
         }
         out.extend(lo..=hi);
     }
@@ -30,19 +47,19 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
     out.sort_unstable();
     out.dedup();
     if out.len() != n {
-        return Err(format!("{spec:?} names a device twice"));
+        return Err(DeviceListError::Repeated { list: spec.to_string() });
     }
     Ok(out)
 }
 
-fn parse_index(s: &str, whole: &str) -> Result<u32, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{whole:?} is not a device list; write `all`, `0,2` or `4-7`"))
+fn parse_index(s: &str, whole: &str) -> Result<u32, DeviceListError> {
+    s.trim().parse().map_err(|_| DeviceListError::NotAList {
+        list: whole.to_string(),
+    })
 }
 
 /// Indices a group's `devices` names on a node with `count` GPUs.
-pub fn expand_devices(spec: &str, count: u32) -> Result<Vec<u32>, String> {
+pub fn expand_devices(spec: &str, count: u32) -> Result<Vec<u32>, DeviceListError> {
     if spec == "all" {
         Ok((0..count).collect())
     } else {
@@ -66,12 +83,22 @@ mod tests {
         assert_eq!(parse_devices(" 1 , 0 ").unwrap(), [0, 1]);
         assert_eq!(expand_devices("all", 3).unwrap(), [0, 1, 2]);
         assert_eq!(expand_devices("2", 3).unwrap(), [2]);
-        assert!(parse_devices("3-1").unwrap_err().contains("backwards"));
-        assert!(parse_devices("0-2,2").unwrap_err().contains("twice"));
-        assert!(parse_devices("x").unwrap_err().contains("not a device list"));
-        assert!(parse_devices("").unwrap_err().contains("not a device list"));
-        assert!(parse_devices("all").unwrap_err().contains("not a device list"));
-        assert!(parse_devices("99").unwrap_err().contains("out of range"));
+        assert!(parse_devices("3-1").unwrap_err().to_string().contains("backwards"));
+        assert!(parse_devices("0-2,2").unwrap_err().to_string().contains("twice"));
+        assert!(
+            parse_devices("x")
+                .unwrap_err()
+                .to_string()
+                .contains("not a device list")
+        );
+        assert!(parse_devices("").unwrap_err().to_string().contains("not a device list"));
+        assert!(
+            parse_devices("all")
+                .unwrap_err()
+                .to_string()
+                .contains("not a device list")
+        );
+        assert!(parse_devices("99").unwrap_err().to_string().contains("out of range"));
         assert!(parse_devices("63").is_ok());
     }
 

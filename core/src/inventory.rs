@@ -186,125 +186,159 @@ impl InventoryFile {
             if !seen.insert(node.name.as_str()) {
                 errors.push(format!("nodes[{n}].name: node {:?} is listed twice", node.name));
             }
-            // Checked before any GPU is made: the counts are the input's, not ours.
-            let total = node.gpus.iter().fold(0u64, |sum, e| sum + u64::from(e.count));
-            if total > u64::from(MAX_GPUS_PER_NODE) {
-                let at = node
-                    .gpus
-                    .iter()
-                    .position(|e| e.count > MAX_GPUS_PER_NODE)
-                    .map_or(format!("nodes[{n}].gpus"), |g| format!("nodes[{n}].gpus[{g}].count"));
-                errors.push(format!(
-                    "{at}: the node has {total} GPUs; a node has at most {MAX_GPUS_PER_NODE}"
-                ));
-                continue;
+            if let Some(node) = node.resolve(n, &mut errors) {
+                nodes.push(node);
             }
-            let mut gpus = Vec::new();
-            for (g, entry) in node.gpus.iter().enumerate() {
-                let at = format!("nodes[{n}].gpus[{g}]");
-                let model = match (&entry.pci_device_id, &entry.model) {
-                    (Some(id), _) => match model_by_pci_id(id) {
-                        Some(m) => Some(m),
-                        None if entry.memory_mib.is_some() => None,
-                        None => {
-                            errors.push(format!(
-                                "{at}.pciDeviceId: unknown GPU {id:?}; use a known MIG-capable model or give memoryMiB"
-                            ));
-                            continue;
-                        }
-                    },
-                    (None, Some(name)) => match model_by_name(name) {
-                        Some(m) => Some(m),
-                        None if entry.memory_mib.is_some() => None,
-                        None => {
-                            errors.push(format!(
-                                "{at}.model: unknown GPU model {name:?}; give pciDeviceId or memoryMiB"
-                            ));
-                            continue;
-                        }
-                    },
-                    (None, None) => {
-                        errors.push(format!("{at}: give pciDeviceId or model"));
-                        continue;
-                    }
-                };
-                let name = model
-                    .and_then(|m| {
-                        let id = entry.pci_device_id.as_deref().and_then(crate::mig::parse_pci_id);
-                        id.and_then(crate::mig::variant_name).or(Some(m.name()))
-                    })
-                    .map(str::to_string)
-                    .or_else(|| entry.model.clone())
-                    .unwrap_or_else(|| entry.pci_device_id.clone().unwrap_or_default());
-                let compute_capability = match entry.compute_capability.as_deref() {
-                    None => model.map(|m| m.compute_capability),
-                    Some(cc) => match parse_compute_capability(cc) {
-                        Some(cc) => Some(cc),
-                        None => {
-                            errors.push(format!(
-                                "{at}.computeCapability: {cc:?} is not a compute capability; write major.minor, e.g. 8.9"
-                            ));
-                            continue;
-                        }
-                    },
-                };
-                for _ in 0..entry.count {
-                    gpus.push(NodeGpu {
-                        index: gpus.len() as u32,
-                        model,
-                        name: name.clone(),
-                        memory_mib: entry.memory_mib.or(model.map(|m| m.memory_mib)).unwrap_or(0),
-                        numa_node: entry.numa_node.unwrap_or(0),
-                        compute_capability,
-                        ..NodeGpu::default()
-                    });
-                }
-            }
-            for (c, cur) in node.current.iter().enumerate() {
-                let at = format!("nodes[{n}].current[{c}]");
-                let Some(gpu) = gpus.get_mut(cur.gpu as usize) else {
-                    errors.push(format!(
-                        "{at}.gpu: the node has {} GPUs, so GPU {} does not exist",
-                        gpus.len(),
-                        cur.gpu
-                    ));
-                    continue;
-                };
-                gpu.mode = Some(cur.mode);
-                gpu.tenants = cur.tenants.clone();
-                gpu.tenants.extend(cur.shares.iter().map(|s| s.tenant.clone()));
-                gpu.tenants.sort();
-                gpu.tenants.dedup();
-                gpu.shares = cur.shares.iter().map(|s| (s.tenant.clone(), s.count)).collect();
-                for (i, inst) in cur.instances.iter().enumerate() {
-                    let Some(placement) = parse_placement(&inst.placement) else {
-                        errors.push(format!(
-                            "{at}.instances[{i}].placement: {:?} is not a placement; write start:size, e.g. 0:4",
-                            inst.placement
-                        ));
-                        continue;
-                    };
-                    if let Some(t) = &inst.tenant {
-                        gpu.instance_tenants.insert(placement, t.clone());
-                    }
-                    gpu.instances.push(crate::mig::ExistingInstance {
-                        profile: inst.profile.clone(),
-                        placement,
-                        gpu_instance_id: None,
-                    });
-                }
-            }
-            nodes.push(NodeInventory {
-                name: node.name.clone(),
-                labels: node.labels.clone(),
-                gpus,
-                // An inventory file describes what the nodes have: it is their report.
-                reported: true,
-                current: None,
-                revision: None,
-            });
         }
         if errors.is_empty() { Ok(nodes) } else { Err(errors) }
+    }
+}
+
+impl InventoryNode {
+    /// The node as the planner sees it, `n`th in the file; `None` where it has too many GPUs to make.
+    fn resolve(&self, n: usize, errors: &mut Vec<String>) -> Option<NodeInventory> {
+        // Checked before any GPU is made: the counts are the input's, not ours.
+        let total = self.gpus.iter().fold(0u64, |sum, e| sum + u64::from(e.count));
+        if total > u64::from(MAX_GPUS_PER_NODE) {
+            let at = self
+                .gpus
+                .iter()
+                .position(|e| e.count > MAX_GPUS_PER_NODE)
+                .map_or(format!("nodes[{n}].gpus"), |g| format!("nodes[{n}].gpus[{g}].count"));
+            errors.push(format!(
+                "{at}: the node has {total} GPUs; a node has at most {MAX_GPUS_PER_NODE}"
+            ));
+            return None;
+        }
+        let mut gpus = Vec::new();
+        for (g, entry) in self.gpus.iter().enumerate() {
+            let Some(gpu) = entry.resolve(&format!("nodes[{n}].gpus[{g}]"), errors) else {
+                continue;
+            };
+            for _ in 0..entry.count {
+                gpus.push(NodeGpu {
+                    index: gpus.len() as u32,
+                    ..gpu.clone()
+                });
+            }
+        }
+        for (c, cur) in self.current.iter().enumerate() {
+            let at = format!("nodes[{n}].current[{c}]");
+            let count = gpus.len();
+            let Some(gpu) = gpus.get_mut(cur.gpu as usize) else {
+                errors.push(format!(
+                    "{at}.gpu: the node has {count} GPUs, so GPU {} does not exist",
+                    cur.gpu
+                ));
+                continue;
+            };
+            cur.apply_to(gpu, &at, errors);
+        }
+        Some(NodeInventory {
+            name: self.name.clone(),
+            labels: self.labels.clone(),
+            gpus,
+            // An inventory file describes what the nodes have: it is their report.
+            reported: true,
+            current: None,
+            revision: None,
+        })
+    }
+}
+
+impl InventoryGpus {
+    /// One GPU of this run (index 0, nothing running), at field `at`; `None` where the entry
+    /// names no model this tool knows and gives no memory, or a capability that does not parse.
+    fn resolve(&self, at: &str, errors: &mut Vec<String>) -> Option<NodeGpu> {
+        let model = self.model(at, errors)?;
+        let name = model
+            .and_then(|m| {
+                let id = self.pci_device_id.as_deref().and_then(crate::mig::parse_pci_id);
+                id.and_then(crate::mig::variant_name).or(Some(m.name()))
+            })
+            .map(str::to_string)
+            .or_else(|| self.model.clone())
+            .unwrap_or_else(|| self.pci_device_id.clone().unwrap_or_default());
+        let compute_capability = match self.compute_capability.as_deref() {
+            None => model.map(|m| m.compute_capability),
+            Some(cc) => match parse_compute_capability(cc) {
+                Some(cc) => Some(cc),
+                None => {
+                    errors.push(format!(
+                        "{at}.computeCapability: {cc:?} is not a compute capability; write major.minor, e.g. 8.9"
+                    ));
+                    return None;
+                }
+            },
+        };
+        Some(NodeGpu {
+            index: 0,
+            model,
+            name,
+            memory_mib: self.memory_mib.or(model.map(|m| m.memory_mib)).unwrap_or(0),
+            numa_node: self.numa_node.unwrap_or(0),
+            compute_capability,
+            ..NodeGpu::default()
+        })
+    }
+
+    /// The known model the entry names (`Some(None)`: an unknown GPU whose memory is given).
+    fn model(&self, at: &str, errors: &mut Vec<String>) -> Option<Option<&'static GpuModel>> {
+        match (&self.pci_device_id, &self.model) {
+            (Some(id), _) => match model_by_pci_id(id) {
+                Some(m) => Some(Some(m)),
+                None if self.memory_mib.is_some() => Some(None),
+                None => {
+                    errors.push(format!(
+                        "{at}.pciDeviceId: unknown GPU {id:?}; use a known MIG-capable model or give memoryMiB"
+                    ));
+                    None
+                }
+            },
+            (None, Some(name)) => match model_by_name(name) {
+                Some(m) => Some(Some(m)),
+                None if self.memory_mib.is_some() => Some(None),
+                None => {
+                    errors.push(format!(
+                        "{at}.model: unknown GPU model {name:?}; give pciDeviceId or memoryMiB"
+                    ));
+                    None
+                }
+            },
+            (None, None) => {
+                errors.push(format!("{at}: give pciDeviceId or model"));
+                None
+            }
+        }
+    }
+}
+
+impl InventoryCurrentGpu {
+    /// Sets what runs on `gpu` now, at field `at`; an instance whose placement does not parse is left out.
+    fn apply_to(&self, gpu: &mut NodeGpu, at: &str, errors: &mut Vec<String>) {
+        gpu.mode = Some(self.mode);
+        gpu.tenants = self.tenants.clone();
+        gpu.tenants.extend(self.shares.iter().map(|s| s.tenant.clone()));
+        gpu.tenants.sort();
+        gpu.tenants.dedup();
+        gpu.shares = self.shares.iter().map(|s| (s.tenant.clone(), s.count)).collect();
+        for (i, inst) in self.instances.iter().enumerate() {
+            let Some(placement) = parse_placement(&inst.placement) else {
+                errors.push(format!(
+                    "{at}.instances[{i}].placement: {:?} is not a placement; write start:size, e.g. 0:4",
+                    inst.placement
+                ));
+                continue;
+            };
+            if let Some(t) = &inst.tenant {
+                gpu.instance_tenants.insert(placement, t.clone());
+            }
+            gpu.instances.push(crate::mig::ExistingInstance {
+                profile: inst.profile.clone(),
+                placement,
+                gpu_instance_id: None,
+            });
+        }
     }
 }
 
@@ -464,30 +498,8 @@ mod tests {
         use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceSpec, MigInstanceStatus};
         let spec = GpuNodeSpec {
             gpus: vec![
-                GpuSpec {
-                    index: 0,
-                    mode: Mode::Exclusive,
-                    mig_instances: vec![],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec!["a".into()],
-                    shares: vec![],
-                    scrub: Default::default(),
-                },
-                GpuSpec {
-                    index: 1,
-                    mode: Mode::Mig,
-                    mig_instances: vec![MigInstanceSpec {
-                        profile: "7g.80gb".into(),
-                        placement: Placement { start: 0, size: 8 },
-                        tenant: Some("b".into()),
-                    }],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec![],
-                    shares: vec![],
-                    scrub: Default::default(),
-                },
+                GpuSpec::exclusive(0, "a"),
+                GpuSpec::mig(1, vec![MigInstanceSpec::new("7g.80gb", 0, 8).for_tenant("b")]),
             ]
             .into(),
             ..GpuNodeSpec::default()
@@ -555,20 +567,7 @@ mod tests {
         // The agent applies a spec and publishes what it found and did.
         let placement = Placement { start: 0, size: 4 };
         node.spec.gpus = (0..2)
-            .map(|i| GpuSpec {
-                index: i,
-                mode: Mode::Mig,
-                mig_instances: vec![MigInstanceSpec {
-                    profile: "3g.40gb".into(),
-                    placement,
-                    tenant: Some("t".into()),
-                }],
-                mps: None,
-                time_slicing: None,
-                tenants: vec![],
-                shares: vec![],
-                scrub: Default::default(),
-            })
+            .map(|i| GpuSpec::mig(i, vec![MigInstanceSpec::new("3g.40gb", 0, 4).for_tenant("t")]))
             .collect::<Vec<_>>()
             .into();
         let mut status = found.clone();
@@ -616,19 +615,9 @@ mod tests {
         let g = &nodes[0].gpus[1];
         assert_eq!(g.tenants, ["t1", "t2"], "a tenant with shares uses the GPU");
         assert_eq!(g.shares, BTreeMap::from([("t1".into(), 3), ("t2".into(), 1)]));
-        let spec = GpuSpec {
-            index: 0,
-            mode: Mode::Mps,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: vec!["t1".into()],
-            shares: vec![crate::api::TenantShares {
-                tenant: "t1".into(),
-                count: 5,
-            }],
-            scrub: Default::default(),
-        };
+        let spec = GpuSpec::new(0, Mode::Mps)
+            .with_tenants(&["t1"])
+            .with_shares(&[("t1", 5)]);
         let status = GpuStatus {
             index: 0,
             ..GpuStatus::default()

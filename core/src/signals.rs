@@ -163,16 +163,7 @@ mod tests {
     }
 
     fn gpu_spec(index: u32, mode: Mode, tenants: &[&str]) -> GpuSpec {
-        GpuSpec {
-            index,
-            mode,
-            mig_instances: vec![],
-            mps: None,
-            time_slicing: None,
-            tenants: tenants.iter().map(|t| t.to_string()).collect(),
-            shares: vec![],
-            scrub: Default::default(),
-        }
+        GpuSpec::new(index, mode).with_tenants(tenants)
     }
 
     fn gpu(index: u32, processes: Vec<ProcessStatus>) -> GpuStatus {
@@ -184,22 +175,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn processes_where_no_tenant_is_granted_are_ungranted_use() {
-        let mut mig = gpu_spec(0, Mode::Mig, &[]);
-        mig.mig_instances = vec![
-            MigInstanceSpec {
-                profile: "3g.40gb".into(),
-                placement: Placement { start: 4, size: 4 },
-                tenant: Some("a".into()),
-            },
-            MigInstanceSpec {
-                profile: "1g.10gb".into(),
-                placement: Placement { start: 0, size: 1 },
-                tenant: None,
-            },
-        ];
-        let mut spec = GpuNodeSpec {
+    /// A DRA node of three GPUs: a MIG GPU with a 3g instance granted to `a` and a 1g instance to
+    /// nobody, an exclusive GPU granted to `b`, one granted to nobody.
+    fn mixed_spec() -> GpuNodeSpec {
+        let mig = GpuSpec::mig(
+            0,
+            vec![
+                MigInstanceSpec::new("3g.40gb", 4, 4).for_tenant("a"),
+                MigInstanceSpec::new("1g.10gb", 0, 1),
+            ],
+        );
+        GpuNodeSpec {
             gpus: vec![
                 mig,
                 gpu_spec(1, Mode::Exclusive, &["b"]),
@@ -208,11 +194,17 @@ mod tests {
             .into(),
             device_access: DeviceAccess::Dra,
             ..Default::default()
-        };
+        }
+    }
+
+    /// What runs on [`mixed_spec`]'s node: a process in each MIG instance and one in an instance
+    /// the agent did not make, one on each other GPU, and two GPUs no spec covers (one busy).
+    fn mixed_status() -> GpuNodeStatus {
         let instance = |id, profile: &str, start| MigInstanceStatus {
             gpu_instance_id: id,
             profile: profile.into(),
             placement: Placement { start, size: 1 },
+            uuid: Some(format!("MIG-{id}")),
             ..Default::default()
         };
         let mut g0 = gpu(
@@ -228,10 +220,7 @@ mod tests {
             pending: true,
         });
         g0.instances = vec![instance(2, "3g.40gb", 4), instance(13, "1g.10gb", 0)];
-        for i in &mut g0.instances {
-            i.uuid = Some(format!("MIG-{}", i.gpu_instance_id));
-        }
-        let mut status = GpuNodeStatus {
+        GpuNodeStatus {
             gpus: vec![
                 g0,
                 gpu(1, vec![process(4, None, 10)]),
@@ -240,7 +229,13 @@ mod tests {
                 gpu(4, vec![]),
             ],
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn processes_where_no_tenant_is_granted_are_ungranted_use() {
+        let mut spec = mixed_spec();
+        let mut status = mixed_status();
         let devices = |s: &Signals| {
             s.ungranted
                 .as_ref()

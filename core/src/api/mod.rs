@@ -166,8 +166,9 @@ pub fn quantity_to_mib(q: &str) -> Option<u64> {
 }
 
 /// The shortest exact binary quantity for an amount of MiB: `40Gi`, `512Mi`, `1536Mi`, `0`.
-/// [`quantity_to_mib`] reads it back to the same number.
-pub fn mib_to_quantity(mib: u64) -> String {
+/// [`quantity_to_mib`] reads it back to the same number (the tests' oracle for it).
+#[cfg(test)]
+fn mib_to_quantity(mib: u64) -> String {
     if mib == 0 {
         return "0".into();
     }

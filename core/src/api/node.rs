@@ -86,6 +86,101 @@ pub struct GpuSpec {
     pub scrub: ScrubMemory,
 }
 
+impl GpuSpec {
+    /// GPU `index` in `mode`, with no settings, no instances and no tenant yet.
+    pub fn new(index: u32, mode: Mode) -> GpuSpec {
+        GpuSpec {
+            index,
+            mode,
+            mig_instances: vec![],
+            mps: None,
+            time_slicing: None,
+            tenants: vec![],
+            shares: vec![],
+            scrub: ScrubMemory::default(),
+        }
+    }
+
+    /// GPU `index` used whole and alone by `tenant`.
+    pub fn exclusive(index: u32, tenant: &str) -> GpuSpec {
+        GpuSpec::new(index, Mode::Exclusive).with_tenants(&[tenant])
+    }
+
+    /// GPU `index` cut into MIG `instances`.
+    pub fn mig(index: u32, instances: Vec<MigInstanceSpec>) -> GpuSpec {
+        GpuSpec {
+            mig_instances: instances,
+            ..GpuSpec::new(index, Mode::Mig)
+        }
+    }
+
+    /// GPU `index` shared through MPS into `max_clients` client shares.
+    pub fn mps(index: u32, max_clients: u32) -> GpuSpec {
+        GpuSpec {
+            mps: Some(MpsSettings {
+                max_clients,
+                ..MpsSettings::default()
+            }),
+            ..GpuSpec::new(index, Mode::Mps)
+        }
+    }
+
+    /// GPU `index` time-sliced into `replicas` shares.
+    pub fn time_sliced(index: u32, replicas: u32) -> GpuSpec {
+        GpuSpec {
+            time_slicing: Some(TimeSlicingSettings { replicas }),
+            ..GpuSpec::new(index, Mode::TimeSlicing)
+        }
+    }
+
+    /// The same GPU used whole by `tenants` (kept in the order given: the spec wants them sorted).
+    pub fn with_tenants(mut self, tenants: &[&str]) -> GpuSpec {
+        self.tenants = tenants.iter().map(|t| t.to_string()).collect();
+        self
+    }
+
+    /// The same shared GPU with `(tenant, count)` shares (in the order given: sorted by tenant).
+    pub fn with_shares(mut self, shares: &[(&str, u32)]) -> GpuSpec {
+        self.shares = shares
+            .iter()
+            .map(|&(tenant, count)| TenantShares {
+                tenant: tenant.to_string(),
+                count,
+            })
+            .collect();
+        self
+    }
+
+    /// The same GPU with other MPS settings.
+    pub fn with_mps(mut self, mps: MpsSettings) -> GpuSpec {
+        self.mps = Some(mps);
+        self
+    }
+
+    /// The same GPU with another scrub policy.
+    pub fn with_scrub(mut self, scrub: ScrubMemory) -> GpuSpec {
+        self.scrub = scrub;
+        self
+    }
+}
+
+impl MigInstanceSpec {
+    /// A `profile` instance at `start:size`, reserved for no tenant yet.
+    pub fn new(profile: &str, start: u32, size: u32) -> MigInstanceSpec {
+        MigInstanceSpec {
+            profile: profile.to_string(),
+            placement: Placement { start, size },
+            tenant: None,
+        }
+    }
+
+    /// The same instance reserved for `tenant`.
+    pub fn for_tenant(mut self, tenant: &str) -> MigInstanceSpec {
+        self.tenant = Some(tenant.to_string());
+        self
+    }
+}
+
 /// A tenant's shares of one shared GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]

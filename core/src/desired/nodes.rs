@@ -95,43 +95,13 @@ pub fn render<'a>(
     for node in nodes {
         let name = name_of(node);
         let inv = by_name.get(name).copied();
-        // Dedicated by its plan to a tenant that exists, every GPU of the node listed.
-        let dedicated = node
-            .spec
-            .plan
-            .as_deref()
-            .and_then(|p| dedicating.get(p).copied().flatten())
-            .filter(|t| {
-                known.contains(t)
-                    && !node.spec.gpus.is_empty()
-                    && inv.is_none_or(|inv| inv.gpus.len() == node.spec.gpus.len())
-            });
-        let revision = inv.and_then(|i| i.revision.as_deref());
+        let dedicated = dedicated_tenant(node, inv, &dedicating, &known);
         let was = last.as_mut().and_then(|last| {
             // Both lists are sorted by name: the last pass's nodes before this one are gone.
             while last.next_if(|l| l.name.as_str() < name).is_some() {}
             last.next_if(|l| l.name == name)
         });
-        let same = |w: &RenderedNode| {
-            revision.is_some_and(|r| r == w.inputs.revision)
-                && w.inputs.dedicated.as_deref() == dedicated
-                && w.inputs.spec == node.spec
-        };
-        let entry = match was {
-            Some(mut w) if same(&w) => {
-                // The revision stands for the inventory: checked in every test run.
-                debug_assert_eq!(
-                    render_node(node, inv, dedicated, revision).node,
-                    w.node,
-                    "node {name} taken back from the last pass as it renders now"
-                );
-                // Equal, maybe not the same list: keep this pass's, so the next pass compares
-                // by pointer (the planner shares a node's list between passes).
-                w.inputs.spec.gpus = node.spec.gpus.clone();
-                w
-            }
-            _ => render_node(node, inv, dedicated, revision),
-        };
+        let entry = taken_back_or_rendered(node, inv, dedicated, was);
         if entry.dra {
             roles.dra.insert(name);
         }
@@ -152,6 +122,56 @@ pub fn render<'a>(
         m.last = rendered;
     }
     (out, vec![config_map], roles)
+}
+
+/// The tenant the node's plan dedicates it to, where that tenant is `known` (exists) and every
+/// GPU of the node is listed.
+fn dedicated_tenant<'p>(
+    node: &GpuNode,
+    inv: Option<&NodeInventory>,
+    dedicating: &HashMap<&str, Option<&'p str>>,
+    known: &HashSet<&str>,
+) -> Option<&'p str> {
+    node.spec
+        .plan
+        .as_deref()
+        .and_then(|p| dedicating.get(p).copied().flatten())
+        .filter(|t| {
+            known.contains(t)
+                && !node.spec.gpus.is_empty()
+                && inv.is_none_or(|inv| inv.gpus.len() == node.spec.gpus.len())
+        })
+}
+
+/// The node as the last pass rendered it (`was`) where its inputs are the same, else rendered now.
+fn taken_back_or_rendered(
+    node: &GpuNode,
+    inv: Option<&NodeInventory>,
+    dedicated: Option<&str>,
+    was: Option<RenderedNode>,
+) -> RenderedNode {
+    let revision = inv.and_then(|i| i.revision.as_deref());
+    let same = |w: &RenderedNode| {
+        revision.is_some_and(|r| r == w.inputs.revision)
+            && w.inputs.dedicated.as_deref() == dedicated
+            && w.inputs.spec == node.spec
+    };
+    match was {
+        Some(mut w) if same(&w) => {
+            // The revision stands for the inventory: checked in every test run.
+            debug_assert_eq!(
+                render_node(node, inv, dedicated, revision).node,
+                w.node,
+                "node {} taken back from the last pass as it renders now",
+                w.name
+            );
+            // Equal, maybe not the same list: keep this pass's, so the next pass compares
+            // by pointer (the planner shares a node's list between passes).
+            w.inputs.spec.gpus = node.spec.gpus.clone();
+            w
+        }
+        _ => render_node(node, inv, dedicated, revision),
+    }
 }
 
 /// One node's labels, taints and plugin config.
@@ -305,17 +325,7 @@ mod tests {
 
     fn spec(mode: Mode, tenants: &[&str]) -> GpuNodeSpec {
         GpuNodeSpec {
-            gpus: vec![GpuSpec {
-                index: 0,
-                mode,
-                mig_instances: vec![],
-                mps: None,
-                time_slicing: None,
-                tenants: tenants.iter().map(|t| t.to_string()).collect(),
-                shares: vec![],
-                scrub: Default::default(),
-            }]
-            .into(),
+            gpus: vec![GpuSpec::new(0, mode).with_tenants(tenants)].into(),
             ..GpuNodeSpec::default()
         }
     }

@@ -198,7 +198,7 @@ fn admission_follows_the_grants() {
     for name in ["gputenancy.io-tenants", "gputenancy.io-claims-tenants"] {
         assert_eq!(
             policy(name)["paramKind"],
-            serde_json::json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant"})
+            serde_json::json!({"apiVersion": crate::api::API_VERSION, "kind": "GpuTenant"})
         );
     }
     // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other

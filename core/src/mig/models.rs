@@ -410,11 +410,6 @@ impl GpuModel {
         self.variants[0].name
     }
 
-    /// `nvidia.com/gpu.product` label values GPU feature discovery gives nodes with this model.
-    pub fn product_labels(&self) -> impl Iterator<Item = String> + '_ {
-        self.variants.iter().map(|v| v.name.replace(' ', "-"))
-    }
-
     /// PCI IDs with vendor as mig-parted and NVML write them, e.g. `0x233010DE`.
     pub fn pci_ids(&self) -> impl Iterator<Item = String> + '_ {
         self.variants.iter().map(|v| format_pci_id(v.device_id))

@@ -359,36 +359,75 @@ pub fn settle<T: Borrow<GpuTenant>>(
     same_scrub: bool,
 ) -> Vec<BindingChange> {
     let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
-    // Each changed node's changes, joined into one list at its size below.
-    let mut per_node: Vec<Vec<(BindingChange, ReasonFacts)>> = Vec::new();
-    // Tenants whose holdings a reason counts: they leave or join a unit (see `reason`).
-    let mut counted: HashSet<String> = HashSet::new();
-    // The nodes that may hold something now, for the holdings before the plan: nodes of a fleet
-    // planned from empty are not read again.
-    let mut holding_now: Vec<usize> = Vec::new();
+    let Compared {
+        per_node,
+        counted,
+        holding_now,
+    } = compare_nodes(nodes, &scrub_of, same_scrub);
+    if per_node.is_empty() {
+        return Vec::new();
+    }
+    let counted: HashSet<&str> = counted.iter().map(String::as_str).collect();
+    let nodes: &[NodeDesired] = nodes;
+    let reasons = Reasons {
+        nodes,
+        counted: &counted,
+        exists: tenants.iter().map(|t| crate::api::name_of(t.borrow())).collect(),
+        priority: valid.iter().map(|t| (t.name.as_str(), t.priority)).collect(),
+        before: holdings(holding_now.iter().map(|&n| &nodes[n]), false, &counted),
+        after: std::cell::OnceCell::new(),
+    };
+    let mut out = Vec::with_capacity(per_node.iter().map(Vec::len).sum());
+    for (mut change, n) in per_node.into_iter().flatten() {
+        change.reason = reasons.of(&change, n);
+        out.push(change);
+    }
+    out.sort_by(|a, b| (&a.node, a.gpu, a.placement, &a.profile).cmp(&(&b.node, b.gpu, b.placement, &b.profile)));
+    out
+}
+
+/// What comparing each node's units found.
+struct Compared {
+    /// Each changed node's changes, joined into one list at its size by the caller.
+    per_node: Vec<Vec<(BindingChange, ReasonFacts)>>,
+    /// Tenants whose holdings a reason counts: they leave or join a unit (see [`Reasons::of`]).
+    counted: HashSet<String>,
+    /// The nodes that may hold something now, for the holdings before the plan: nodes of a fleet
+    /// planned from empty are not read again.
+    holding_now: Vec<usize>,
+}
+
+/// Compares each node's units (but those [`settle`] keeps as they were), sets its GPUs' scrub
+/// policies and whether it is changing, and lists its changes.
+fn compare_nodes(nodes: &mut [NodeDesired], scrub_of: &HashMap<&str, ScrubMemory>, same_scrub: bool) -> Compared {
+    let mut out = Compared {
+        per_node: Vec::new(),
+        counted: HashSet::new(),
+        holding_now: Vec::new(),
+    };
     for (n, node) in nodes.iter_mut().enumerate() {
         if node.kept && !node.recomputed && !node.changing && same_scrub {
-            holding_now.push(n);
+            out.holding_now.push(n);
             continue;
         }
         if holds_now(node) {
-            holding_now.push(n);
+            out.holding_now.push(n);
         }
         node.recomputed = true;
         let diffs = unit_diffs(node);
-        let scrub = scrub_of_gpus(node, &diffs, &scrub_of);
+        let scrub = scrub_of_gpus(node, &diffs, scrub_of);
         let changing = !diffs.is_empty();
         if changing {
             for d in &diffs {
                 for t in d.leaving().chain(d.joining()) {
                     // A copy only of names not seen yet: a fleet planned from empty changes
                     // every unit, a few tenants' each.
-                    if !counted.contains(t) {
-                        counted.insert(t.to_string());
+                    if !out.counted.contains(t) {
+                        out.counted.insert(t.to_string());
                     }
                 }
             }
-            per_node.push(listed(node, &diffs, &scrub));
+            out.per_node.push(listed(node, &diffs, &scrub));
         }
         drop(diffs);
         node.changing = changing;
@@ -399,35 +438,46 @@ pub fn settle<T: Borrow<GpuTenant>>(
             }
         }
     }
-    if per_node.is_empty() {
-        return Vec::new();
-    }
-    let counted: HashSet<&str> = counted.iter().map(String::as_str).collect();
-    let nodes: &[NodeDesired] = nodes;
-    let exists: HashSet<&str> = tenants.iter().map(|t| crate::api::name_of(t.borrow())).collect();
-    let priority: HashMap<&str, i32> = valid.iter().map(|t| (t.name.as_str(), t.priority)).collect();
-    let before = holdings(holding_now.iter().map(|&n| &nodes[n]), false, &counted);
-    // Read only for a tenant that leaves a unit: none in a fleet planned from empty.
-    let after = std::cell::LazyCell::new(|| holdings(nodes, true, &counted));
-    let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
-    let reason = |c: &BindingChange, n: ReasonFacts| -> ChangeReason {
+    out
+}
+
+/// What a change's reason is read from: which tenants exist and are valid, and what the counted
+/// tenants hold before and after the plan.
+struct Reasons<'a, 'i> {
+    nodes: &'a [NodeDesired<'i>],
+    counted: &'a HashSet<&'a str>,
+    exists: HashSet<&'a str>,
+    priority: HashMap<&'a str, i32>,
+    before: HashMap<(&'a str, Kind<'a>), u32>,
+    /// Read only for a tenant that leaves a unit: none in a fleet planned from empty.
+    after: std::cell::OnceCell<HashMap<(&'a str, Kind<'a>), u32>>,
+}
+
+impl Reasons<'_, '_> {
+    /// Why `c` changes: for a unit a tenant loses, why that tenant loses it; for a unit that was
+    /// free, why a tenant gets it.
+    fn of(&self, c: &BindingChange, n: ReasonFacts) -> ChangeReason {
+        let count = |m: &HashMap<(&str, Kind), u32>, t: &str, k: Kind| m.get(&(t, k)).copied().unwrap_or(0);
         let (old, new) = (&c.old_tenants, &c.new_tenants);
         let old_kind = (n.old_mode, c.profile.as_deref());
         let new_kind = (n.new_mode, c.profile.as_deref());
         if let Some(o) = old.iter().find(|t| !new.contains(t)) {
-            if !exists.contains(o.as_str()) {
+            if !self.exists.contains(o.as_str()) {
                 return ChangeReason::TenantRemoved;
             }
-            let Some(&mine) = priority.get(o.as_str()) else {
+            let Some(&mine) = self.priority.get(o.as_str()) else {
                 return ChangeReason::TenantInvalid;
             };
             if n.plan_changed {
                 return ChangeReason::PlanChanged;
             }
-            if count(&after, o, old_kind) >= count(&before, o, old_kind) {
+            let after = self.after.get_or_init(|| holdings(self.nodes, true, self.counted));
+            if count(after, o, old_kind) >= count(&self.before, o, old_kind) {
                 return ChangeReason::Repacked;
             }
-            let by = new.iter().find(|t| priority.get(t.as_str()).is_some_and(|&p| p > mine));
+            let by = new
+                .iter()
+                .find(|t| self.priority.get(t.as_str()).is_some_and(|&p| p > mine));
             return match by {
                 Some(by) => ChangeReason::Preempted { by: by.clone() },
                 None => ChangeReason::GrantShrank,
@@ -435,17 +485,10 @@ pub fn settle<T: Borrow<GpuTenant>>(
         }
         match new.iter().find(|t| !old.contains(t)) {
             _ if n.plan_changed => ChangeReason::PlanChanged,
-            Some(j) if count(&before, j, new_kind) > 0 => ChangeReason::GrantGrew,
+            Some(j) if count(&self.before, j, new_kind) > 0 => ChangeReason::GrantGrew,
             _ => ChangeReason::TenantAdded,
         }
-    };
-    let mut out = Vec::with_capacity(per_node.iter().map(Vec::len).sum());
-    for (mut change, n) in per_node.into_iter().flatten() {
-        change.reason = reason(&change, n);
-        out.push(change);
     }
-    out.sort_by(|a, b| (&a.node, a.gpu, a.placement, &a.profile).cmp(&(&b.node, b.gpu, b.placement, &b.profile)));
-    out
 }
 
 #[cfg(test)]

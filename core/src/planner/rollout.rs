@@ -72,8 +72,9 @@ pub struct NodeRollout {
     pub changing: bool,
 }
 
+#[cfg(test)]
 impl NodeRollout {
-    pub fn is_held_back(&self) -> bool {
+    fn is_held_back(&self) -> bool {
         self.progress == Progress::HeldBack
     }
 }
@@ -162,31 +163,7 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
         .collect();
     let current_of = |node: &GpuNode| node.metadata.name.as_deref().and_then(|n| current.get(n).copied());
 
-    // Budget: nodes governed per plan, and those changing before this step.
-    let mut summary: BTreeMap<String, PlanRollout> =
-        plans.iter().map(|p| (p.name_any(), PlanRollout::default())).collect();
-    let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
-    for node in &desired {
-        if let Some(plan) = &node.spec.plan {
-            // A plan's name is copied once, not once per node.
-            match summary.get_mut(plan) {
-                Some(s) => s.selected += 1,
-                None => summary.entry(plan.clone()).or_default().selected += 1,
-            }
-            if current_of(node).is_some_and(is_changing) {
-                match in_flight.get_mut(plan) {
-                    Some(n) => *n += 1,
-                    None => drop(in_flight.insert(plan.clone(), 1)),
-                }
-            }
-        }
-    }
-    let by_name: HashMap<String, &GpuPartitionPlan> = plans.iter().map(|p| (p.name_any(), *p)).collect();
-    for (name, s) in &mut summary {
-        s.max_unavailable = by_name.get(name).map_or(1, |p| max_unavailable(p, s.selected));
-    }
-
-    let mut out = Rollout::default();
+    let mut budget = Budget::of(&desired, plans, current_of);
     // In name order, as `desired` is sorted: the map is built from the list in one go.
     let mut node_rollouts = Vec::with_capacity(desired.len());
     // Each node is written in place, not moved into a second list: at 50,000 nodes a copy of the
@@ -194,53 +171,17 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
     for node in &mut desired {
         let plan = node.spec.plan.clone();
         let cur = current_of(node);
-        // Copied only where a list names the node or a held-back node is written again.
-        let name = || node.name_any();
         // Compared once: on a converged fleet every node's spec is equal, and comparing GPU by
         // GPU is most of this step.
         let same_spec = cur.is_some_and(|c| c.spec == node.spec);
-        let (write_desired, changing) = match cur {
-            None => (true, false),
-            Some(c) if is_changing(c) => (true, true),
-            Some(_) if same_spec => (true, false),
-            Some(c) if !in_service(c) || node.spec.gpus.is_empty() => (true, false),
-            Some(_) => match &plan {
-                None => (true, true),
-                Some(p) => {
-                    let used = in_flight.entry(p.clone()).or_default();
-                    if *used < summary.get(p).map_or(1, |s| s.max_unavailable) {
-                        *used += 1;
-                        (true, true)
-                    } else {
-                        (false, false)
-                    }
-                }
-            },
-        };
-        let progress = match cur {
-            _ if !write_desired => Progress::HeldBack,
-            Some(c) if same_spec && c.generation == c.observed_generation => match &c.applied {
-                AppliedState::Applied => Progress::Applied,
-                AppliedState::Failed(m) => Progress::Failed(m.clone()),
-                AppliedState::Pending => Progress::Pending,
-            },
-            _ => Progress::Pending,
-        };
-        if let Some(s) = plan.as_ref().and_then(|p| summary.get_mut(p)) {
-            s.updated += u32::from(write_desired);
-            s.applied += u32::from(progress == Progress::Applied);
-            let list = match progress {
-                Progress::HeldBack => Some(&mut s.held_back),
-                Progress::Failed(_) => Some(&mut s.failed),
-                _ => None,
-            };
-            list.into_iter().for_each(|l| l.push(name()));
-            if changing {
-                s.changing.push(name());
-            }
+        let (write_desired, changing) = budget.decide(cur, same_spec, node.spec.gpus.is_empty(), plan.as_deref());
+        let progress = progress(cur, same_spec, write_desired);
+        if let Some(s) = plan.as_ref().and_then(|p| budget.summary.get_mut(p)) {
+            // Copied only where a list names the node.
+            s.count(&progress, write_desired, changing, || node.name_any());
         }
         if let Some(c) = cur.filter(|_| !write_desired) {
-            *node = GpuNode::new(&name(), c.spec.clone());
+            *node = GpuNode::new(&node.name_any(), c.spec.clone());
         }
         node_rollouts.push(NodeRollout {
             plan,
@@ -248,34 +189,126 @@ pub fn rollout(mut desired: Vec<GpuNode>, nodes: &[NodeInventory], plans: &[&Gpu
             changing,
         });
     }
-    out.nodes = desired;
-    out.node_rollouts = node_rollouts;
-    out.plans = summary;
-    out
+    Rollout {
+        nodes: desired,
+        node_rollouts,
+        plans: budget.summary,
+    }
+}
+
+/// Each plan's budget: its summary so far, and how many of its nodes change now.
+struct Budget {
+    summary: BTreeMap<String, PlanRollout>,
+    in_flight: BTreeMap<String, u32>,
+}
+
+impl Budget {
+    /// Nodes governed per plan, and those changing before this step.
+    fn of<'c>(
+        desired: &[GpuNode],
+        plans: &[&GpuPartitionPlan],
+        current_of: impl Fn(&GpuNode) -> Option<&'c CurrentNode>,
+    ) -> Budget {
+        let mut summary: BTreeMap<String, PlanRollout> =
+            plans.iter().map(|p| (p.name_any(), PlanRollout::default())).collect();
+        let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
+        for node in desired {
+            if let Some(plan) = &node.spec.plan {
+                // A plan's name is copied once, not once per node.
+                match summary.get_mut(plan) {
+                    Some(s) => s.selected += 1,
+                    None => summary.entry(plan.clone()).or_default().selected += 1,
+                }
+                if current_of(node).is_some_and(is_changing) {
+                    match in_flight.get_mut(plan) {
+                        Some(n) => *n += 1,
+                        None => drop(in_flight.insert(plan.clone(), 1)),
+                    }
+                }
+            }
+        }
+        let by_name: HashMap<String, &GpuPartitionPlan> = plans.iter().map(|p| (p.name_any(), *p)).collect();
+        for (name, s) in &mut summary {
+            s.max_unavailable = by_name.get(name).map_or(1, |p| max_unavailable(p, s.selected));
+        }
+        Budget { summary, in_flight }
+    }
+
+    /// Whether the node gets its desired spec now, and whether it is changing after this step;
+    /// a change that can disrupt something takes one of its plan's budget.
+    fn decide(
+        &mut self,
+        cur: Option<&CurrentNode>,
+        same_spec: bool,
+        desired_empty: bool,
+        plan: Option<&str>,
+    ) -> (bool, bool) {
+        match cur {
+            None => (true, false),
+            Some(c) if is_changing(c) => (true, true),
+            Some(_) if same_spec => (true, false),
+            Some(c) if !in_service(c) || desired_empty => (true, false),
+            Some(_) => match plan {
+                None => (true, true),
+                Some(p) => {
+                    let most = self.summary.get(p).map_or(1, |s| s.max_unavailable);
+                    let used = match self.in_flight.get_mut(p) {
+                        Some(n) => n,
+                        None => self.in_flight.entry(p.to_string()).or_default(),
+                    };
+                    if *used < most {
+                        *used += 1;
+                        (true, true)
+                    } else {
+                        (false, false)
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Where the node stands after this step.
+fn progress(cur: Option<&CurrentNode>, same_spec: bool, write_desired: bool) -> Progress {
+    match cur {
+        _ if !write_desired => Progress::HeldBack,
+        Some(c) if same_spec && c.generation == c.observed_generation => match &c.applied {
+            AppliedState::Applied => Progress::Applied,
+            AppliedState::Failed(m) => Progress::Failed(m.clone()),
+            AppliedState::Pending => Progress::Pending,
+        },
+        _ => Progress::Pending,
+    }
+}
+
+impl PlanRollout {
+    /// Counts one node of this plan, named by `name`.
+    fn count(&mut self, progress: &Progress, write_desired: bool, changing: bool, name: impl Fn() -> String) {
+        self.updated += u32::from(write_desired);
+        self.applied += u32::from(*progress == Progress::Applied);
+        let list = match progress {
+            Progress::HeldBack => Some(&mut self.held_back),
+            Progress::Failed(_) => Some(&mut self.failed),
+            _ => None,
+        };
+        list.into_iter().for_each(|l| l.push(name()));
+        if changing {
+            self.changing.push(name());
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuNodeSpec, GpuSpec, Mode, Rollout as RolloutSpec, ScrubMemory};
+    use crate::api::{GpuNodeSpec, GpuSpec, Mode, Rollout as RolloutSpec};
     use crate::planner::fixtures::{group, plan_for};
 
     /// A spec of `gpus` GPUs in `mode` under plan `p`.
     fn spec(mode: Mode, gpus: u32) -> GpuNodeSpec {
         GpuNodeSpec {
             plan: Some("p".into()),
-            gpus: (0..gpus)
-                .map(|index| GpuSpec {
-                    index,
-                    mode,
-                    mig_instances: vec![],
-                    mps: None,
-                    time_slicing: None,
-                    tenants: vec![],
-                    shares: vec![],
-                    scrub: ScrubMemory::default(),
-                })
-                .collect(),
+            gpus: (0..gpus).map(|index| GpuSpec::new(index, mode)).collect(),
             ..GpuNodeSpec::default()
         }
     }

@@ -2,7 +2,7 @@
 
 use super::allocate::{GrantsByTenant, TenantGrants};
 use super::nodes::{Fleet, NodeState};
-use super::rollout::{Progress, Rollout};
+use super::rollout::{PlanRollout, Progress, Rollout};
 use crate::api::{
     Condition, ConditionSet, GpuPartitionPlan, GpuTenant, GpuTenantStatus, Grants, PlanNodeCounts, PlanNodeDetail,
     SharingPolicy, set_condition,
@@ -370,73 +370,113 @@ pub fn plan_statuses(
             let mut c = Conditions::new(&mut status.conditions, plan.metadata.generation, now);
             let problems: Vec<&Problem> = check.problems.iter().collect();
             let valid = c.valid(&problems, "the plan fits every GPU model it names");
-            let n = &nodes;
-            let failed = format!(
-                "{} of {} nodes cannot take the plan; see status.nodeDetails",
-                n.failed, n.selected
-            );
-            if !valid {
-                c.set(
-                    ConditionSet::STALLED,
-                    true,
-                    "Invalid",
-                    "fix the spec; no node is changed until it is valid",
-                );
-            } else if n.failed > 0 {
-                c.set(ConditionSet::STALLED, true, "NodesFailed", failed.clone());
-            } else {
-                c.set(ConditionSet::STALLED, false, "Valid", "");
-            }
-            let pending = format!("{} of {} nodes still to apply the plan", n.pending, n.selected);
-            let waiting = format!(
-                "{} of {} nodes wait for their agent to report GPUs",
-                n.waiting, n.selected
-            );
-            if valid && n.pending > 0 {
-                let held = node_details.iter().filter(|d| d.state == "HeldBack").count();
-                let message = match rollout.plans.get(&name) {
-                    Some(r) if held > 0 => format!(
-                        "{pending}: {} changing at once (maxUnavailable {}), {held} waiting for the rollout",
-                        r.changing.len(),
-                        r.max_unavailable
-                    ),
-                    _ => pending.clone(),
-                };
-                c.set(ConditionSet::RECONCILING, true, "RollingOut", message);
-            } else if valid && n.waiting > 0 {
-                c.set(ConditionSet::RECONCILING, true, "WaitingForAgents", waiting.clone());
-            } else {
-                let reason = if valid { "Settled" } else { "Invalid" };
-                c.set(ConditionSet::RECONCILING, false, reason, "");
-            }
-            let (ready, reason, message) = if !valid {
-                (
-                    false,
-                    "Invalid",
-                    "the plan is not valid; see the Valid condition".to_string(),
-                )
-            } else if n.failed > 0 {
-                (false, "NodesFailed", failed)
-            } else if n.pending > 0 {
-                (false, "Pending", pending)
-            } else if n.waiting > 0 {
-                (false, "WaitingForAgents", waiting)
-            } else if n.selected == 0 {
-                (true, "Applied", "the plan selects no node".to_string())
-            } else {
-                (
-                    true,
-                    "Applied",
-                    format!("{} of {} nodes applied", n.applied, n.selected),
-                )
-            };
-            c.set(ConditionSet::READY, ready, reason, message);
+            let messages = PlanMessages::of(&nodes);
+            c.plan_stalled(valid, &nodes, &messages);
+            let held = node_details.iter().filter(|d| d.state == "HeldBack").count();
+            c.plan_reconciling(valid, &nodes, &messages, held, rollout.plans.get(&name));
+            c.plan_ready(valid, &nodes, messages);
             status.nodes = Some(nodes);
             status.node_details = node_details;
             plan.status = Some(status);
             plan
         })
         .collect()
+}
+
+/// The messages a plan's conditions share, from its node counts.
+struct PlanMessages {
+    failed: String,
+    pending: String,
+    waiting: String,
+}
+
+impl PlanMessages {
+    fn of(n: &PlanNodeCounts) -> PlanMessages {
+        PlanMessages {
+            failed: format!(
+                "{} of {} nodes cannot take the plan; see status.nodeDetails",
+                n.failed, n.selected
+            ),
+            pending: format!("{} of {} nodes still to apply the plan", n.pending, n.selected),
+            waiting: format!(
+                "{} of {} nodes wait for their agent to report GPUs",
+                n.waiting, n.selected
+            ),
+        }
+    }
+}
+
+impl Conditions<'_> {
+    /// `Stalled` only when a person must act: the plan is invalid, or a node cannot take it.
+    fn plan_stalled(&mut self, valid: bool, n: &PlanNodeCounts, m: &PlanMessages) {
+        if !valid {
+            self.set(
+                ConditionSet::STALLED,
+                true,
+                "Invalid",
+                "fix the spec; no node is changed until it is valid",
+            );
+        } else if n.failed > 0 {
+            self.set(ConditionSet::STALLED, true, "NodesFailed", m.failed.clone());
+        } else {
+            self.set(ConditionSet::STALLED, false, "Valid", "");
+        }
+    }
+
+    /// `Reconciling` while nodes are still to apply the plan (`held` of them waiting for the
+    /// rollout) or wait for their agents.
+    fn plan_reconciling(
+        &mut self,
+        valid: bool,
+        n: &PlanNodeCounts,
+        m: &PlanMessages,
+        held: usize,
+        rollout: Option<&PlanRollout>,
+    ) {
+        if valid && n.pending > 0 {
+            let message = match rollout {
+                Some(r) if held > 0 => format!(
+                    "{}: {} changing at once (maxUnavailable {}), {held} waiting for the rollout",
+                    m.pending,
+                    r.changing.len(),
+                    r.max_unavailable
+                ),
+                _ => m.pending.clone(),
+            };
+            self.set(ConditionSet::RECONCILING, true, "RollingOut", message);
+        } else if valid && n.waiting > 0 {
+            self.set(ConditionSet::RECONCILING, true, "WaitingForAgents", m.waiting.clone());
+        } else {
+            let reason = if valid { "Settled" } else { "Invalid" };
+            self.set(ConditionSet::RECONCILING, false, reason, "");
+        }
+    }
+
+    /// `Ready` when every selected node has the plan's spec applied.
+    fn plan_ready(&mut self, valid: bool, n: &PlanNodeCounts, m: PlanMessages) {
+        let (ready, reason, message) = if !valid {
+            (
+                false,
+                "Invalid",
+                "the plan is not valid; see the Valid condition".to_string(),
+            )
+        } else if n.failed > 0 {
+            (false, "NodesFailed", m.failed)
+        } else if n.pending > 0 {
+            (false, "Pending", m.pending)
+        } else if n.waiting > 0 {
+            (false, "WaitingForAgents", m.waiting)
+        } else if n.selected == 0 {
+            (true, "Applied", "the plan selects no node".to_string())
+        } else {
+            (
+                true,
+                "Applied",
+                format!("{} of {} nodes applied", n.applied, n.selected),
+            )
+        };
+        self.set(ConditionSet::READY, ready, reason, message);
+    }
 }
 
 /// Policy statuses: the tier names for `kubectl get`, how many tenants refer to each policy, and

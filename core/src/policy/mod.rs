@@ -8,7 +8,7 @@ pub use plans::{
 };
 
 use crate::api::{
-    CoLocation, GpuTenant, Mode, ResourceRequest, ScrubMemory, SharingPolicy, TopologyPolicy, quantity_to_mib,
+    CoLocation, GpuTenant, Mode, ResourceRequest, ScrubMemory, SharingPolicy, Tier, TopologyPolicy, quantity_to_mib,
 };
 use crate::problem::Problem;
 use kube::ResourceExt;
@@ -61,161 +61,12 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
     for t in sorted {
         let name = t.name_any();
         let mut problems = Vec::new();
-        let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
-
-        if crate::accounting::RESERVED.contains(&name.as_str()) {
-            problems.push(problem(
-                "metadata.name".into(),
-                format!(
-                    "the name {name:?} is reserved: the agents' showback metrics use it for what no tenant (unallocated) or several tenants (shared) hold, and for use no tenant's pod can be told to have made (unattributed); name the tenant otherwise"
-                ),
-            ));
-        }
-
-        for (j, ns) in t.spec.namespaces.iter().enumerate() {
-            if exempt.contains(ns) {
-                problems.push(problem(
-                    format!("spec.namespaces[{j}]"),
-                    format!(
-                        "namespace {ns:?} is exempt from gpu-tenancy's admission policies (a namespace of the cluster, of NVIDIA's device plugin or of this operator, or one named by the controller's --exempt-namespace), so no tenant's rules could be enforced there; use a namespace of the tenant's own"
-                    ),
-                ));
-            }
-            let others: Vec<&&str> = owners.listers(ns).iter().filter(|o| **o != name).collect();
-            if !others.is_empty() {
-                let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
-                problems.push(problem(
-                    format!("spec.namespaces[{j}]"),
-                    format!(
-                        "namespace {ns:?} is also claimed by {}; a namespace belongs to one tenant",
-                        others.join(", ")
-                    ),
-                ));
-            }
-        }
-
-        let policy = policies.get(&t.spec.policy_ref);
-        let tier = match policy {
-            None => {
-                let known: Vec<&str> = policies.keys().map(String::as_str).collect();
-                problems.push(problem(
-                    "spec.policyRef".into(),
-                    format!(
-                        "SharingPolicy {:?} not found; create it or use one of: {}",
-                        t.spec.policy_ref,
-                        if known.is_empty() {
-                            "(none defined)".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                ));
-                None
-            }
-            Some(p) => match p.spec.tier(&t.spec.tier) {
-                None => {
-                    let known: Vec<&str> = p.spec.tiers.iter().map(|t| t.name.as_str()).collect();
-                    problems.push(problem(
-                        "spec.tier".into(),
-                        format!(
-                            "tier {:?} is not defined in SharingPolicy {:?}; its tiers are {}",
-                            t.spec.tier,
-                            t.spec.policy_ref,
-                            known.join(", ")
-                        ),
-                    ));
-                    None
-                }
-                Some(tier) => Some(tier),
-            },
-        };
-
-        // A tenant has a few requests: a list scanned, not a map built per tenant.
-        let mut seen: Vec<((Mode, Option<&str>), usize)> = Vec::new();
-        for (i, r) in t.spec.resources.iter().enumerate() {
-            if let Some(tier) = tier
-                && !tier.modes.contains(&r.mode)
-            {
-                let allowed: Vec<&str> = tier.modes.iter().map(|m| m.as_str()).collect();
-                problems.push(problem(
-                    format!("spec.resources[{i}].mode"),
-                    format!(
-                        "tier {:?} does not allow {}; it allows {}",
-                        tier.name,
-                        r.mode,
-                        allowed.join(", ")
-                    ),
-                ));
-            }
-            match (r.mode, &r.profile) {
-                (Mode::Mig, None) => problems.push(problem(
-                    format!("spec.resources[{i}].profile"),
-                    "a MIG request needs a profile, e.g. 3g.40gb".into(),
-                )),
-                (m, Some(_)) if m != Mode::Mig => problems.push(problem(
-                    format!("spec.resources[{i}].profile"),
-                    "profile applies only to mode MIG; remove it".into(),
-                )),
-                _ => {}
-            }
-            let kind = (r.mode, r.profile.as_deref());
-            let repeated = match seen.iter_mut().find(|(k, _)| *k == kind) {
-                Some((_, last)) => Some(std::mem::replace(last, i)),
-                None => {
-                    seen.push((kind, i));
-                    None
-                }
-            };
-            if let Some(first) = repeated {
-                problems.push(problem(
-                    format!("spec.resources[{i}]"),
-                    format!(
-                        "repeats spec.resources[{first}] ({} {}); merge the counts",
-                        r.mode,
-                        r.profile.as_deref().unwrap_or("")
-                    )
-                    .replace(" )", ")"),
-                ));
-            }
-        }
-
-        // NVIDIA's device plugin advertises MPS and time-slicing shares under one name,
-        // nvidia.com/gpu.shared: it ignores `rename` (api/config/v1 DisableResourceNamingInConfig,
-        // "Setting the 'rename' field ... is not yet supported"). A quota on that name cannot keep
-        // a count per mode, so a tenant with both could use its time-slicing count on MPS GPUs
-        // granted to others.
-        let mut shared = t
-            .spec
-            .resources
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.mode.is_shared())
-            .map(|(i, _)| i);
-        if let (Some(first), Some(second)) = (shared.next(), shared.next())
-            && t.spec.resources[first].mode != t.spec.resources[second].mode
-        {
-            problems.push(problem(
-                format!("spec.resources[{second}].mode"),
-                format!(
-                    "a tenant may hold MPS or TimeSlicing shares, not both (spec.resources[{first}] asks for {}): NVIDIA's device plugin advertises both as nvidia.com/gpu.shared, so a quota could not keep each count; split the team into two GpuTenants",
-                    t.spec.resources[first].mode
-                ),
-            ));
-        }
-
-        let memory_limit_mib = match t.spec.limits.as_ref().and_then(|l| l.memory.as_deref()) {
-            None => None,
-            Some(q) => match quantity_to_mib(q) {
-                Some(m) => Some(m),
-                None => {
-                    problems.push(problem(
-                        "spec.limits.memory".into(),
-                        format!("{q:?} is not a memory quantity; write e.g. 160Gi"),
-                    ));
-                    None
-                }
-            },
-        };
+        problems.extend(reserved_name_problem(&name));
+        problems.extend(namespace_problems(t, &name, &owners, exempt));
+        let (policy, tier) = policy_and_tier(t, &name, &policies, &mut problems);
+        problems.extend(request_problems(t, &name, tier));
+        problems.extend(mixed_shares_problem(t, &name));
+        let memory_limit_mib = memory_limit(t, &name, &mut problems);
 
         match (problems.is_empty(), policy, tier) {
             (true, Some(p), Some(tier)) => check.valid.push(TenantProfile {
@@ -238,6 +89,199 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
         }
     }
     check
+}
+
+fn problem(name: &str, field: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem::new(KIND, name, field, message)
+}
+
+/// The names the agents' showback metrics use for what no single tenant holds.
+fn reserved_name_problem(name: &str) -> Option<Problem> {
+    crate::accounting::RESERVED.contains(&name).then(|| {
+        problem(
+            name,
+            "metadata.name",
+            format!(
+                "the name {name:?} is reserved: the agents' showback metrics use it for what no tenant (unallocated) or several tenants (shared) hold, and for use no tenant's pod can be told to have made (unattributed); name the tenant otherwise"
+            ),
+        )
+    })
+}
+
+/// Each namespace must be the tenant's own: not exempt from admission, not listed by another tenant.
+fn namespace_problems(
+    t: &GpuTenant,
+    name: &str,
+    owners: &crate::tenancy::NamespaceOwners,
+    exempt: &std::collections::BTreeSet<String>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (j, ns) in t.spec.namespaces.iter().enumerate() {
+        if exempt.contains(ns) {
+            problems.push(problem(
+                name,
+                format!("spec.namespaces[{j}]"),
+                format!(
+                    "namespace {ns:?} is exempt from gpu-tenancy's admission policies (a namespace of the cluster, of NVIDIA's device plugin or of this operator, or one named by the controller's --exempt-namespace), so no tenant's rules could be enforced there; use a namespace of the tenant's own"
+                ),
+            ));
+        }
+        let others: Vec<&&str> = owners.listers(ns).iter().filter(|o| **o != name).collect();
+        if !others.is_empty() {
+            let others: Vec<String> = others.iter().map(|o| format!("GpuTenant/{o}")).collect();
+            problems.push(problem(
+                name,
+                format!("spec.namespaces[{j}]"),
+                format!(
+                    "namespace {ns:?} is also claimed by {}; a namespace belongs to one tenant",
+                    others.join(", ")
+                ),
+            ));
+        }
+    }
+    problems
+}
+
+/// The tenant's SharingPolicy and its tier, each `None` (with a problem) where it is not defined.
+fn policy_and_tier<'p>(
+    t: &GpuTenant,
+    name: &str,
+    policies: &BTreeMap<String, &'p SharingPolicy>,
+    problems: &mut Vec<Problem>,
+) -> (Option<&'p SharingPolicy>, Option<&'p Tier>) {
+    let Some(policy) = policies.get(&t.spec.policy_ref).copied() else {
+        let known: Vec<&str> = policies.keys().map(String::as_str).collect();
+        problems.push(problem(
+            name,
+            "spec.policyRef",
+            format!(
+                "SharingPolicy {:?} not found; create it or use one of: {}",
+                t.spec.policy_ref,
+                if known.is_empty() {
+                    "(none defined)".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        ));
+        return (None, None);
+    };
+    let tier = policy.spec.tier(&t.spec.tier);
+    if tier.is_none() {
+        let known: Vec<&str> = policy.spec.tiers.iter().map(|t| t.name.as_str()).collect();
+        problems.push(problem(
+            name,
+            "spec.tier",
+            format!(
+                "tier {:?} is not defined in SharingPolicy {:?}; its tiers are {}",
+                t.spec.tier,
+                t.spec.policy_ref,
+                known.join(", ")
+            ),
+        ));
+    }
+    (Some(policy), tier)
+}
+
+/// Each request: a mode the tier allows, a profile exactly where the mode is MIG, and no kind of
+/// capacity asked for twice.
+fn request_problems(t: &GpuTenant, name: &str, tier: Option<&Tier>) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    // A tenant has a few requests: a list scanned, not a map built per tenant.
+    let mut seen: Vec<((Mode, Option<&str>), usize)> = Vec::new();
+    for (i, r) in t.spec.resources.iter().enumerate() {
+        if let Some(tier) = tier
+            && !tier.modes.contains(&r.mode)
+        {
+            let allowed: Vec<&str> = tier.modes.iter().map(|m| m.as_str()).collect();
+            problems.push(problem(
+                name,
+                format!("spec.resources[{i}].mode"),
+                format!(
+                    "tier {:?} does not allow {}; it allows {}",
+                    tier.name,
+                    r.mode,
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        match (r.mode, &r.profile) {
+            (Mode::Mig, None) => problems.push(problem(
+                name,
+                format!("spec.resources[{i}].profile"),
+                "a MIG request needs a profile, e.g. 3g.40gb",
+            )),
+            (m, Some(_)) if m != Mode::Mig => problems.push(problem(
+                name,
+                format!("spec.resources[{i}].profile"),
+                "profile applies only to mode MIG; remove it",
+            )),
+            _ => {}
+        }
+        let kind = (r.mode, r.profile.as_deref());
+        let repeated = match seen.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, last)) => Some(std::mem::replace(last, i)),
+            None => {
+                seen.push((kind, i));
+                None
+            }
+        };
+        if let Some(first) = repeated {
+            problems.push(problem(
+                name,
+                format!("spec.resources[{i}]"),
+                format!(
+                    "repeats spec.resources[{first}] ({} {}); merge the counts",
+                    r.mode,
+                    r.profile.as_deref().unwrap_or("")
+                )
+                .replace(" )", ")"),
+            ));
+        }
+    }
+    problems
+}
+
+/// NVIDIA's device plugin advertises MPS and time-slicing shares under one name,
+/// nvidia.com/gpu.shared: it ignores `rename` (api/config/v1 DisableResourceNamingInConfig,
+/// "Setting the 'rename' field ... is not yet supported"). A quota on that name cannot keep
+/// a count per mode, so a tenant with both could use its time-slicing count on MPS GPUs
+/// granted to others.
+fn mixed_shares_problem(t: &GpuTenant, name: &str) -> Option<Problem> {
+    let mut shared = t
+        .spec
+        .resources
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.mode.is_shared())
+        .map(|(i, _)| i);
+    let (Some(first), Some(second)) = (shared.next(), shared.next()) else {
+        return None;
+    };
+    (t.spec.resources[first].mode != t.spec.resources[second].mode).then(|| {
+        problem(
+            name,
+            format!("spec.resources[{second}].mode"),
+            format!(
+                "a tenant may hold MPS or TimeSlicing shares, not both (spec.resources[{first}] asks for {}): NVIDIA's device plugin advertises both as nvidia.com/gpu.shared, so a quota could not keep each count; split the team into two GpuTenants",
+                t.spec.resources[first].mode
+            ),
+        )
+    })
+}
+
+/// The tenant's memory limit in MiB, `None` where it sets none or writes no quantity (a problem).
+fn memory_limit(t: &GpuTenant, name: &str, problems: &mut Vec<Problem>) -> Option<u64> {
+    let q = t.spec.limits.as_ref().and_then(|l| l.memory.as_deref())?;
+    let mib = quantity_to_mib(q);
+    if mib.is_none() {
+        problems.push(problem(
+            name,
+            "spec.limits.memory",
+            format!("{q:?} is not a memory quantity; write e.g. 160Gi"),
+        ));
+    }
+    mib
 }
 
 /// Problems inside SharingPolicies that their schema cannot express.

@@ -1,7 +1,7 @@
 //! Checks on a GpuPartitionPlan alone (no nodes): device ranges, MIG feasibility for the GPU
 //! models its selector names, dedicated tenants, and the device plugin's one-sharing-per-node rule.
 
-use crate::api::{GpuPartitionPlan, Mode};
+use crate::api::{GpuGroup, GpuPartitionPlan, Mode};
 use crate::device_plugin::{NodeConfig, Sharing};
 use crate::devices::parse_devices;
 use crate::labels::GPU_PRODUCT as LABEL_GPU_PRODUCT;
@@ -135,57 +135,64 @@ pub fn check_plan(
     extra_models: &[&'static GpuModel],
 ) -> PlanCheck {
     let name = plan.name_any();
-    let mut problems = Vec::new();
-    let problem = |field: String, message: String| Problem::new(KIND, &name, field, message);
+    let mut problems = node_selector_problems(plan, &name);
+    problems.extend(group_problems(plan, &name, tenants));
+    problems.extend(mig_problems(plan, &name, extra_models));
 
+    // The plan's groups land on the same nodes, so they must make one device-plugin config.
+    if let Err((i, conflict)) = NodeConfig::fold(plan.spec.gpus.iter().map(|g| (g.mode, Sharing::of_group(g)))) {
+        problems.push(problem(&name, format!("spec.gpus[{i}].mode"), conflict.to_string()));
+    }
+    for (i, g) in plan.spec.gpus.iter().enumerate() {
+        problems.extend(
+            mps_problems(g)
+                .into_iter()
+                .map(|(f, m)| problem(&name, format!("spec.gpus[{i}].mps.{f}"), m)),
+        );
+    }
+    PlanCheck { problems }
+}
+
+fn problem(name: &str, field: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem::new(KIND, name, field, message)
+}
+
+/// The selector parses and selects something narrower than every node.
+fn node_selector_problems(plan: &GpuPartitionPlan, name: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
     for p in selector_problems(&plan.spec.node_selector) {
         let (field, msg) = p.split_once(": ").unwrap_or(("", &p));
-        problems.push(problem(format!("spec.nodeSelector.{field}"), msg.to_string()));
+        problems.push(problem(name, format!("spec.nodeSelector.{field}"), msg));
     }
-    if plan
-        .spec
-        .node_selector
-        .match_labels
-        .as_ref()
-        .is_none_or(|l| l.is_empty())
-        && plan
-            .spec
-            .node_selector
-            .match_expressions
-            .as_ref()
-            .is_none_or(|e| e.is_empty())
+    let selector = &plan.spec.node_selector;
+    if selector.match_labels.as_ref().is_none_or(|l| l.is_empty())
+        && selector.match_expressions.as_ref().is_none_or(|e| e.is_empty())
     {
         problems.push(problem(
-            "spec.nodeSelector".into(),
-            "an empty selector would take every node; select the GPU nodes, e.g. matchLabels nvidia.com/gpu.present: \"true\"".into(),
+            name,
+            "spec.nodeSelector",
+            "an empty selector would take every node; select the GPU nodes, e.g. matchLabels nvidia.com/gpu.present: \"true\"",
         ));
     }
+    problems
+}
 
+/// Each GPU group: its devices parse and belong to no other group, its tenants exist, its
+/// settings suit its mode; `all` devices make the plan's only group.
+fn group_problems(plan: &GpuPartitionPlan, name: &str, tenants: &BTreeSet<String>) -> Vec<Problem> {
+    let mut problems = Vec::new();
     let mut claimed: Vec<(u32, usize)> = Vec::new();
     let mut has_all = false;
     for (i, g) in plan.spec.gpus.iter().enumerate() {
         if g.devices == "all" {
             has_all = true;
         } else {
-            match parse_devices(&g.devices) {
-                Err(e) => problems.push(problem(format!("spec.gpus[{i}].devices"), e)),
-                Ok(list) => {
-                    for d in list {
-                        if let Some(&(_, j)) = claimed.iter().find(|(c, _)| *c == d) {
-                            problems.push(problem(
-                                format!("spec.gpus[{i}].devices"),
-                                format!("GPU {d} is also in spec.gpus[{j}].devices; each GPU belongs to one group"),
-                            ));
-                        } else {
-                            claimed.push((d, i));
-                        }
-                    }
-                }
-            }
+            problems.extend(device_problems(g, i, name, &mut claimed));
         }
         for (k, t) in g.tenants.iter().enumerate() {
             if !tenants.contains(t) {
                 problems.push(problem(
+                    name,
                     format!("spec.gpus[{i}].tenants[{k}]"),
                     format!(
                         "GpuTenant {t:?} not found; dedicated GPUs would sit idle. Create the tenant or fix the name"
@@ -193,62 +200,84 @@ pub fn check_plan(
                 ));
             }
         }
-        // The schema says the same; repeated here for files that never meet the API server.
-        let settings_ok = match g.mode {
-            Mode::Mig => g.mig.is_some() && g.mps.is_none() && g.time_slicing.is_none(),
-            Mode::Mps => g.mig.is_none() && g.time_slicing.is_none(),
-            Mode::TimeSlicing => g.time_slicing.is_some() && g.mig.is_none() && g.mps.is_none(),
-            Mode::Exclusive => g.mig.is_none() && g.mps.is_none() && g.time_slicing.is_none(),
-        };
-        if !settings_ok {
-            problems.push(problem(
-                format!("spec.gpus[{i}]"),
-                format!(
-                    "mode {} takes {}",
-                    g.mode,
-                    match g.mode {
-                        Mode::Mig => "mig settings only",
-                        Mode::Mps => "no settings but mps",
-                        Mode::TimeSlicing => "timeSlicing settings only",
-                        Mode::Exclusive => "no mig, mps or timeSlicing settings",
-                    }
-                ),
-            ));
-        }
+        problems.extend(settings_problem(g, i, name));
     }
     if has_all && plan.spec.gpus.len() > 1 {
         problems.push(problem(
-            "spec.gpus".into(),
-            "devices 'all' must be the only GPU group of a plan".into(),
+            name,
+            "spec.gpus",
+            "devices 'all' must be the only GPU group of a plan",
         ));
     }
+    problems
+}
 
+/// The `i`th group's device list parses and names no GPU an earlier group `claimed`.
+fn device_problems(g: &GpuGroup, i: usize, name: &str, claimed: &mut Vec<(u32, usize)>) -> Vec<Problem> {
+    let list = match parse_devices(&g.devices) {
+        Err(e) => return vec![problem(name, format!("spec.gpus[{i}].devices"), e.to_string())],
+        Ok(list) => list,
+    };
+    let mut problems = Vec::new();
+    for d in list {
+        if let Some(&(_, j)) = claimed.iter().find(|(c, _)| *c == d) {
+            problems.push(problem(
+                name,
+                format!("spec.gpus[{i}].devices"),
+                format!("GPU {d} is also in spec.gpus[{j}].devices; each GPU belongs to one group"),
+            ));
+        } else {
+            claimed.push((d, i));
+        }
+    }
+    problems
+}
+
+/// The schema says the same; repeated here for files that never meet the API server.
+fn settings_problem(g: &GpuGroup, i: usize, name: &str) -> Option<Problem> {
+    let settings_ok = match g.mode {
+        Mode::Mig => g.mig.is_some() && g.mps.is_none() && g.time_slicing.is_none(),
+        Mode::Mps => g.mig.is_none() && g.time_slicing.is_none(),
+        Mode::TimeSlicing => g.time_slicing.is_some() && g.mig.is_none() && g.mps.is_none(),
+        Mode::Exclusive => g.mig.is_none() && g.mps.is_none() && g.time_slicing.is_none(),
+    };
+    (!settings_ok).then(|| {
+        problem(
+            name,
+            format!("spec.gpus[{i}]"),
+            format!(
+                "mode {} takes {}",
+                g.mode,
+                match g.mode {
+                    Mode::Mig => "mig settings only",
+                    Mode::Mps => "no settings but mps",
+                    Mode::TimeSlicing => "timeSlicing settings only",
+                    Mode::Exclusive => "no mig, mps or timeSlicing settings",
+                }
+            ),
+        )
+    })
+}
+
+/// Each group's MIG layout fits every model the plan may land on: those its selector names and
+/// the `extra_models`.
+fn mig_problems(plan: &GpuPartitionPlan, name: &str, extra_models: &[&'static GpuModel]) -> Vec<Problem> {
     let mut models = models_selected_by(&plan.spec.node_selector);
     models.extend_from_slice(extra_models);
     models.sort_by_key(|m| m.key);
     models.dedup_by_key(|m| m.key);
+    let mut problems = Vec::new();
     for (i, g) in plan.spec.gpus.iter().enumerate() {
         let Some(mig) = &g.mig else { continue };
         for model in &models {
             if let Err(e) = solve_named(model, &mig.profiles) {
                 problems.push(problem(
+                    name,
                     format!("spec.gpus[{i}].mig.profiles"),
                     format!("on {}: {e}", model.key),
                 ));
             }
         }
     }
-
-    // The plan's groups land on the same nodes, so they must make one device-plugin config.
-    if let Err((i, conflict)) = NodeConfig::fold(plan.spec.gpus.iter().map(|g| (g.mode, Sharing::of_group(g)))) {
-        problems.push(problem(format!("spec.gpus[{i}].mode"), conflict.to_string()));
-    }
-    for (i, g) in plan.spec.gpus.iter().enumerate() {
-        problems.extend(
-            mps_problems(g)
-                .into_iter()
-                .map(|(f, m)| problem(format!("spec.gpus[{i}].mps.{f}"), m)),
-        );
-    }
-    PlanCheck { problems }
+    problems
 }

@@ -392,13 +392,13 @@ fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<Valida
     let tenant_claim_variables: Vec<Variable> = claim_variables.iter().chain(&params).cloned().collect();
     let (pod_rules, claim_rules): (Vec<NamedRuleWithOperations>, Vec<NamedRuleWithOperations>) =
         (typed(pod_rules()), typed(claim_rules()));
-    let access = rules::DeviceAccess::of(settings);
+    let bypass = rules::BypassExpressions::of(settings);
     vec![
         Arc::new(policy(
             TENANTS_POLICY,
             &pod_rules,
             &tenant_variables,
-            rules::tenant(&access),
+            rules::tenant(&bypass),
             Some(tenant_param_kind()),
         )),
         Arc::new(policy(
@@ -412,7 +412,7 @@ fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<Valida
             UNTENANTED_POLICY,
             &pod_rules,
             &variables,
-            rules::untenanted(&access),
+            rules::untenanted(&bypass),
             None,
         )),
         Arc::new(policy(

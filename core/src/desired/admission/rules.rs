@@ -135,9 +135,11 @@ impl TenantRules {
     }
 }
 
-/// The expressions of the rules both rule sets apply ([`device_access`]): the same for every
+/// The CEL expressions that match a pod reaching a GPU around the device plugin's resource names
+/// (NVIDIA's device variables, privilege, host device paths, device-list mounts, CDI annotations,
+/// NVIDIA's runtime class): the rules both rule sets apply ([`device_access`]). The same for every
 /// tenant, so a pass builds them once, not once per tenant.
-pub struct DeviceAccess {
+pub struct BypassExpressions {
     sets_device_env: String,
     privileged: String,
     host_device_path: String,
@@ -147,9 +149,9 @@ pub struct DeviceAccess {
     nvidia_runtime: Option<(String, String)>,
 }
 
-impl DeviceAccess {
-    pub fn of(settings: &Settings) -> DeviceAccess {
-        DeviceAccess {
+impl BypassExpressions {
+    pub fn of(settings: &Settings) -> BypassExpressions {
+        BypassExpressions {
             sets_device_env: cel::sets_device_env(),
             privileged: cel::privileged(),
             host_device_path: cel::host_device_path(),
@@ -163,7 +165,7 @@ impl DeviceAccess {
 
 /// The rules both rule sets apply: no GPU reached outside the device plugin's resource names.
 /// `who` starts each message.
-fn device_access(who: &Who, rules: &DeviceAccess) -> Vec<Validation> {
+fn device_access(who: &Who, rules: &BypassExpressions) -> Vec<Validation> {
     let mut out = vec![
         who.refuses(
             &rules.sets_device_env,
@@ -206,9 +208,9 @@ fn device_access(who: &Who, rules: &DeviceAccess) -> Vec<Validation> {
 /// The validations of the tenants' pod policy, one for every tenant: each tenant's binding names
 /// it as the parameter ([`cel::param_variables`]), so the tenant's name, tier, grants,
 /// PriorityClasses and `maxGpusPerPod` are read from it, not written into the expressions.
-pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
+pub fn tenant(bypass: &BypassExpressions) -> Vec<Validation> {
     let who = Who::Cel("variables.who");
-    let mut out = device_access(&who, access);
+    let mut out = device_access(&who, bypass);
     out.push(validation_with(
         &format!("{} && variables.asked.exists(k, !(k in variables.granted))", when::RESOURCES_SET),
         format!(
@@ -262,9 +264,9 @@ pub fn tenant(access: &DeviceAccess) -> Vec<Validation> {
 }
 
 /// The validations of the policy for namespaces of no tenant.
-pub fn untenanted(access: &DeviceAccess) -> Vec<Validation> {
+pub fn untenanted(bypass: &BypassExpressions) -> Vec<Validation> {
     let who = "the namespace belongs to no GpuTenant";
-    let mut out = device_access(&Who::Fixed(who), access);
+    let mut out = device_access(&Who::Fixed(who), bypass);
     out.push(validation(
         &format!("{} && size(variables.asked) > 0", when::RESOURCES_SET),
         format!("{who}, so its pods get no GPUs; add it to a tenant's spec.namespaces"),

@@ -7,8 +7,9 @@
 use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placings};
-use super::pools::{Held, Pool, Template};
+use super::pools::Pool;
 use super::scope::Scope;
+use super::template::{Held, Template};
 use super::units::{Family, GpuRef, PoolKey, Shares, Shortfall, Targets, Unit, add_units, units_in};
 use crate::api::Mode;
 use crate::mig::nominal_memory_mib;
@@ -94,6 +95,23 @@ impl<'n, 'v, 'a> Allocator<'n, 'v, 'a> {
             log: vec![],
             bound: binds.then(|| Bound::none(nodes, scope)),
         }
+    }
+
+    /// The pass that decides how much each tenant gets, blind to what runs now, its tenants served
+    /// level by level in `order`; `binds`: whether its grants are bound.
+    pub(super) fn blind(
+        tenants: &'n [TenantProfile],
+        nodes: &'n CellNodes<'v, 'a>,
+        scope: &'n Scope,
+        template: &Template,
+        order: &[usize],
+        binds: bool,
+    ) -> Self {
+        let mut blind = Allocator::new(tenants, nodes, scope, template, None, binds);
+        for level in order.chunk_by(|&x, &y| tenants[x].priority == tenants[y].priority) {
+            blind.serve_level(level);
+        }
+        blind
     }
 }
 

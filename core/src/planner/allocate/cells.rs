@@ -74,28 +74,7 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
                 .collect()
         })
         .collect();
-    // Per GPU, the families its planned layout offers capacity of: one entry per MIG instance
-    // (repeats are harmless: a GPU joins each cell once, below), one for a GPU in any other mode.
-    // One flat list, not a list per GPU: a fleet has hundreds of thousands of GPUs.
-    let entries = nodes
-        .iter()
-        .flat_map(|n| &n.gpus)
-        .map(|g| g.mig_instances.len().max(1))
-        .sum();
-    let mut gpus: Vec<(GpuRef, usize)> = Vec::with_capacity(entries);
-    for (n, node) in nodes.iter().enumerate() {
-        for (g, spec) in node.gpus.iter().enumerate() {
-            let at = (n as u32, g as u32);
-            match spec.mode {
-                Mode::Mig => gpus.extend(
-                    spec.mig_instances
-                        .iter()
-                        .map(|i| (at, families.of(Mode::Mig, Some(&i.profile)))),
-                ),
-                m => gpus.push((at, families.of(m, None))),
-            }
-        }
-    }
+    let gpus = gpu_families(nodes, &mut families);
     let families = families.list;
     let mut parent: Vec<usize> = (0..families.len()).collect();
     // A memory limit counts across all of a tenant's requests: their families are placed together.
@@ -146,6 +125,32 @@ pub(super) fn cells(tenants: &[TenantProfile], nodes: &[NodeDesired]) -> Vec<Cel
     let mut cells: Vec<Cell> = out.into_iter().flatten().collect();
     cells.sort_by(|a, b| a.scope.families.first().cmp(&b.scope.families.first()));
     cells
+}
+
+/// Per GPU, the families its planned layout offers capacity of: one entry per MIG instance
+/// (repeats are harmless: a GPU joins each cell once), one for a GPU in any other mode.
+/// One flat list, not a list per GPU: a fleet has hundreds of thousands of GPUs.
+fn gpu_families<'a>(nodes: &'a [NodeDesired], families: &mut Families<'a>) -> Vec<(GpuRef, usize)> {
+    let entries = nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .map(|g| g.mig_instances.len().max(1))
+        .sum();
+    let mut gpus: Vec<(GpuRef, usize)> = Vec::with_capacity(entries);
+    for (n, node) in nodes.iter().enumerate() {
+        for (g, spec) in node.gpus.iter().enumerate() {
+            let at = (n as u32, g as u32);
+            match spec.mode {
+                Mode::Mig => gpus.extend(
+                    spec.mig_instances
+                        .iter()
+                        .map(|i| (at, families.of(Mode::Mig, Some(&i.profile)))),
+                ),
+                m => gpus.push((at, families.of(m, None))),
+            }
+        }
+    }
+    gpus
 }
 
 fn cell_at(cells: &mut [Option<Cell>], root: usize) -> &mut Cell {

@@ -9,10 +9,11 @@
 
 use super::bound::Bound;
 use super::cells::cells;
-use super::report::{PlacedTenant, Positions, cells_of_tenants, merge_tenant};
+use super::merge::{cells_of_tenants, merge_tenant};
+use super::report::{PlacedTenant, Positions};
 use super::scope::Cell;
 use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
-use crate::api::{GpuSpec, MigInstanceSpec, ScrubMemory};
+use crate::api::{GpuSpec, MigInstanceSpec};
 use crate::inventory::NodeGpu;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -61,8 +62,6 @@ impl GpuInput {
         let spec = &node.gpus[g];
         GpuInput {
             spec: GpuSpec {
-                index: spec.index,
-                mode: spec.mode,
                 mig_instances: spec
                     .mig_instances
                     .iter()
@@ -73,9 +72,7 @@ impl GpuInput {
                     .collect(),
                 mps: spec.mps.clone(),
                 time_slicing: spec.time_slicing.clone(),
-                tenants: vec![],
-                shares: vec![],
-                scrub: ScrubMemory::default(),
+                ..GpuSpec::new(spec.index, spec.mode)
             },
             dedicated: node.dedicated[g].clone(),
             inventory: node.inventory.gpus[spec.index as usize].clone(),
@@ -231,7 +228,7 @@ fn runs_on(bound: &Bound, j: usize, node: &NodeDesired, g: usize, tenants: &[Ten
         .is_some_and(|inv| bound.runs_on(j, spec, inv, tenants))
 }
 
-/// A tenant's grants as the last pass merged them from its cells' ([`super::report::merge_tenant`]).
+/// A tenant's grants as the last pass merged them from its cells' ([`super::merge::merge_tenant`]).
 struct MergedTenant {
     /// Its cells (index in that pass's cells) with its requests in each.
     cells: Vec<(usize, Vec<usize>)>,

@@ -4,13 +4,10 @@ use super::allocator::Allocator;
 use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::pools::{Pool, SharedGpu};
-use super::scope::Cell;
-use super::units::{CellGrants, Family, GpuRef, GrantsByTenant, Shortfall, TenantGrants, Unit};
-use crate::api::{AllocationSummary, Grant, Mode};
+use super::units::{CellGrants, Family, GpuRef, Shortfall, Unit};
+use crate::api::{AllocationSummary, Grant, Mode, ResourceRequest};
 use crate::policy::TenantProfile;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// What a pass placed, by position: the grants are built ([`Placed::grants`]) only for the pass
 /// kept, on the nodes it placed.
@@ -105,27 +102,7 @@ impl Allocator<'_, '_, '_> {
                 .iter()
                 .enumerate()
                 .filter(|(r, req)| s.granted[*r] < req.count)
-                .map(|(r, req)| {
-                    let family = Family::of(req.mode, req.profile.as_deref()).label();
-                    let head = format!("{family}: granted {} of {}", s.granted[r], req.count);
-                    match &s.why[r] {
-                        Some(Shortfall::Capacity { available, demand, tenants, priority }) => format!(
-                            "{head}; capacity short: {available} free for {tenants} tenant{} at priority {priority} asking for {demand}, split by weight ({})",
-                            if *tenants == 1 { "" } else { "s" },
-                            tenant.weight
-                        ),
-                        Some(Shortfall::Memory { limit_mib }) => {
-                            format!("{head}; the memory limit of {} MiB is reached", limit_mib)
-                        }
-                        Some(Shortfall::Topology { count }) => format!(
-                            "{head}; topology Required and no NUMA domain has {count} free GPUs"
-                        ),
-                        Some(Shortfall::Rules) => format!(
-                            "{head}; no GPU of that kind meets the tier's co-location rule and the policy's limits"
-                        ),
-                        None => format!("{head}; no capacity of that kind exists on the selected nodes"),
-                    }
-                })
+                .map(|(r, req)| shortfall(tenant, req, s.granted[r], s.why[r].as_ref()))
                 .collect();
             let p = &mut placed[t];
             p.allocation = allocation;
@@ -224,75 +201,30 @@ impl Placed {
     }
 }
 
-/// A request's summary, and why it fell short if it did.
-type RequestOutcome = (AllocationSummary, Option<String>);
-
-/// One tenant's grants from its cells' (`parts`, one per cell of `cells`, by tenant name): grants
-/// sorted by node, GPU and placement, one allocation entry and at most one shortfall per request,
-/// in request order. `of_tenant` are its cells (index in `cells`) with its requests in each.
-pub(super) fn merge_tenant(
-    tenant: &TenantProfile,
-    of_tenant: &[(usize, &[usize])],
-    parts: &mut [Cow<'_, BTreeMap<String, CellGrants>>],
-) -> TenantGrants {
-    let mut per_request: Vec<Option<RequestOutcome>> = vec![None; tenant.requests.len()];
-    let mut grants = Vec::new();
-    let mut memory_mib = 0;
-    for &(c, requests) in of_tenant {
-        let taken = match &mut parts[c] {
-            Cow::Owned(p) => p.remove(&tenant.name),
-            Cow::Borrowed(p) => p.get(&tenant.name).cloned(),
-        };
-        let Some(g) = taken else { continue };
-        let mut shortfalls = g.shortfalls.into_iter();
-        for (&r, summary) in requests.iter().zip(g.allocation) {
-            let short = (summary.granted < summary.requested)
-                .then(|| shortfalls.next())
-                .flatten();
-            per_request[r] = Some((summary, short));
+/// Why `tenant`'s request `req` got only `granted` units, one sentence.
+fn shortfall(tenant: &TenantProfile, req: &ResourceRequest, granted: u32, why: Option<&Shortfall>) -> String {
+    let family = Family::of(req.mode, req.profile.as_deref()).label();
+    let head = format!("{family}: granted {granted} of {}", req.count);
+    match why {
+        Some(Shortfall::Capacity {
+            available,
+            demand,
+            tenants,
+            priority,
+        }) => format!(
+            "{head}; capacity short: {available} free for {tenants} tenant{} at priority {priority} asking for {demand}, split by weight ({})",
+            if *tenants == 1 { "" } else { "s" },
+            tenant.weight
+        ),
+        Some(Shortfall::Memory { limit_mib }) => {
+            format!("{head}; the memory limit of {} MiB is reached", limit_mib)
         }
-        // A tenant in one cell (nearly every tenant) keeps that cell's list as it is.
-        if grants.is_empty() {
-            grants = g.grants;
-        } else {
-            grants.extend(g.grants);
+        Some(Shortfall::Topology { count }) => {
+            format!("{head}; topology Required and no NUMA domain has {count} free GPUs")
         }
-        memory_mib += g.memory_mib;
-    }
-    grants.sort_by(|a, b| (&a.node, a.gpu, &a.placement).cmp(&(&b.node, b.gpu, &b.placement)));
-    let mut all = TenantGrants {
-        grants: grants.into(),
-        memory_mib,
-        ..TenantGrants::default()
-    };
-    for (summary, short) in per_request.into_iter().flatten() {
-        all.allocation.push(summary);
-        all.shortfalls.extend(short);
-    }
-    all
-}
-
-/// Per tenant, its cells (index in `cells`) with its requests in each, in cell order.
-pub(super) fn cells_of_tenants<'c>(tenants: &[TenantProfile], cells: &'c [Cell]) -> Vec<Vec<(usize, &'c [usize])>> {
-    let mut out: Vec<Vec<(usize, &[usize])>> = vec![Vec::new(); tenants.len()];
-    for (c, cell) in cells.iter().enumerate() {
-        for (t, requests) in &cell.tenants {
-            out[*t].push((c, requests.as_slice()));
+        Some(Shortfall::Rules) => {
+            format!("{head}; no GPU of that kind meets the tier's co-location rule and the policy's limits")
         }
+        None => format!("{head}; no capacity of that kind exists on the selected nodes"),
     }
-    out
-}
-
-/// Every tenant's grants from its cells' ([`merge_tenant`]).
-pub(super) fn merge(
-    tenants: &[TenantProfile],
-    cells: &[Cell],
-    mut parts: Vec<Cow<'_, BTreeMap<String, CellGrants>>>,
-) -> GrantsByTenant {
-    let of_tenants = cells_of_tenants(tenants, cells);
-    tenants
-        .iter()
-        .zip(&of_tenants)
-        .map(|(t, of)| (t.name.clone(), Arc::new(merge_tenant(t, of, &mut parts))))
-        .collect()
 }

@@ -68,37 +68,12 @@ impl Allocator<'_, '_, '_> {
         want: u32,
         eligible: &mut bool,
     ) -> u32 {
+        let Some(allowed) = self.shares_allowed(t, r, key, i, want, eligible) else {
+            return 0;
+        };
         let tenants = self.tenants;
         let tenant = &tenants[t];
         let forbidden = tenant.co_location == CoLocation::Forbidden;
-        let headroom = u64::from(tenant.headroom_percent.min(100));
-        let (mode, cap_setting) = match key.0 {
-            Family::Shared(Mode::Mps) => (Mode::Mps, tenant.max_mps_clients),
-            _ => (Mode::TimeSlicing, tenant.max_time_slicing_replicas),
-        };
-        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
-            return 0;
-        };
-        let id = *id;
-        let g = &gpus[i];
-        let joins_others = g.used > 0 && !self.state[t].shares.holds(id, i);
-        if g.setting > cap_setting
-            || (joins_others && (forbidden || g.locked || g.tier(tenants) != Some(tenant.tier.as_str())))
-        {
-            return 0;
-        }
-        *eligible = true;
-        let per_share = g.share_mib();
-        let capacity = g.capacity.unwrap_or_else(|| g.capacity_under(&key.0, headroom as u32));
-        let n = want.min(capacity.saturating_sub(g.used));
-        let n = if n == 0 {
-            0
-        } else {
-            self.memory_allows(t, r, per_share, n)
-        };
-        if n == 0 {
-            return 0;
-        }
         let tier = tenant.tier.as_str();
         let Some(Pool::Shared {
             gpus,
@@ -109,6 +84,8 @@ impl Allocator<'_, '_, '_> {
         else {
             return 0;
         };
+        let n = allowed.shares;
+        let capacity = allowed.capacity;
         let g = &mut gpus[i];
         let first = g.capacity.is_none();
         g.capacity = Some(capacity);
@@ -134,11 +111,71 @@ impl Allocator<'_, '_, '_> {
         while *next_empty < gpus.len() && gpus[*next_empty].capacity.is_some() {
             *next_empty += 1;
         }
-        self.state[t].shares.add(id, i, n);
+        self.state[t].shares.add(allowed.id, i, n);
         if let Some(bound) = &mut self.bound {
-            bound.whole_at(position, mode, t, n);
+            bound.whole_at(position, allowed.mode, t, n);
         }
-        self.record(t, r, n, per_share);
+        self.record(t, r, n, allowed.share_mib);
         n
     }
+
+    /// How many of `want` shares of shared GPU `i` of pool `key` tenant `t`'s request `r` may take:
+    /// its tier's co-location rule, its policy's caps, the GPU's capacity under its headroom and its
+    /// memory limit allow. `eligible`: set where the rules let it onto the GPU. `None`: no share.
+    fn shares_allowed(
+        &mut self,
+        t: usize,
+        r: usize,
+        key: &PoolKey,
+        i: usize,
+        want: u32,
+        eligible: &mut bool,
+    ) -> Option<Allowed> {
+        let tenants = self.tenants;
+        let tenant = &tenants[t];
+        let forbidden = tenant.co_location == CoLocation::Forbidden;
+        let headroom = u64::from(tenant.headroom_percent.min(100));
+        let (mode, cap_setting) = match key.0 {
+            Family::Shared(Mode::Mps) => (Mode::Mps, tenant.max_mps_clients),
+            _ => (Mode::TimeSlicing, tenant.max_time_slicing_replicas),
+        };
+        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
+            return None;
+        };
+        let id = *id;
+        let g = &gpus[i];
+        let joins_others = g.used > 0 && !self.state[t].shares.holds(id, i);
+        if g.setting > cap_setting
+            || (joins_others && (forbidden || g.locked || g.tier(tenants) != Some(tenant.tier.as_str())))
+        {
+            return None;
+        }
+        *eligible = true;
+        let share_mib = g.share_mib();
+        let capacity = g.capacity.unwrap_or_else(|| g.capacity_under(&key.0, headroom as u32));
+        let n = want.min(capacity.saturating_sub(g.used));
+        let shares = if n == 0 {
+            0
+        } else {
+            self.memory_allows(t, r, share_mib, n)
+        };
+        (shares > 0).then_some(Allowed {
+            id,
+            mode,
+            shares,
+            capacity,
+            share_mib,
+        })
+    }
+}
+
+/// Shares a tenant may take on one shared GPU, and what taking them sets.
+struct Allowed {
+    /// The pool's position among the pass's pools.
+    id: usize,
+    mode: Mode,
+    shares: u32,
+    /// The GPU's share count, fixed by its first tenant.
+    capacity: u32,
+    share_mib: u64,
 }

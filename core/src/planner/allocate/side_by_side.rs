@@ -109,7 +109,7 @@ mod tests {
     use super::*;
     use crate::api::{GpuPartitionPlan, GpuTenant, Mode};
     use crate::planner::allocate::cells::cells;
-    use crate::planner::allocate::place_and_write;
+    use crate::planner::allocate::place::place_and_write;
     use crate::planner::fixtures::*;
     use crate::planner::nodes::build_fleet;
     use crate::policy::{check_plan, check_tenants, models_of_selected_nodes};

@@ -2,7 +2,7 @@
 //! without that pass.
 //!
 //! A cell's placing from what runs now is followed by one more pass from its own result, every
-//! unit kept, so that feeding the output back changes nothing ([`super::allocate_cell`]). At
+//! unit kept, so that feeding the output back changes nothing ([`super::place::allocate_cell`]). At
 //! 5,000 nodes that second pass over the MPS cell's 12,000 GPUs was 40% of a tenant's change,
 //! and nearly always gave the first result back. It does, without being run, when every unit
 //! the first result holds is kept in that pass: its amounts are the first pass's (the same blind

@@ -65,6 +65,26 @@ pub struct Fleet<'a> {
     pub problems: Vec<Problem>,
 }
 
+impl<'a> NodeDesired<'a> {
+    /// A node no plan governs yet, with nothing decided.
+    pub fn unplanned(inventory: &'a NodeInventory) -> NodeDesired<'a> {
+        NodeDesired {
+            inventory,
+            plan: None,
+            state: NodeState::Unplanned,
+            gpus: SharedVec::default(),
+            dedicated: Arc::from([]),
+            busy_gpu_policy: BusyGpuPolicy::default(),
+            device_access: DeviceAccess::default(),
+            decided: Decided::default(),
+            kept: false,
+            recomputed: false,
+            changing: false,
+            plugin_config: None,
+        }
+    }
+}
+
 impl NodeDesired<'_> {
     /// The node's desired GpuNode. Takes the GPU specs, the last thing the planner builds from
     /// them (a copy of 400,000 of them at 50,000 nodes is not free); the state and plan stay.
