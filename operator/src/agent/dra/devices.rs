@@ -256,57 +256,25 @@ impl GpuView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuNodeSpec, MigInstanceStatus, MigProfileStatus, TenantShares};
+    use crate::api::{GpuNodeSpec, MigInstanceStatus, MigProfileStatus};
 
     fn node() -> GpuNode {
         let mut n = GpuNode::new(
             "n1",
             GpuNodeSpec {
                 gpus: vec![
-                    GpuSpec {
-                        index: 0,
-                        mode: Mode::Mig,
-                        mig_instances: vec![
-                            MigInstanceSpec {
-                                profile: "3g.40gb".into(),
-                                placement: Placement { start: 0, size: 4 },
-                                tenant: Some("a".into()),
-                            },
-                            MigInstanceSpec {
-                                profile: "3g.40gb".into(),
-                                placement: Placement { start: 4, size: 4 },
-                                tenant: Some("b".into()),
-                            },
+                    GpuSpec::mig(
+                        0,
+                        vec![
+                            MigInstanceSpec::new("3g.40gb", 0, 4).for_tenant("a"),
+                            MigInstanceSpec::new("3g.40gb", 4, 4).for_tenant("b"),
                         ],
-                        mps: None,
-                        time_slicing: None,
-                        tenants: vec![],
-                        shares: vec![],
-                        scrub: ScrubMemory::Always,
-                    },
-                    GpuSpec {
-                        index: 1,
-                        mode: Mode::Mps,
-                        mig_instances: vec![],
-                        mps: Some(MpsSettings {
-                            max_clients: 4,
-                            active_thread_percentage: None,
-                            pinned_memory_limit: None,
-                        }),
-                        time_slicing: None,
-                        tenants: vec!["a".into(), "b".into()],
-                        shares: vec![
-                            TenantShares {
-                                tenant: "a".into(),
-                                count: 3,
-                            },
-                            TenantShares {
-                                tenant: "b".into(),
-                                count: 1,
-                            },
-                        ],
-                        scrub: ScrubMemory::OnTenantChange,
-                    },
+                    )
+                    .with_scrub(ScrubMemory::Always),
+                    GpuSpec::mps(1, 4)
+                        .with_tenants(&["a", "b"])
+                        .with_shares(&[("a", 3), ("b", 1)])
+                        .with_scrub(ScrubMemory::OnTenantChange),
                 ]
                 .into(),
                 device_access: DeviceAccess::Dra,

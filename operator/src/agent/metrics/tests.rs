@@ -1,7 +1,7 @@
 use super::*;
 use crate::api::{
     GpuSpec, MigInstanceSpec, MigInstanceStatus, MigModeStatus, MigProfileStatus, Mode, MpsSettings, Placement,
-    ProcessStatus, TenantShares,
+    ProcessStatus,
 };
 use crate::gpu::status::MigChange;
 
@@ -29,46 +29,17 @@ fn samples(text: &str, name: &str) -> Vec<String> {
 fn node() -> (GpuNodeSpec, GpuNodeStatus) {
     let spec = GpuNodeSpec {
         gpus: vec![
-            GpuSpec {
-                index: 0,
-                mode: Mode::Mig,
-                mig_instances: vec![
-                    MigInstanceSpec {
-                        profile: "3g.40gb".into(),
-                        placement: Placement { start: 4, size: 4 },
-                        tenant: Some("acme".into()),
-                    },
-                    MigInstanceSpec {
-                        profile: "1g.10gb".into(),
-                        placement: Placement { start: 0, size: 1 },
-                        tenant: None,
-                    },
+            GpuSpec::mig(
+                0,
+                vec![
+                    MigInstanceSpec::new("3g.40gb", 4, 4).for_tenant("acme"),
+                    MigInstanceSpec::new("1g.10gb", 0, 1),
                 ],
-                mps: None,
-                time_slicing: None,
-                tenants: vec![],
-                shares: vec![],
-                scrub: Default::default(),
-            },
-            GpuSpec {
-                index: 1,
-                mode: Mode::Mps,
-                mig_instances: vec![],
-                mps: Some(MpsSettings::default()),
-                time_slicing: None,
-                tenants: vec!["beta".into(), "delta".into()],
-                shares: vec![
-                    TenantShares {
-                        tenant: "beta".into(),
-                        count: 3,
-                    },
-                    TenantShares {
-                        tenant: "delta".into(),
-                        count: 1,
-                    },
-                ],
-                scrub: Default::default(),
-            },
+            ),
+            GpuSpec::new(1, Mode::Mps)
+                .with_mps(MpsSettings::default())
+                .with_tenants(&["beta", "delta"])
+                .with_shares(&[("beta", 3), ("delta", 1)]),
         ]
         .into(),
         ..Default::default()

@@ -2,7 +2,7 @@
 //! computed by the functions under test.
 
 use super::*;
-use crate::api::{GpuSpec, GpuStatus, MpsSettings, ScrubMemory, condition_status};
+use crate::api::{GpuSpec, GpuStatus, MpsSettings, condition_status};
 
 /// Where the plugin mounts the MPS root's directories in a container.
 const CONTAINER_ROOT: &str = "/mps";
@@ -65,21 +65,7 @@ fn gpu(index: u32, memory_mib: u64) -> GpuStatus {
 
 fn mps_spec(max_clients: u32) -> GpuNodeSpec {
     GpuNodeSpec {
-        gpus: vec![GpuSpec {
-            index: 0,
-            mode: Mode::Mps,
-            mig_instances: vec![],
-            mps: Some(MpsSettings {
-                max_clients,
-                active_thread_percentage: None,
-                pinned_memory_limit: None,
-            }),
-            time_slicing: None,
-            tenants: vec!["team-delta".into()],
-            shares: vec![],
-            scrub: ScrubMemory::default(),
-        }]
-        .into(),
+        gpus: vec![GpuSpec::mps(0, max_clients).with_tenants(&["team-delta"])].into(),
         ..Default::default()
     }
 }
