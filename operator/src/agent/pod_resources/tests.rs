@@ -132,9 +132,8 @@ fn device_ids_read_as_the_plugin_writes_them() {
 /// Devices to their holders: replicas of one GPU in two pods, a pod with devices of two GPUs,
 /// MIG instances, a sidecar (restartable init container, which the kubelet reports as a
 /// container), a pod holding nothing, and another resource's device (a NIC).
-#[test]
-fn list_maps_devices_to_their_holders() {
-    let list = ListPodResourcesResponse {
+fn pods_of_three_teams() -> ListPodResourcesResponse {
+    ListPodResourcesResponse {
         pod_resources: vec![
             pod(
                 "team-a",
@@ -171,7 +170,12 @@ fn list_maps_devices_to_their_holders() {
             ),
             pod("team-c", "cpu-only", vec![container("c", vec![])]),
         ],
-    };
+    }
+}
+
+#[test]
+fn list_maps_devices_to_their_holders() {
+    let list = pods_of_three_teams();
     let h = holdings(&list);
     let held = |id: &str| h.devices.get(id).cloned().unwrap_or_default();
     assert_eq!(
