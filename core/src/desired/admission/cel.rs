@@ -26,6 +26,21 @@ pub const DEVICE_ENV: [&str; 8] = [
     "NVIDIA_NVSWITCH",
 ];
 
+/// Prefixes of the environment variables that set a container's GPU limits: the memory cap that
+/// NVIDIA's container toolkit applies through the driver (`NVIDIA_GPU_MEMORY_REQUEST`,
+/// `NVIDIA_GPU_MEMORY_LIMIT`, read from the container's OCI spec by its
+/// `apply-cuda-memory-limits` hook), an MPS client's limits and daemon (`CUDA_MPS_*`: pinned
+/// memory, active threads, the pipe of the daemon it joins), and the limits of HAMi's CUDA
+/// interposer (`CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_DEVICE_SM_LIMIT`). Only the node's agent (through
+/// the CDI spec it writes) or the device plugin sets them: a value of the pod's own would replace
+/// or join the planned one.
+pub const LIMIT_ENV_PREFIXES: [&str; 4] = [
+    "NVIDIA_GPU_MEMORY_",
+    "CUDA_MPS_",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT",
+];
+
 /// Host paths through which a container reaches GPUs or the node's GPU plumbing without the
 /// device plugin: device nodes (and `/dev/null`, which the toolkit's volume-mount device lists
 /// use as the source of a mount that selects devices), NVIDIA's runtime directories (driver
@@ -199,6 +214,17 @@ pub fn sets_device_env() -> String {
     let vars = list(DEVICE_ENV);
     any_container(&format!(
         "(has(c.env) && c.env.exists(e, e.name in {vars})) || (has(c.envFrom) && c.envFrom.exists(f, has(f.prefix) && f.prefix != '' && {vars}.exists(v, v.startsWith(f.prefix))))"
+    ))
+}
+
+/// CEL: a container sets a variable that sets a GPU limit ([`LIMIT_ENV_PREFIXES`]), directly or
+/// through an `envFrom` prefix that could start one (a prefix `CUDA_` completed by a key `MPS_X`)
+/// or that starts with one (every key then names one). Unprefixed keys are checked by
+/// [`config_key_validation`].
+pub fn sets_limit_env() -> String {
+    let prefixes = list(LIMIT_ENV_PREFIXES);
+    any_container(&format!(
+        "(has(c.env) && c.env.exists(e, {prefixes}.exists(p, e.name.startsWith(p)))) || (has(c.envFrom) && c.envFrom.exists(f, has(f.prefix) && f.prefix != '' && {prefixes}.exists(p, p.startsWith(f.prefix) || f.prefix.startsWith(p))))"
     ))
 }
 
@@ -462,19 +488,22 @@ pub fn validation_with(forbidden_when: &str, message_expression: String) -> Vali
     }
 }
 
-/// For a policy on ConfigMaps and Secrets: refuse keys named like a device-selecting variable
-/// (`envFrom` without a prefix turns every key into a variable of that name).
+/// For a policy on ConfigMaps and Secrets: refuse keys named like a device-selecting variable or
+/// a limit-setting one (`envFrom` without a prefix turns every key into a variable of that name).
 pub fn config_key_validation(message_prefix: &str) -> Validation {
     let vars = list(DEVICE_ENV);
+    let prefixes = list(LIMIT_ENV_PREFIXES);
+    let named = format!("(k in {vars} || {prefixes}.exists(p, k.startsWith(p)))");
     let keys = format!(
-        "(has(object.data) && object.data.exists(k, k in {vars})) || (has(object.binaryData) && object.binaryData.exists(k, k in {vars})) || (request.resource.resource == 'secrets' && has(object.stringData) && object.stringData.exists(k, k in {vars}))"
+        "(has(object.data) && object.data.exists(k, {named})) || (has(object.binaryData) && object.binaryData.exists(k, {named})) || (request.resource.resource == 'secrets' && has(object.stringData) && object.stringData.exists(k, {named}))"
     );
     validation_with(
         &keys,
         format!(
-            "{} + ': a key named like one of NVIDIA\\'s device-selecting variables ({}) would let a pod that loads this object with envFrom pick GPUs outside its grant; rename the key'",
+            "{} + ': a key named like one of NVIDIA\\'s device-selecting variables ({}) or a GPU limit ({}*) would let a pod that loads this object with envFrom pick GPUs outside its grant or raise its limits; rename the key'",
             message_prefix,
-            DEVICE_ENV.join(", ")
+            DEVICE_ENV.join(", "),
+            LIMIT_ENV_PREFIXES.join("*, ")
         ),
     )
 }

@@ -141,6 +141,7 @@ impl TenantRules {
 /// tenant, so a pass builds them once, not once per tenant.
 pub struct BypassExpressions {
     sets_device_env: String,
+    sets_limit_env: String,
     privileged: String,
     host_device_path: String,
     mounts_device_list: String,
@@ -153,6 +154,7 @@ impl BypassExpressions {
     pub fn of(settings: &Settings) -> BypassExpressions {
         BypassExpressions {
             sets_device_env: cel::sets_device_env(),
+            sets_limit_env: cel::sets_limit_env(),
             privileged: cel::privileged(),
             host_device_path: cel::host_device_path(),
             mounts_device_list: cel::mounts_device_list(),
@@ -172,6 +174,13 @@ fn device_access(who: &Who, rules: &BypassExpressions) -> Vec<Validation> {
             &format!(
                 ": a container may not set NVIDIA's device-selecting variables ({}), directly or through an envFrom prefix that starts one: NVIDIA's container toolkit would give it GPUs no quota counts; ask for a GPU resource instead",
                 cel::DEVICE_ENV.join(", ")
+            ),
+        ),
+        who.refuses(
+            &rules.sets_limit_env,
+            &format!(
+                ": a container may not set a variable that sets its GPU limits ({}*), directly or through an envFrom prefix: the node sets them from the plan (docs/concepts/isolation.md#memory-limits); remove the variable",
+                cel::LIMIT_ENV_PREFIXES.join("*, ")
             ),
         ),
         who.refuses(

@@ -276,6 +276,75 @@ fn cases() -> Vec<Case> {
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "probe"}, "stringData": {"NVIDIA_MIG_CONFIG_DEVICES": "all"}}),
             &["namespace atk-none (no GpuTenant label)"],
         ),
+        // 1b. Limits a pod could raise: the node sets them from the plan.
+        refused(
+            "NVIDIA_GPU_MEMORY_LIMIT with an MPS share (the toolkit's driver cap)",
+            "atk-mps",
+            pod(
+                merge_into(
+                    gpus(json!({"nvidia.com/gpu.shared": 1})),
+                    json!({"env": [{"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "81920"}]}),
+                ),
+                toleration("gputenancy.io/sharing", "MPS"),
+            ),
+            &[mps, "GPU limits"],
+        ),
+        refused(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in an init container",
+            "atk-mps",
+            pod(
+                json!({}),
+                json!({"initContainers": [{"name": "i", "image": "x", "env": [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=80G"}]}]}),
+            ),
+            &[mps, "GPU limits"],
+        ),
+        refused(
+            "CUDA_DEVICE_MEMORY_LIMIT_0 (HAMi's) in a namespace of no tenant",
+            NONE_NS,
+            pod(
+                json!({"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}]}),
+                json!({}),
+            ),
+            &[none, "GPU limits"],
+        ),
+        refused(
+            "an envFrom prefix CUDA_ that a key MPS_ACTIVE_THREAD_PERCENTAGE completes",
+            "atk-ts",
+            pod(
+                json!({"envFrom": [{"prefix": "CUDA_", "secretRef": {"name": "anything"}}]}),
+                json!({}),
+            ),
+            &["GPU limits"],
+        ),
+        refused(
+            "an envFrom prefix that starts with NVIDIA_GPU_MEMORY_",
+            "atk-ext",
+            pod(
+                json!({"envFrom": [{"prefix": "NVIDIA_GPU_MEMORY_LIMIT", "configMapRef": {"name": "anything"}}]}),
+                json!({}),
+            ),
+            &[ext, "GPU limits"],
+        ),
+        refused(
+            "a ConfigMap key named NVIDIA_GPU_MEMORY_LIMIT (envFrom without a prefix)",
+            "atk-mps",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe-limit"}, "data": {"NVIDIA_GPU_MEMORY_LIMIT": "81920"}}),
+            &["GPU limit", "rename the key"],
+        ),
+        refused(
+            "a Secret key named CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (binary data)",
+            NONE_NS,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "probe-limit"}, "data": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "MTAw"}}),
+            &["GPU limit"],
+        ),
+        admitted(
+            "an envFrom prefix and a variable of its own that set no limit",
+            "atk-mps",
+            pod(
+                json!({"env": [{"name": "CUDA_VISIBLE_ORDER", "value": "x"}], "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "anything"}}]}),
+                json!({}),
+            ),
+        ),
         refused(
             "a privileged container in a namespace of no tenant",
             NONE_NS,
@@ -760,6 +829,24 @@ async fn updates_and_ephemeral_containers(
         "atk-ext",
         &got,
         Some(&["device-selecting"]),
+    ));
+    let debug = json!({"spec": {"ephemeralContainers": [{"name": "debug-limits", "image": "x",
+        "env": [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]}]}});
+    let got = outcome(
+        admin_pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                name,
+                &PatchParams::default(),
+                &Patch::Strategic(debug),
+            )
+            .await,
+    );
+    failures.extend(check(
+        "an ephemeral container with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "atk-ext",
+        &got,
+        Some(&["GPU limits"]),
     ));
     admin_pods.delete(name, &DeleteParams::default()).await.unwrap();
     failures.extend(gated_pods_and_other_updates(admin, &users["atk-ext"]).await);
