@@ -131,7 +131,7 @@ pub struct Blocked {
 
 /// The decision for one GPU of the spec.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuPlan {
+pub struct GpuActions {
     pub index: u32,
     pub actions: Vec<Action>,
     pub blocked: Option<Blocked>,
@@ -139,7 +139,7 @@ pub struct GpuPlan {
     pub notes: Vec<String>,
 }
 
-impl GpuPlan {
+impl GpuActions {
     pub fn nvml_actions(&self) -> impl Iterator<Item = &Action> {
         self.actions.iter().filter(|a| !a.is_scrub())
     }
@@ -160,20 +160,20 @@ pub struct RunMemory {
 
 type Done<'a> = &'a RunMemory;
 
-/// Plans every GPU the spec names, in spec order.
-pub fn plan_node(
+/// The actions of every GPU the spec names, in spec order.
+pub fn node_actions(
     observed: &GpuNodeStatus,
     spec: &GpuNodeSpec,
     previous: Option<&GpuNodeStatus>,
     done: Done,
-) -> Vec<GpuPlan> {
+) -> Vec<GpuActions> {
     spec.gpus
         .iter()
         .map(|g| {
             let prev = previous.and_then(|p| p.gpus.iter().find(|x| x.index == g.index));
             match observed.gpus.iter().find(|o| o.index == g.index) {
                 // Nothing known, nothing done: not even what "idle" or "no MIG" would allow.
-                Some(o) if unreadable(o) => GpuPlan {
+                Some(o) if unreadable(o) => GpuActions {
                     index: g.index,
                     blocked: Some(Blocked {
                         reason: GpuReason::Unreadable,
@@ -181,8 +181,8 @@ pub fn plan_node(
                     }),
                     ..Default::default()
                 },
-                Some(o) => plan_gpu(o, g, prev, done),
-                None => GpuPlan {
+                Some(o) => gpu_actions(o, g, prev, done),
+                None => GpuActions {
                     index: g.index,
                     blocked: Some(Blocked {
                         reason: GpuReason::NotFound,
@@ -205,9 +205,9 @@ fn pids(procs: impl Iterator<Item = u32>) -> String {
     procs.map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Plans one GPU.
-pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done) -> GpuPlan {
-    let mut plan = GpuPlan {
+/// The actions of one GPU.
+pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done) -> GpuActions {
+    let mut plan = GpuActions {
         index: g.index,
         ..Default::default()
     };
@@ -222,7 +222,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
             );
             return plan;
         }
-        return plan_whole_gpu(o, g, prev, done, plan);
+        return whole_gpu_actions(o, g, prev, done, plan);
     };
     if want_mig && let Err(e) = validate_layout(o, g) {
         plan.block(
@@ -272,7 +272,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         return plan;
     }
     if !want_mig {
-        return plan_whole_gpu(o, g, prev, done, plan);
+        return whole_gpu_actions(o, g, prev, done, plan);
     }
 
     let current: Vec<ExistingInstance> = o
@@ -450,7 +450,13 @@ fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatu
 }
 
 /// A GPU used whole (MPS, TimeSlicing, Exclusive) with MIG off.
-fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done, mut plan: GpuPlan) -> GpuPlan {
+fn whole_gpu_actions(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    mut plan: GpuActions,
+) -> GpuActions {
     let want_cm = if g.mode == Mode::Mps {
         COMPUTE_EXCLUSIVE_PROCESS
     } else {

@@ -5,7 +5,7 @@
 //! each GPU's NVML actions, or, once a GPU's hardware matches, its scrubs (they need the final
 //! instance UUIDs). A MIG mode change takes one round, the layout the next, scrubs the one after.
 
-use super::actions::{Action, GpuPlan, RunMemory, ScrubTarget, plan_node};
+use super::actions::{Action, GpuActions, RunMemory, ScrubTarget, node_actions};
 use super::backend::Gpus;
 use super::mps::{self, MpsConfig};
 use super::status::{self, RunRecord};
@@ -50,7 +50,7 @@ pub fn apply<G: Gpus + ?Sized>(
         if round == 1 {
             run.drift = status::drift(&observed, spec, prev);
         }
-        let plans = plan_node(&observed, spec, prev, &done);
+        let plans = node_actions(&observed, spec, prev, &done);
         for p in &plans {
             if !p.notes.is_empty() {
                 run.notes.entry(p.index).or_insert_with(|| p.notes.clone());
@@ -96,7 +96,7 @@ pub fn apply<G: Gpus + ?Sized>(
 fn step<G: Gpus + ?Sized>(
     gpus: &G,
     observed: &GpuNodeStatus,
-    plan: &GpuPlan,
+    plan: &GpuActions,
     run: &mut RunRecord,
     done: &mut RunMemory,
     executed: &mut usize,

@@ -1,7 +1,7 @@
 //! The status an apply publishes: what NVML reports now, plus what the agent remembers (tenants
 //! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
 
-use super::actions::{Action, GpuPlan, ScrubTarget, handed_over, unreadable};
+use super::actions::{Action, GpuActions, ScrubTarget, handed_over, unreadable};
 use crate::api::GpuReason;
 use crate::api::{
     ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
@@ -134,7 +134,7 @@ pub fn build(
     observed: &GpuNodeStatus,
     spec: &GpuNodeSpec,
     prev: Option<&GpuNodeStatus>,
-    plans: &[GpuPlan],
+    plans: &[GpuActions],
     run: &RunRecord,
     mps: Option<MpsDaemonStatus>,
     now: &Time,
@@ -327,7 +327,7 @@ fn last_known(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
     };
 }
 
-fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecord, stamp: &str) {
+fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuActions>, run: &RunRecord, stamp: &str) {
     let error = run.errors.get(&g.index);
     for (_, target, rec) in run.scrubs.iter().filter(|s| s.0 == g.index) {
         match target {

@@ -1,6 +1,6 @@
 //! The agent's decisions as plain functions: observed state + spec + previous status → actions.
 
-use super::actions::{Action, RunMemory, ScrubTarget, plan_gpu, plan_node};
+use super::actions::{Action, RunMemory, ScrubTarget, gpu_actions, node_actions};
 use crate::api::GpuReason;
 use crate::api::*;
 use crate::mig::model_by_name;
@@ -137,14 +137,14 @@ fn a_matching_gpu_gets_no_action() {
         vec![want("3g.40gb", 0, 4, Some("a")), want("3g.40gb", 4, 4, Some("b"))],
     );
     let prev = recorded(&o);
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     assert_eq!((p.actions, p.blocked), (vec![], None));
     // The same layout without a record of who had it: every instance changes hands.
-    let p = plan_gpu(&o, &g, None, &none());
+    let p = gpu_actions(&o, &g, None, &none());
     assert_eq!(p.actions.iter().filter(|a| a.is_scrub()).count(), 2);
     let mut unscrubbed = prev.clone();
     unscrubbed.instances[1].last_scrub = None;
-    let p = plan_gpu(&o, &g, Some(&unscrubbed), &none());
+    let p = gpu_actions(&o, &g, Some(&unscrubbed), &none());
     assert_eq!(
         p.actions,
         [Action::Scrub {
@@ -156,7 +156,7 @@ fn a_matching_gpu_gets_no_action() {
     // An instance created again since the record (a new MIG device UUID) is not the one handed over.
     let mut recreated = o.clone();
     recreated.instances[0].uuid = Some("MIG-new".into());
-    let p = plan_gpu(&recreated, &g, Some(&prev), &none());
+    let p = gpu_actions(&recreated, &g, Some(&prev), &none());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
 }
 
@@ -173,7 +173,7 @@ fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
             want("3g.40gb", 4, 4, Some("b")),
         ],
     );
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     let text: Vec<String> = p.actions.iter().map(|a| a.to_string()).collect();
     let destroy_ci = format!(
         "destroy compute instance 0 of GPU instance {}",
@@ -207,7 +207,7 @@ fn processes_in_the_way_block_the_whole_gpu() {
         used_memory_mib: None,
     }];
     let g = mig_spec(0, vec![want("7g.80gb", 0, 8, None)]);
-    let p = plan_gpu(&o, &g, None, &none());
+    let p = gpu_actions(&o, &g, None, &none());
     assert!(p.actions.is_empty());
     let b = p.blocked.unwrap();
     assert_eq!(b.reason, GpuReason::Busy);
@@ -215,7 +215,7 @@ fn processes_in_the_way_block_the_whole_gpu() {
 
     // A process in an instance that stays, with the same known owner, does not block.
     let g = mig_spec(0, vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)]);
-    let p = plan_gpu(&o, &g, Some(&recorded(&o)), &none());
+    let p = gpu_actions(&o, &g, Some(&recorded(&o)), &none());
     assert_eq!(p.blocked, None);
     assert_eq!(
         p.actions.len(),
@@ -229,7 +229,7 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
     let mut o = gpu(0, "A100-40GB", false);
     let g = mig_spec(0, vec![want("7g.40gb", 0, 8, None)]);
     assert_eq!(
-        plan_gpu(&o, &g, None, &none()).actions,
+        gpu_actions(&o, &g, None, &none()).actions,
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
     // Pending and idle: calling again activates it (the call resets an idle GPU), unless NVML
@@ -239,14 +239,14 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pending: true,
     });
     assert_eq!(
-        plan_gpu(&o, &g, None, &none()).actions,
+        gpu_actions(&o, &g, None, &none()).actions,
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
     let mut prev = o.clone();
     prev.reason = Some(GpuReason::Busy);
-    assert_eq!(plan_gpu(&o, &g, Some(&prev), &none()).actions.len(), 1);
+    assert_eq!(gpu_actions(&o, &g, Some(&prev), &none()).actions.len(), 1);
     prev.reason = Some(GpuReason::ResetRequired);
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     assert_eq!(p.blocked.unwrap().reason, GpuReason::ResetRequired);
     assert!(p.actions.is_empty());
     o.mig_mode = Some(MigModeStatus {
@@ -257,14 +257,17 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pid: 5,
         ..Default::default()
     }];
-    assert_eq!(plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason, GpuReason::Busy);
+    assert_eq!(
+        gpu_actions(&o, &g, None, &none()).blocked.unwrap().reason,
+        GpuReason::Busy
+    );
 }
 
 #[test]
 fn leaving_mig_destroys_everything_then_disables_it() {
     let mut o = gpu(0, "H100-80GB", true);
     o.instances = vec![inst("7g.80gb", 0, 8, None)];
-    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
+    let p = gpu_actions(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
     assert_eq!(
         p.actions,
         [
@@ -290,7 +293,7 @@ fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
     let mut half = inst("4g.40gb", 0, 4, None);
     half.compute_instance_id = None;
     o.instances = vec![half];
-    let p = plan_gpu(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
+    let p = gpu_actions(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
     assert_eq!(
         p.nvml_actions().cloned().collect::<Vec<_>>(),
         [Action::CreateComputeInstance {
@@ -321,7 +324,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
         ),
     ];
     for (layout, msg) in bad {
-        let b = plan_gpu(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
+        let b = gpu_actions(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
         assert_eq!(b.reason, GpuReason::InvalidSpec);
         assert!(b.message.contains(msg), "{}", b.message);
     }
@@ -334,7 +337,7 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
         ..Default::default()
     };
     assert_eq!(
-        plan_node(&status, &spec, None, &none())[0]
+        node_actions(&status, &spec, None, &none())[0]
             .blocked
             .as_ref()
             .unwrap()
@@ -359,25 +362,25 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     prev.applied_tenants = vec!["a".into()];
     // Same hands: nothing. New hands: a scrub. Unknown past, or another GPU at this index, or
     // no record of a finished hand-over: a change of hands, even with nothing else to change.
-    assert!(plan_gpu(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
+    assert!(gpu_actions(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
     let scrub_a = [Action::Scrub {
         gpu: 0,
         target: ScrubTarget::Gpu,
         tenant: Some("a".into()),
     }];
-    assert_eq!(plan_gpu(&o, &spec("a"), None, &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), None, &none()).actions, scrub_a);
     let other = GpuStatus {
         uuid: "GPU-other".into(),
         ..prev.clone()
     };
-    assert_eq!(plan_gpu(&o, &spec("a"), Some(&other), &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), Some(&other), &none()).actions, scrub_a);
     let unrecorded = GpuStatus {
         last_scrub: None,
         ..prev.clone()
     };
-    assert_eq!(plan_gpu(&o, &spec("a"), Some(&unrecorded), &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), Some(&unrecorded), &none()).actions, scrub_a);
     assert_eq!(
-        plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions,
+        gpu_actions(&o, &spec("b"), Some(&prev), &none()).actions,
         [Action::Scrub {
             gpu: 0,
             target: ScrubTarget::Gpu,
@@ -389,19 +392,19 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
         scrubbed: vec![(0, ScrubTarget::Gpu)],
         touched: vec![],
     };
-    assert!(plan_gpu(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
+    assert!(gpu_actions(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
     prev.applied_tenants = vec!["b".into()];
     prev.last_scrub = Some(ScrubRecord {
         result: crate::api::ScrubResult::Failed,
         ..Default::default()
     });
-    assert_eq!(plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
+    assert_eq!(gpu_actions(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
     // Never: no scrub, whatever the hands.
     let never = GpuSpec {
         scrub: ScrubMemory::Never,
         ..spec("c")
     };
-    assert!(plan_gpu(&o, &never, Some(&prev), &none()).actions.is_empty());
+    assert!(gpu_actions(&o, &never, Some(&prev), &none()).actions.is_empty());
     // Old tenant's processes still there: busy, not scrubbed under them.
     o.processes = vec![ProcessStatus {
         pid: 9,
@@ -409,7 +412,10 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     }];
     prev.last_scrub = None;
     assert_eq!(
-        plan_gpu(&o, &spec("c"), Some(&prev), &none()).blocked.unwrap().reason,
+        gpu_actions(&o, &spec("c"), Some(&prev), &none())
+            .blocked
+            .unwrap()
+            .reason,
         GpuReason::Busy
     );
 }
@@ -444,25 +450,25 @@ fn a_tenant_joining_a_shared_gpu_is_no_change_of_hands() {
         prev.applied_mode = Some(mode);
         prev.applied_tenants = vec!["a".into()];
         for scrub in [ScrubMemory::OnTenantChange, ScrubMemory::Always] {
-            let p = plan_gpu(&o, &spec(&["a", "b"], scrub), Some(&prev), &none());
+            let p = gpu_actions(&o, &spec(&["a", "b"], scrub), Some(&prev), &none());
             assert!(p.actions.is_empty() && p.blocked.is_none(), "{mode}: b joins a: {p:?}");
-            let p = plan_gpu(&o, &spec(&["a", "b", "c"], scrub), Some(&prev), &none());
+            let p = gpu_actions(&o, &spec(&["a", "b", "c"], scrub), Some(&prev), &none());
             assert!(
                 p.actions.is_empty() && p.blocked.is_none(),
                 "{mode}: b and c join a: {p:?}"
             );
         }
         let on_change = |t: &[&str]| spec(t, ScrubMemory::OnTenantChange);
-        let blocked = |p: super::actions::GpuPlan| p.blocked.map(|b| b.reason);
+        let blocked = |p: super::actions::GpuActions| p.blocked.map(|b| b.reason);
         // a leaves while b stays, or b comes as a goes: a change of hands, and a's processes run.
         let mut both = prev.clone();
         both.applied_tenants = vec!["a".into(), "b".into()];
         assert_eq!(
-            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&both), &none())),
+            blocked(gpu_actions(&o, &on_change(&["b"]), Some(&both), &none())),
             Some(GpuReason::Busy)
         );
         assert_eq!(
-            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&prev), &none())),
+            blocked(gpu_actions(&o, &on_change(&["b"]), Some(&prev), &none())),
             Some(GpuReason::Busy)
         );
         // Nothing to trust: no record, another GPU at this index, a failed or missing scrub record,
@@ -498,12 +504,12 @@ fn a_tenant_joining_a_shared_gpu_is_no_change_of_hands() {
             }),
         ];
         for p in &untrusted {
-            let plan = plan_gpu(&o, &on_change(&["a", "b"]), p.as_ref(), &none());
+            let plan = gpu_actions(&o, &on_change(&["a", "b"]), p.as_ref(), &none());
             assert_eq!(blocked(plan), Some(GpuReason::Busy), "{mode}: {p:?}");
         }
         // Idle, the same joins with an untrusted record scrub, for the joining set.
         o.processes.clear();
-        let plan = plan_gpu(&o, &on_change(&["a", "b"]), None, &none());
+        let plan = gpu_actions(&o, &on_change(&["a", "b"]), None, &none());
         assert!(plan.actions.iter().any(|a| a.is_scrub()), "{mode}: {plan:?}");
     }
     // An exclusive GPU is never joined: a second tenant there is a change of hands.
@@ -512,7 +518,7 @@ fn a_tenant_joining_a_shared_gpu_is_no_change_of_hands() {
     let mut prev = recorded(&o);
     prev.applied_mode = Some(Mode::Exclusive);
     prev.applied_tenants = vec!["a".into()];
-    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a", "b"]), Some(&prev), &none());
+    let p = gpu_actions(&o, &whole(0, Mode::Exclusive, &["a", "b"]), Some(&prev), &none());
     assert_eq!(p.blocked.map(|b| b.reason), Some(GpuReason::Busy));
 }
 
@@ -527,7 +533,7 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
         scrubbed: vec![],
         touched: vec![(0, ScrubTarget::Instance(Placement { start: 0, size: 4 }))],
     };
-    let p = plan_gpu(&o, &g, None, &done);
+    let p = gpu_actions(&o, &g, None, &done);
     assert_eq!(p.actions.len(), 1, "idle: scrubbed");
     o.processes = vec![ProcessStatus {
         pid: 66,
@@ -535,7 +541,7 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
         compute_instance_id: Some(0),
         used_memory_mib: None,
     }];
-    let p = plan_gpu(&o, &g, None, &done);
+    let p = gpu_actions(&o, &g, None, &done);
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     let b = p.blocked.unwrap();
     assert_eq!(b.reason, GpuReason::Busy);

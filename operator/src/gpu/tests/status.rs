@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::GpuReason;
-use crate::gpu::actions::{ScrubTarget, plan_node};
+use crate::gpu::actions::{ScrubTarget, node_actions};
 use crate::gpu::mps;
 use crate::gpu::status::{RunRecord, build};
 
@@ -27,7 +27,7 @@ fn status_records_hands_only_once_applied() {
     prev.gpus[0].applied_tenants = vec!["a".into()];
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap());
-    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let plans = node_actions(&observed, &spec, Some(&prev), &none());
     let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(s.gpus[0].applied, Some(false));
     assert_eq!(s.gpus[0].reason, Some(GpuReason::ScrubPending));
@@ -38,7 +38,7 @@ fn status_records_hands_only_once_applied() {
         scrubbed: vec![(0, ScrubTarget::Gpu)],
         touched: vec![],
     };
-    let plans = plan_node(&observed, &spec, Some(&prev), &done);
+    let plans = node_actions(&observed, &spec, Some(&prev), &done);
     let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(
         (s.gpus[0].applied, s.gpus[0].applied_tenants.clone()),
@@ -77,7 +77,7 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
         .into(),
         ..Default::default()
     };
-    let plans = plan_node(&observed, &spec, Some(&prev), &none());
+    let plans = node_actions(&observed, &spec, Some(&prev), &none());
     let s = build(
         &observed,
         &spec,
@@ -168,11 +168,11 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
             ..Default::default()
         };
         for p in [None, Some(&prev)] {
-            let plans = plan_node(&observed, &spec, p, &none());
+            let plans = node_actions(&observed, &spec, p, &none());
             assert!(plans[0].actions.is_empty(), "{:?}", plans[0].actions);
             assert_eq!(plans[0].blocked.as_ref().unwrap().reason, GpuReason::Unreadable);
         }
-        let plans = plan_node(&observed, &spec, Some(&prev), &none());
+        let plans = node_actions(&observed, &spec, Some(&prev), &none());
         let s = build(
             &observed,
             &spec,
