@@ -182,16 +182,50 @@ pub struct RunArgs {
 #[derive(Clone, Copy, Debug)]
 pub struct MetricsAddr(Option<std::net::SocketAddr>);
 
+/// `--metrics-addr` is neither an address nor `off`.
+#[derive(Debug, thiserror::Error)]
+#[error("{given:?} is not an address like 0.0.0.0:9401 (or off): {source}")]
+pub struct MetricsAddrError {
+    given: String,
+    source: std::net::AddrParseError,
+}
+
 impl std::str::FromStr for MetricsAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = MetricsAddrError;
+    fn from_str(s: &str) -> Result<Self, MetricsAddrError> {
         if s == "off" {
             return Ok(MetricsAddr(None));
         }
         s.parse()
             .map(|a| MetricsAddr(Some(a)))
-            .map_err(|e| format!("{s:?} is not an address like 0.0.0.0:9401 (or off): {e}"))
+            .map_err(|source| MetricsAddrError {
+                given: s.to_string(),
+                source,
+            })
     }
+}
+
+/// Why a file `agent apply` reads or writes (the spec, the previous status) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// `why`: the parser's first line.
+    #[error("{}: not YAML or JSON: {why}", .path.display())]
+    NotYaml { path: PathBuf, why: String },
+    /// `what`: a GpuNode manifest or a bare spec; `why`: the parser's first line.
+    #[error("{}: not a valid {what}: {why}", .path.display())]
+    NotSpec {
+        path: PathBuf,
+        what: &'static str,
+        why: String,
+    },
+    #[error("{}: spec.gpus lists GPU {gpu} twice; keep one entry per index", .path.display())]
+    DuplicateGpu { path: PathBuf, gpu: u32 },
+    #[error("{}: not a GpuNode status: {source}", .path.display())]
+    NotStatus { path: PathBuf, source: serde_json::Error },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// The `--mode` of `agent run`.
@@ -280,8 +314,11 @@ fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> Str
 pub fn run(cmd: AgentCommand) -> i32 {
     match cmd {
         AgentCommand::Discover { nvml_lib, output } => {
-            let result = NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
-            match result {
+            let gpus = match NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)) {
+                Ok(g) => g,
+                Err(e) => return fail(&e),
+            };
+            match gpus.discover() {
                 Ok(mut s) => {
                     s.layout = Some(crate::gpu::status::layout_summary(&s));
                     s.gpu_layout = Some(crate::gpu::status::gpu_layout_line(&s));
@@ -404,7 +441,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
     }
 }
 
-fn fail(e: &str) -> i32 {
+fn fail(e: &dyn std::fmt::Display) -> i32 {
     eprintln!("error: {e}");
     2
 }
@@ -415,32 +452,37 @@ struct Manifest {
     spec: GpuNodeSpec,
 }
 
-fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
+fn read_spec(path: &Path) -> Result<GpuNodeSpec, FileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| FileError::NotYaml {
+        path: path.to_path_buf(),
+        why: first_line(&e.to_string()).to_string(),
+    })?;
     let is_manifest = value.get("spec").is_some() || value.get("kind").is_some();
     let parsed = if is_manifest {
         serde_saphyr::from_str::<Manifest>(&text).map(|m| m.spec)
     } else {
         serde_saphyr::from_str::<GpuNodeSpec>(&text)
     };
-    let spec = parsed.map_err(|e| {
-        let what = if is_manifest {
+    let spec = parsed.map_err(|e| FileError::NotSpec {
+        path: path.to_path_buf(),
+        what: if is_manifest {
             "GpuNode manifest"
         } else {
             "GpuNode spec"
-        };
-        format!("{}: not a valid {what}: {}", path.display(), first_line(&e.to_string()))
+        },
+        why: first_line(&e.to_string()).to_string(),
     })?;
     let mut seen = std::collections::BTreeSet::new();
     for g in &spec.gpus {
         if !seen.insert(g.index) {
-            return Err(format!(
-                "{}: spec.gpus lists GPU {} twice; keep one entry per index",
-                path.display(),
-                g.index
-            ));
+            return Err(FileError::DuplicateGpu {
+                path: path.to_path_buf(),
+                gpu: g.index,
+            });
         }
     }
     Ok(spec)
@@ -452,26 +494,39 @@ fn first_line(e: &str) -> &str {
 }
 
 /// A status file: a bare GpuNode status, or a GpuNode with a `status`. Missing means none.
-fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
+fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, FileError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => {
+            return Err(FileError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     };
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| FileError::NotYaml {
+        path: path.to_path_buf(),
+        why: first_line(&e.to_string()).to_string(),
+    })?;
     let inner = value.get("status").cloned().unwrap_or(value);
     serde_json::from_value(inner)
         .map(Some)
-        .map_err(|e| format!("{}: not a GpuNode status: {e}", path.display()))
+        .map_err(|source| FileError::NotStatus {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
+fn write_atomic(path: &Path, text: &str) -> Result<(), FileError> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|source| FileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }

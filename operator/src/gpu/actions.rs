@@ -511,48 +511,88 @@ fn instance_pids(o: &GpuStatus, gpu_instance_id: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Why a spec layout does not fit the GPU; `index` and `other` are positions in `migInstances`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// `gpu`: the GPU's name; `offered`: the profiles it offers.
+    #[error("[{index}] profile {profile:?} is not offered by {gpu} (it offers {})", .offered.join(", "))]
+    NotOffered {
+        index: usize,
+        profile: String,
+        gpu: String,
+        offered: Vec<String>,
+    },
+    #[error("[{index}] {profile} cannot be placed at {placement} (allowed: {})", joined(.allowed))]
+    Placement {
+        index: usize,
+        profile: String,
+        placement: Placement,
+        allowed: Vec<Placement>,
+    },
+    #[error("[{index}] {profile} at {placement} overlaps [{other}] {other_profile} at {other_placement}")]
+    Overlap {
+        index: usize,
+        profile: String,
+        placement: Placement,
+        other: usize,
+        other_profile: String,
+        other_placement: Placement,
+    },
+    #[error("{profile} allows {max} instances per GPU, {requested} requested")]
+    TooMany { profile: String, max: u32, requested: u32 },
+    #[error("compute slices {slices} > {max}", max = COMPUTE_SLICES)]
+    ComputeSlices { slices: u32 },
+}
+
+fn joined<T: fmt::Display>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
+}
+
 /// Checks a spec layout against the profiles and placements the driver reports for this GPU.
-pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), String> {
+pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), LayoutError> {
     let mut compute = 0;
-    for (i, inst) in g.mig_instances.iter().enumerate() {
+    for (index, inst) in g.mig_instances.iter().enumerate() {
         let Some(p) = o.profiles.iter().find(|p| p.name == inst.profile) else {
-            let known: Vec<&str> = o.profiles.iter().map(|p| p.name.as_str()).collect();
-            return Err(format!(
-                "[{i}] profile {:?} is not offered by {} (it offers {})",
-                inst.profile,
-                o.name,
-                known.join(", ")
-            ));
+            return Err(LayoutError::NotOffered {
+                index,
+                profile: inst.profile.clone(),
+                gpu: o.name.clone(),
+                offered: o.profiles.iter().map(|p| p.name.clone()).collect(),
+            });
         };
         if !p.placements.contains(&inst.placement) {
-            let ok: Vec<String> = p.placements.iter().map(|x| x.to_string()).collect();
-            return Err(format!(
-                "[{i}] {} cannot be placed at {} (allowed: {})",
-                inst.profile,
-                inst.placement,
-                ok.join(", ")
-            ));
+            return Err(LayoutError::Placement {
+                index,
+                profile: inst.profile.clone(),
+                placement: inst.placement,
+                allowed: p.placements.clone(),
+            });
         }
-        for (j, other) in g.mig_instances.iter().enumerate().take(i) {
-            let (a, b) = (inst.placement, other.placement);
+        for (other, o) in g.mig_instances.iter().enumerate().take(index) {
+            let (a, b) = (inst.placement, o.placement);
             if a.start < b.start + b.size && b.start < a.start + a.size {
-                return Err(format!(
-                    "[{i}] {} at {a} overlaps [{j}] {} at {b}",
-                    inst.profile, other.profile
-                ));
+                return Err(LayoutError::Overlap {
+                    index,
+                    profile: inst.profile.clone(),
+                    placement: a,
+                    other,
+                    other_profile: o.profile.clone(),
+                    other_placement: b,
+                });
             }
         }
         let same = g.mig_instances.iter().filter(|x| x.profile == inst.profile).count() as u32;
         if same > p.max_instances {
-            return Err(format!(
-                "{} allows {} instances per GPU, {same} requested",
-                inst.profile, p.max_instances
-            ));
+            return Err(LayoutError::TooMany {
+                profile: inst.profile.clone(),
+                max: p.max_instances,
+                requested: same,
+            });
         }
         compute += p.compute_slices;
     }
     if compute > COMPUTE_SLICES {
-        return Err(format!("compute slices {compute} > {COMPUTE_SLICES}"));
+        return Err(LayoutError::ComputeSlices { slices: compute });
     }
     Ok(())
 }

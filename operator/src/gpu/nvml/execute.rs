@@ -1,13 +1,12 @@
 //! Carrying out NVML actions (the mutations), and reading their outcome: return codes, and the
 //! activation status of a MIG mode change.
 
-use super::ffi::{Ci, check, err, sym};
+use super::ffi::{Ci, NvmlError, check, err, sym};
 use super::handle::NvmlGpus;
 use crate::api::GpuReason;
 use crate::gpu::actions::{Action, COMPUTE_EXCLUSIVE_PROCESS};
 use crate::gpu::backend::ActionError;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
-use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings::*;
 use std::ptr;
 
@@ -31,15 +30,12 @@ fn mig_activation(gpu: u32, enable: bool, status: nvmlReturn_t) -> Result<(), Ac
                 "MIG mode {what} is pending until GPU {gpu} is reset, which this machine does not expose (activation status NVML_ERROR_RESET_REQUIRED, e.g. a GPU passed through to a VM): reboot the VM or node; not retried until then"
             ),
         }),
-        s => Err(ActionError::from(format!(
-            "nvmlDeviceSetMigMode(GPU {gpu}): activation failed: {}",
-            nvml_try(s).err().map(|e| e.to_string()).unwrap_or_default()
-        ))),
+        s => check(|| format!("nvmlDeviceSetMigMode(GPU {gpu}): activation failed"), s).map_err(ActionError::from),
     }
 }
 
 impl NvmlGpus {
-    fn destroy_compute_instance(&self, gpu: u32, gpu_instance_id: u32, ci: &Ci) -> Result<(), String> {
+    fn destroy_compute_instance(&self, gpu: u32, gpu_instance_id: u32, ci: &Ci) -> Result<(), NvmlError> {
         let destroy = sym(self.lib().nvmlComputeInstanceDestroy.as_ref())?;
         let what = || {
             format!(
@@ -50,13 +46,13 @@ impl NvmlGpus {
         check(what, unsafe { destroy(ci.handle) })
     }
 
-    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, String> {
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, NvmlError> {
         self.nvml
             .device_by_index(gpu)
             .map_err(|e| err(&format!("nvmlDeviceGetHandleByIndex_v2(GPU {gpu})"), e))
     }
 
-    fn gpu_instance(&self, gpu: u32, id: u32) -> Result<nvmlGpuInstance_t, String> {
+    fn gpu_instance(&self, gpu: u32, id: u32) -> Result<nvmlGpuInstance_t, NvmlError> {
         let dev = self.device(gpu)?;
         let f = sym(self.lib().nvmlDeviceGetGpuInstanceById.as_ref())?;
         let mut gi: nvmlGpuInstance_t = ptr::null_mut();
@@ -69,7 +65,7 @@ impl NvmlGpus {
     /// Leaves the GPU instance with exactly one compute instance spanning it (the CI profile with
     /// the most slices the driver offers for it): any others (several, or a partial one) are
     /// destroyed first; NVML refuses that with IN_USE while processes run in them.
-    fn ensure_full_ci(&self, gpu: u32, gpu_instance_id: u32, gi: nvmlGpuInstance_t) -> Result<(), String> {
+    fn ensure_full_ci(&self, gpu: u32, gpu_instance_id: u32, gi: nvmlGpuInstance_t) -> Result<(), NvmlError> {
         let lib = self.lib();
         let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
         let create = sym(lib.nvmlGpuInstanceCreateComputeInstance.as_ref())?;
@@ -83,9 +79,7 @@ impl NvmlGpus {
                 best = Some(p);
             }
         }
-        let p = best.ok_or_else(|| {
-            format!("GPU {gpu}: the driver offers no compute instance profile for GPU instance {gpu_instance_id}")
-        })?;
+        let p = best.ok_or(NvmlError::NoComputeProfile { gpu, gpu_instance_id })?;
         let cis = self.compute_instances(gi)?;
         if let [c] = cis.as_slice()
             && c.slices == p.sliceCount
@@ -184,9 +178,10 @@ impl NvmlGpus {
                     .map_err(|e| err(&format!("nvmlDeviceSetComputeMode(GPU {gpu}, {mode})"), e))?;
             }
             Action::Scrub { gpu, .. } => {
-                return Err(ActionError::from(format!(
-                    "GPU {gpu}: a scrub is not an NVML action (scrubs run through CUDA)"
-                )));
+                return Err(ActionError {
+                    reason: GpuReason::Failed,
+                    message: format!("GPU {gpu}: a scrub is not an NVML action (scrubs run through CUDA)"),
+                });
             }
         }
         Ok(())
