@@ -68,24 +68,34 @@ pub struct Timeline {
     pub used: BTreeMap<String, Vec<(f64, f64)>>,
 }
 
+/// Why `--since` is not a window (`given`: as written).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    #[error("--since {given:?}: not a duration like 30m, 24h or 7d")]
+    NotADuration { given: String },
+    #[error("--since {given:?}: the unit must be s, m, h, d or w")]
+    Unit { given: String },
+    #[error("--since {given:?}: the window must be at least 1s")]
+    TooShort { given: String },
+}
+
 /// A Prometheus duration of `--since` (`90s`, `30m`, `24h`, `7d`, `2w`), in seconds.
-pub fn parse_window(s: &str) -> Result<f64, String> {
+pub fn parse_window(s: &str) -> Result<f64, WindowError> {
+    let given = || s.to_string();
     let unit_at = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(unit_at);
-    let n: f64 = n
-        .parse()
-        .map_err(|_| format!("--since {s:?}: not a duration like 30m, 24h or 7d"))?;
+    let n: f64 = n.parse().map_err(|_| WindowError::NotADuration { given: given() })?;
     let scale = match unit {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
         "d" => 86400.0,
         "w" => 7.0 * 86400.0,
-        _ => return Err(format!("--since {s:?}: the unit must be s, m, h, d or w")),
+        _ => return Err(WindowError::Unit { given: given() }),
     };
     match n * scale {
         w if w >= 1.0 => Ok(w),
-        _ => Err(format!("--since {s:?}: the window must be at least 1s")),
+        _ => Err(WindowError::TooShort { given: given() }),
     }
 }
 
