@@ -7,7 +7,9 @@
 //! scrubbed when a GPU or instance changes hands.
 
 use crate::api::GpuReason;
-use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory};
+use crate::api::{
+    GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, MigModeStatus, Mode, Placement, ScrubMemory,
+};
 use crate::handover::gpu_changes_hands;
 use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
 use std::fmt;
@@ -212,8 +214,6 @@ pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: D
         ..Default::default()
     };
     let want_mig = g.mode == Mode::Mig;
-    let all_pids = || pids(o.processes.iter().map(|p| p.pid));
-
     let Some(mig) = o.mig_mode else {
         if want_mig {
             plan.block(
@@ -231,50 +231,68 @@ pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: D
         );
         return plan;
     }
-
     if mig.current != want_mig || mig.pending != want_mig {
-        if !o.processes.is_empty() {
-            plan.block(
-                GpuReason::Busy,
-                format!(
-                    "MIG mode must change but processes run on GPU {}: pids {}",
-                    g.index,
-                    all_pids()
-                ),
-            );
-            return plan;
-        }
-        // Pending and idle: the call activates it, unless NVML said this machine cannot reset
-        // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
-        // and calling again would only get the same answer.
-        let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason == Some(GpuReason::ResetRequired));
-        if mig.current != want_mig && mig.pending == want_mig && reset_required {
-            plan.block(
-                GpuReason::ResetRequired,
-                format!(
-                    "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
-                    if want_mig { "enable" } else { "disable" },
-                    g.index,
-                ),
-            );
-            return plan;
-        }
-        if !want_mig {
-            for inst in &o.instances {
-                destroy_instance(&mut plan.actions, g.index, inst);
-            }
-        }
-        plan.actions.push(Action::SetMigMode {
-            gpu: g.index,
-            enable: want_mig,
-        });
-        // The layout (or whole-GPU settings) follow once the mode is in effect: the next round.
+        mig_mode_actions(o, g, prev, mig, &mut plan);
         return plan;
     }
     if !want_mig {
         return whole_gpu_actions(o, g, prev, done, plan);
     }
+    mig_layout_actions(o, g, prev, done, plan)
+}
 
+/// A MIG mode change: none while processes run, none until a reset NVML said this machine cannot
+/// do; otherwise the instances go first (when MIG is turned off) and the mode is set. The layout
+/// (or whole-GPU settings) follow once the mode is in effect: the next round.
+fn mig_mode_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, mig: MigModeStatus, plan: &mut GpuActions) {
+    let want_mig = g.mode == Mode::Mig;
+    if !o.processes.is_empty() {
+        plan.block(
+            GpuReason::Busy,
+            format!(
+                "MIG mode must change but processes run on GPU {}: pids {}",
+                g.index,
+                pids(o.processes.iter().map(|p| p.pid))
+            ),
+        );
+        return;
+    }
+    // Pending and idle: the call activates it, unless NVML said this machine cannot reset
+    // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
+    // and calling again would only get the same answer.
+    let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason == Some(GpuReason::ResetRequired));
+    if mig.current != want_mig && mig.pending == want_mig && reset_required {
+        plan.block(
+            GpuReason::ResetRequired,
+            format!(
+                "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
+                if want_mig { "enable" } else { "disable" },
+                g.index,
+            ),
+        );
+        return;
+    }
+    if !want_mig {
+        for inst in &o.instances {
+            destroy_instance(&mut plan.actions, g.index, inst);
+        }
+    }
+    plan.actions.push(Action::SetMigMode {
+        gpu: g.index,
+        enable: want_mig,
+    });
+}
+
+/// A GPU in MIG mode as the spec wants it: instances not in the spec destroyed, missing ones
+/// created, any without one compute instance spanning it given one, and the scrubs hand-overs
+/// need; nothing while processes are in the way (`Busy`).
+fn mig_layout_actions(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    mut plan: GpuActions,
+) -> GpuActions {
     let current: Vec<ExistingInstance> = o
         .instances
         .iter()
@@ -289,23 +307,11 @@ pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: D
         o.instances
             .iter()
             .find(|i| Some(i.gpu_instance_id) == e.gpu_instance_id)
+            .expect("diffed from these instances")
     };
-
     let mut busy = Vec::new();
     for e in &diff.destroy {
-        let inst = inst_of(e).expect("diffed from these instances");
-        let p = instance_pids(o, inst.gpu_instance_id);
-        if !p.is_empty() {
-            busy.push(format!(
-                "{} at {} runs pids {}",
-                inst.profile,
-                inst.placement,
-                pids(p.into_iter())
-            ));
-        }
-        plan.notes
-            .push(format!("{} at {} is not in the spec", inst.profile, inst.placement));
-        destroy_instance(&mut plan.actions, g.index, inst);
+        destroy_surplus(o, g.index, inst_of(e), &mut plan, &mut busy);
     }
     for c in &diff.create {
         let Some(profile) = o.profiles.iter().find(|p| p.name == c.profile) else {
@@ -319,28 +325,11 @@ pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: D
         });
     }
     for k in &diff.keep {
-        let inst = inst_of(k).expect("diffed from these instances");
+        let inst = inst_of(k);
         if inst.compute_instance_id.is_none() {
-            plan.notes.push(format!(
-                "GPU instance {} ({} at {}) has no compute instance spanning it (none, from an interrupted run, or several or a partial one, made by hand): its compute instances are replaced by one",
-                inst.gpu_instance_id, inst.profile, inst.placement
-            ));
-            let p = instance_pids(o, inst.gpu_instance_id);
-            if !p.is_empty() {
-                busy.push(format!(
-                    "{} at {} needs its compute instances replaced but runs pids {}",
-                    inst.profile,
-                    inst.placement,
-                    pids(p.into_iter())
-                ));
-            }
-            plan.actions.push(Action::CreateComputeInstance {
-                gpu: g.index,
-                gpu_instance_id: inst.gpu_instance_id,
-            });
+            replace_compute_instances(o, g.index, inst, &mut plan, &mut busy);
         }
     }
-
     let created: Vec<Placement> = diff.create.iter().map(|c| c.placement).collect();
     instance_scrubs(o, g, prev, done, &created, &mut plan.actions, &mut busy);
     if !busy.is_empty() {
@@ -350,6 +339,50 @@ pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: D
         );
     }
     plan
+}
+
+/// Destroys an instance the spec does not have (noted), unless processes run in it (`busy`).
+fn destroy_surplus(o: &GpuStatus, gpu: u32, inst: &MigInstanceStatus, plan: &mut GpuActions, busy: &mut Vec<String>) {
+    let p = instance_pids(o, inst.gpu_instance_id);
+    if !p.is_empty() {
+        busy.push(format!(
+            "{} at {} runs pids {}",
+            inst.profile,
+            inst.placement,
+            pids(p.into_iter())
+        ));
+    }
+    plan.notes
+        .push(format!("{} at {} is not in the spec", inst.profile, inst.placement));
+    destroy_instance(&mut plan.actions, gpu, inst);
+}
+
+/// Gives a GPU instance that stays one compute instance spanning it (noted), unless processes run
+/// in it (`busy`).
+fn replace_compute_instances(
+    o: &GpuStatus,
+    gpu: u32,
+    inst: &MigInstanceStatus,
+    plan: &mut GpuActions,
+    busy: &mut Vec<String>,
+) {
+    plan.notes.push(format!(
+        "GPU instance {} ({} at {}) has no compute instance spanning it (none, from an interrupted run, or several or a partial one, made by hand): its compute instances are replaced by one",
+        inst.gpu_instance_id, inst.profile, inst.placement
+    ));
+    let p = instance_pids(o, inst.gpu_instance_id);
+    if !p.is_empty() {
+        busy.push(format!(
+            "{} at {} needs its compute instances replaced but runs pids {}",
+            inst.profile,
+            inst.placement,
+            pids(p.into_iter())
+        ));
+    }
+    plan.actions.push(Action::CreateComputeInstance {
+        gpu,
+        gpu_instance_id: inst.gpu_instance_id,
+    });
 }
 
 /// The scrubs a MIG GPU's instances need before their tenants get them (`created`: placements this

@@ -270,7 +270,15 @@ impl NvmlGpus {
                 });
             }
         }
-        // MIG device UUIDs, matched by (GPU instance, compute instance).
+        self.mig_device_uuids(index, dev, &mut out)?;
+        out.sort_by_key(|i| i.placement);
+        Ok(out)
+    }
+
+    /// Fills in the MIG device UUID of each instance with its compute instance, matched by (GPU
+    /// instance, compute instance) among the GPU's MIG devices.
+    fn mig_device_uuids(&self, index: u32, dev: nvmlDevice_t, out: &mut [MigInstanceStatus]) -> Result<(), NvmlError> {
+        let lib = self.lib();
         let max = {
             let f = sym(lib.nvmlDeviceGetMaxMigDeviceCount.as_ref())?;
             let mut n = 0u32;
@@ -310,8 +318,7 @@ impl NvmlGpus {
                 inst.uuid = Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
             }
         }
-        out.sort_by_key(|i| i.placement);
-        Ok(out)
+        Ok(())
     }
 
     /// Every compute instance of a GPU instance, whatever its profile, in ID order.
