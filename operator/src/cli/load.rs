@@ -303,43 +303,13 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
+/// Sorts one document into `loaded`: one of our kinds (schema-checked), a Node, an inventory or a
+/// mig-parted file; what it cannot take becomes a problem.
 fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: Value, loaded: &mut Loaded) {
-    let problem = |object: String, field: &str, message: String| FileProblem {
-        file: file.to_string(),
-        object,
-        field: field.to_string(),
-        message,
-    };
     let kind = doc.get("kind").and_then(Value::as_str).map(str::to_string);
     let api_version = doc.get("apiVersion").and_then(Value::as_str).map(str::to_string);
     let (Some(kind), Some(api_version)) = (kind, api_version) else {
-        if doc.get("mig-configs").is_some() {
-            match MigPartedFile::parse(text)
-                .map_err(|e| e.to_string())
-                .and_then(|f| import(&f, None).map_err(|e| e.to_string()))
-            {
-                Ok(plans) => {
-                    for p in plans {
-                        let key = format!("GpuPartitionPlan/{}", p.metadata.name.clone().unwrap_or_default());
-                        loaded.origin.insert(key, file.to_string());
-                        loaded.plans.push(p);
-                    }
-                }
-                Err(e) => loaded.problems.push(problem("mig-parted".into(), "-", e)),
-            }
-        } else if doc.get("nodes").is_some() {
-            match serde_json::from_value::<InventoryFile>(doc) {
-                Ok(inv) => loaded.inventories.push((file.to_string(), inv)),
-                Err(e) => loaded.problems.push(problem("inventory".into(), "-", e.to_string())),
-            }
-        } else {
-            loaded.problems.push(problem(
-                format!("document {}", index + 1),
-                "apiVersion",
-                "not a Kubernetes object (no apiVersion and kind), an inventory (nodes:) or a mig-parted file (mig-configs:)".into(),
-            ));
-        }
-        return;
+        return classify_file(file, index, text, doc, loaded);
     };
     let name = doc
         .pointer("/metadata/name")
@@ -351,13 +321,16 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         // A live cluster's inventory for `plan` (labels and name are what the planner reads).
         match serde_json::from_value(doc) {
             Ok(node) => loaded.cluster_nodes.push(node),
-            Err(e) => loaded.problems.push(problem(object, "-", format!("not a Node: {e}"))),
+            Err(e) => loaded
+                .problems
+                .push(problem(file, object, "-", format!("not a Node: {e}"))),
         }
         return;
     }
     if api_version != API_VERSION {
         if api_version.starts_with("gputenancy.io/") {
             loaded.problems.push(problem(
+                file,
                 object,
                 "apiVersion",
                 format!("{api_version} is not served; use {API_VERSION}"),
@@ -366,17 +339,76 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         // Other APIs (Namespaces, ConfigMaps...) are not ours to judge.
         return;
     }
-    let Some(schema_problems) = checker.check(&kind, &doc) else {
+    classify_object(checker, file, &kind, name.is_empty(), object, doc, loaded);
+}
+
+/// A problem of `file`, in the `FILE: Kind/name: field: message` form's parts.
+fn problem(file: &str, object: String, field: &str, message: String) -> FileProblem {
+    FileProblem {
+        file: file.to_string(),
+        object,
+        field: field.to_string(),
+        message,
+    }
+}
+
+/// A document with no `apiVersion` and `kind`: a mig-parted file (its plans imported), an
+/// inventory, or a problem.
+fn classify_file(file: &str, index: usize, text: &str, doc: Value, loaded: &mut Loaded) {
+    if doc.get("mig-configs").is_some() {
+        match MigPartedFile::parse(text).and_then(|f| import(&f, None)) {
+            Ok(plans) => {
+                for p in plans {
+                    let key = format!("GpuPartitionPlan/{}", p.metadata.name.clone().unwrap_or_default());
+                    loaded.origin.insert(key, file.to_string());
+                    loaded.plans.push(p);
+                }
+            }
+            Err(e) => loaded
+                .problems
+                .push(problem(file, "mig-parted".into(), "-", e.to_string())),
+        }
+    } else if doc.get("nodes").is_some() {
+        match serde_json::from_value::<InventoryFile>(doc) {
+            Ok(inv) => loaded.inventories.push((file.to_string(), inv)),
+            Err(e) => loaded
+                .problems
+                .push(problem(file, "inventory".into(), "-", e.to_string())),
+        }
+    } else {
         loaded.problems.push(problem(
+            file,
+            format!("document {}", index + 1),
+            "apiVersion",
+            "not a Kubernetes object (no apiVersion and kind), an inventory (nodes:) or a mig-parted file (mig-configs:)".into(),
+        ));
+    }
+}
+
+/// One of our kinds: checked against its schema and CEL rules, named once across the files, then
+/// kept typed.
+fn classify_object(
+    checker: &SchemaChecker,
+    file: &str,
+    kind: &str,
+    unnamed: bool,
+    object: String,
+    doc: Value,
+    loaded: &mut Loaded,
+) {
+    let Some(schema_problems) = checker.check(kind, &doc) else {
+        loaded.problems.push(problem(
+            file,
             object,
             "kind",
             format!("{kind} is not a kind of {API_VERSION}; use SharingPolicy, GpuTenant, GpuPartitionPlan or GpuNode"),
         ));
         return;
     };
-    if name.is_empty() {
+    if unnamed {
         loaded.problems.push(problem(
-            object.clone(),
+            file,
+            object,
             "metadata.name",
             "every object needs a name".into(),
         ));
@@ -384,24 +416,25 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
     }
     if !schema_problems.is_empty() {
         for (field, message) in schema_problems {
-            loaded.problems.push(problem(object.clone(), &field, message));
+            loaded.problems.push(problem(file, object.clone(), &field, message));
         }
         return;
     }
     if let Some(previous) = loaded.origin.insert(object.clone(), file.to_string()) {
         loaded.problems.push(problem(
+            file,
             object.clone(),
             "metadata.name",
             format!("also defined in {previous}; names are cluster-wide"),
         ));
     }
-    let typed = match kind.as_str() {
+    let typed = match kind {
         "SharingPolicy" => serde_json::from_value(doc).map(|o| loaded.policies.push(o)),
         "GpuTenant" => serde_json::from_value(doc).map(|o| loaded.tenants.push(o)),
         "GpuPartitionPlan" => serde_json::from_value(doc).map(|o| loaded.plans.push(o)),
         _ => serde_json::from_value(doc).map(|o| loaded.nodes.push(o)),
     };
     if let Err(e) = typed {
-        loaded.problems.push(problem(object, "-", e.to_string()));
+        loaded.problems.push(problem(file, object, "-", e.to_string()));
     }
 }
