@@ -3,6 +3,7 @@
 
 use crate::api::{GpuNodeSpec, GpuNodeStatus};
 use crate::cli::gpu_output;
+use crate::cli::output::{Output, print_data};
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::mps::{DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsConfig};
 use crate::gpu::nvml::NvmlGpus;
@@ -10,15 +11,6 @@ use crate::gpu::scrub::{self, CudaLib};
 use clap::{Subcommand, ValueEnum};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-
-#[derive(Clone, Copy, Debug, Default, ValueEnum)]
-pub enum Format {
-    /// Aligned columns for people.
-    #[default]
-    Table,
-    Yaml,
-    Json,
-}
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
@@ -29,7 +21,7 @@ pub enum AgentCommand {
         nvml_lib: Option<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t)]
-        output: Format,
+        output: Output,
     },
     /// Make the GPUs match a GpuNode spec: MIG mode and instances, compute modes, MPS daemon and
     /// memory scrubs, touching only what differs. Prints the status it would publish. Exit 0 when
@@ -49,7 +41,7 @@ pub enum AgentCommand {
         cuda_lib: Option<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t)]
-        output: Format,
+        output: Output,
     },
     /// Internal: the scrub child process (CUDA device 0 of its CUDA_VISIBLE_DEVICES).
     #[command(hide = true)]
@@ -101,7 +93,7 @@ pub struct ApplyArgs {
     dry_run: bool,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t)]
-    output: Format,
+    output: Output,
 }
 
 #[derive(clap::Args, Debug)]
@@ -306,11 +298,10 @@ fn run_in_cluster(args: RunArgs) -> i32 {
     })
 }
 
-fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> String) {
+fn print<T: serde::Serialize>(v: &T, format: Output, table: impl FnOnce() -> String) {
     match format {
-        Format::Table => print!("{}", table()),
-        Format::Yaml => print!("{}", serde_saphyr::to_string(v).expect("status serialises")),
-        Format::Json => println!("{}", serde_json::to_string_pretty(v).expect("status serialises")),
+        Output::Table => print!("{}", table()),
+        data => print_data(v, data),
     }
 }
 
@@ -330,7 +321,7 @@ pub fn run(cmd: AgentCommand) -> i32 {
 }
 
 /// `agent discover`: the GPUs as NVML reports them, with the layout lines a status carries.
-fn discover(nvml_lib: Option<&Path>, output: Format) -> i32 {
+fn discover(nvml_lib: Option<&Path>, output: Output) -> i32 {
     let gpus = match NvmlGpus::open(nvml_lib.map(Path::as_os_str)) {
         Ok(g) => g,
         Err(e) => return fail(&e),
@@ -409,7 +400,7 @@ fn previous_status(path: Option<&Path>) -> Option<GpuNodeStatus> {
 }
 
 /// `agent scrub-check`: one scrub of `device`, through the worker, as the agent runs them.
-fn scrub_check(device: &str, bytes: &str, cuda_lib: Option<PathBuf>, output: Format) -> i32 {
+fn scrub_check(device: &str, bytes: &str, cuda_lib: Option<PathBuf>, output: Output) -> i32 {
     let amount = match scrub::parse_amount(bytes) {
         Ok(a) => a,
         Err(e) => return fail(&e),
