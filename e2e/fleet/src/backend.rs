@@ -14,8 +14,8 @@ use gpu_tenancy::api::{
     DriverInfo, GpuNodeStatus, GpuReason, GpuStatus, MigInstanceStatus, MigModeStatus, Placement, ProcessStatus,
 };
 use gpu_tenancy::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
-use gpu_tenancy::gpu::scrub::ScrubReport;
-use gpu_tenancy::gpu::{ActionError, Gpus};
+use gpu_tenancy::gpu::scrub::{ScrubError, ScrubReport};
+use gpu_tenancy::gpu::{ActionError, DiscoverError, Gpus};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -195,7 +195,7 @@ impl MemGpus {
 }
 
 impl Gpus for MemGpus {
-    fn discover(&self) -> Result<GpuNodeStatus, String> {
+    fn discover(&self) -> Result<GpuNodeStatus, DiscoverError> {
         self.tally.gpu_reads.fetch_add(1, Ordering::Relaxed);
         let mut st = self.lock();
         let now = Instant::now();
@@ -393,7 +393,7 @@ impl Gpus for MemGpus {
         Ok(())
     }
 
-    fn scrub(&self, device: &str) -> Result<ScrubReport, String> {
+    fn scrub(&self, device: &str) -> Result<ScrubReport, ScrubError> {
         let st = self.lock();
         for g in &st.gpus {
             let (mib, pids) = if g.base.uuid == device {
@@ -410,7 +410,10 @@ impl Gpus for MemGpus {
                 continue;
             };
             if !pids.is_empty() {
-                return Err(format!("scrub of {device}: processes {pids:?} hold its memory"));
+                return Err(ScrubError::Refused {
+                    device: device.to_string(),
+                    why: format!("processes {pids:?} hold its memory"),
+                });
             }
             self.tally.scrubs.fetch_add(1, Ordering::Relaxed);
             let bytes = mib * MIB;
@@ -422,9 +425,9 @@ impl Gpus for MemGpus {
                 bytes_verified: bytes,
             });
         }
-        Err(format!(
-            "scrub of {device}: no such GPU or MIG device on node {}",
-            self.node
-        ))
+        Err(ScrubError::Refused {
+            device: device.to_string(),
+            why: format!("no such GPU or MIG device on node {}", self.node),
+        })
     }
 }

@@ -286,7 +286,7 @@ fn apply_and_sample<G: Gpus + 'static>(
 ) -> tokio::task::JoinHandle<Result<Sampled, String>> {
     let g = gpus.clone();
     tokio::task::spawn_blocking(move || {
-        let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts)?;
+        let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts).map_err(|e| e.to_string())?;
         let usage = match sample {
             true => g.usage(&applied.status),
             false => Default::default(),
@@ -408,7 +408,7 @@ pub async fn run(
     let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
         .await
         .map_err(RunError::Stopped)?
-        .map_err(RunError::Nvml)?
+        .map_err(|e| RunError::Nvml(e.to_string()))?
         .with_cuda(cuda);
     let gpus = Arc::new(gpus);
     // Both halves stop on the one shutdown.

@@ -3,6 +3,7 @@
 
 use crate::api::{GpuNodeSpec, GpuNodeStatus};
 use crate::cli::gpu_output;
+use crate::cli::output::{Output, print_data};
 use crate::gpu::apply::{ApplyOptions, apply};
 use crate::gpu::mps::{DEFAULT_LOG_DIR, DEFAULT_PIPE_DIR, MpsConfig};
 use crate::gpu::nvml::NvmlGpus;
@@ -10,15 +11,6 @@ use crate::gpu::scrub::{self, CudaLib};
 use clap::{Subcommand, ValueEnum};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-
-#[derive(Clone, Copy, Debug, Default, ValueEnum)]
-pub enum Format {
-    /// Aligned columns for people.
-    #[default]
-    Table,
-    Yaml,
-    Json,
-}
 
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
@@ -29,50 +21,12 @@ pub enum AgentCommand {
         nvml_lib: Option<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t)]
-        output: Format,
+        output: Output,
     },
     /// Make the GPUs match a GpuNode spec: MIG mode and instances, compute modes, MPS daemon and
     /// memory scrubs, touching only what differs. Prints the status it would publish. Exit 0 when
     /// every GPU in the spec matches it, 1 when some do not (see REASON), 2 on usage errors.
-    Apply {
-        /// GpuNode manifest, or just its spec, as YAML or JSON.
-        #[arg(short = 'f', long = "filename", value_name = "GPUNODE.yaml")]
-        file: PathBuf,
-        /// Previous status (YAML/JSON, as written by --write-status or a GpuNode with a status): who
-        /// had each GPU and instance and when it was scrubbed. Without it (no flag, a missing or
-        /// unreadable file, no record of a GPU or instance) the previous owner is unknown: a change
-        /// of hands, so memory is scrubbed before a GPU or instance is reported applied (unless its
-        /// scrub policy is Never).
-        #[arg(long, value_name = "FILE")]
-        status: Option<PathBuf>,
-        /// Write the resulting status here (may be the same file as --status).
-        #[arg(long, value_name = "FILE")]
-        write_status: Option<PathBuf>,
-        /// NVML library to load instead of the system's libnvidia-ml.so.1.
-        #[arg(long, env = "GPU_TENANCY_NVML_LIB", value_name = "PATH")]
-        nvml_lib: Option<PathBuf>,
-        /// CUDA driver library for memory scrubs instead of the system's libcuda.so.1.
-        #[arg(long, env = "GPU_TENANCY_CUDA_LIB", value_name = "PATH")]
-        cuda_lib: Option<PathBuf>,
-        /// MPS control binary (looked up on PATH).
-        #[arg(long, default_value = "nvidia-cuda-mps-control", value_name = "PATH")]
-        mps_control: PathBuf,
-        /// CUDA_MPS_PIPE_DIRECTORY of the node's MPS daemon; MPS workloads must use the same one.
-        #[arg(long, default_value = DEFAULT_PIPE_DIR, value_name = "DIR")]
-        mps_pipe_dir: PathBuf,
-        /// CUDA_MPS_LOG_DIRECTORY of the node's MPS daemon.
-        #[arg(long, default_value = DEFAULT_LOG_DIR, value_name = "DIR")]
-        mps_log_dir: PathBuf,
-        /// Leave the MPS daemon alone (start, check, restart or stop nothing).
-        #[arg(long)]
-        no_mps: bool,
-        /// Print the plan and the current status; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Output format.
-        #[arg(short, long, value_enum, default_value_t)]
-        output: Format,
-    },
+    Apply(ApplyArgs),
     /// Clear part of one GPU's (or MIG instance's) free memory through CUDA and check it reads
     /// back zeros. Touches only memory it allocates itself.
     ScrubCheck {
@@ -87,7 +41,7 @@ pub enum AgentCommand {
         cuda_lib: Option<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t)]
-        output: Format,
+        output: Output,
     },
     /// Internal: the scrub child process (CUDA device 0 of its CUDA_VISIBLE_DEVICES).
     #[command(hide = true)]
@@ -99,6 +53,47 @@ pub enum AgentCommand {
     /// Run in the cluster (the DaemonSet): create this node's GpuNode, apply its spec to the GPUs
     /// whenever it changes (and every --poll seconds, to repair drift), publish the status.
     Run(Box<RunArgs>),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ApplyArgs {
+    /// GpuNode manifest, or just its spec, as YAML or JSON.
+    #[arg(short = 'f', long = "filename", value_name = "GPUNODE.yaml")]
+    file: PathBuf,
+    /// Previous status (YAML/JSON, as written by --write-status or a GpuNode with a status): who
+    /// had each GPU and instance and when it was scrubbed. Without it (no flag, a missing or
+    /// unreadable file, no record of a GPU or instance) the previous owner is unknown: a change
+    /// of hands, so memory is scrubbed before a GPU or instance is reported applied (unless its
+    /// scrub policy is Never).
+    #[arg(long, value_name = "FILE")]
+    status: Option<PathBuf>,
+    /// Write the resulting status here (may be the same file as --status).
+    #[arg(long, value_name = "FILE")]
+    write_status: Option<PathBuf>,
+    /// NVML library to load instead of the system's libnvidia-ml.so.1.
+    #[arg(long, env = "GPU_TENANCY_NVML_LIB", value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+    /// CUDA driver library for memory scrubs instead of the system's libcuda.so.1.
+    #[arg(long, env = "GPU_TENANCY_CUDA_LIB", value_name = "PATH")]
+    cuda_lib: Option<PathBuf>,
+    /// MPS control binary (looked up on PATH).
+    #[arg(long, default_value = "nvidia-cuda-mps-control", value_name = "PATH")]
+    mps_control: PathBuf,
+    /// CUDA_MPS_PIPE_DIRECTORY of the node's MPS daemon; MPS workloads must use the same one.
+    #[arg(long, default_value = DEFAULT_PIPE_DIR, value_name = "DIR")]
+    mps_pipe_dir: PathBuf,
+    /// CUDA_MPS_LOG_DIRECTORY of the node's MPS daemon.
+    #[arg(long, default_value = DEFAULT_LOG_DIR, value_name = "DIR")]
+    mps_log_dir: PathBuf,
+    /// Leave the MPS daemon alone (start, check, restart or stop nothing).
+    #[arg(long)]
+    no_mps: bool,
+    /// Print the plan and the current status; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    output: Output,
 }
 
 #[derive(clap::Args, Debug)]
@@ -182,16 +177,50 @@ pub struct RunArgs {
 #[derive(Clone, Copy, Debug)]
 pub struct MetricsAddr(Option<std::net::SocketAddr>);
 
+/// `--metrics-addr` is neither an address nor `off`.
+#[derive(Debug, thiserror::Error)]
+#[error("{given:?} is not an address like 0.0.0.0:9401 (or off): {source}")]
+pub struct MetricsAddrError {
+    given: String,
+    source: std::net::AddrParseError,
+}
+
 impl std::str::FromStr for MetricsAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = MetricsAddrError;
+    fn from_str(s: &str) -> Result<Self, MetricsAddrError> {
         if s == "off" {
             return Ok(MetricsAddr(None));
         }
         s.parse()
             .map(|a| MetricsAddr(Some(a)))
-            .map_err(|e| format!("{s:?} is not an address like 0.0.0.0:9401 (or off): {e}"))
+            .map_err(|source| MetricsAddrError {
+                given: s.to_string(),
+                source,
+            })
     }
+}
+
+/// Why a file `agent apply` reads or writes (the spec, the previous status) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// `why`: the parser's first line.
+    #[error("{}: not YAML or JSON: {why}", .path.display())]
+    NotYaml { path: PathBuf, why: String },
+    /// `what`: a GpuNode manifest or a bare spec; `why`: the parser's first line.
+    #[error("{}: not a valid {what}: {why}", .path.display())]
+    NotSpec {
+        path: PathBuf,
+        what: &'static str,
+        why: String,
+    },
+    #[error("{}: spec.gpus lists GPU {gpu} twice; keep one entry per index", .path.display())]
+    DuplicateGpu { path: PathBuf, gpu: u32 },
+    #[error("{}: not a GpuNode status: {source}", .path.display())]
+    NotStatus { path: PathBuf, source: serde_json::Error },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// The `--mode` of `agent run`.
@@ -277,142 +306,153 @@ fn agent_mode(args: &RunArgs) -> crate::agent::AgentMode {
     }
 }
 
-fn print<T: serde::Serialize>(v: &T, format: Format, table: impl FnOnce() -> String) {
+fn print<T: serde::Serialize>(v: &T, format: Output, table: impl FnOnce() -> String) {
     match format {
-        Format::Table => print!("{}", table()),
-        Format::Yaml => print!("{}", serde_saphyr::to_string(v).expect("status serialises")),
-        Format::Json => println!("{}", serde_json::to_string_pretty(v).expect("status serialises")),
+        Output::Table => print!("{}", table()),
+        data => print_data(v, data),
     }
 }
 
 pub fn run(cmd: AgentCommand) -> i32 {
     match cmd {
-        AgentCommand::Discover { nvml_lib, output } => {
-            let result = NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)).and_then(|g| g.discover());
-            match result {
-                Ok(mut s) => {
-                    s.layout = Some(crate::gpu::status::layout_summary(&s));
-                    s.gpu_layout = Some(crate::gpu::status::gpu_layout_line(&s));
-                    print(&s, output, || gpu_output::discover_table(&s));
-                    0
-                }
-                Err(e) => fail(&e),
-            }
-        }
-        AgentCommand::Apply {
-            file,
-            status,
-            write_status,
-            nvml_lib,
-            cuda_lib,
-            mps_control,
-            mps_pipe_dir,
-            mps_log_dir,
-            no_mps,
-            dry_run,
-            output,
-        } => {
-            let spec = match read_spec(&file) {
-                Ok(s) => s,
-                Err(e) => return fail(&e),
-            };
-            // An unreadable status is no status: every previous owner unknown, every hand-over
-            // scrubbed (fails closed, docs/design.md#scrub-on-change-of-hands), rather than no apply at all.
-            let prev = match status.as_deref().map(read_status).transpose() {
-                Ok(p) => p.flatten(),
-                Err(e) => {
-                    eprintln!(
-                        "warning: {e}; every GPU's previous owner is taken as unknown (scrubbed before hand-over)"
-                    );
-                    None
-                }
-            };
-            let gpus = match NvmlGpus::open(nvml_lib.as_deref().map(Path::as_os_str)) {
-                Ok(g) => g.with_cuda(CudaLib(cuda_lib)),
-                Err(e) => return fail(&e),
-            };
-            let mps = (!no_mps).then(|| MpsConfig {
-                control: mps_control,
-                pipe_dir: mps_pipe_dir,
-                log_dir: mps_log_dir,
-                ..Default::default()
-            });
-            let opts = ApplyOptions { mps, dry_run };
-            let applied = match apply(&gpus, &spec, prev.as_ref(), &opts) {
-                Ok(a) => a,
-                Err(e) => return fail(&e),
-            };
-            if let Some(path) = &write_status {
-                if dry_run {
-                    eprintln!("--dry-run: not writing {}", path.display());
-                } else if let Err(e) = write_atomic(
-                    path,
-                    &serde_saphyr::to_string(&applied.status).expect("status serialises"),
-                ) {
-                    return fail(&e);
-                }
-            }
-            print(&applied.status, output, || gpu_output::apply_table(&applied.status));
-            let all = spec.gpus.iter().all(|g| {
-                applied
-                    .status
-                    .gpus
-                    .iter()
-                    .any(|s| s.index == g.index && s.applied == Some(true))
-            });
-            if all { 0 } else { 1 }
-        }
+        AgentCommand::Discover { nvml_lib, output } => discover(nvml_lib.as_deref(), output),
+        AgentCommand::Apply(args) => apply_spec(args),
         AgentCommand::Run(args) => run_in_cluster(*args),
         AgentCommand::ScrubCheck {
             device,
             bytes,
             cuda_lib,
             output,
-        } => {
-            let amount = match scrub::parse_amount(&bytes) {
-                Ok(a) => a,
-                Err(e) => return fail(&e),
-            };
-            match scrub::run(&device, amount, &CudaLib(cuda_lib)) {
-                Ok(r) => {
-                    print(&r, output, || {
-                        format!(
-                            "{}: cleared {} of {} free bytes ({} total), {} bytes read back as zero\n",
-                            r.device, r.bytes_cleared, r.free_bytes, r.total_bytes, r.bytes_verified
-                        )
-                    });
-                    0
-                }
-                Err(e) => fail(&e),
-            }
+        } => scrub_check(&device, &bytes, cuda_lib, output),
+        AgentCommand::ScrubWorker { bytes } => scrub_worker(bytes),
+    }
+}
+
+/// `agent discover`: the GPUs as NVML reports them, with the layout lines a status carries.
+fn discover(nvml_lib: Option<&Path>, output: Output) -> i32 {
+    let gpus = match NvmlGpus::open(nvml_lib.map(Path::as_os_str)) {
+        Ok(g) => g,
+        Err(e) => return fail(&e),
+    };
+    match gpus.discover() {
+        Ok(mut s) => {
+            s.layout = Some(crate::gpu::status::layout_summary(&s));
+            s.gpu_layout = Some(crate::gpu::status::gpu_layout_line(&s));
+            print(&s, output, || gpu_output::discover_table(&s));
+            0
         }
-        AgentCommand::ScrubWorker { bytes } => {
-            // cudarc panics when a symbol is missing; turn that into the one-line error too.
-            std::panic::set_hook(Box::new(|info| {
-                let msg = info
-                    .payload()
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
-                eprintln!(
-                    "error: CUDA library problem: {}",
-                    msg.unwrap_or_else(|| "unknown".into())
-                );
-            }));
-            let amount = bytes.map(scrub::Amount::Bytes).unwrap_or(scrub::Amount::AllFree);
-            match std::panic::catch_unwind(|| scrub::worker(amount)) {
-                Ok(Ok(r)) => {
-                    println!("{}", serde_json::to_string(&r).expect("report serialises"));
-                    0
-                }
-                Ok(Err(e)) => fail(&e),
-                Err(_) => 2,
-            }
+        Err(e) => fail(&e),
+    }
+}
+
+/// `agent apply`: the spec applied (or, with `--dry-run`, planned), the status printed and
+/// written where asked.
+fn apply_spec(args: ApplyArgs) -> i32 {
+    let spec = match read_spec(&args.file) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let prev = previous_status(args.status.as_deref());
+    let gpus = match NvmlGpus::open(args.nvml_lib.as_deref().map(Path::as_os_str)) {
+        Ok(g) => g.with_cuda(CudaLib(args.cuda_lib)),
+        Err(e) => return fail(&e),
+    };
+    let mps = (!args.no_mps).then(|| MpsConfig {
+        control: args.mps_control,
+        pipe_dir: args.mps_pipe_dir,
+        log_dir: args.mps_log_dir,
+        ..Default::default()
+    });
+    let opts = ApplyOptions {
+        mps,
+        dry_run: args.dry_run,
+    };
+    let applied = match apply(&gpus, &spec, prev.as_ref(), &opts) {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
+    };
+    if let Some(path) = &args.write_status {
+        if args.dry_run {
+            eprintln!("--dry-run: not writing {}", path.display());
+        } else if let Err(e) = write_atomic(
+            path,
+            &serde_saphyr::to_string(&applied.status).expect("status serialises"),
+        ) {
+            return fail(&e);
+        }
+    }
+    print(&applied.status, args.output, || {
+        gpu_output::apply_table(&applied.status)
+    });
+    let all = spec.gpus.iter().all(|g| {
+        applied
+            .status
+            .gpus
+            .iter()
+            .any(|s| s.index == g.index && s.applied == Some(true))
+    });
+    if all { 0 } else { 1 }
+}
+
+/// The status `--status` names. An unreadable status is no status: every previous owner unknown,
+/// every hand-over scrubbed (fails closed, docs/design.md#scrub-on-change-of-hands), rather than
+/// no apply at all.
+fn previous_status(path: Option<&Path>) -> Option<GpuNodeStatus> {
+    match path.map(read_status).transpose() {
+        Ok(p) => p.flatten(),
+        Err(e) => {
+            eprintln!("warning: {e}; every GPU's previous owner is taken as unknown (scrubbed before hand-over)");
+            None
         }
     }
 }
 
-fn fail(e: &str) -> i32 {
+/// `agent scrub-check`: one scrub of `device`, through the worker, as the agent runs them.
+fn scrub_check(device: &str, bytes: &str, cuda_lib: Option<PathBuf>, output: Output) -> i32 {
+    let amount = match scrub::parse_amount(bytes) {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
+    };
+    match scrub::run(device, amount, &CudaLib(cuda_lib)) {
+        Ok(r) => {
+            print(&r, output, || {
+                format!(
+                    "{}: cleared {} of {} free bytes ({} total), {} bytes read back as zero\n",
+                    r.device, r.bytes_cleared, r.free_bytes, r.total_bytes, r.bytes_verified
+                )
+            });
+            0
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// `agent scrub-worker`: the scrub child; its report on standard output, its error as one line.
+fn scrub_worker(bytes: Option<u64>) -> i32 {
+    // cudarc panics when a symbol is missing; turn that into the one-line error too.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+        eprintln!(
+            "error: CUDA library problem: {}",
+            msg.unwrap_or_else(|| "unknown".into())
+        );
+    }));
+    let amount = bytes.map(scrub::Amount::Bytes).unwrap_or(scrub::Amount::AllFree);
+    match std::panic::catch_unwind(|| scrub::worker(amount)) {
+        Ok(Ok(r)) => {
+            println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            0
+        }
+        Ok(Err(e)) => fail(&e),
+        Err(_) => 2,
+    }
+}
+
+fn fail(e: &dyn std::fmt::Display) -> i32 {
     eprintln!("error: {e}");
     2
 }
@@ -423,32 +463,37 @@ struct Manifest {
     spec: GpuNodeSpec,
 }
 
-fn read_spec(path: &Path) -> Result<GpuNodeSpec, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
+fn read_spec(path: &Path) -> Result<GpuNodeSpec, FileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| FileError::NotYaml {
+        path: path.to_path_buf(),
+        why: first_line(&e.to_string()).to_string(),
+    })?;
     let is_manifest = value.get("spec").is_some() || value.get("kind").is_some();
     let parsed = if is_manifest {
         serde_saphyr::from_str::<Manifest>(&text).map(|m| m.spec)
     } else {
         serde_saphyr::from_str::<GpuNodeSpec>(&text)
     };
-    let spec = parsed.map_err(|e| {
-        let what = if is_manifest {
+    let spec = parsed.map_err(|e| FileError::NotSpec {
+        path: path.to_path_buf(),
+        what: if is_manifest {
             "GpuNode manifest"
         } else {
             "GpuNode spec"
-        };
-        format!("{}: not a valid {what}: {}", path.display(), first_line(&e.to_string()))
+        },
+        why: first_line(&e.to_string()).to_string(),
     })?;
     let mut seen = std::collections::BTreeSet::new();
     for g in &spec.gpus {
         if !seen.insert(g.index) {
-            return Err(format!(
-                "{}: spec.gpus lists GPU {} twice; keep one entry per index",
-                path.display(),
-                g.index
-            ));
+            return Err(FileError::DuplicateGpu {
+                path: path.to_path_buf(),
+                gpu: g.index,
+            });
         }
     }
     Ok(spec)
@@ -460,26 +505,39 @@ fn first_line(e: &str) -> &str {
 }
 
 /// A status file: a bare GpuNode status, or a GpuNode with a `status`. Missing means none.
-fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, String> {
+fn read_status(path: &Path) -> Result<Option<GpuNodeStatus>, FileError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => {
+            return Err(FileError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     };
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{}: not YAML or JSON: {}", path.display(), first_line(&e.to_string())))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| FileError::NotYaml {
+        path: path.to_path_buf(),
+        why: first_line(&e.to_string()).to_string(),
+    })?;
     let inner = value.get("status").cloned().unwrap_or(value);
     serde_json::from_value(inner)
         .map(Some)
-        .map_err(|e| format!("{}: not a GpuNode status: {e}", path.display()))
+        .map_err(|source| FileError::NotStatus {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
+fn write_atomic(path: &Path, text: &str) -> Result<(), FileError> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|source| FileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }

@@ -126,7 +126,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
 
 /// A host directory as the admission policies compare it: absolute, spelled plainly (no `..`, `.`
 /// or empty segments), of letters, digits and `-_.`; a trailing slash is dropped.
-fn host_dir(s: &str) -> Result<String, String> {
+fn host_dir(s: &str) -> Result<String, HostDirError> {
     let path = s.trim_end_matches('/');
     let plain = path.starts_with('/')
         && path[1..]
@@ -136,10 +136,17 @@ fn host_dir(s: &str) -> Result<String, String> {
     if plain {
         Ok(path.to_string())
     } else {
-        Err(format!(
-            "{s:?} is not a plain absolute directory (letters, digits, -, _ and . in segments, no . or .. segments, no //)"
-        ))
+        Err(HostDirError { given: s.to_string() })
     }
+}
+
+/// A host directory flag that is not a plain absolute path.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{given:?} is not a plain absolute directory (letters, digits, -, _ and . in segments, no . or .. segments, no //)"
+)]
+pub struct HostDirError {
+    given: String,
 }
 
 #[cfg(test)]

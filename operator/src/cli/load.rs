@@ -8,6 +8,7 @@ use crate::schema::SchemaChecker;
 use serde_json::Value;
 use serde_saphyr::budget::BudgetBreach;
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,29 @@ pub const MAX_DOCUMENTS_ENV: &str = "GPU_TENANCY_MAX_DOCUMENTS";
 pub const MAX_YAML_NODES_ENV: &str = "GPU_TENANCY_MAX_YAML_NODES";
 pub const MAX_INPUT_BYTES_ENV: &str = "GPU_TENANCY_MAX_INPUT_BYTES";
 
+/// Why the input could not be read (exit 2); what is wrong inside it is a [`FileProblem`].
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A limit's environment variable (`var`) is not a positive whole number.
+    #[error("{var}={value:?} is not a positive whole number")]
+    Limit { var: &'static str, value: OsString },
+    #[error(
+        "cannot read {}: larger than {limit} bytes, the limit; set {var} to a larger number to read it",
+        .path.display(),
+        var = MAX_INPUT_BYTES_ENV
+    )]
+    TooBig { path: PathBuf, limit: usize },
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {}: not UTF-8 text ({source})", .path.display())]
+    NotUtf8 {
+        path: PathBuf,
+        source: std::string::FromUtf8Error,
+    },
+    #[error("cannot read folder {}: {source}", .path.display())]
+    Folder { path: PathBuf, source: std::io::Error },
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -45,7 +69,7 @@ impl Default for Limits {
 impl Limits {
     /// The defaults, raised or lowered by `GPU_TENANCY_MAX_DOCUMENTS`, `GPU_TENANCY_MAX_YAML_NODES`
     /// and `GPU_TENANCY_MAX_INPUT_BYTES`. A value that is not a positive number is a usage error.
-    pub fn from_env() -> Result<Limits, String> {
+    pub fn from_env() -> Result<Limits, LoadError> {
         let mut limits = Limits::default();
         for (var, slot) in [
             (MAX_DOCUMENTS_ENV, &mut limits.documents),
@@ -57,7 +81,7 @@ impl Limits {
                     .to_str()
                     .and_then(|v| v.trim().parse::<usize>().ok())
                     .filter(|&n| n > 0)
-                    .ok_or_else(|| format!("{var}={v:?} is not a positive whole number"))?;
+                    .ok_or(LoadError::Limit { var, value: v })?;
             }
         }
         Ok(limits)
@@ -113,30 +137,34 @@ impl Limits {
 
     /// Reads one file, or standard input for `-`, refusing more than [`Limits::bytes`] before
     /// reading it all.
-    pub fn read(&self, path: &Path) -> Result<String, String> {
-        let name = path.display();
-        let too_big = || {
-            format!(
-                "cannot read {name}: larger than {} bytes, the limit; set {MAX_INPUT_BYTES_ENV} to a larger number to read it",
-                self.bytes
-            )
+    pub fn read(&self, path: &Path) -> Result<String, LoadError> {
+        let too_big = || LoadError::TooBig {
+            path: path.to_path_buf(),
+            limit: self.bytes,
+        };
+        let unreadable = |source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
         };
         let mut bytes = Vec::new();
         let cap = u64::try_from(self.bytes).unwrap_or(u64::MAX).saturating_add(1);
         let read = if path.as_os_str() == STDIN {
             std::io::stdin().lock().take(cap).read_to_end(&mut bytes)
         } else {
-            let file = std::fs::File::open(path).map_err(|e| format!("cannot read {name}: {e}"))?;
+            let file = std::fs::File::open(path).map_err(unreadable)?;
             if file.metadata().is_ok_and(|m| m.len() > self.bytes as u64) {
                 return Err(too_big());
             }
             file.take(cap).read_to_end(&mut bytes)
         };
-        read.map_err(|e| format!("cannot read {name}: {e}"))?;
+        read.map_err(unreadable)?;
         if bytes.len() > self.bytes {
             return Err(too_big());
         }
-        String::from_utf8(bytes).map_err(|e| format!("cannot read {name}: not UTF-8 text ({e})"))
+        String::from_utf8(bytes).map_err(|source| LoadError::NotUtf8 {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -173,16 +201,22 @@ pub struct Loaded {
 /// Files named by the paths: files as given (`-` is standard input), folders walked for
 /// `*.yaml`/`*.yml`, sorted.
 /// A missing path is a read error (exit 2), not a problem of the input.
-pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
     let mut out = Vec::new();
     for p in paths {
         if p.as_os_str() == STDIN {
             out.push(p.clone());
             continue;
         }
-        let meta = std::fs::metadata(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let meta = std::fs::metadata(p).map_err(|source| LoadError::Read {
+            path: p.clone(),
+            source,
+        })?;
         if meta.is_dir() {
-            walk(p, &mut out).map_err(|e| format!("cannot read folder {}: {e}", p.display()))?;
+            walk(p, &mut out).map_err(|source| LoadError::Folder {
+                path: p.clone(),
+                source,
+            })?;
         } else {
             out.push(p.clone());
         }
@@ -206,7 +240,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 /// Reads and classifies every document. Read errors are returned; content problems are collected.
-pub fn load(paths: &[PathBuf]) -> Result<Loaded, String> {
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     let limits = Limits::from_env()?;
     let checker = SchemaChecker::new();
     let mut loaded = Loaded::default();
@@ -269,43 +303,13 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
+/// Sorts one document into `loaded`: one of our kinds (schema-checked), a Node, an inventory or a
+/// mig-parted file; what it cannot take becomes a problem.
 fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: Value, loaded: &mut Loaded) {
-    let problem = |object: String, field: &str, message: String| FileProblem {
-        file: file.to_string(),
-        object,
-        field: field.to_string(),
-        message,
-    };
     let kind = doc.get("kind").and_then(Value::as_str).map(str::to_string);
     let api_version = doc.get("apiVersion").and_then(Value::as_str).map(str::to_string);
     let (Some(kind), Some(api_version)) = (kind, api_version) else {
-        if doc.get("mig-configs").is_some() {
-            match MigPartedFile::parse(text)
-                .map_err(|e| e.to_string())
-                .and_then(|f| import(&f, None).map_err(|e| e.to_string()))
-            {
-                Ok(plans) => {
-                    for p in plans {
-                        let key = format!("GpuPartitionPlan/{}", p.metadata.name.clone().unwrap_or_default());
-                        loaded.origin.insert(key, file.to_string());
-                        loaded.plans.push(p);
-                    }
-                }
-                Err(e) => loaded.problems.push(problem("mig-parted".into(), "-", e)),
-            }
-        } else if doc.get("nodes").is_some() {
-            match serde_json::from_value::<InventoryFile>(doc) {
-                Ok(inv) => loaded.inventories.push((file.to_string(), inv)),
-                Err(e) => loaded.problems.push(problem("inventory".into(), "-", e.to_string())),
-            }
-        } else {
-            loaded.problems.push(problem(
-                format!("document {}", index + 1),
-                "apiVersion",
-                "not a Kubernetes object (no apiVersion and kind), an inventory (nodes:) or a mig-parted file (mig-configs:)".into(),
-            ));
-        }
-        return;
+        return classify_file(file, index, text, doc, loaded);
     };
     let name = doc
         .pointer("/metadata/name")
@@ -317,13 +321,16 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         // A live cluster's inventory for `plan` (labels and name are what the planner reads).
         match serde_json::from_value(doc) {
             Ok(node) => loaded.cluster_nodes.push(node),
-            Err(e) => loaded.problems.push(problem(object, "-", format!("not a Node: {e}"))),
+            Err(e) => loaded
+                .problems
+                .push(problem(file, object, "-", format!("not a Node: {e}"))),
         }
         return;
     }
     if api_version != API_VERSION {
         if api_version.starts_with("gputenancy.io/") {
             loaded.problems.push(problem(
+                file,
                 object,
                 "apiVersion",
                 format!("{api_version} is not served; use {API_VERSION}"),
@@ -332,17 +339,76 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
         // Other APIs (Namespaces, ConfigMaps...) are not ours to judge.
         return;
     }
-    let Some(schema_problems) = checker.check(&kind, &doc) else {
+    classify_object(checker, file, &kind, name.is_empty(), object, doc, loaded);
+}
+
+/// A problem of `file`, in the `FILE: Kind/name: field: message` form's parts.
+fn problem(file: &str, object: String, field: &str, message: String) -> FileProblem {
+    FileProblem {
+        file: file.to_string(),
+        object,
+        field: field.to_string(),
+        message,
+    }
+}
+
+/// A document with no `apiVersion` and `kind`: a mig-parted file (its plans imported), an
+/// inventory, or a problem.
+fn classify_file(file: &str, index: usize, text: &str, doc: Value, loaded: &mut Loaded) {
+    if doc.get("mig-configs").is_some() {
+        match MigPartedFile::parse(text).and_then(|f| import(&f, None)) {
+            Ok(plans) => {
+                for p in plans {
+                    let key = format!("GpuPartitionPlan/{}", p.metadata.name.clone().unwrap_or_default());
+                    loaded.origin.insert(key, file.to_string());
+                    loaded.plans.push(p);
+                }
+            }
+            Err(e) => loaded
+                .problems
+                .push(problem(file, "mig-parted".into(), "-", e.to_string())),
+        }
+    } else if doc.get("nodes").is_some() {
+        match serde_json::from_value::<InventoryFile>(doc) {
+            Ok(inv) => loaded.inventories.push((file.to_string(), inv)),
+            Err(e) => loaded
+                .problems
+                .push(problem(file, "inventory".into(), "-", e.to_string())),
+        }
+    } else {
         loaded.problems.push(problem(
+            file,
+            format!("document {}", index + 1),
+            "apiVersion",
+            "not a Kubernetes object (no apiVersion and kind), an inventory (nodes:) or a mig-parted file (mig-configs:)".into(),
+        ));
+    }
+}
+
+/// One of our kinds: checked against its schema and CEL rules, named once across the files, then
+/// kept typed.
+fn classify_object(
+    checker: &SchemaChecker,
+    file: &str,
+    kind: &str,
+    unnamed: bool,
+    object: String,
+    doc: Value,
+    loaded: &mut Loaded,
+) {
+    let Some(schema_problems) = checker.check(kind, &doc) else {
+        loaded.problems.push(problem(
+            file,
             object,
             "kind",
             format!("{kind} is not a kind of {API_VERSION}; use SharingPolicy, GpuTenant, GpuPartitionPlan or GpuNode"),
         ));
         return;
     };
-    if name.is_empty() {
+    if unnamed {
         loaded.problems.push(problem(
-            object.clone(),
+            file,
+            object,
             "metadata.name",
             "every object needs a name".into(),
         ));
@@ -350,24 +416,25 @@ fn classify(checker: &SchemaChecker, file: &str, index: usize, text: &str, doc: 
     }
     if !schema_problems.is_empty() {
         for (field, message) in schema_problems {
-            loaded.problems.push(problem(object.clone(), &field, message));
+            loaded.problems.push(problem(file, object.clone(), &field, message));
         }
         return;
     }
     if let Some(previous) = loaded.origin.insert(object.clone(), file.to_string()) {
         loaded.problems.push(problem(
+            file,
             object.clone(),
             "metadata.name",
             format!("also defined in {previous}; names are cluster-wide"),
         ));
     }
-    let typed = match kind.as_str() {
+    let typed = match kind {
         "SharingPolicy" => serde_json::from_value(doc).map(|o| loaded.policies.push(o)),
         "GpuTenant" => serde_json::from_value(doc).map(|o| loaded.tenants.push(o)),
         "GpuPartitionPlan" => serde_json::from_value(doc).map(|o| loaded.plans.push(o)),
         _ => serde_json::from_value(doc).map(|o| loaded.nodes.push(o)),
     };
     if let Err(e) = typed {
-        loaded.problems.push(problem(object, "-", e.to_string()));
+        loaded.problems.push(problem(file, object, "-", e.to_string()));
     }
 }

@@ -4,12 +4,14 @@ use clap::ValueEnum;
 use serde::Serialize;
 use std::io::Write;
 
+/// `-o` of the commands that print one document: `agent` and `import`. `plan -o` adds `wide`
+/// ([`super::plan::PlanOutput`]) and `report -o` has CSV, not YAML ([`super::report::ReportOutput`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// Aligned columns for people.
     #[default]
     Table,
-    /// YAML, for machines and for applying.
+    /// YAML, for machines.
     Yaml,
     /// JSON, for machines.
     Json,

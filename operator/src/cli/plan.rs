@@ -1,6 +1,6 @@
 //! `gpu-tenancy plan -f PATH... --inventory FILE`: what the controller would write, offline.
 
-use super::load::{FileProblem, Limits, load};
+use super::load::{FileProblem, Limits, LoadError, load};
 use super::output::{print_table, print_table_within, wrap};
 use super::validate::inventories;
 use crate::api::{ConditionSet, GpuNode, GpuSpec, GpuTenant, Mode};
@@ -82,35 +82,60 @@ pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput) -> i
     if problem_lines.is_empty() { 0 } else { 1 }
 }
 
+/// Why `plan` cannot plan (exit 2): input it cannot read, or a fleet it cannot tell.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("inventory: {0}")]
+    InventoryRead(LoadError),
+    /// `why`: the parser's first line, or which YAML limit the file is over.
+    #[error("{}: not an inventory file: {why}", .path.display())]
+    NotInventory { path: PathBuf, why: String },
+    #[error("inventory: the reader panicked")]
+    InventoryReaderPanicked,
+    #[error(
+        "{gpu_nodes} GpuNode objects and no Nodes given: a GpuNode is a node's running state, planned with its Node; give the cluster's Nodes too (kubectl get nodes,gpunodes,gputenancy -o yaml, without --inventory), or leave the GpuNodes out to plan the inventory file"
+    )]
+    GpuNodesWithoutNodes { gpu_nodes: usize },
+    #[error(
+        "--inventory {} and {nodes} Node objects given: plan either an inventory file or a cluster's Nodes and GpuNodes, not both",
+        .inventory.display()
+    )]
+    InventoryAndNodes { inventory: PathBuf, nodes: usize },
+    #[error(
+        "no nodes to plan: give --inventory FILE, or a cluster's Nodes and GpuNodes (kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -)"
+    )]
+    NoNodes,
+    #[error("an inventory file and Node objects given: plan either, not both")]
+    InventoryFileAndNodes,
+}
+
 /// Loads the manifests and the inventory and computes the desired state, as the controller would:
 /// the one function [`desired`]. Problems come back as lines naming file, object and field.
 ///
 /// The fleet is the `--inventory` file, or a live cluster's Nodes and GpuNodes among the
 /// manifests (`kubectl get nodes,gpunodes,gputenancy -o yaml`), read as the controller reads
 /// them ([`crate::inventory::cluster_inventories`]), running state and share counts included.
-pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result<(Desired, Vec<String>), String> {
+pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result<(Desired, Vec<String>), PlanError> {
     let limits = Limits::from_env()?;
     // The inventory is parsed on a second thread while the manifests load: at 50,000 nodes each is
     // about a second and a half of YAML.
     let (loaded, inventory_file) = std::thread::scope(|s| {
         let inventory_file = inventory.map(|path| (path, s.spawn(move || read_inventory(path, &limits))));
-        let loaded = load(paths).map_err(|e| e.to_string());
+        let loaded = load(paths);
         let inventory_file = inventory_file.map(|(path, h)| {
             let read = h.join();
-            (
-                path,
-                read.unwrap_or_else(|_| Err("inventory: the reader panicked".into())),
-            )
+            (path, read.unwrap_or(Err(PlanError::InventoryReaderPanicked)))
         });
         (loaded, inventory_file)
     });
     let mut loaded = loaded?;
     match (inventory_file, loaded.cluster_nodes.is_empty()) {
         (Some(_), true) if !loaded.nodes.is_empty() => {
-            return Err(format!(
-                "{} GpuNode objects and no Nodes given: a GpuNode is a node's running state, planned with its Node; give the cluster's Nodes too (kubectl get nodes,gpunodes,gputenancy -o yaml, without --inventory), or leave the GpuNodes out to plan the inventory file",
-                loaded.nodes.len()
-            ));
+            return Err(PlanError::GpuNodesWithoutNodes {
+                gpu_nodes: loaded.nodes.len(),
+            });
         }
         (Some((_, inv)), true) => {
             // The inventory named by --inventory counts once, even when it also sits in a -f folder.
@@ -118,17 +143,16 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
             loaded.inventories.push(inv?);
         }
         (Some((path, _)), false) => {
-            return Err(format!(
-                "--inventory {} and {} Node objects given: plan either an inventory file or a cluster's Nodes and GpuNodes, not both",
-                path.display(),
-                loaded.cluster_nodes.len()
-            ));
+            return Err(PlanError::InventoryAndNodes {
+                inventory: path.to_path_buf(),
+                nodes: loaded.cluster_nodes.len(),
+            });
         }
         (None, true) if loaded.inventories.is_empty() => {
-            return Err("no nodes to plan: give --inventory FILE, or a cluster's Nodes and GpuNodes (kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -)".into());
+            return Err(PlanError::NoNodes);
         }
         (None, _) if !loaded.inventories.is_empty() && !loaded.cluster_nodes.is_empty() => {
-            return Err("an inventory file and Node objects given: plan either, not both".into());
+            return Err(PlanError::InventoryFileAndNodes);
         }
         (None, _) => {}
     }
@@ -168,13 +192,16 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
 }
 
 /// The `--inventory` file, read and parsed, with the name its problems will carry.
-fn read_inventory(path: &Path, limits: &Limits) -> Result<(String, InventoryFile), String> {
-    let text = limits.read(path).map_err(|e| format!("inventory: {e}"))?;
+fn read_inventory(path: &Path, limits: &Limits) -> Result<(String, InventoryFile), PlanError> {
+    let text = limits.read(path).map_err(PlanError::InventoryRead)?;
     let inv = serde_saphyr::from_str_with_options::<InventoryFile>(&text, limits.yaml_options()).map_err(|e| {
         let why = limits
             .breach(&e)
             .unwrap_or_else(|| e.to_string().lines().next().unwrap_or("").to_string());
-        format!("{}: not an inventory file: {why}", path.display())
+        PlanError::NotInventory {
+            path: path.to_path_buf(),
+            why,
+        }
     })?;
     Ok((path.display().to_string(), inv))
 }

@@ -4,6 +4,8 @@ use crate::report::{self, Report, plot, prometheus::Prometheus};
 use clap::ValueEnum;
 use std::path::PathBuf;
 
+/// `report -o`: the table, or the report as data ([`super::output::print_data`]'s JSON, or CSV for
+/// spreadsheets); no YAML, unlike [`super::output::Output`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ReportOutput {
     /// Aligned columns for people.
@@ -189,7 +191,7 @@ pub fn run(args: ReportArgs) -> i32 {
     };
     match args.output {
         ReportOutput::Table => table(&r),
-        ReportOutput::Json => println!("{}", serde_json::to_string_pretty(&r).expect("the report serialises")),
+        ReportOutput::Json => super::output::print_data(&r, super::output::Output::Json),
         ReportOutput::Csv => csv(&r),
     }
     if let (Some(path), Some(t)) = (&args.plot, &timeline) {

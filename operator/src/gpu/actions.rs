@@ -7,7 +7,9 @@
 //! scrubbed when a GPU or instance changes hands.
 
 use crate::api::GpuReason;
-use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, Mode, Placement, ScrubMemory};
+use crate::api::{
+    GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MigInstanceStatus, MigModeStatus, Mode, Placement, ScrubMemory,
+};
 use crate::handover::gpu_changes_hands;
 use crate::mig::{COMPUTE_SLICES, ExistingInstance, diff_placed};
 use std::fmt;
@@ -131,7 +133,7 @@ pub struct Blocked {
 
 /// The decision for one GPU of the spec.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuPlan {
+pub struct GpuActions {
     pub index: u32,
     pub actions: Vec<Action>,
     pub blocked: Option<Blocked>,
@@ -139,7 +141,7 @@ pub struct GpuPlan {
     pub notes: Vec<String>,
 }
 
-impl GpuPlan {
+impl GpuActions {
     pub fn nvml_actions(&self) -> impl Iterator<Item = &Action> {
         self.actions.iter().filter(|a| !a.is_scrub())
     }
@@ -160,20 +162,20 @@ pub struct RunMemory {
 
 type Done<'a> = &'a RunMemory;
 
-/// Plans every GPU the spec names, in spec order.
-pub fn plan_node(
+/// The actions of every GPU the spec names, in spec order.
+pub fn node_actions(
     observed: &GpuNodeStatus,
     spec: &GpuNodeSpec,
     previous: Option<&GpuNodeStatus>,
     done: Done,
-) -> Vec<GpuPlan> {
+) -> Vec<GpuActions> {
     spec.gpus
         .iter()
         .map(|g| {
             let prev = previous.and_then(|p| p.gpus.iter().find(|x| x.index == g.index));
             match observed.gpus.iter().find(|o| o.index == g.index) {
                 // Nothing known, nothing done: not even what "idle" or "no MIG" would allow.
-                Some(o) if unreadable(o) => GpuPlan {
+                Some(o) if unreadable(o) => GpuActions {
                     index: g.index,
                     blocked: Some(Blocked {
                         reason: GpuReason::Unreadable,
@@ -181,8 +183,8 @@ pub fn plan_node(
                     }),
                     ..Default::default()
                 },
-                Some(o) => plan_gpu(o, g, prev, done),
-                None => GpuPlan {
+                Some(o) => gpu_actions(o, g, prev, done),
+                None => GpuActions {
                     index: g.index,
                     blocked: Some(Blocked {
                         reason: GpuReason::NotFound,
@@ -205,15 +207,13 @@ fn pids(procs: impl Iterator<Item = u32>) -> String {
     procs.map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Plans one GPU.
-pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done) -> GpuPlan {
-    let mut plan = GpuPlan {
+/// The actions of one GPU.
+pub fn gpu_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done) -> GpuActions {
+    let mut plan = GpuActions {
         index: g.index,
         ..Default::default()
     };
     let want_mig = g.mode == Mode::Mig;
-    let all_pids = || pids(o.processes.iter().map(|p| p.pid));
-
     let Some(mig) = o.mig_mode else {
         if want_mig {
             plan.block(
@@ -222,7 +222,7 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
             );
             return plan;
         }
-        return plan_whole_gpu(o, g, prev, done, plan);
+        return whole_gpu_actions(o, g, prev, done, plan);
     };
     if want_mig && let Err(e) = validate_layout(o, g) {
         plan.block(
@@ -231,50 +231,68 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         );
         return plan;
     }
-
     if mig.current != want_mig || mig.pending != want_mig {
-        if !o.processes.is_empty() {
-            plan.block(
-                GpuReason::Busy,
-                format!(
-                    "MIG mode must change but processes run on GPU {}: pids {}",
-                    g.index,
-                    all_pids()
-                ),
-            );
-            return plan;
-        }
-        // Pending and idle: the call activates it, unless NVML said this machine cannot reset
-        // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
-        // and calling again would only get the same answer.
-        let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason == Some(GpuReason::ResetRequired));
-        if mig.current != want_mig && mig.pending == want_mig && reset_required {
-            plan.block(
-                GpuReason::ResetRequired,
-                format!(
-                    "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
-                    if want_mig { "enable" } else { "disable" },
-                    g.index,
-                ),
-            );
-            return plan;
-        }
-        if !want_mig {
-            for inst in &o.instances {
-                destroy_instance(&mut plan.actions, g.index, inst);
-            }
-        }
-        plan.actions.push(Action::SetMigMode {
-            gpu: g.index,
-            enable: want_mig,
-        });
-        // The layout (or whole-GPU settings) follow once the mode is in effect: the next round.
+        mig_mode_actions(o, g, prev, mig, &mut plan);
         return plan;
     }
     if !want_mig {
-        return plan_whole_gpu(o, g, prev, done, plan);
+        return whole_gpu_actions(o, g, prev, done, plan);
     }
+    mig_layout_actions(o, g, prev, done, plan)
+}
 
+/// A MIG mode change: none while processes run, none until a reset NVML said this machine cannot
+/// do; otherwise the instances go first (when MIG is turned off) and the mode is set. The layout
+/// (or whole-GPU settings) follow once the mode is in effect: the next round.
+fn mig_mode_actions(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, mig: MigModeStatus, plan: &mut GpuActions) {
+    let want_mig = g.mode == Mode::Mig;
+    if !o.processes.is_empty() {
+        plan.block(
+            GpuReason::Busy,
+            format!(
+                "MIG mode must change but processes run on GPU {}: pids {}",
+                g.index,
+                pids(o.processes.iter().map(|p| p.pid))
+            ),
+        );
+        return;
+    }
+    // Pending and idle: the call activates it, unless NVML said this machine cannot reset
+    // the GPU (RESET_REQUIRED, recorded as the reason last time): then only a reboot helps,
+    // and calling again would only get the same answer.
+    let reset_required = prev.is_some_and(|p| p.uuid == o.uuid && p.reason == Some(GpuReason::ResetRequired));
+    if mig.current != want_mig && mig.pending == want_mig && reset_required {
+        plan.block(
+            GpuReason::ResetRequired,
+            format!(
+                "MIG mode {} is pending until GPU {} is reset, which NVML says this machine does not expose (NVML_ERROR_RESET_REQUIRED): reboot the node (or its VM); not retried until then",
+                if want_mig { "enable" } else { "disable" },
+                g.index,
+            ),
+        );
+        return;
+    }
+    if !want_mig {
+        for inst in &o.instances {
+            destroy_instance(&mut plan.actions, g.index, inst);
+        }
+    }
+    plan.actions.push(Action::SetMigMode {
+        gpu: g.index,
+        enable: want_mig,
+    });
+}
+
+/// A GPU in MIG mode as the spec wants it: instances not in the spec destroyed, missing ones
+/// created, any without one compute instance spanning it given one, and the scrubs hand-overs
+/// need; nothing while processes are in the way (`Busy`).
+fn mig_layout_actions(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    mut plan: GpuActions,
+) -> GpuActions {
     let current: Vec<ExistingInstance> = o
         .instances
         .iter()
@@ -289,23 +307,11 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         o.instances
             .iter()
             .find(|i| Some(i.gpu_instance_id) == e.gpu_instance_id)
+            .expect("diffed from these instances")
     };
-
     let mut busy = Vec::new();
     for e in &diff.destroy {
-        let inst = inst_of(e).expect("diffed from these instances");
-        let p = instance_pids(o, inst.gpu_instance_id);
-        if !p.is_empty() {
-            busy.push(format!(
-                "{} at {} runs pids {}",
-                inst.profile,
-                inst.placement,
-                pids(p.into_iter())
-            ));
-        }
-        plan.notes
-            .push(format!("{} at {} is not in the spec", inst.profile, inst.placement));
-        destroy_instance(&mut plan.actions, g.index, inst);
+        destroy_surplus(o, g.index, inst_of(e), &mut plan, &mut busy);
     }
     for c in &diff.create {
         let Some(profile) = o.profiles.iter().find(|p| p.name == c.profile) else {
@@ -319,28 +325,11 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         });
     }
     for k in &diff.keep {
-        let inst = inst_of(k).expect("diffed from these instances");
+        let inst = inst_of(k);
         if inst.compute_instance_id.is_none() {
-            plan.notes.push(format!(
-                "GPU instance {} ({} at {}) has no compute instance spanning it (none, from an interrupted run, or several or a partial one, made by hand): its compute instances are replaced by one",
-                inst.gpu_instance_id, inst.profile, inst.placement
-            ));
-            let p = instance_pids(o, inst.gpu_instance_id);
-            if !p.is_empty() {
-                busy.push(format!(
-                    "{} at {} needs its compute instances replaced but runs pids {}",
-                    inst.profile,
-                    inst.placement,
-                    pids(p.into_iter())
-                ));
-            }
-            plan.actions.push(Action::CreateComputeInstance {
-                gpu: g.index,
-                gpu_instance_id: inst.gpu_instance_id,
-            });
+            replace_compute_instances(o, g.index, inst, &mut plan, &mut busy);
         }
     }
-
     let created: Vec<Placement> = diff.create.iter().map(|c| c.placement).collect();
     instance_scrubs(o, g, prev, done, &created, &mut plan.actions, &mut busy);
     if !busy.is_empty() {
@@ -350,6 +339,50 @@ pub fn plan_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done
         );
     }
     plan
+}
+
+/// Destroys an instance the spec does not have (noted), unless processes run in it (`busy`).
+fn destroy_surplus(o: &GpuStatus, gpu: u32, inst: &MigInstanceStatus, plan: &mut GpuActions, busy: &mut Vec<String>) {
+    let p = instance_pids(o, inst.gpu_instance_id);
+    if !p.is_empty() {
+        busy.push(format!(
+            "{} at {} runs pids {}",
+            inst.profile,
+            inst.placement,
+            pids(p.into_iter())
+        ));
+    }
+    plan.notes
+        .push(format!("{} at {} is not in the spec", inst.profile, inst.placement));
+    destroy_instance(&mut plan.actions, gpu, inst);
+}
+
+/// Gives a GPU instance that stays one compute instance spanning it (noted), unless processes run
+/// in it (`busy`).
+fn replace_compute_instances(
+    o: &GpuStatus,
+    gpu: u32,
+    inst: &MigInstanceStatus,
+    plan: &mut GpuActions,
+    busy: &mut Vec<String>,
+) {
+    plan.notes.push(format!(
+        "GPU instance {} ({} at {}) has no compute instance spanning it (none, from an interrupted run, or several or a partial one, made by hand): its compute instances are replaced by one",
+        inst.gpu_instance_id, inst.profile, inst.placement
+    ));
+    let p = instance_pids(o, inst.gpu_instance_id);
+    if !p.is_empty() {
+        busy.push(format!(
+            "{} at {} needs its compute instances replaced but runs pids {}",
+            inst.profile,
+            inst.placement,
+            pids(p.into_iter())
+        ));
+    }
+    plan.actions.push(Action::CreateComputeInstance {
+        gpu,
+        gpu_instance_id: inst.gpu_instance_id,
+    });
 }
 
 /// The scrubs a MIG GPU's instances need before their tenants get them (`created`: placements this
@@ -450,7 +483,13 @@ fn destroy_instance(actions: &mut Vec<Action>, gpu: u32, inst: &MigInstanceStatu
 }
 
 /// A GPU used whole (MPS, TimeSlicing, Exclusive) with MIG off.
-fn plan_whole_gpu(o: &GpuStatus, g: &GpuSpec, prev: Option<&GpuStatus>, done: Done, mut plan: GpuPlan) -> GpuPlan {
+fn whole_gpu_actions(
+    o: &GpuStatus,
+    g: &GpuSpec,
+    prev: Option<&GpuStatus>,
+    done: Done,
+    mut plan: GpuActions,
+) -> GpuActions {
     let want_cm = if g.mode == Mode::Mps {
         COMPUTE_EXCLUSIVE_PROCESS
     } else {
@@ -505,48 +544,88 @@ fn instance_pids(o: &GpuStatus, gpu_instance_id: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Why a spec layout does not fit the GPU; `index` and `other` are positions in `migInstances`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// `gpu`: the GPU's name; `offered`: the profiles it offers.
+    #[error("[{index}] profile {profile:?} is not offered by {gpu} (it offers {})", .offered.join(", "))]
+    NotOffered {
+        index: usize,
+        profile: String,
+        gpu: String,
+        offered: Vec<String>,
+    },
+    #[error("[{index}] {profile} cannot be placed at {placement} (allowed: {})", joined(.allowed))]
+    Placement {
+        index: usize,
+        profile: String,
+        placement: Placement,
+        allowed: Vec<Placement>,
+    },
+    #[error("[{index}] {profile} at {placement} overlaps [{other}] {other_profile} at {other_placement}")]
+    Overlap {
+        index: usize,
+        profile: String,
+        placement: Placement,
+        other: usize,
+        other_profile: String,
+        other_placement: Placement,
+    },
+    #[error("{profile} allows {max} instances per GPU, {requested} requested")]
+    TooMany { profile: String, max: u32, requested: u32 },
+    #[error("compute slices {slices} > {max}", max = COMPUTE_SLICES)]
+    ComputeSlices { slices: u32 },
+}
+
+fn joined<T: fmt::Display>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
+}
+
 /// Checks a spec layout against the profiles and placements the driver reports for this GPU.
-pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), String> {
+pub fn validate_layout(o: &GpuStatus, g: &GpuSpec) -> Result<(), LayoutError> {
     let mut compute = 0;
-    for (i, inst) in g.mig_instances.iter().enumerate() {
+    for (index, inst) in g.mig_instances.iter().enumerate() {
         let Some(p) = o.profiles.iter().find(|p| p.name == inst.profile) else {
-            let known: Vec<&str> = o.profiles.iter().map(|p| p.name.as_str()).collect();
-            return Err(format!(
-                "[{i}] profile {:?} is not offered by {} (it offers {})",
-                inst.profile,
-                o.name,
-                known.join(", ")
-            ));
+            return Err(LayoutError::NotOffered {
+                index,
+                profile: inst.profile.clone(),
+                gpu: o.name.clone(),
+                offered: o.profiles.iter().map(|p| p.name.clone()).collect(),
+            });
         };
         if !p.placements.contains(&inst.placement) {
-            let ok: Vec<String> = p.placements.iter().map(|x| x.to_string()).collect();
-            return Err(format!(
-                "[{i}] {} cannot be placed at {} (allowed: {})",
-                inst.profile,
-                inst.placement,
-                ok.join(", ")
-            ));
+            return Err(LayoutError::Placement {
+                index,
+                profile: inst.profile.clone(),
+                placement: inst.placement,
+                allowed: p.placements.clone(),
+            });
         }
-        for (j, other) in g.mig_instances.iter().enumerate().take(i) {
-            let (a, b) = (inst.placement, other.placement);
+        for (other, o) in g.mig_instances.iter().enumerate().take(index) {
+            let (a, b) = (inst.placement, o.placement);
             if a.start < b.start + b.size && b.start < a.start + a.size {
-                return Err(format!(
-                    "[{i}] {} at {a} overlaps [{j}] {} at {b}",
-                    inst.profile, other.profile
-                ));
+                return Err(LayoutError::Overlap {
+                    index,
+                    profile: inst.profile.clone(),
+                    placement: a,
+                    other,
+                    other_profile: o.profile.clone(),
+                    other_placement: b,
+                });
             }
         }
         let same = g.mig_instances.iter().filter(|x| x.profile == inst.profile).count() as u32;
         if same > p.max_instances {
-            return Err(format!(
-                "{} allows {} instances per GPU, {same} requested",
-                inst.profile, p.max_instances
-            ));
+            return Err(LayoutError::TooMany {
+                profile: inst.profile.clone(),
+                max: p.max_instances,
+                requested: same,
+            });
         }
         compute += p.compute_slices;
     }
     if compute > COMPUTE_SLICES {
-        return Err(format!("compute slices {compute} > {COMPUTE_SLICES}"));
+        return Err(LayoutError::ComputeSlices { slices: compute });
     }
     Ok(())
 }

@@ -5,12 +5,13 @@
 //! each GPU's NVML actions, or, once a GPU's hardware matches, its scrubs (they need the final
 //! instance UUIDs). A MIG mode change takes one round, the layout the next, scrubs the one after.
 
-use super::actions::{Action, GpuPlan, RunMemory, ScrubTarget, plan_node};
-use super::backend::Gpus;
+use super::actions::{Action, GpuActions, RunMemory, ScrubTarget, node_actions};
+use super::backend::{DiscoverError, Gpus};
 use super::mps::{self, MpsConfig};
+use super::scrub::ScrubError;
 use super::status::{self, RunRecord};
 use crate::api::GpuReason;
-use crate::api::{GpuNodeSpec, GpuNodeStatus, ScrubRecord};
+use crate::api::{GpuNodeSpec, GpuNodeStatus, Placement, ScrubRecord};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Rounds before giving up on convergence (mode, layout, scrubs, and a spare).
@@ -32,14 +33,26 @@ pub struct Applied {
     pub events: Vec<status::GpuEvent>,
 }
 
+/// Why a scrub action did not clear its target.
+#[derive(Debug, thiserror::Error)]
+enum ScrubStepError {
+    #[error("GPU {gpu} is gone")]
+    GpuGone { gpu: u32 },
+    #[error("the instance at {placement} has no MIG device UUID yet")]
+    NoDeviceUuid { placement: Placement },
+    #[error(transparent)]
+    Scrub(#[from] ScrubError),
+}
+
 /// Makes the GPUs match `spec`, remembering hands and scrubs through `prev` (the status last
-/// published, or `None` when unknown).
+/// published, or `None` when unknown). Fails only when the GPUs cannot be read at all; what an
+/// action or a scrub hits is in the status of its GPU.
 pub fn apply<G: Gpus + ?Sized>(
     gpus: &G,
     spec: &GpuNodeSpec,
     prev: Option<&GpuNodeStatus>,
     opts: &ApplyOptions,
-) -> Result<Applied, String> {
+) -> Result<Applied, DiscoverError> {
     let mut run = RunRecord::default();
     let mut done = RunMemory::default();
     let mut executed = 0;
@@ -50,7 +63,7 @@ pub fn apply<G: Gpus + ?Sized>(
         if round == 1 {
             run.drift = status::drift(&observed, spec, prev);
         }
-        let plans = plan_node(&observed, spec, prev, &done);
+        let plans = node_actions(&observed, spec, prev, &done);
         for p in &plans {
             if !p.notes.is_empty() {
                 run.notes.entry(p.index).or_insert_with(|| p.notes.clone());
@@ -96,7 +109,7 @@ pub fn apply<G: Gpus + ?Sized>(
 fn step<G: Gpus + ?Sized>(
     gpus: &G,
     observed: &GpuNodeStatus,
-    plan: &GpuPlan,
+    plan: &GpuActions,
     run: &mut RunRecord,
     done: &mut RunMemory,
     executed: &mut usize,
@@ -183,12 +196,12 @@ fn scrub_one<G: Gpus + ?Sized>(
     gpu: u32,
     target: ScrubTarget,
     tenant: Option<String>,
-) -> Result<ScrubRecord, String> {
+) -> Result<ScrubRecord, ScrubStepError> {
     let g = observed
         .gpus
         .iter()
         .find(|g| g.index == gpu)
-        .ok_or_else(|| format!("GPU {gpu} is gone"))?;
+        .ok_or(ScrubStepError::GpuGone { gpu })?;
     let device = match target {
         ScrubTarget::Gpu => g.uuid.clone(),
         ScrubTarget::Instance(p) => g
@@ -196,7 +209,7 @@ fn scrub_one<G: Gpus + ?Sized>(
             .iter()
             .find(|i| i.placement == p)
             .and_then(|i| i.uuid.clone())
-            .ok_or_else(|| format!("the instance at {p} has no MIG device UUID yet"))?,
+            .ok_or(ScrubStepError::NoDeviceUuid { placement: p })?,
     };
     let report = gpus.scrub(&device)?;
     Ok(ScrubRecord {

@@ -9,7 +9,8 @@
 
 use super::actions::Action;
 use super::health::HealthSignal;
-use super::scrub::ScrubReport;
+use super::nvml::NvmlError;
+use super::scrub::{ScrubError, ScrubReport};
 use crate::api::GpuNodeStatus;
 use crate::api::GpuReason;
 use crate::attribution::ProcessSample;
@@ -20,11 +21,11 @@ use std::sync::atomic::AtomicBool;
 pub trait Gpus: Send + Sync {
     /// Everything the agent publishes about the GPUs (a GPU that cannot be read is reported with
     /// reason `Unreadable`, never skipped).
-    fn discover(&self) -> Result<GpuNodeStatus, String>;
+    fn discover(&self) -> Result<GpuNodeStatus, DiscoverError>;
     /// Carries out one NVML action (never a scrub: those go to [`Gpus::scrub`]).
     fn execute(&self, action: &Action) -> Result<(), ActionError>;
     /// Zeroes and verifies all free memory of `device` (a GPU or MIG device UUID).
-    fn scrub(&self, device: &str) -> Result<ScrubReport, String>;
+    fn scrub(&self, device: &str) -> Result<ScrubReport, ScrubError>;
     /// How busy the GPUs of `status` (as just discovered) are now, for the agent's metrics, where
     /// the backend can tell ([`Usage`]). Never published in the GpuNode: it changes every second.
     /// Backends without the notion report nothing.
@@ -51,25 +52,29 @@ pub struct Usage {
     pub processes: BTreeMap<u32, Vec<ProcessSample>>,
 }
 
+/// Why the GPUs could not be read at all (a GPU that cannot be read is reported `Unreadable`
+/// in the status instead).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error(transparent)]
+    Nvml(#[from] NvmlError),
+}
+
 /// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
 pub struct ActionError {
     /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
     pub reason: GpuReason,
     pub message: String,
 }
 
-impl From<String> for ActionError {
-    fn from(message: String) -> Self {
+/// A failed NVML call: the action failed.
+impl From<NvmlError> for ActionError {
+    fn from(e: NvmlError) -> Self {
         ActionError {
             reason: GpuReason::Failed,
-            message,
+            message: e.to_string(),
         }
-    }
-}
-
-impl std::fmt::Display for ActionError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
     }
 }

@@ -17,7 +17,7 @@ pub mod nvml;
 pub mod scrub;
 pub mod status;
 
-pub use backend::{ActionError, Gpus, Usage};
+pub use backend::{ActionError, DiscoverError, Gpus, Usage};
 
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use crate::api::{GpuNodeSpec, GpuNodeStatus, Mode, MpsDaemonStatus, quantity_to_
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub const DEFAULT_PIPE_DIR: &str = "/run/gpu-tenancy/mps";
@@ -42,6 +42,40 @@ impl Default for MpsConfig {
             timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// Why a command to the daemon, its start or its stop did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    #[error("cannot run {}: {source}", .control.display())]
+    Run { control: PathBuf, source: std::io::Error },
+    #[error("`{command}` could not be written to {}: {source}", .control.display())]
+    Write {
+        command: String,
+        control: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("`{command}` got no answer within {timeout:?}")]
+    NoAnswer { command: String, timeout: Duration },
+    #[error("`{command}`: {source}")]
+    Wait { command: String, source: std::io::Error },
+    /// `output`: what the control binary said (its error output, else its answer).
+    #[error("`{command}` failed: {output}")]
+    Failed { command: String, output: String },
+    #[error("the MPS daemon did not quit within {timeout:?}")]
+    DidNotQuit { timeout: Duration },
+    #[error("cannot create {}: {source}", .dir.display())]
+    CreateDir { dir: PathBuf, source: std::io::Error },
+    #[error("cannot run {} -d: {source}", .control.display())]
+    Start { control: PathBuf, source: std::io::Error },
+    #[error("{} -d exited with {status}; see {}", .control.display(), .log_dir.display())]
+    Exited {
+        control: PathBuf,
+        status: ExitStatus,
+        log_dir: PathBuf,
+    },
+    #[error("the MPS daemon started but does not answer on {}", .pipe_dir.display())]
+    Silent { pipe_dir: PathBuf },
 }
 
 /// What the daemon should serve: GPU UUIDs in device order, and the commands that set its
@@ -105,7 +139,7 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
 }
 
 /// Sends one command on the daemon's stdin protocol; returns its answer.
-pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, String> {
+pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, MpsError> {
     let mut child = Command::new(&cfg.control)
         .env("CUDA_MPS_PIPE_DIRECTORY", &cfg.pipe_dir)
         .env("CUDA_MPS_LOG_DIRECTORY", &cfg.log_dir)
@@ -113,17 +147,21 @@ pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", cfg.control.display()))?;
+        .map_err(|source| MpsError::Run {
+            control: cfg.control.clone(),
+            source,
+        })?;
     if let Some(mut stdin) = child.stdin.take()
         && let Err(e) = writeln!(stdin, "{command}")
     {
         // Not sent is not applied: the caller keeps the setting as still to do.
         let _ = child.kill();
         let _ = child.wait();
-        return Err(format!(
-            "`{command}` could not be written to {}: {e}",
-            cfg.control.display()
-        ));
+        return Err(MpsError::Write {
+            command: command.to_string(),
+            control: cfg.control.clone(),
+            source: e,
+        });
     }
     let deadline = Instant::now() + cfg.timeout;
     loop {
@@ -133,21 +171,32 @@ pub fn send(cfg: &MpsConfig, command: &str) -> Result<String, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("`{command}` got no answer within {:?}", cfg.timeout));
+                return Err(MpsError::NoAnswer {
+                    command: command.to_string(),
+                    timeout: cfg.timeout,
+                });
             }
-            Err(e) => return Err(format!("`{command}`: {e}")),
+            Err(source) => {
+                return Err(MpsError::Wait {
+                    command: command.to_string(),
+                    source,
+                });
+            }
         }
     }
-    let out = child.wait_with_output().map_err(|e| format!("`{command}`: {e}"))?;
+    let out = child.wait_with_output().map_err(|source| MpsError::Wait {
+        command: command.to_string(),
+        source,
+    })?;
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if out.status.success() {
         Ok(text)
     } else {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        Err(format!(
-            "`{command}` failed: {}",
-            if err.is_empty() { text } else { err }
-        ))
+        Err(MpsError::Failed {
+            command: command.to_string(),
+            output: if err.is_empty() { text } else { err },
+        })
     }
 }
 
@@ -167,19 +216,22 @@ fn wait_until(cfg: &MpsConfig, up: bool) -> bool {
     false
 }
 
-fn stop(cfg: &MpsConfig) -> Result<(), String> {
+fn stop(cfg: &MpsConfig) -> Result<(), MpsError> {
     send(cfg, "quit")?;
     if wait_until(cfg, false) {
         Ok(())
     } else {
-        Err(format!("the MPS daemon did not quit within {:?}", cfg.timeout))
+        Err(MpsError::DidNotQuit { timeout: cfg.timeout })
     }
 }
 
 /// Starts a daemon for `d.gpus`; returns its pid where it writes one.
-fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
+fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, MpsError> {
     for dir in [&cfg.pipe_dir, &cfg.log_dir] {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| MpsError::CreateDir {
+            dir: dir.clone(),
+            source,
+        })?;
     }
     let status = Command::new(&cfg.control)
         .arg("-d")
@@ -190,19 +242,21 @@ fn start(cfg: &MpsConfig, d: &Desired) -> Result<Option<u32>, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map_err(|e| format!("cannot run {} -d: {e}", cfg.control.display()))?;
+        .map_err(|source| MpsError::Start {
+            control: cfg.control.clone(),
+            source,
+        })?;
     if !status.success() {
-        return Err(format!(
-            "{} -d exited with {status}; see {}",
-            cfg.control.display(),
-            cfg.log_dir.display()
-        ));
+        return Err(MpsError::Exited {
+            control: cfg.control.clone(),
+            status,
+            log_dir: cfg.log_dir.clone(),
+        });
     }
     if !wait_until(cfg, true) {
-        return Err(format!(
-            "the MPS daemon started but does not answer on {}",
-            cfg.pipe_dir.display()
-        ));
+        return Err(MpsError::Silent {
+            pipe_dir: cfg.pipe_dir.clone(),
+        });
     }
     // Best effort: the daemon's pid file, where it writes one.
     let pid = std::fs::read_to_string(cfg.pipe_dir.join("nvidia-cuda-mps-control.pid"))
@@ -349,7 +403,7 @@ fn quit(cfg: &MpsConfig, st: MpsDaemonStatus, prev: Option<&MpsDaemonStatus>, bu
         },
         Err(e) => MpsDaemonStatus {
             pid: None,
-            message: Some(e),
+            message: Some(e.to_string()),
             ..st
         },
     }
@@ -400,7 +454,7 @@ fn restart(
             pid: None,
             gpus: Vec::new(),
             settings: Vec::new(),
-            message: Some(e),
+            message: Some(e.to_string()),
             ..st
         },
     }

@@ -13,7 +13,8 @@ mod handle;
 mod health;
 mod usage;
 
-pub use handle::NvmlGpus;
+pub use ffi::NvmlError;
+pub use handle::{NvmlGpus, OpenError};
 
 pub use super::ActionError;
 
@@ -22,11 +23,12 @@ use crate::api::{
     DriverInfo, GpuNodeStatus, GpuStatus, MigInstanceStatus, MigModeStatus, MigProfileStatus, Placement, ProcessStatus,
 };
 use crate::gpu::actions::{Action, COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_PROCESS};
-use crate::gpu::scrub::{self, Amount, ScrubReport};
+use crate::gpu::backend::DiscoverError;
+use crate::gpu::scrub::{self, Amount, ScrubError, ScrubReport};
 use ffi::{Ci, check, err, not_offered, optional, sym};
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::CStr;
 use std::ptr;
@@ -41,7 +43,7 @@ impl NvmlGpus {
     /// Everything the agent publishes about the node's GPUs. A GPU that any per-device query fails
     /// for is reported with reason `Unreadable` and the error, nothing else: it is never mistaken
     /// for an idle GPU without MIG (fails closed), and the other GPUs are read as usual.
-    pub fn discover(&self) -> Result<GpuNodeStatus, String> {
+    pub fn discover(&self) -> Result<GpuNodeStatus, NvmlError> {
         let driver = DriverInfo {
             driver_version: self
                 .nvml
@@ -75,7 +77,7 @@ impl NvmlGpus {
         })
     }
 
-    fn discover_gpu(&self, index: u32) -> Result<GpuStatus, String> {
+    fn discover_gpu(&self, index: u32) -> Result<GpuStatus, NvmlError> {
         let at = |call: &str| format!("{call}(GPU {index})");
         let dev = self
             .nvml
@@ -87,7 +89,7 @@ impl NvmlGpus {
                 current: m.current == 1,
                 pending: m.pending == 1,
             }),
-            Err(NvmlError::NotSupported) => None,
+            Err(WrapperError::NotSupported) => None,
             Err(e) => return Err(err(&at("nvmlDeviceGetMigMode"), e)),
         };
         // SAFETY: the handle belongs to `dev`, which lives as long as `self.nvml`.
@@ -148,7 +150,7 @@ impl NvmlGpus {
     }
 
     /// GPU instance profiles by NVML enum, with IDs, names and placements as the driver reports.
-    fn profiles(&self, index: u32, dev: nvmlDevice_t) -> Result<Vec<MigProfileStatus>, String> {
+    fn profiles(&self, index: u32, dev: nvmlDevice_t) -> Result<Vec<MigProfileStatus>, NvmlError> {
         let lib = self.lib();
         let info_v = lib.nvmlDeviceGetGpuInstanceProfileInfoV.as_ref().ok();
         let info_v1 = sym(lib.nvmlDeviceGetGpuInstanceProfileInfo.as_ref())?;
@@ -232,7 +234,7 @@ impl NvmlGpus {
         index: u32,
         dev: nvmlDevice_t,
         profiles: &[MigProfileStatus],
-    ) -> Result<Vec<MigInstanceStatus>, String> {
+    ) -> Result<Vec<MigInstanceStatus>, NvmlError> {
         let lib = self.lib();
         let get_gis = sym(lib.nvmlDeviceGetGpuInstances.as_ref())?;
         let gi_info = sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
@@ -268,7 +270,15 @@ impl NvmlGpus {
                 });
             }
         }
-        // MIG device UUIDs, matched by (GPU instance, compute instance).
+        self.mig_device_uuids(index, dev, &mut out)?;
+        out.sort_by_key(|i| i.placement);
+        Ok(out)
+    }
+
+    /// Fills in the MIG device UUID of each instance with its compute instance, matched by (GPU
+    /// instance, compute instance) among the GPU's MIG devices.
+    fn mig_device_uuids(&self, index: u32, dev: nvmlDevice_t, out: &mut [MigInstanceStatus]) -> Result<(), NvmlError> {
+        let lib = self.lib();
         let max = {
             let f = sym(lib.nvmlDeviceGetMaxMigDeviceCount.as_ref())?;
             let mut n = 0u32;
@@ -308,12 +318,11 @@ impl NvmlGpus {
                 inst.uuid = Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned());
             }
         }
-        out.sort_by_key(|i| i.placement);
-        Ok(out)
+        Ok(())
     }
 
     /// Every compute instance of a GPU instance, whatever its profile, in ID order.
-    fn compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<Vec<Ci>, String> {
+    fn compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<Vec<Ci>, NvmlError> {
         let lib = self.lib();
         let prof = sym(lib.nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref())?;
         let list = sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref())?;
@@ -370,15 +379,15 @@ pub fn compute_mode_name(m: ComputeMode) -> &'static str {
 
 /// The production backend: NVML for discovery and actions, CUDA (in a child process) for scrubs.
 impl super::Gpus for NvmlGpus {
-    fn discover(&self) -> Result<GpuNodeStatus, String> {
-        NvmlGpus::discover(self)
+    fn discover(&self) -> Result<GpuNodeStatus, DiscoverError> {
+        Ok(NvmlGpus::discover(self)?)
     }
 
     fn execute(&self, action: &Action) -> Result<(), ActionError> {
         NvmlGpus::execute(self, action)
     }
 
-    fn scrub(&self, device: &str) -> Result<ScrubReport, String> {
+    fn scrub(&self, device: &str) -> Result<ScrubReport, ScrubError> {
         scrub::run(device, Amount::AllFree, &self.cuda)
     }
 

@@ -32,6 +32,57 @@ pub struct ScrubReport {
     pub bytes_verified: u64,
 }
 
+/// Why the scrub worker (the child process, on CUDA) did not clear and verify the memory.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(
+        "cannot load the CUDA driver library (libcuda.so / libcuda.so.1): install the NVIDIA driver or pass --cuda-lib (GPU_TENANCY_CUDA_LIB)"
+    )]
+    NoDriverLibrary,
+    /// `call`: the CUDA driver call (`cuMemAlloc`); `device`: the `CUDA_VISIBLE_DEVICES` entry.
+    #[error("{call} on {device}: {error:?}")]
+    Cuda {
+        call: &'static str,
+        device: String,
+        error: cudarc::driver::result::DriverError,
+    },
+    #[error("CUDA sees no device for CUDA_VISIBLE_DEVICES={device}")]
+    NoDevice { device: String },
+    /// `offset`: of the byte in its allocation; `value`: what it reads.
+    #[error("verification failed on {device}: byte {offset} of an allocation reads {value:#04x}, not 0")]
+    NotZero { device: String, offset: usize, value: u8 },
+}
+
+/// Why a scrub of a device did not run or did not finish clean.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    #[error("cannot find the agent binary to run a scrub: {0}")]
+    AgentBinary(std::io::Error),
+    #[error("--cuda-lib {}: {source}", .path.display())]
+    CudaLib { path: PathBuf, source: std::io::Error },
+    #[error("cannot create {}: {source}", .dir.display())]
+    LibDir { dir: PathBuf, source: std::io::Error },
+    #[error("cannot link {name}: {source}")]
+    Link { name: &'static str, source: std::io::Error },
+    #[error("cannot start the scrub worker: {0}")]
+    Start(std::io::Error),
+    /// `why`: the worker's last line of error output.
+    #[error("scrub of {device} failed: {why}")]
+    Failed { device: String, why: String },
+    #[error("scrub of {device}: unreadable worker report: {source}")]
+    Report { device: String, source: serde_json::Error },
+    /// A backend without a worker refused the device (`why`: its reason, e.g. processes hold it).
+    #[error("scrub of {device}: {why}")]
+    Refused { device: String, why: String },
+}
+
+/// `--bytes` is not an amount.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("--bytes {given:?}: use a quantity like 64Mi or 1Gi, a number of bytes, or `all`")]
+pub struct AmountError {
+    pub given: String,
+}
+
 /// How much to clear: all free memory, or a fixed amount (a quick check).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Amount {
@@ -40,18 +91,22 @@ pub enum Amount {
 }
 
 /// The worker: runs in the child process, on CUDA device 0.
-pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
+pub fn worker(amount: Amount) -> Result<ScrubReport, WorkerError> {
     use cudarc::driver::result;
     let device = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "0".into());
     // SAFETY: only probes whether the library can be opened.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err("cannot load the CUDA driver library (libcuda.so / libcuda.so.1): install the NVIDIA driver or pass --cuda-lib (GPU_TENANCY_CUDA_LIB)".into());
+        return Err(WorkerError::NoDriverLibrary);
     }
-    let cuda = |what: &str, e: result::DriverError| format!("{what} on {device}: {e:?}");
+    let cuda = |call: &'static str, error: result::DriverError| WorkerError::Cuda {
+        call,
+        device: device.clone(),
+        error,
+    };
     result::init().map_err(|e| cuda("cuInit", e))?;
     let n = result::device::get_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
     if n < 1 {
-        return Err(format!("CUDA sees no device for CUDA_VISIBLE_DEVICES={device}"));
+        return Err(WorkerError::NoDevice { device: device.clone() });
     }
     let dev = result::device::get(0).map_err(|e| cuda("cuDeviceGet", e))?;
     // SAFETY: the primary context of a device we just got; released before returning.
@@ -86,11 +141,11 @@ pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
             for off in [0, size - n as u64] {
                 unsafe { result::memcpy_dtoh_sync(&mut buf[..n], ptr + off) }.map_err(|e| cuda("cuMemcpyDtoH", e))?;
                 if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
-                    return Err(format!(
-                        "verification failed on {device}: byte {} of an allocation reads {:#04x}, not 0",
-                        off as usize + i,
-                        buf[i]
-                    ));
+                    return Err(WorkerError::NotZero {
+                        device: device.clone(),
+                        offset: off as usize + i,
+                        value: buf[i],
+                    });
                 }
                 verified += n as u64;
             }
@@ -116,8 +171,8 @@ pub fn worker(amount: Amount) -> Result<ScrubReport, String> {
 pub struct CudaLib(pub Option<PathBuf>);
 
 /// Runs a scrub of `device` (GPU or MIG UUID) in a child process and returns its report.
-pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the agent binary to run a scrub: {e}"))?;
+pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, ScrubError> {
+    let exe = std::env::current_exe().map_err(ScrubError::AgentBinary)?;
     let mut cmd = Command::new(exe);
     cmd.args(["agent", "scrub-worker"]);
     if let Amount::Bytes(b) = amount {
@@ -128,9 +183,7 @@ pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, S
         Some(path) => Some(LibDir::new(path, &mut cmd)?),
         None => None,
     };
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot start the scrub worker: {e}"))?;
+    let out = cmd.output().map_err(ScrubError::Start)?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let line = stderr
@@ -139,12 +192,15 @@ pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, S
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no output")
             .trim();
-        return Err(format!(
-            "scrub of {device} failed: {}",
-            line.trim_start_matches("error: ")
-        ));
+        return Err(ScrubError::Failed {
+            device: device.to_string(),
+            why: line.trim_start_matches("error: ").to_string(),
+        });
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("scrub of {device}: unreadable worker report: {e}"))
+    serde_json::from_slice(&out.stdout).map_err(|source| ScrubError::Report {
+        device: device.to_string(),
+        source,
+    })
 }
 
 /// A private directory with `libcuda.so` and `libcuda.so.1` pointing at the chosen library,
@@ -152,12 +208,18 @@ pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, S
 struct LibDir(PathBuf);
 
 impl LibDir {
-    fn new(lib: &Path, cmd: &mut Command) -> Result<LibDir, String> {
-        let lib = std::fs::canonicalize(lib).map_err(|e| format!("--cuda-lib {}: {e}", lib.display()))?;
+    fn new(lib: &Path, cmd: &mut Command) -> Result<LibDir, ScrubError> {
+        let lib = std::fs::canonicalize(lib).map_err(|source| ScrubError::CudaLib {
+            path: lib.to_path_buf(),
+            source,
+        })?;
         let dir = std::env::temp_dir().join(format!("gpu-tenancy-cuda-{}-{}", std::process::id(), unique()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| ScrubError::LibDir {
+            dir: dir.clone(),
+            source,
+        })?;
         for name in ["libcuda.so", "libcuda.so.1"] {
-            std::os::unix::fs::symlink(&lib, dir.join(name)).map_err(|e| format!("cannot link {name}: {e}"))?;
+            std::os::unix::fs::symlink(&lib, dir.join(name)).map_err(|source| ScrubError::Link { name, source })?;
         }
         let mut path = dir.clone().into_os_string();
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
@@ -182,7 +244,7 @@ fn unique() -> u64 {
 }
 
 /// Parses `64Mi`, `1Gi`, `1000000` or `all`.
-pub fn parse_amount(s: &str) -> Result<Amount, String> {
+pub fn parse_amount(s: &str) -> Result<Amount, AmountError> {
     if s == "all" {
         return Ok(Amount::AllFree);
     }
@@ -191,5 +253,5 @@ pub fn parse_amount(s: &str) -> Result<Amount, String> {
     }
     crate::api::quantity_to_mib(s)
         .map(|m| Amount::Bytes(m * MIB))
-        .ok_or_else(|| format!("--bytes {s:?}: use a quantity like 64Mi or 1Gi, a number of bytes, or `all`"))
+        .ok_or_else(|| AmountError { given: s.to_string() })
 }

@@ -1,7 +1,7 @@
 //! The status an apply publishes: what NVML reports now, plus what the agent remembers (tenants
 //! last handed each GPU or instance, last scrub) and whether each GPU matches its spec. Pure.
 
-use super::actions::{Action, GpuPlan, ScrubTarget, handed_over, unreadable};
+use super::actions::{Action, GpuActions, ScrubTarget, handed_over, unreadable};
 use crate::api::GpuReason;
 use crate::api::{
     ConditionSet, GpuNodeSpec, GpuNodeStatus, GpuSpec, GpuStatus, MpsDaemonStatus, ScrubMemory, ScrubRecord,
@@ -128,13 +128,13 @@ pub fn drift(observed: &GpuNodeStatus, spec: &GpuNodeSpec, prev: Option<&GpuNode
     out
 }
 
-/// Builds the status to publish from the final observation and the final plan (which is empty
-/// for every GPU that matches its spec).
+/// Builds the status to publish from the final observation and the final actions (which are
+/// empty for every GPU that matches its spec).
 pub fn build(
     observed: &GpuNodeStatus,
     spec: &GpuNodeSpec,
     prev: Option<&GpuNodeStatus>,
-    plans: &[GpuPlan],
+    plans: &[GpuActions],
     run: &RunRecord,
     mps: Option<MpsDaemonStatus>,
     now: &Time,
@@ -143,24 +143,7 @@ pub fn build(
     let mut out = observed.clone();
     for o in &mut out.gpus {
         let prev_g = prev.and_then(|p| p.gpus.iter().find(|g| g.index == o.index));
-        if unreadable(o) {
-            last_known(o, prev_g);
-        } else {
-            carry(o, prev_g);
-        }
-        if let Some(g) = spec.gpus.iter().find(|g| g.index == o.index) {
-            let plan = plans.iter().find(|p| p.index == o.index);
-            settle(o, g, plan, run, &stamp);
-            // What the last change did stays readable until the next one, so an apply with
-            // nothing to do publishes nothing new (docs/design.md#level-triggered-idempotent-crash-safe: no write without a change).
-            if o.applied == Some(true)
-                && !run.executed.contains_key(&o.index)
-                && !run.notes.contains_key(&o.index)
-                && let Some(p) = prev_g.filter(|p| p.uuid == o.uuid && p.applied == Some(true))
-            {
-                o.message = p.message.clone();
-            }
-        }
+        publish_gpu(o, spec, prev_g, plans, run, &stamp);
     }
     // GPUs in the spec that NVML does not report still get a line saying so.
     for plan in plans {
@@ -180,35 +163,59 @@ pub fn build(
     out.gpu_layout = Some(gpu_layout_line(&out));
     out.mps = mps;
     out.conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
-    let not_applied: Vec<&GpuStatus> = out.gpus.iter().filter(|g| g.applied == Some(false)).collect();
-    let list = |gs: &[&GpuStatus]| {
-        gs.iter()
-            .map(|g| format!("GPU {} ({})", g.index, g.reason.map_or("NotApplied", GpuReason::as_str)))
-            .collect::<Vec<_>>()
-            .join(", ")
+    set_conditions(&mut out, run, now);
+    out
+}
+
+/// One GPU's line: what the agent remembers of it (`prev`: its line last published) and, when the
+/// spec names it, how it stands against the spec after this run.
+fn publish_gpu(
+    o: &mut GpuStatus,
+    spec: &GpuNodeSpec,
+    prev: Option<&GpuStatus>,
+    plans: &[GpuActions],
+    run: &RunRecord,
+    stamp: &str,
+) {
+    if unreadable(o) {
+        last_known(o, prev);
+    } else {
+        carry(o, prev);
+    }
+    let Some(g) = spec.gpus.iter().find(|g| g.index == o.index) else {
+        return;
     };
+    let plan = plans.iter().find(|p| p.index == o.index);
+    settle(o, g, plan, run, stamp);
+    // What the last change did stays readable until the next one, so an apply with
+    // nothing to do publishes nothing new (docs/design.md#level-triggered-idempotent-crash-safe: no write without a change).
+    if o.applied == Some(true)
+        && !run.executed.contains_key(&o.index)
+        && !run.notes.contains_key(&o.index)
+        && let Some(p) = prev.filter(|p| p.uuid == o.uuid && p.applied == Some(true))
+    {
+        o.message = p.message.clone();
+    }
+}
+
+/// The node's conditions from its GPUs' lines: Ready, Stalled (a spec to fix), Drifted (changed
+/// behind the agent's back) and Reconciling (waiting on busy GPUs, a reset or a retry).
+fn set_conditions(out: &mut GpuNodeStatus, run: &RunRecord, now: &Time) {
     let generation = out.observed_generation;
+    let mut set = |type_: &str, status: bool, reason: &str, message: String| {
+        set_condition(&mut out.conditions, type_, status, reason, message, generation, now)
+    };
+    let not_applied: Vec<&GpuStatus> = out.gpus.iter().filter(|g| g.applied == Some(false)).collect();
     if not_applied.is_empty() {
-        set_condition(
-            &mut out.conditions,
+        set(
             ConditionSet::READY,
             true,
             "Applied",
-            "every GPU in the spec matches it",
-            generation,
-            now,
+            "every GPU in the spec matches it".into(),
         );
     } else {
-        let msg = format!("not applied: {}", list(&not_applied));
-        set_condition(
-            &mut out.conditions,
-            ConditionSet::READY,
-            false,
-            "NotApplied",
-            msg,
-            generation,
-            now,
-        );
+        let msg = format!("not applied: {}", listed(&not_applied));
+        set(ConditionSet::READY, false, "NotApplied", msg);
     }
     let stalled: Vec<&GpuStatus> = not_applied
         .iter()
@@ -216,27 +223,13 @@ pub fn build(
         .filter(|g| g.reason.is_some_and(GpuReason::stalls))
         .collect();
     if stalled.is_empty() {
-        set_condition(
-            &mut out.conditions,
-            ConditionSet::STALLED,
-            false,
-            "NoProblems",
-            "",
-            generation,
-            now,
-        );
+        set(ConditionSet::STALLED, false, "NoProblems", String::new());
     } else {
-        let msg = format!("the spec needs a fix: {}", list(&stalled));
-        set_condition(
-            &mut out.conditions,
-            ConditionSet::STALLED,
-            true,
-            "InvalidSpec",
-            msg,
-            generation,
-            now,
-        );
+        let msg = format!("the spec needs a fix: {}", listed(&stalled));
+        set(ConditionSet::STALLED, true, "InvalidSpec", msg);
     }
+    let (drifted, reason, msg) = drift_condition(run, &out.gpus);
+    set("Drifted", drifted, reason, msg);
     // Which GPUs wait and on what (the busy pids, a reset): the one line `kubectl get` shows.
     let waiting_on: Vec<String> = not_applied
         .iter()
@@ -256,41 +249,41 @@ pub fn build(
     } else {
         String::new()
     };
-    let drifted: Vec<String> = run.drift.values().cloned().collect();
-    let repaired = run
-        .drift
-        .keys()
-        .all(|i| out.gpus.iter().any(|g| g.index == *i && g.applied == Some(true)));
-    set_condition(
-        &mut out.conditions,
-        "Drifted",
-        !drifted.is_empty(),
-        match (drifted.is_empty(), repaired) {
-            (true, _) => "NoDrift",
-            (false, true) => "Repaired",
-            (false, false) => "Found",
-        },
-        if drifted.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "changed outside the agent (reboot or manual change): {}",
-                drifted.join("; ")
-            )
-        },
-        generation,
-        now,
-    );
-    set_condition(
-        &mut out.conditions,
+    set(
         ConditionSet::RECONCILING,
         waiting,
         if waiting { "Waiting" } else { "Idle" },
         msg,
-        generation,
-        now,
     );
-    out
+}
+
+/// `GPU 0 (Busy), GPU 2 (NotApplied)`.
+fn listed(gs: &[&GpuStatus]) -> String {
+    gs.iter()
+        .map(|g| format!("GPU {} ({})", g.index, g.reason.map_or("NotApplied", GpuReason::as_str)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The Drifted condition's status, reason and message: the drift this run found (see [`drift`])
+/// and whether every drifted GPU is applied again.
+fn drift_condition(run: &RunRecord, gpus: &[GpuStatus]) -> (bool, &'static str, String) {
+    if run.drift.is_empty() {
+        return (false, "NoDrift", String::new());
+    }
+    let drifted: Vec<String> = run.drift.values().cloned().collect();
+    let repaired = run
+        .drift
+        .keys()
+        .all(|i| gpus.iter().any(|g| g.index == *i && g.applied == Some(true)));
+    (
+        true,
+        if repaired { "Repaired" } else { "Found" },
+        format!(
+            "changed outside the agent (reboot or manual change): {}",
+            drifted.join("; ")
+        ),
+    )
 }
 
 /// Keeps what only the agent knows from the previous status: for the same GPU (UUID) its last
@@ -327,9 +320,41 @@ fn last_known(o: &mut GpuStatus, prev: Option<&GpuStatus>) {
     };
 }
 
-fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecord, stamp: &str) {
+/// Where a GPU of the spec stands after this run: its scrubs recorded, its hands passed on where
+/// they were handed over, applied or the reason it is not, and the message saying what was done.
+fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuActions>, run: &RunRecord, stamp: &str) {
     let error = run.errors.get(&g.index);
-    for (_, target, rec) in run.scrubs.iter().filter(|s| s.0 == g.index) {
+    record_scrubs(o, g.index, run);
+    let blocked = plan.and_then(|p| p.blocked.as_ref());
+    let pending: Vec<&Action> = plan.map(|p| p.actions.iter().collect()).unwrap_or_default();
+    if blocked.is_none() && error.is_none() {
+        hand_over_instances(o, g, &pending, stamp);
+    }
+    let applied = error.is_none() && blocked.is_none() && pending.is_empty();
+    o.applied = Some(applied);
+    let mut message: Vec<String> = run.notes.get(&g.index).cloned().unwrap_or_default();
+    if let Some(done) = run.executed.get(&g.index) {
+        message.push(format!("done: {}", done.join(", ")));
+    }
+    if applied {
+        hand_over_gpu(o, g, stamp);
+    } else if let Some((reason, e)) = error {
+        o.reason = Some(*reason);
+        message.push(e.clone());
+    } else if let Some(b) = blocked {
+        o.reason = Some(b.reason);
+        message.push(b.message.clone());
+    } else {
+        let (reason, still_to_do) = pending_reason(&pending);
+        o.reason = Some(reason);
+        message.push(still_to_do);
+    }
+    o.message = (!message.is_empty()).then(|| message.join("; "));
+}
+
+/// The scrubs this run did on GPU `index`, as the last scrub of the GPU or of its instance.
+fn record_scrubs(o: &mut GpuStatus, index: u32, run: &RunRecord) {
+    for (_, target, rec) in run.scrubs.iter().filter(|s| s.0 == index) {
         match target {
             ScrubTarget::Gpu => o.last_scrub = Some(rec.clone()),
             ScrubTarget::Instance(p) => {
@@ -339,76 +364,67 @@ fn settle(o: &mut GpuStatus, g: &GpuSpec, plan: Option<&GpuPlan>, run: &RunRecor
             }
         }
     }
-    let blocked = plan.and_then(|p| p.blocked.as_ref());
-    let pending: Vec<&Action> = plan.map(|p| p.actions.iter().collect()).unwrap_or_default();
-    let skipped = |tenant: Option<&String>| {
-        Some(ScrubRecord {
-            time: stamp.to_string(),
-            result: crate::api::ScrubResult::Skipped,
-            tenant: tenant.cloned(),
-            bytes_cleared: None,
-        })
-    };
-    if blocked.is_none() && error.is_none() {
-        for want in &g.mig_instances {
-            let scrub_pending = pending
-                .iter()
-                .any(|a| matches!(a, Action::Scrub { target: ScrubTarget::Instance(p), .. } if *p == want.placement));
-            let Some(inst) = o
-                .instances
-                .iter_mut()
-                .find(|i| i.placement == want.placement && i.profile == want.profile)
-            else {
-                continue;
-            };
-            if scrub_pending {
-                continue;
-            }
-            if g.scrub == ScrubMemory::Never && !(inst.tenant == want.tenant && handed_over(inst.last_scrub.as_ref())) {
-                inst.last_scrub = skipped(want.tenant.as_ref());
-            }
-            inst.tenant = want.tenant.clone();
-        }
-    }
-    let applied = error.is_none() && blocked.is_none() && pending.is_empty();
-    o.applied = Some(applied);
-    let mut message: Vec<String> = run.notes.get(&g.index).cloned().unwrap_or_default();
-    if let Some(done) = run.executed.get(&g.index) {
-        message.push(format!("done: {}", done.join(", ")));
-    }
-    if applied {
-        let owner_changed = crate::handover::gpu_changes_hands(o.applied_mode, &o.applied_tenants, g.mode, &g.tenants)
-            || !handed_over(o.last_scrub.as_ref());
-        if g.mode != crate::api::Mode::Mig && g.scrub == ScrubMemory::Never && owner_changed {
-            o.last_scrub = skipped(g.tenants.first());
-        }
-        o.applied_mode = Some(g.mode);
-        o.applied_tenants = g.tenants.clone();
-        o.reason = None;
-    } else if let Some((reason, e)) = error {
-        o.reason = Some(*reason);
-        message.push(e.clone());
-    } else if let Some(b) = blocked {
-        o.reason = Some(b.reason);
-        message.push(b.message.clone());
-    } else {
-        // A scrub still owed means a hand-over not done: say so, so that whoever admits pods to
-        // this GPU keeps the new tenant off it (docs/operations/agent.md).
-        let scrub_owed = pending.iter().any(|a| a.is_scrub());
-        o.reason = Some(if scrub_owed {
-            GpuReason::ScrubPending
-        } else {
-            GpuReason::Pending
-        });
-        let todo: Vec<String> = pending.iter().map(|a| a.to_string()).collect();
-        let what = if scrub_owed {
-            "not handed over before its scrub; still to do"
-        } else {
-            "still to do"
+}
+
+/// Each instance of the spec with no scrub still owed goes to its tenant (a scrub policy of Never
+/// records the hand-over as skipped).
+fn hand_over_instances(o: &mut GpuStatus, g: &GpuSpec, pending: &[&Action], stamp: &str) {
+    for want in &g.mig_instances {
+        let scrub_pending = pending
+            .iter()
+            .any(|a| matches!(a, Action::Scrub { target: ScrubTarget::Instance(p), .. } if *p == want.placement));
+        let Some(inst) = o
+            .instances
+            .iter_mut()
+            .find(|i| i.placement == want.placement && i.profile == want.profile)
+        else {
+            continue;
         };
-        message.push(format!("{what}: {}", todo.join(", ")));
+        if scrub_pending {
+            continue;
+        }
+        if g.scrub == ScrubMemory::Never && !(inst.tenant == want.tenant && handed_over(inst.last_scrub.as_ref())) {
+            inst.last_scrub = skipped(stamp, want.tenant.as_ref());
+        }
+        inst.tenant = want.tenant.clone();
     }
-    o.message = (!message.is_empty()).then(|| message.join("; "));
+}
+
+/// An applied GPU is handed to the spec's tenants in the spec's mode (a whole GPU under a scrub
+/// policy of Never that changes hands records the hand-over as skipped).
+fn hand_over_gpu(o: &mut GpuStatus, g: &GpuSpec, stamp: &str) {
+    let owner_changed = crate::handover::gpu_changes_hands(o.applied_mode, &o.applied_tenants, g.mode, &g.tenants)
+        || !handed_over(o.last_scrub.as_ref());
+    if g.mode != crate::api::Mode::Mig && g.scrub == ScrubMemory::Never && owner_changed {
+        o.last_scrub = skipped(stamp, g.tenants.first());
+    }
+    o.applied_mode = Some(g.mode);
+    o.applied_tenants = g.tenants.clone();
+    o.reason = None;
+}
+
+/// A scrub skipped by policy at `stamp`, for `tenant`.
+fn skipped(stamp: &str, tenant: Option<&String>) -> Option<ScrubRecord> {
+    Some(ScrubRecord {
+        time: stamp.to_string(),
+        result: crate::api::ScrubResult::Skipped,
+        tenant: tenant.cloned(),
+        bytes_cleared: None,
+    })
+}
+
+/// Why a GPU with actions left and nothing in their way is not applied, and the line listing them.
+/// A scrub still owed means a hand-over not done: say so, so that whoever admits pods to this GPU
+/// keeps the new tenant off it (docs/operations/agent.md).
+fn pending_reason(pending: &[&Action]) -> (GpuReason, String) {
+    let scrub_owed = pending.iter().any(|a| a.is_scrub());
+    let todo: Vec<String> = pending.iter().map(|a| a.to_string()).collect();
+    let (reason, what) = if scrub_owed {
+        (GpuReason::ScrubPending, "not handed over before its scrub; still to do")
+    } else {
+        (GpuReason::Pending, "still to do")
+    };
+    (reason, format!("{what}: {}", todo.join(", ")))
 }
 
 /// What one GPU runs, for the layout lines: its MIG instances (`3g.40gb+2g.20gb`, as placed),

@@ -1,6 +1,6 @@
 //! The agent's decisions as plain functions: observed state + spec + previous status → actions.
 
-use super::actions::{Action, RunMemory, ScrubTarget, plan_gpu, plan_node};
+use super::actions::{Action, GpuActions, RunMemory, ScrubTarget, gpu_actions, node_actions};
 use crate::api::GpuReason;
 use crate::api::*;
 use crate::mig::model_by_name;
@@ -128,6 +128,58 @@ fn recorded(o: &GpuStatus) -> GpuStatus {
     p
 }
 
+/// `o` as the previous status recorded it once handed over whole, in `mode`, to `tenants`.
+fn handed(o: &GpuStatus, mode: Mode, tenants: &[&str]) -> GpuStatus {
+    GpuStatus {
+        applied_mode: Some(mode),
+        applied_tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        ..recorded(o)
+    }
+}
+
+/// Processes with these pids on a GPU out of MIG mode.
+fn running(pids: &[u32]) -> Vec<ProcessStatus> {
+    pids.iter()
+        .map(|&pid| ProcessStatus {
+            pid,
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// GPU 0 shared between `tenants` in `mode` (MPS or TimeSlicing), four clients or replicas.
+fn shared(mode: Mode, tenants: &[&str], scrub: ScrubMemory) -> GpuSpec {
+    GpuSpec {
+        mps: (mode == Mode::Mps).then(|| MpsSettings {
+            max_clients: 4,
+            ..Default::default()
+        }),
+        time_slicing: (mode == Mode::TimeSlicing).then_some(TimeSlicingSettings { replicas: 4 }),
+        scrub,
+        ..whole(0, mode, tenants)
+    }
+}
+
+/// A node of these GPUs as NVML reports them, or as a status recorded them.
+fn node(gpus: Vec<GpuStatus>) -> GpuNodeStatus {
+    GpuNodeStatus {
+        gpus,
+        ..Default::default()
+    }
+}
+
+/// A GpuNode spec of these GPUs.
+fn node_spec(gpus: Vec<GpuSpec>) -> GpuNodeSpec {
+    GpuNodeSpec {
+        gpus: gpus.into(),
+        ..Default::default()
+    }
+}
+
+fn blocked_by(p: GpuActions) -> Option<GpuReason> {
+    p.blocked.map(|b| b.reason)
+}
+
 #[test]
 fn a_matching_gpu_gets_no_action() {
     let mut o = gpu(0, "H100-80GB", true);
@@ -137,14 +189,14 @@ fn a_matching_gpu_gets_no_action() {
         vec![want("3g.40gb", 0, 4, Some("a")), want("3g.40gb", 4, 4, Some("b"))],
     );
     let prev = recorded(&o);
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     assert_eq!((p.actions, p.blocked), (vec![], None));
     // The same layout without a record of who had it: every instance changes hands.
-    let p = plan_gpu(&o, &g, None, &none());
+    let p = gpu_actions(&o, &g, None, &none());
     assert_eq!(p.actions.iter().filter(|a| a.is_scrub()).count(), 2);
     let mut unscrubbed = prev.clone();
     unscrubbed.instances[1].last_scrub = None;
-    let p = plan_gpu(&o, &g, Some(&unscrubbed), &none());
+    let p = gpu_actions(&o, &g, Some(&unscrubbed), &none());
     assert_eq!(
         p.actions,
         [Action::Scrub {
@@ -156,7 +208,7 @@ fn a_matching_gpu_gets_no_action() {
     // An instance created again since the record (a new MIG device UUID) is not the one handed over.
     let mut recreated = o.clone();
     recreated.instances[0].uuid = Some("MIG-new".into());
-    let p = plan_gpu(&recreated, &g, Some(&prev), &none());
+    let p = gpu_actions(&recreated, &g, Some(&prev), &none());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
 }
 
@@ -173,7 +225,7 @@ fn layout_changes_destroy_only_what_must_go_ci_before_gi() {
             want("3g.40gb", 4, 4, Some("b")),
         ],
     );
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     let text: Vec<String> = p.actions.iter().map(|a| a.to_string()).collect();
     let destroy_ci = format!(
         "destroy compute instance 0 of GPU instance {}",
@@ -207,7 +259,7 @@ fn processes_in_the_way_block_the_whole_gpu() {
         used_memory_mib: None,
     }];
     let g = mig_spec(0, vec![want("7g.80gb", 0, 8, None)]);
-    let p = plan_gpu(&o, &g, None, &none());
+    let p = gpu_actions(&o, &g, None, &none());
     assert!(p.actions.is_empty());
     let b = p.blocked.unwrap();
     assert_eq!(b.reason, GpuReason::Busy);
@@ -215,7 +267,7 @@ fn processes_in_the_way_block_the_whole_gpu() {
 
     // A process in an instance that stays, with the same known owner, does not block.
     let g = mig_spec(0, vec![want("3g.40gb", 0, 4, None), want("2g.20gb", 4, 2, None)]);
-    let p = plan_gpu(&o, &g, Some(&recorded(&o)), &none());
+    let p = gpu_actions(&o, &g, Some(&recorded(&o)), &none());
     assert_eq!(p.blocked, None);
     assert_eq!(
         p.actions.len(),
@@ -229,7 +281,7 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
     let mut o = gpu(0, "A100-40GB", false);
     let g = mig_spec(0, vec![want("7g.40gb", 0, 8, None)]);
     assert_eq!(
-        plan_gpu(&o, &g, None, &none()).actions,
+        gpu_actions(&o, &g, None, &none()).actions,
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
     // Pending and idle: calling again activates it (the call resets an idle GPU), unless NVML
@@ -239,14 +291,14 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pending: true,
     });
     assert_eq!(
-        plan_gpu(&o, &g, None, &none()).actions,
+        gpu_actions(&o, &g, None, &none()).actions,
         [Action::SetMigMode { gpu: 0, enable: true }]
     );
     let mut prev = o.clone();
     prev.reason = Some(GpuReason::Busy);
-    assert_eq!(plan_gpu(&o, &g, Some(&prev), &none()).actions.len(), 1);
+    assert_eq!(gpu_actions(&o, &g, Some(&prev), &none()).actions.len(), 1);
     prev.reason = Some(GpuReason::ResetRequired);
-    let p = plan_gpu(&o, &g, Some(&prev), &none());
+    let p = gpu_actions(&o, &g, Some(&prev), &none());
     assert_eq!(p.blocked.unwrap().reason, GpuReason::ResetRequired);
     assert!(p.actions.is_empty());
     o.mig_mode = Some(MigModeStatus {
@@ -257,14 +309,17 @@ fn mig_mode_changes_wait_for_reset_and_for_idle_gpus() {
         pid: 5,
         ..Default::default()
     }];
-    assert_eq!(plan_gpu(&o, &g, None, &none()).blocked.unwrap().reason, GpuReason::Busy);
+    assert_eq!(
+        gpu_actions(&o, &g, None, &none()).blocked.unwrap().reason,
+        GpuReason::Busy
+    );
 }
 
 #[test]
 fn leaving_mig_destroys_everything_then_disables_it() {
     let mut o = gpu(0, "H100-80GB", true);
     o.instances = vec![inst("7g.80gb", 0, 8, None)];
-    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
+    let p = gpu_actions(&o, &whole(0, Mode::Exclusive, &["a"]), None, &none());
     assert_eq!(
         p.actions,
         [
@@ -290,7 +345,7 @@ fn a_gpu_instance_without_compute_instance_is_finished_not_recreated() {
     let mut half = inst("4g.40gb", 0, 4, None);
     half.compute_instance_id = None;
     o.instances = vec![half];
-    let p = plan_gpu(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
+    let p = gpu_actions(&o, &mig_spec(0, vec![want("4g.40gb", 0, 4, None)]), None, &none());
     assert_eq!(
         p.nvml_actions().cloned().collect::<Vec<_>>(),
         [Action::CreateComputeInstance {
@@ -321,20 +376,14 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
         ),
     ];
     for (layout, msg) in bad {
-        let b = plan_gpu(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
+        let b = gpu_actions(&o, &mig_spec(0, layout), None, &none()).blocked.unwrap();
         assert_eq!(b.reason, GpuReason::InvalidSpec);
         assert!(b.message.contains(msg), "{}", b.message);
     }
-    let status = GpuNodeStatus {
-        gpus: vec![o],
-        ..Default::default()
-    };
-    let spec = GpuNodeSpec {
-        gpus: vec![whole(4, Mode::Exclusive, &[])].into(),
-        ..Default::default()
-    };
+    let status = node(vec![o]);
+    let spec = node_spec(vec![whole(4, Mode::Exclusive, &[])]);
     assert_eq!(
-        plan_node(&status, &spec, None, &none())[0]
+        node_actions(&status, &spec, None, &none())[0]
             .blocked
             .as_ref()
             .unwrap()
@@ -347,37 +396,29 @@ fn invalid_layouts_and_unknown_gpus_are_refused_by_name() {
 fn scrub_decisions_follow_the_hands_not_the_runs() {
     let mut o = gpu(0, "H100-80GB", false);
     o.compute_mode = Some("ExclusiveProcess".into());
-    let spec = |t: &str| GpuSpec {
-        mps: Some(MpsSettings {
-            max_clients: 4,
-            ..Default::default()
-        }),
-        ..whole(0, Mode::Mps, &[t])
-    };
-    let mut prev = recorded(&o);
-    prev.applied_mode = Some(Mode::Mps);
-    prev.applied_tenants = vec!["a".into()];
+    let spec = |t: &str| shared(Mode::Mps, &[t], ScrubMemory::OnTenantChange);
+    let mut prev = handed(&o, Mode::Mps, &["a"]);
     // Same hands: nothing. New hands: a scrub. Unknown past, or another GPU at this index, or
     // no record of a finished hand-over: a change of hands, even with nothing else to change.
-    assert!(plan_gpu(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
+    assert!(gpu_actions(&o, &spec("a"), Some(&prev), &none()).actions.is_empty());
     let scrub_a = [Action::Scrub {
         gpu: 0,
         target: ScrubTarget::Gpu,
         tenant: Some("a".into()),
     }];
-    assert_eq!(plan_gpu(&o, &spec("a"), None, &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), None, &none()).actions, scrub_a);
     let other = GpuStatus {
         uuid: "GPU-other".into(),
         ..prev.clone()
     };
-    assert_eq!(plan_gpu(&o, &spec("a"), Some(&other), &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), Some(&other), &none()).actions, scrub_a);
     let unrecorded = GpuStatus {
         last_scrub: None,
         ..prev.clone()
     };
-    assert_eq!(plan_gpu(&o, &spec("a"), Some(&unrecorded), &none()).actions, scrub_a);
+    assert_eq!(gpu_actions(&o, &spec("a"), Some(&unrecorded), &none()).actions, scrub_a);
     assert_eq!(
-        plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions,
+        gpu_actions(&o, &spec("b"), Some(&prev), &none()).actions,
         [Action::Scrub {
             gpu: 0,
             target: ScrubTarget::Gpu,
@@ -389,29 +430,42 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
         scrubbed: vec![(0, ScrubTarget::Gpu)],
         touched: vec![],
     };
-    assert!(plan_gpu(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
+    assert!(gpu_actions(&o, &spec("b"), Some(&prev), &done).actions.is_empty());
     prev.applied_tenants = vec!["b".into()];
     prev.last_scrub = Some(ScrubRecord {
         result: crate::api::ScrubResult::Failed,
         ..Default::default()
     });
-    assert_eq!(plan_gpu(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
+    assert_eq!(gpu_actions(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
     // Never: no scrub, whatever the hands.
     let never = GpuSpec {
         scrub: ScrubMemory::Never,
         ..spec("c")
     };
-    assert!(plan_gpu(&o, &never, Some(&prev), &none()).actions.is_empty());
+    assert!(gpu_actions(&o, &never, Some(&prev), &none()).actions.is_empty());
     // Old tenant's processes still there: busy, not scrubbed under them.
-    o.processes = vec![ProcessStatus {
-        pid: 9,
-        ..Default::default()
-    }];
+    o.processes = running(&[9]);
     prev.last_scrub = None;
     assert_eq!(
-        plan_gpu(&o, &spec("c"), Some(&prev), &none()).blocked.unwrap().reason,
+        gpu_actions(&o, &spec("c"), Some(&prev), &none())
+            .blocked
+            .unwrap()
+            .reason,
         GpuReason::Busy
     );
+}
+
+/// The shared modes, each with the compute mode it runs in.
+const SHARED_MODES: [(Mode, &str); 2] = [(Mode::Mps, "ExclusiveProcess"), (Mode::TimeSlicing, "Default")];
+
+/// GPU 0 in `mode` (its compute mode `cm`), a process of tenant `a` running, and the record of
+/// handing it to `a`.
+fn busy_shared_gpu(mode: Mode, cm: &str) -> (GpuStatus, GpuStatus) {
+    let mut o = gpu(0, "H100-80GB", false);
+    o.compute_mode = Some(cm.into());
+    o.processes = running(&[42]);
+    let prev = handed(&o, mode, &["a"]);
+    (o, prev)
 }
 
 /// Tenants joining a shared GPU whose tenants stay (docs/design.md#scrub-on-change-of-hands, `core/src/handover.rs`): no
@@ -421,99 +475,100 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
 /// processes run.
 #[test]
 fn a_tenant_joining_a_shared_gpu_is_no_change_of_hands() {
-    let busy = |o: &mut GpuStatus| {
-        o.processes = vec![ProcessStatus {
-            pid: 42,
-            ..Default::default()
-        }]
-    };
-    for (mode, cm) in [(Mode::Mps, "ExclusiveProcess"), (Mode::TimeSlicing, "Default")] {
-        let mut o = gpu(0, "H100-80GB", false);
-        o.compute_mode = Some(cm.into());
-        busy(&mut o);
-        let spec = |tenants: &[&str], scrub| GpuSpec {
-            mps: (mode == Mode::Mps).then(|| MpsSettings {
-                max_clients: 4,
-                ..Default::default()
-            }),
-            time_slicing: (mode == Mode::TimeSlicing).then_some(TimeSlicingSettings { replicas: 4 }),
-            scrub,
-            ..whole(0, mode, tenants)
-        };
-        let mut prev = recorded(&o);
-        prev.applied_mode = Some(mode);
-        prev.applied_tenants = vec!["a".into()];
+    for (mode, cm) in SHARED_MODES {
+        let (o, prev) = busy_shared_gpu(mode, cm);
         for scrub in [ScrubMemory::OnTenantChange, ScrubMemory::Always] {
-            let p = plan_gpu(&o, &spec(&["a", "b"], scrub), Some(&prev), &none());
+            let p = gpu_actions(&o, &shared(mode, &["a", "b"], scrub), Some(&prev), &none());
             assert!(p.actions.is_empty() && p.blocked.is_none(), "{mode}: b joins a: {p:?}");
-            let p = plan_gpu(&o, &spec(&["a", "b", "c"], scrub), Some(&prev), &none());
+            let p = gpu_actions(&o, &shared(mode, &["a", "b", "c"], scrub), Some(&prev), &none());
             assert!(
                 p.actions.is_empty() && p.blocked.is_none(),
                 "{mode}: b and c join a: {p:?}"
             );
         }
-        let on_change = |t: &[&str]| spec(t, ScrubMemory::OnTenantChange);
-        let blocked = |p: super::actions::GpuPlan| p.blocked.map(|b| b.reason);
-        // a leaves while b stays, or b comes as a goes: a change of hands, and a's processes run.
-        let mut both = prev.clone();
-        both.applied_tenants = vec!["a".into(), "b".into()];
+    }
+}
+
+/// a leaves while b stays, or b comes as a goes: a change of hands, and a's processes run.
+#[test]
+fn a_tenant_leaving_a_shared_gpu_is_a_change_of_hands() {
+    for (mode, cm) in SHARED_MODES {
+        let (o, prev) = busy_shared_gpu(mode, cm);
+        let only_b = shared(mode, &["b"], ScrubMemory::OnTenantChange);
+        let both = handed(&o, mode, &["a", "b"]);
         assert_eq!(
-            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&both), &none())),
+            blocked_by(gpu_actions(&o, &only_b, Some(&both), &none())),
             Some(GpuReason::Busy)
         );
         assert_eq!(
-            blocked(plan_gpu(&o, &on_change(&["b"]), Some(&prev), &none())),
+            blocked_by(gpu_actions(&o, &only_b, Some(&prev), &none())),
             Some(GpuReason::Busy)
         );
-        // Nothing to trust: no record, another GPU at this index, a failed or missing scrub record,
-        // a GPU handed to nobody, another mode before.
-        let untrusted = [
-            None,
-            Some(GpuStatus {
-                uuid: "GPU-other".into(),
-                ..prev.clone()
-            }),
-            Some(GpuStatus {
-                last_scrub: None,
-                ..prev.clone()
-            }),
-            Some(GpuStatus {
-                last_scrub: Some(ScrubRecord {
-                    result: ScrubResult::Failed,
-                    ..Default::default()
-                }),
-                ..prev.clone()
-            }),
-            Some(GpuStatus {
-                applied_tenants: vec![],
-                ..prev.clone()
-            }),
-            Some(GpuStatus {
-                applied_mode: Some(if mode == Mode::Mps {
-                    Mode::TimeSlicing
-                } else {
-                    Mode::Mps
-                }),
-                ..prev.clone()
-            }),
-        ];
-        for p in &untrusted {
-            let plan = plan_gpu(&o, &on_change(&["a", "b"]), p.as_ref(), &none());
-            assert_eq!(blocked(plan), Some(GpuReason::Busy), "{mode}: {p:?}");
+    }
+}
+
+/// Records of `prev`'s GPU that prove no hand-over to its tenants in `mode`: none, another GPU at
+/// this index, a failed or missing scrub record, a GPU handed to nobody, another mode before.
+fn untrusted(prev: &GpuStatus, mode: Mode) -> Vec<Option<GpuStatus>> {
+    let other_mode = if mode == Mode::Mps {
+        Mode::TimeSlicing
+    } else {
+        Mode::Mps
+    };
+    let failed = ScrubRecord {
+        result: ScrubResult::Failed,
+        ..Default::default()
+    };
+    vec![
+        None,
+        Some(GpuStatus {
+            uuid: "GPU-other".into(),
+            ..prev.clone()
+        }),
+        Some(GpuStatus {
+            last_scrub: None,
+            ..prev.clone()
+        }),
+        Some(GpuStatus {
+            last_scrub: Some(failed),
+            ..prev.clone()
+        }),
+        Some(GpuStatus {
+            applied_tenants: vec![],
+            ..prev.clone()
+        }),
+        Some(GpuStatus {
+            applied_mode: Some(other_mode),
+            ..prev.clone()
+        }),
+    ]
+}
+
+/// With nothing to trust, a join is a change of hands: it waits for the running processes, and,
+/// idle, the joining set's scrub comes first.
+#[test]
+fn a_join_without_a_trusted_record_is_a_change_of_hands() {
+    for (mode, cm) in SHARED_MODES {
+        let (mut o, prev) = busy_shared_gpu(mode, cm);
+        let spec = shared(mode, &["a", "b"], ScrubMemory::OnTenantChange);
+        for p in &untrusted(&prev, mode) {
+            let plan = gpu_actions(&o, &spec, p.as_ref(), &none());
+            assert_eq!(blocked_by(plan), Some(GpuReason::Busy), "{mode}: {p:?}");
         }
-        // Idle, the same joins with an untrusted record scrub, for the joining set.
         o.processes.clear();
-        let plan = plan_gpu(&o, &on_change(&["a", "b"]), None, &none());
+        let plan = gpu_actions(&o, &spec, None, &none());
         assert!(plan.actions.iter().any(|a| a.is_scrub()), "{mode}: {plan:?}");
     }
-    // An exclusive GPU is never joined: a second tenant there is a change of hands.
+}
+
+/// An exclusive GPU is never joined: a second tenant there is a change of hands.
+#[test]
+fn an_exclusive_gpu_is_never_joined() {
     let mut o = gpu(0, "H100-80GB", false);
-    busy(&mut o);
-    let mut prev = recorded(&o);
-    prev.applied_mode = Some(Mode::Exclusive);
-    prev.applied_tenants = vec!["a".into()];
-    let p = plan_gpu(&o, &whole(0, Mode::Exclusive, &["a", "b"]), Some(&prev), &none());
-    assert_eq!(p.blocked.map(|b| b.reason), Some(GpuReason::Busy));
+    o.processes = running(&[42]);
+    let prev = handed(&o, Mode::Exclusive, &["a"]);
+    let p = gpu_actions(&o, &whole(0, Mode::Exclusive, &["a", "b"]), Some(&prev), &none());
+    assert_eq!(blocked_by(p), Some(GpuReason::Busy));
 }
 
 /// An instance created earlier in this run (round 1) and found with a process in round 2 (the
@@ -527,7 +582,7 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
         scrubbed: vec![],
         touched: vec![(0, ScrubTarget::Instance(Placement { start: 0, size: 4 }))],
     };
-    let p = plan_gpu(&o, &g, None, &done);
+    let p = gpu_actions(&o, &g, None, &done);
     assert_eq!(p.actions.len(), 1, "idle: scrubbed");
     o.processes = vec![ProcessStatus {
         pid: 66,
@@ -535,7 +590,7 @@ fn an_instance_created_in_this_run_is_scrubbed_only_when_idle() {
         compute_instance_id: Some(0),
         used_memory_mib: None,
     }];
-    let p = plan_gpu(&o, &g, None, &done);
+    let p = gpu_actions(&o, &g, None, &done);
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     let b = p.blocked.unwrap();
     assert_eq!(b.reason, GpuReason::Busy);

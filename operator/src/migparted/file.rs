@@ -130,7 +130,7 @@ pub enum EntryProblem {
     #[error("must map MIG profiles to counts, e.g. {{1g.10gb: 7}}, not {0}")]
     MigDevices(String),
     #[error("not a MIG profile name: {0}")]
-    ProfileFormat(String),
+    ProfileFormat(ProfileFormatError),
     #[error("count must be a whole number of instances, not {0}")]
     Count(String),
     #[error("count must not be negative, not {0}")]
@@ -141,4 +141,25 @@ pub enum EntryProblem {
     MigDevicesRequired,
     #[error("lists MIG devices while mig-enabled is false; remove them or enable MIG")]
     MigDevicesWithoutMig,
+}
+
+/// Why a name is not a MIG profile name as mig-parted reads them (go-nvlib's `parseMigProfile`).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProfileFormatError {
+    #[error("the name is empty")]
+    Empty,
+    #[error("{profile:?} has both + and - attributes")]
+    BothAttributeSigns { profile: String },
+    #[error("{profile:?} is not <g>g.<gb>gb or <c>c.<g>g.<gb>gb")]
+    Fields { profile: String },
+    /// `part`: the dot-separated field; `unit`: the letters it should end in.
+    #[error("{profile:?}: {part:?} should be a number followed by {unit:?}")]
+    Number {
+        profile: String,
+        part: String,
+        unit: &'static str,
+    },
+    /// `problem`: what is wrong with one of its attributes (`an attribute twice`).
+    #[error("{profile:?} has {problem}")]
+    Attribute { profile: String, problem: &'static str },
 }

@@ -18,7 +18,9 @@ pub const ANNOTATION_FILTER: &str = "gputenancy.io/mig-parted-device-filter";
 mod file;
 mod parse;
 
-pub use file::{DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, VERSION};
+pub use file::{
+    DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, ProfileFormatError, VERSION,
+};
 pub use parse::mig_profile_format;
 
 impl MigPartedFile {

@@ -6,7 +6,9 @@
 //! MIG profile parser it calls in go-nvlib (`pkg/nvlib/device/mig_profile.go`, `parseMigProfile`).
 //! A few refusals are ours, marked so: a plan's device list cannot say what mig-parted lets through.
 
-use super::file::{DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, VERSION};
+use super::file::{
+    DeviceFilter, Devices, EntryProblem, MigPartedEntry, MigPartedError, MigPartedFile, ProfileFormatError, VERSION,
+};
 use crate::devices::MAX_DEVICE_INDEX;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -216,29 +218,38 @@ fn mig_devices(map: &Map<String, Value>) -> Result<Option<BTreeMap<String, u32>>
 /// Is `profile` a MIG profile name as mig-parted reads them: `<g>g.<gb>gb` or `<c>c.<g>g.<gb>gb`,
 /// then optionally `+attr[,attr...]` or `-attr[,attr...]` (`1g.10gb+me`, `1c.2g.20gb`)? The format
 /// only: whether a GPU model has the profile is the plan checks' business.
-pub fn mig_profile_format(profile: &str) -> Result<(), String> {
+pub fn mig_profile_format(profile: &str) -> Result<(), ProfileFormatError> {
     if profile.is_empty() {
-        return Err("the name is empty".into());
+        return Err(ProfileFormatError::Empty);
     }
     let plus = profile.split_once('+');
     let minus = profile.split_once('-');
     if plus.is_some() && minus.is_some() {
-        return Err(format!("{profile:?} has both + and - attributes"));
+        return Err(ProfileFormatError::BothAttributeSigns {
+            profile: profile.to_string(),
+        });
     }
     let (fields, attributes) = plus.or(minus).map_or((profile, None), |(f, a)| (f, Some(a)));
     let parts: Vec<&str> = fields.splitn(3, '.').collect();
-    let units: &[&str] = match parts.len() {
+    let units: &[&'static str] = match parts.len() {
         3 => &["c", "g", "gb"],
         2 => &["g", "gb"],
-        _ => return Err(format!("{profile:?} is not <g>g.<gb>gb or <c>c.<g>g.<gb>gb")),
+        _ => {
+            return Err(ProfileFormatError::Fields {
+                profile: profile.to_string(),
+            });
+        }
     };
     for (part, unit) in parts.iter().zip(units) {
-        let number = part
-            .strip_suffix(unit)
-            .ok_or_else(|| format!("{profile:?}: {part:?} should be a number followed by {unit:?}"))?;
+        let not_a_number = || ProfileFormatError::Number {
+            profile: profile.to_string(),
+            part: part.to_string(),
+            unit,
+        };
+        let number = part.strip_suffix(unit).ok_or_else(not_a_number)?;
         // Go's strconv.Atoi: ASCII digits (a sign cannot reach here: + and - start attributes).
         if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) || number.parse::<i64>().is_err() {
-            return Err(format!("{profile:?}: {part:?} should be a number followed by {unit:?}"));
+            return Err(not_a_number());
         }
     }
     let Some(attributes) = attributes else {
@@ -260,7 +271,10 @@ pub fn mig_profile_format(profile: &str) -> Result<(), String> {
             None
         };
         if let Some(problem) = problem {
-            return Err(format!("{profile:?} has {problem}"));
+            return Err(ProfileFormatError::Attribute {
+                profile: profile.to_string(),
+                problem,
+            });
         }
     }
     Ok(())
@@ -589,7 +603,7 @@ mod tests {
             ("1g.5gb+m_e", "other than letters"),
             ("99999999999999999999g.5gb", "should be a number"),
         ] {
-            let e = mig_profile_format(bad).unwrap_err();
+            let e = mig_profile_format(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

@@ -68,24 +68,34 @@ pub struct Timeline {
     pub used: BTreeMap<String, Vec<(f64, f64)>>,
 }
 
+/// Why `--since` is not a window (`given`: as written).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    #[error("--since {given:?}: not a duration like 30m, 24h or 7d")]
+    NotADuration { given: String },
+    #[error("--since {given:?}: the unit must be s, m, h, d or w")]
+    Unit { given: String },
+    #[error("--since {given:?}: the window must be at least 1s")]
+    TooShort { given: String },
+}
+
 /// A Prometheus duration of `--since` (`90s`, `30m`, `24h`, `7d`, `2w`), in seconds.
-pub fn parse_window(s: &str) -> Result<f64, String> {
+pub fn parse_window(s: &str) -> Result<f64, WindowError> {
+    let given = || s.to_string();
     let unit_at = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(unit_at);
-    let n: f64 = n
-        .parse()
-        .map_err(|_| format!("--since {s:?}: not a duration like 30m, 24h or 7d"))?;
+    let n: f64 = n.parse().map_err(|_| WindowError::NotADuration { given: given() })?;
     let scale = match unit {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
         "d" => 86400.0,
         "w" => 7.0 * 86400.0,
-        _ => return Err(format!("--since {s:?}: the unit must be s, m, h, d or w")),
+        _ => return Err(WindowError::Unit { given: given() }),
     };
     match n * scale {
         w if w >= 1.0 => Ok(w),
-        _ => Err(format!("--since {s:?}: the window must be at least 1s")),
+        _ => Err(WindowError::TooShort { given: given() }),
     }
 }
 
@@ -102,56 +112,12 @@ pub struct Answers {
 
 /// The tenants' figures from Prometheus' answers. Pure.
 pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
-    let Answers {
-        allocated,
-        used,
-        namespaces,
-        granted,
-        requested,
-    } = a;
-    let key = |s: &prometheus::Sample| {
-        (
-            s.labels.get("tenant").cloned().unwrap_or_default(),
-            s.labels.get("mode").cloned().unwrap_or_default(),
-        )
-    };
     let by_tenant = |v: &[prometheus::Sample]| -> BTreeMap<String, f64> {
-        v.iter()
-            .map(|s| (s.labels.get("tenant").cloned().unwrap_or_default(), s.value))
-            .collect()
+        v.iter().map(|s| (label(s, "tenant"), s.value)).collect()
     };
-    let mut used: BTreeMap<(String, String), f64> = used.iter().map(|s| (key(s), s.value)).collect();
-    let (granted, requested) = (by_tenant(granted), by_tenant(requested));
-    let mut tenants: BTreeMap<String, Vec<ModeRow>> = BTreeMap::new();
-    for s in allocated {
-        let (tenant, mode) = key(s);
-        let used = used.remove(&(tenant.clone(), mode.clone())).map(|u| u / 3600.0);
-        tenants.entry(tenant).or_default().push(ModeRow {
-            mode,
-            allocated_gpu_hours: s.value / 3600.0,
-            used_gpu_hours: used,
-        });
-    }
-    // Use with no allocation: `unattributed`, whose busy time no tenant's pod made (a series at
-    // 0 says nothing worth a row).
-    for ((tenant, mode), u) in used.into_iter().filter(|(_, u)| *u > 0.0) {
-        tenants.entry(tenant).or_default().push(ModeRow {
-            mode,
-            allocated_gpu_hours: 0.0,
-            used_gpu_hours: Some(u / 3600.0),
-        });
-    }
-    let mut held: BTreeMap<String, Vec<NamespaceRow>> = BTreeMap::new();
-    for s in namespaces.iter().filter(|s| s.value > 0.0) {
-        let tenant = s.labels.get("tenant").cloned().unwrap_or_default();
-        held.entry(tenant).or_default().push(NamespaceRow {
-            namespace: s.labels.get("namespace").cloned().unwrap_or_default(),
-            allocated_gpu_hours: s.value / 3600.0,
-        });
-    }
-    for v in held.values_mut() {
-        v.sort_by(|a, b| b.allocated_gpu_hours.total_cmp(&a.allocated_gpu_hours));
-    }
+    let (granted, requested) = (by_tenant(&a.granted), by_tenant(&a.requested));
+    let mut tenants = mode_rows(&a.allocated, &a.used);
+    let mut held = held_by_tenant(&a.namespaces);
     // Tenants the controller grants but no agent has allocated anything to yet.
     for t in granted.keys().chain(requested.keys()) {
         tenants.entry(t.clone()).or_default();
@@ -181,6 +147,50 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
         total_gpu_hours: rows.iter().map(|t| t.allocated_gpu_hours).sum(),
         tenants: rows,
     }
+}
+
+fn label(s: &prometheus::Sample, name: &str) -> String {
+    s.labels.get(name).cloned().unwrap_or_default()
+}
+
+/// Each tenant's modes: GPU-hours allocated, and used where known. Use with no allocation is
+/// `unattributed`, whose busy time no tenant's pod made (a series at 0 says nothing worth a row).
+fn mode_rows(allocated: &[prometheus::Sample], used: &[prometheus::Sample]) -> BTreeMap<String, Vec<ModeRow>> {
+    let key = |s: &prometheus::Sample| (label(s, "tenant"), label(s, "mode"));
+    let mut used: BTreeMap<(String, String), f64> = used.iter().map(|s| (key(s), s.value)).collect();
+    let mut tenants: BTreeMap<String, Vec<ModeRow>> = BTreeMap::new();
+    for s in allocated {
+        let (tenant, mode) = key(s);
+        let used = used.remove(&(tenant.clone(), mode.clone())).map(|u| u / 3600.0);
+        tenants.entry(tenant).or_default().push(ModeRow {
+            mode,
+            allocated_gpu_hours: s.value / 3600.0,
+            used_gpu_hours: used,
+        });
+    }
+    for ((tenant, mode), u) in used.into_iter().filter(|(_, u)| *u > 0.0) {
+        tenants.entry(tenant).or_default().push(ModeRow {
+            mode,
+            allocated_gpu_hours: 0.0,
+            used_gpu_hours: Some(u / 3600.0),
+        });
+    }
+    tenants
+}
+
+/// Each tenant's namespaces by the GPU-hours their pods held, most first (none at 0).
+fn held_by_tenant(namespaces: &[prometheus::Sample]) -> BTreeMap<String, Vec<NamespaceRow>> {
+    let mut held: BTreeMap<String, Vec<NamespaceRow>> = BTreeMap::new();
+    for s in namespaces.iter().filter(|s| s.value > 0.0) {
+        held.entry(label(s, "tenant")).or_default().push(NamespaceRow {
+            namespace: label(s, "namespace"),
+            allocated_gpu_hours: s.value / 3600.0,
+        });
+    }
+    for v in held.values_mut() {
+        v.sort_by(|a, b| b.allocated_gpu_hours.total_cmp(&a.allocated_gpu_hours));
+    }
+    held
 }
 
 /// The leading controller's tenant gauge (a follower keeps exporting what it last led with).

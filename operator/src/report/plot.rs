@@ -60,24 +60,27 @@ fn register(font: Option<&Path>) -> Result<(), PlotError> {
 /// Draws `timeline` into `path` (`.svg` or `.png`). `title` heads the plot.
 pub fn draw(path: &Path, font: Option<&Path>, title: &str, timeline: &Timeline) -> Result<(), PlotError> {
     let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let draw_err = |e: String| PlotError::Draw {
-        path: path.to_path_buf(),
-        message: e,
-    };
     match ext.as_deref() {
         Some("svg") => {
             register(font)?;
             let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-            chart(&root, title, timeline).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
+            chart(&root, title, timeline).map_err(|e| draw_failed(path, e))?;
+            root.present().map_err(|e| draw_failed(path, e))
         }
         Some("png") => {
             register(font)?;
             let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-            chart(&root, title, timeline).map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))
+            chart(&root, title, timeline).map_err(|e| draw_failed(path, e))?;
+            root.present().map_err(|e| draw_failed(path, e))
         }
         _ => Err(PlotError::Format(path.to_path_buf())),
+    }
+}
+
+fn draw_failed<E: std::error::Error + Send + Sync>(path: &Path, e: DrawingAreaErrorKind<E>) -> PlotError {
+    PlotError::Draw {
+        path: path.to_path_buf(),
+        message: e.to_string(),
     }
 }
 
@@ -98,12 +101,11 @@ fn chart<DB: DrawingBackend>(
     root: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     t: &Timeline,
-) -> Result<(), String>
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
 where
     DB::ErrorType: 'static,
 {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
+    root.fill(&WHITE)?;
     let points = t.allocated.values().chain(t.used.values()).flatten();
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);
     for &(x, y) in points.filter(|(_, y)| y.is_finite()) {
@@ -120,8 +122,7 @@ where
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1.max(x0 + 1.0), 0.0..(y1 * 1.1).max(1.0))
-        .map_err(e)?;
+        .build_cartesian_2d(x0..x1.max(x0 + 1.0), 0.0..(y1 * 1.1).max(1.0))?;
     chart
         .configure_mesh()
         .x_desc("time (UTC)")
@@ -130,14 +131,12 @@ where
         .x_label_formatter(&|x| clock(*x, x1 - x0))
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(e)?;
+        .draw()?;
     for (i, (tenant, series)) in t.allocated.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let line: Vec<(f64, f64)> = series.iter().copied().filter(|(_, y)| y.is_finite()).collect();
         chart
-            .draw_series(LineSeries::new(line, color.stroke_width(3)))
-            .map_err(e)?
+            .draw_series(LineSeries::new(line, color.stroke_width(3)))?
             .label(match tenant.as_str() {
                 crate::accounting::UNALLOCATED => tenant.clone(),
                 _ => format!("{tenant} allocated"),
@@ -146,8 +145,7 @@ where
         if let Some(used) = t.used.get(tenant) {
             let line: Vec<(f64, f64)> = used.iter().copied().filter(|(_, y)| y.is_finite()).collect();
             chart
-                .draw_series(DashedLineSeries::new(line, 8, 5, color.stroke_width(2)))
-                .map_err(e)?
+                .draw_series(DashedLineSeries::new(line, 8, 5, color.stroke_width(2)))?
                 .label(format!("{tenant} busy"))
                 .legend(move |(x, y)| {
                     EmptyElement::at((x, y))
@@ -162,7 +160,6 @@ where
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(e)?;
+        .draw()?;
     Ok(())
 }

@@ -228,7 +228,7 @@ impl<G: Gpus + 'static> DraState<G> {
         let started = std::time::Instant::now();
         let gpus = self.gpus.clone();
         let status = Arc::new(
-            tokio::task::spawn_blocking(move || gpus.discover())
+            tokio::task::spawn_blocking(move || gpus.discover().map_err(|e| e.to_string()))
                 .await
                 .map_err(|e| e.to_string())??,
         );
@@ -285,7 +285,7 @@ impl<G: Gpus + 'static> DraState<G> {
             tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|r| r)?;
+                .and_then(|r| r.map_err(|e| e.to_string()))?;
             me.record_clean(&planned).await.map_err(|e| e.to_string())
         };
         // Decided and joined under the state's lock, which a scrub's record takes too: a scrub

@@ -5,9 +5,22 @@ use super::usage::UsageMemory;
 use crate::api::GpuNodeStatus;
 use crate::gpu::scrub::CudaLib;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper_sys::bindings::NvmlLib;
 use std::ffi::OsStr;
+
+/// Why the NVML library could not be loaded or initialised.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("NVML library {name} failed to initialise (nvmlInit_v2): {source}")]
+    Init { name: String, source: WrapperError },
+    /// `tried`: the library names tried, in order; `error`: the loader's message for the first.
+    #[error(
+        "cannot load the NVML library {}: {error}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1",
+        .tried.join(" or ")
+    )]
+    Load { tried: Vec<String>, error: String },
+}
 
 /// An initialised NVML library, and where scrubs get their CUDA library.
 pub struct NvmlGpus {
@@ -27,7 +40,7 @@ impl Drop for NvmlGpus {
 
 impl NvmlGpus {
     /// Loads NVML from `lib` (the system's `libnvidia-ml.so.1` when `None`) and initialises it.
-    pub fn open(lib: Option<&OsStr>) -> Result<NvmlGpus, String> {
+    pub fn open(lib: Option<&OsStr>) -> Result<NvmlGpus, OpenError> {
         // The driver ships `libnvidia-ml.so.1`; the unversioned name often exists only with
         // development packages, so try the versioned one first.
         let names: Vec<&OsStr> = match lib {
@@ -44,19 +57,20 @@ impl NvmlGpus {
                         usage: Default::default(),
                     });
                 }
-                Err(NvmlError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
-                Err(NvmlError::LibloadingError(_)) => {}
+                Err(WrapperError::LibloadingError(e)) if load_error.is_empty() => load_error = e.to_string(),
+                Err(WrapperError::LibloadingError(_)) => {}
                 Err(e) => {
-                    let name = name.to_string_lossy();
-                    return Err(format!("NVML library {name} failed to initialise (nvmlInit_v2): {e}"));
+                    return Err(OpenError::Init {
+                        name: name.to_string_lossy().into_owned(),
+                        source: e,
+                    });
                 }
             }
         }
-        let tried: Vec<String> = names.iter().map(|n| n.to_string_lossy().into_owned()).collect();
-        Err(format!(
-            "cannot load the NVML library {}: {load_error}; install the NVIDIA driver or point --nvml-lib (GPU_TENANCY_NVML_LIB) at libnvidia-ml.so.1",
-            tried.join(" or ")
-        ))
+        Err(OpenError::Load {
+            tried: names.iter().map(|n| n.to_string_lossy().into_owned()).collect(),
+            error: load_error,
+        })
     }
 
     /// Scrubs load CUDA from `cuda` (the system's `libcuda.so.1` by default).

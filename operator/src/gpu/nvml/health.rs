@@ -7,7 +7,7 @@
 #![allow(non_upper_case_globals)]
 
 use super::NvmlGpus;
-use super::ffi::sym;
+use super::ffi::{NvmlError, err, sym};
 use crate::gpu::health::{DriverError, HealthSignal};
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings::*;
@@ -27,6 +27,7 @@ impl NvmlGpus {
             Ok(s) => s,
             Err(e) => {
                 // Nothing can be watched: every GPU is reported unmonitored until a later try works.
+                let e = e.to_string();
                 while !stop.load(Ordering::Relaxed) {
                     report(HealthSignal::WaitFailed(e.clone()));
                     std::thread::sleep(Duration::from_millis(WAIT_MS.into()));
@@ -70,17 +71,14 @@ impl NvmlGpus {
     fn event_set(
         &self,
         report: &mut dyn FnMut(HealthSignal),
-    ) -> Result<(nvmlEventSet_t, HashMap<usize, String>), String> {
+    ) -> Result<(nvmlEventSet_t, HashMap<usize, String>), NvmlError> {
         let lib = self.lib();
         let create = sym(lib.nvmlEventSetCreate.as_ref())?;
         let supported = sym(lib.nvmlDeviceGetSupportedEventTypes.as_ref())?;
         let register = sym(lib.nvmlDeviceRegisterEvents.as_ref())?;
         let mut set: nvmlEventSet_t = std::ptr::null_mut();
-        nvml_try(unsafe { create(&mut set) }).map_err(|e| format!("nvmlEventSetCreate: {e}"))?;
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| format!("nvmlDeviceGetCount_v2: {e}"))?;
+        nvml_try(unsafe { create(&mut set) }).map_err(|e| err("nvmlEventSetCreate", e))?;
+        let count = self.nvml.device_count().map_err(|e| err("nvmlDeviceGetCount_v2", e))?;
         let mut uuids = HashMap::new();
         for index in 0..count {
             let Ok(dev) = self.nvml.device_by_index(index) else {
@@ -91,16 +89,16 @@ impl NvmlGpus {
             let handle = unsafe { dev.handle() };
             let mut types = 0u64;
             let registered = nvml_try(unsafe { supported(handle, &mut types) })
-                .map_err(|e| format!("nvmlDeviceGetSupportedEventTypes: {e}"))
+                .map_err(|e| err("nvmlDeviceGetSupportedEventTypes", e))
                 .and_then(|()| match types & WATCHED {
-                    0 => Err("it supports no XID or ECC events".to_string()),
+                    0 => Err(NvmlError::NoHealthEvents),
                     watched => nvml_try(unsafe { register(handle, watched, set) })
-                        .map_err(|e| format!("nvmlDeviceRegisterEvents: {e}")),
+                        .map_err(|e| err("nvmlDeviceRegisterEvents", e)),
                 });
             if let Err(error) = registered {
                 report(HealthSignal::Unmonitored {
                     gpu: uuid.clone(),
-                    error,
+                    error: error.to_string(),
                 });
             }
             uuids.insert(handle as usize, uuid);

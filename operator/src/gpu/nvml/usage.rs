@@ -10,12 +10,12 @@
 //! Raw handles through the function table: nvml-wrapper's `GpmSample` borrows the `Nvml` it came
 //! from, which a struct owning both cannot hold.
 
-use super::ffi::{check, sym};
+use super::ffi::{NvmlError, check, sym};
 use crate::api::{GpuNodeStatus, GpuStatus};
 use crate::attribution::ProcessSample;
 use crate::gpu::Usage;
 use nvml_wrapper::Nvml;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper_sys::bindings::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -77,7 +77,7 @@ impl UsageMemory {
                 Ok(u) => {
                     out.gpus.insert(g.index, f64::from(u.gpu.min(100)) / 100.0);
                 }
-                Err(NvmlError::NotSupported) => {}
+                Err(WrapperError::NotSupported) => {}
                 Err(e) => tracing::debug!(gpu = g.index, error = %e, "nvmlDeviceGetUtilizationRates failed"),
             }
             let seen = memory.process_seen.get(&g.index).copied().unwrap_or(0);
@@ -96,10 +96,10 @@ impl UsageMemory {
                     out.processes.insert(g.index, samples);
                 }
                 // No sample newer than the last one read: no process was busy since.
-                Err(NvmlError::NotFound) => {
+                Err(WrapperError::NotFound) => {
                     out.processes.insert(g.index, Vec::new());
                 }
-                Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {}
+                Err(WrapperError::NotSupported | WrapperError::FailedToLoadSymbol(_)) => {}
                 Err(e) => tracing::debug!(gpu = g.index, error = %e, "nvmlDeviceGetProcessUtilization failed"),
             }
         }
@@ -169,7 +169,7 @@ impl UsageMemory {
 }
 
 /// A new sample of GPU instance `gi` of `dev`.
-fn mig_sample(nvml: &Nvml, dev: nvmlDevice_t, gi: u32) -> Result<RawSample, String> {
+fn mig_sample(nvml: &Nvml, dev: nvmlDevice_t, gi: u32) -> Result<RawSample, NvmlError> {
     let lib = nvml.lib();
     let alloc = sym(lib.nvmlGpmSampleAlloc.as_ref())?;
     let get = sym(lib.nvmlGpmMigSampleGet.as_ref())?;
@@ -189,7 +189,7 @@ fn mig_sample(nvml: &Nvml, dev: nvmlDevice_t, gi: u32) -> Result<RawSample, Stri
 
 /// NVML_GPM_METRIC_GRAPHICS_UTIL between two samples ("percentage of time any compute/graphics
 /// app was active", the instance's counterpart of nvmlDeviceGetUtilizationRates' `gpu`), 0 to 1.
-fn graphics_util(nvml: &Nvml, first: &RawSample, second: &RawSample) -> Result<f64, String> {
+fn graphics_util(nvml: &Nvml, first: &RawSample, second: &RawSample) -> Result<f64, NvmlError> {
     let get = sym(nvml.lib().nvmlGpmMetricsGet.as_ref())?;
     // SAFETY: all-zero is a valid request (null samples and names, ID 0); filled in below.
     let mut m: nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::GpuReason;
-use crate::gpu::actions::{ScrubTarget, plan_node};
+use crate::gpu::actions::{ScrubTarget, node_actions};
 use crate::gpu::mps;
 use crate::gpu::status::{RunRecord, build};
 
@@ -13,22 +13,13 @@ fn t0() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
 
 #[test]
 fn status_records_hands_only_once_applied() {
-    let o = gpu(0, "H100-80GB", false);
-    let observed = GpuNodeStatus {
-        gpus: vec![o.clone()],
-        ..Default::default()
-    };
-    let spec = GpuNodeSpec {
-        gpus: vec![whole(0, Mode::Exclusive, &["b"])].into(),
-        ..Default::default()
-    };
+    let observed = node(vec![gpu(0, "H100-80GB", false)]);
+    let spec = node_spec(vec![whole(0, Mode::Exclusive, &["b"])]);
     let mut prev = observed.clone();
     prev.gpus[0].applied_mode = Some(Mode::Exclusive);
     prev.gpus[0].applied_tenants = vec!["a".into()];
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(1_800_000_000).unwrap());
-    let plans = plan_node(&observed, &spec, Some(&prev), &none());
-    let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
+    let now = t0();
+    let s = published(&observed, &spec, &prev, &RunRecord::default());
     assert_eq!(s.gpus[0].applied, Some(false));
     assert_eq!(s.gpus[0].reason, Some(GpuReason::ScrubPending));
     assert_eq!(s.gpus[0].applied_tenants, ["a"], "not handed over before the scrub");
@@ -38,7 +29,7 @@ fn status_records_hands_only_once_applied() {
         scrubbed: vec![(0, ScrubTarget::Gpu)],
         touched: vec![],
     };
-    let plans = plan_node(&observed, &spec, Some(&prev), &done);
+    let plans = node_actions(&observed, &spec, Some(&prev), &done);
     let s = build(&observed, &spec, Some(&prev), &plans, &RunRecord::default(), None, &now);
     assert_eq!(
         (s.gpus[0].applied, s.gpus[0].applied_tenants.clone()),
@@ -51,42 +42,33 @@ fn status_records_hands_only_once_applied() {
     );
 }
 
-/// Until its scrub, an instance keeps its old tenant, its GPU is not applied (`ScrubPending`, or
-/// `ScrubFailed` with the error) and the node is not Ready; instances that keep their hands are
-/// recorded for the new spec at once.
-#[test]
-fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
+/// What an apply that did `run` publishes, its actions planned from nothing done yet.
+fn published(observed: &GpuNodeStatus, spec: &GpuNodeSpec, prev: &GpuNodeStatus, run: &RunRecord) -> GpuNodeStatus {
+    let plans = node_actions(observed, spec, Some(prev), &none());
+    build(observed, spec, Some(prev), &plans, run, None, &t0())
+}
+
+/// GPU 0 cut in two 3g.40gb, handed to a and b, and a spec that gives the first one to c: what
+/// NVML reports, the spec, the previous status.
+fn first_instance_to_c() -> (GpuNodeStatus, GpuNodeSpec, GpuNodeStatus) {
     let mut o = gpu(0, "H100-80GB", true);
     o.instances = vec![inst("3g.40gb", 0, 4, None), inst("3g.40gb", 4, 4, None)];
-    let observed = GpuNodeStatus {
-        gpus: vec![o.clone()],
-        ..Default::default()
-    };
-    let mut prev_gpu = recorded(&o);
-    prev_gpu.instances[0].tenant = Some("a".into());
-    prev_gpu.instances[1].tenant = Some("b".into());
-    let prev = GpuNodeStatus {
-        gpus: vec![prev_gpu],
-        ..Default::default()
-    };
-    let spec = GpuNodeSpec {
-        gpus: vec![mig_spec(
-            0,
-            vec![want("3g.40gb", 0, 4, Some("c")), want("3g.40gb", 4, 4, Some("b"))],
-        )]
-        .into(),
-        ..Default::default()
-    };
-    let plans = plan_node(&observed, &spec, Some(&prev), &none());
-    let s = build(
-        &observed,
-        &spec,
-        Some(&prev),
-        &plans,
-        &RunRecord::default(),
-        None,
-        &t0(),
-    );
+    let mut prev = recorded(&o);
+    prev.instances[0].tenant = Some("a".into());
+    prev.instances[1].tenant = Some("b".into());
+    let spec = node_spec(vec![mig_spec(
+        0,
+        vec![want("3g.40gb", 0, 4, Some("c")), want("3g.40gb", 4, 4, Some("b"))],
+    )]);
+    (node(vec![o]), spec, node(vec![prev]))
+}
+
+/// Until its scrub, an instance keeps its old tenant, its GPU is not applied (`ScrubPending`) and
+/// the node is not Ready; instances that keep their hands are recorded for the new spec at once.
+#[test]
+fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
+    let (observed, spec, prev) = first_instance_to_c();
+    let s = published(&observed, &spec, &prev, &RunRecord::default());
     let g = &s.gpus[0];
     assert_eq!(
         (g.applied, g.reason.map(|r| r.as_str())),
@@ -102,8 +84,12 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
     assert_eq!(condition_status(&s.conditions, "Ready"), Some(false));
     let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert!(ready.message.contains("GPU 0 (ScrubPending)"), "{}", ready.message);
+}
 
-    // The scrub failed: the error is the reason, the instance still not handed over.
+/// A failed scrub: the error is the reason (`ScrubFailed`), the instance still not handed over.
+#[test]
+fn an_instance_whose_scrub_failed_is_not_handed_over() {
+    let (observed, spec, prev) = first_instance_to_c();
     let failed = ScrubRecord {
         result: ScrubResult::Failed,
         tenant: Some("c".into()),
@@ -113,7 +99,7 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
         errors: [(
             0,
             (
-                crate::api::GpuReason::ScrubFailed,
+                GpuReason::ScrubFailed,
                 "scrub instance at 0:4 failed: cuMemsetD8".to_string(),
             ),
         )]
@@ -125,7 +111,7 @@ fn an_instance_waiting_for_its_scrub_is_not_handed_over() {
         )],
         ..Default::default()
     };
-    let s = build(&observed, &spec, Some(&prev), &plans, &run, None, &t0());
+    let s = published(&observed, &spec, &prev, &run);
     let g = &s.gpus[0];
     assert_eq!(
         (g.applied, g.reason.map(|r| r.as_str())),
@@ -147,41 +133,23 @@ fn an_unreadable_gpu_gets_no_action_and_keeps_its_last_record() {
         message: Some("NVML cannot read GPU 0: nvmlDeviceGetMigMode(GPU 0): GPU is lost".into()),
         ..Default::default()
     };
-    let observed = GpuNodeStatus {
-        gpus: vec![lost],
-        ..Default::default()
-    };
+    let observed = node(vec![lost]);
     let mut known = recorded(&gpu(0, "H100-80GB", true));
     known.instances = vec![inst("7g.80gb", 0, 8, Some("a"))];
     known.applied = Some(true);
-    let prev = GpuNodeStatus {
-        gpus: vec![known.clone()],
-        ..Default::default()
-    };
+    let prev = node(vec![known]);
     for g in [
         mig_spec(0, vec![want("7g.80gb", 0, 8, Some("b"))]),
         whole(0, Mode::Exclusive, &["b"]),
         whole(0, Mode::Mps, &["b"]),
     ] {
-        let spec = GpuNodeSpec {
-            gpus: vec![g].into(),
-            ..Default::default()
-        };
+        let spec = node_spec(vec![g]);
         for p in [None, Some(&prev)] {
-            let plans = plan_node(&observed, &spec, p, &none());
+            let plans = node_actions(&observed, &spec, p, &none());
             assert!(plans[0].actions.is_empty(), "{:?}", plans[0].actions);
             assert_eq!(plans[0].blocked.as_ref().unwrap().reason, GpuReason::Unreadable);
         }
-        let plans = plan_node(&observed, &spec, Some(&prev), &none());
-        let s = build(
-            &observed,
-            &spec,
-            Some(&prev),
-            &plans,
-            &RunRecord::default(),
-            None,
-            &t0(),
-        );
+        let s = published(&observed, &spec, &prev, &RunRecord::default());
         let g = &s.gpus[0];
         assert_eq!(
             (g.applied, g.reason.map(|r| r.as_str())),
