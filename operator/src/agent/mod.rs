@@ -90,7 +90,7 @@ fn status_body(status: &GpuNodeStatus) -> serde_json::Value {
 pub enum RunError {
     /// The NVML library could not be loaded or initialised.
     #[error("{0}")]
-    Nvml(String),
+    Nvml(crate::gpu::nvml::OpenError),
     #[error("loading NVML stopped: {0}")]
     Stopped(tokio::task::JoinError),
     /// The source of spec changes ended (a watch is restarted by its backoff, so only a test's
@@ -283,10 +283,10 @@ fn apply_and_sample<G: Gpus + 'static>(
     prev: Option<GpuNodeStatus>,
     apply_opts: ApplyOptions,
     sample: bool,
-) -> tokio::task::JoinHandle<Result<Sampled, String>> {
+) -> tokio::task::JoinHandle<Result<Sampled, crate::gpu::DiscoverError>> {
     let g = gpus.clone();
     tokio::task::spawn_blocking(move || {
-        let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts).map_err(|e| e.to_string())?;
+        let applied = apply(&*g, &spec, prev.as_ref(), &apply_opts)?;
         let usage = match sample {
             true => g.usage(&applied.status),
             false => Default::default(),
@@ -327,7 +327,12 @@ async fn attribute(
 /// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its
 /// last status (the GPUs as last seen, the generation last applied). Best effort: the pass is
 /// retried with backoff either way.
-async fn report_nvml_failure(api: &Api<GpuNode>, opts: &Options, prev: Option<&GpuNodeStatus>, error: &str) {
+async fn report_nvml_failure(
+    api: &Api<GpuNode>,
+    opts: &Options,
+    prev: Option<&GpuNodeStatus>,
+    error: &crate::gpu::DiscoverError,
+) {
     let mut status = prev.cloned().unwrap_or_default();
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
     let message = format!(
@@ -408,7 +413,7 @@ pub async fn run(
     let gpus = tokio::task::spawn_blocking(move || NvmlGpus::open(nvml_lib.as_deref()))
         .await
         .map_err(RunError::Stopped)?
-        .map_err(|e| RunError::Nvml(e.to_string()))?
+        .map_err(RunError::Nvml)?
         .with_cuda(cuda);
     let gpus = Arc::new(gpus);
     // Both halves stop on the one shutdown.

@@ -13,7 +13,7 @@ pub enum PassError {
     Stopped(tokio::task::JoinError),
     /// NVML failed for the whole node (a system query, the device count): nothing was applied.
     #[error("{0}")]
-    Apply(String),
+    Apply(crate::gpu::DiscoverError),
     #[error("writing GpuNode {node} status: {source}")]
     Publish { node: String, source: kube::Error },
 }

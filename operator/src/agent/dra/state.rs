@@ -16,6 +16,7 @@ use super::devices::{DraDevice, Unit};
 use super::pods;
 use super::prepare::{self, ClaimView, Planned, Refusal};
 use super::reservations;
+use super::scrubs::ScrubFailed;
 use crate::api::{GpuTenant, ScrubMemory};
 use crate::gpu::Gpus;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -63,12 +64,22 @@ pub enum ClaimError {
     Scrub {
         device: String,
         uuid: String,
-        error: String,
+        error: ScrubFailed,
     },
     #[error(transparent)]
     Cdi(#[from] CdiError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+}
+
+/// Why the GPUs could not be read for a Prepare.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Discover(#[from] crate::gpu::DiscoverError),
+    /// The blocking thread that read them ended without an answer.
+    #[error("{0}")]
+    Stopped(tokio::task::JoinError),
 }
 
 /// Test hook: `GPU_TENANCY_DRA_ABORT_AT=<step>` aborts the process right after that step, as a
@@ -218,7 +229,7 @@ impl<G: Gpus + 'static> DraState<G> {
     /// The GPUs as read after `asked`: Prepares that ask while a reading is under way wait for it
     /// and share the next one, so a hundred Prepares at once read the GPUs a few times, not a
     /// hundred times one after the other; none is answered with a reading older than its question.
-    async fn read_gpus(&self, asked: std::time::Instant) -> Result<Arc<crate::api::GpuNodeStatus>, String> {
+    async fn read_gpus(&self, asked: std::time::Instant) -> Result<Arc<crate::api::GpuNodeStatus>, ReadError> {
         let mut last = self.reading.lock().await;
         if let Some((started, status)) = last.as_ref()
             && *started >= asked
@@ -228,9 +239,9 @@ impl<G: Gpus + 'static> DraState<G> {
         let started = std::time::Instant::now();
         let gpus = self.gpus.clone();
         let status = Arc::new(
-            tokio::task::spawn_blocking(move || gpus.discover().map_err(|e| e.to_string()))
+            tokio::task::spawn_blocking(move || gpus.discover())
                 .await
-                .map_err(|e| e.to_string())??,
+                .map_err(ReadError::Stopped)??,
         );
         *last = Some((started, status.clone()));
         Ok(status)
@@ -284,9 +295,11 @@ impl<G: Gpus + 'static> DraState<G> {
             // what it read back is zero (gpu::scrub).
             tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
                 .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))?;
-            me.record_clean(&planned).await.map_err(|e| e.to_string())
+                .map_err(|e| ScrubFailed::Stopped(Arc::new(e)))?
+                .map_err(|e| ScrubFailed::Gpu(Arc::new(e)))?;
+            me.record_clean(&planned)
+                .await
+                .map_err(|e| ScrubFailed::Record(Arc::new(e)))
         };
         // Decided and joined under the state's lock, which a scrub's record takes too: a scrub
         // either completed before (and is counted) or is joined, never missed in between.
