@@ -88,26 +88,13 @@ fn want(profile: &str, start: u32, size: u32, tenant: Option<&str>) -> MigInstan
 }
 
 fn mig_spec(index: u32, instances: Vec<MigInstanceSpec>) -> GpuSpec {
-    GpuSpec {
-        index,
-        mode: Mode::Mig,
-        mig_instances: instances,
-        mps: None,
-        time_slicing: None,
-        tenants: vec![],
-        shares: vec![],
-        scrub: ScrubMemory::OnTenantChange,
-    }
+    GpuSpec::mig(index, instances).with_scrub(ScrubMemory::OnTenantChange)
 }
 
 fn whole(index: u32, mode: Mode, tenants: &[&str]) -> GpuSpec {
-    GpuSpec {
-        mode,
-        mig_instances: vec![],
-        tenants: tenants.iter().map(|t| t.to_string()).collect(),
-        shares: vec![],
-        ..mig_spec(index, vec![])
-    }
+    GpuSpec::new(index, mode)
+        .with_tenants(tenants)
+        .with_scrub(ScrubMemory::OnTenantChange)
 }
 
 fn none() -> RunMemory {
@@ -149,15 +136,11 @@ fn running(pids: &[u32]) -> Vec<ProcessStatus> {
 
 /// GPU 0 shared between `tenants` in `mode` (MPS or TimeSlicing), four clients or replicas.
 fn shared(mode: Mode, tenants: &[&str], scrub: ScrubMemory) -> GpuSpec {
-    GpuSpec {
-        mps: (mode == Mode::Mps).then(|| MpsSettings {
-            max_clients: 4,
-            ..Default::default()
-        }),
-        time_slicing: (mode == Mode::TimeSlicing).then_some(TimeSlicingSettings { replicas: 4 }),
-        scrub,
-        ..whole(0, mode, tenants)
-    }
+    let gpu = match mode {
+        Mode::Mps => GpuSpec::mps(0, 4),
+        _ => GpuSpec::time_sliced(0, 4),
+    };
+    gpu.with_tenants(tenants).with_scrub(scrub)
 }
 
 /// A node of these GPUs as NVML reports them, or as a status recorded them.
@@ -438,10 +421,7 @@ fn scrub_decisions_follow_the_hands_not_the_runs() {
     });
     assert_eq!(gpu_actions(&o, &spec("b"), Some(&prev), &none()).actions.len(), 1);
     // Never: no scrub, whatever the hands.
-    let never = GpuSpec {
-        scrub: ScrubMemory::Never,
-        ..spec("c")
-    };
+    let never = spec("c").with_scrub(ScrubMemory::Never);
     assert!(gpu_actions(&o, &never, Some(&prev), &none()).actions.is_empty());
     // Old tenant's processes still there: busy, not scrubbed under them.
     o.processes = running(&[9]);

@@ -183,18 +183,9 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
     };
     let spec = GpuNodeSpec {
         gpus: vec![
-            GpuSpec {
-                mps: Some(set(50, "1Gi")),
-                ..whole(1, Mode::Mps, &[])
-            },
-            GpuSpec {
-                mps: Some(set(25, "512Mi")),
-                ..whole(2, Mode::Mps, &[])
-            },
-            GpuSpec {
-                mps: Some(set(30, "2Gi")),
-                ..whole(0, Mode::Mps, &[])
-            },
+            whole(1, Mode::Mps, &[]).with_mps(set(50, "1Gi")),
+            whole(2, Mode::Mps, &[]).with_mps(set(25, "512Mi")),
+            whole(0, Mode::Mps, &[]).with_mps(set(30, "2Gi")),
         ]
         .into(),
         ..Default::default()
