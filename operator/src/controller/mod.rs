@@ -13,8 +13,8 @@ pub mod leader;
 pub mod metrics;
 mod pass;
 mod run;
-pub mod sched;
 pub mod stores;
+pub mod thread_time;
 pub mod writer;
 
 pub use pass::{Controller, PassMemo, PassReport, desired_of, desired_with_memo, node_inventories, now_seconds};

@@ -3,8 +3,8 @@
 //! the events; and the desired state of a snapshot on its own, as tests and `plan` of a live
 //! cluster compute it.
 
-use super::sched::ThreadRun;
 use super::stores::{self, Snapshot, Stores};
+use super::thread_time::ThreadRun;
 use super::{diff, writer};
 use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
 use crate::inventory::{ClusterInventories, NodeInventory};
