@@ -9,6 +9,7 @@
 
 pub mod diff;
 mod evict;
+pub mod kinds;
 pub mod leader;
 pub mod metrics;
 mod pass;

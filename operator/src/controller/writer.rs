@@ -143,7 +143,7 @@ impl Writer {
         let mut config_failed = false;
         // Nodes whose labels and taints were not written in this pass.
         let mut nodes_behind = std::collections::BTreeSet::new();
-        for stage in writes.chunk_by(|a, b| a.kind() == b.kind() && a.action() == b.action()) {
+        for stage in writes.chunk_by(|a, b| a.stage() == b.stage() && a.action() == b.action()) {
             let mut send = Vec::with_capacity(stage.len());
             for w in stage {
                 // A node label naming a device-plugin config that was not written would make the

@@ -623,3 +623,45 @@ fn an_owned_object_without_a_resource_version_is_never_taken_as_found() {
     );
     assert_eq!(seen.admission_policies.len(), s.admission_policies.len());
 }
+
+/// An optional kind the API server does not serve gets nothing written, neither applies nor
+/// deletes; every other write stays as it is. (No row is optional yet: the mutating policies
+/// stand in for one.)
+#[test]
+fn nothing_is_written_for_a_kind_the_api_server_does_not_serve() {
+    let s = snapshot();
+    let all = writes(&pass(&s));
+    let mut without = s.clone();
+    without.absent = [Kind::MutatingAdmissionPolicy, Kind::MutatingAdmissionPolicyBinding].into();
+    let left = writes(&pass(&without));
+    let expected: Vec<String> = all.into_iter().filter(|w| !w.contains("Mutating")).collect();
+    assert_eq!(left, expected);
+    // A live object of an absent kind is not deleted either (the store holds none anyway).
+    let mut live = s.clone();
+    apply(&mut live, &pass(&s));
+    live.tenants.clear();
+    live.absent = [Kind::ResourceQuota].into();
+    let w = writes(&pass(&live));
+    assert!(!w.iter().any(|x| x.contains("ResourceQuota")), "{w:?}");
+}
+
+/// Every diff's writes follow the table of kinds: row by row, then evictions, then binding
+/// deletes, then the other deletes; the writer's stages are these.
+#[test]
+fn writes_follow_the_table_of_kinds() {
+    let mut s = snapshot();
+    let first = pass(&s);
+    apply(&mut s, &first);
+    s.tenants.clear();
+    s.plans.clear();
+    let last = pass(&s);
+    for d in [&first, &last] {
+        let stages: Vec<_> = d.writes.iter().map(Write::stage).collect();
+        assert!(stages.is_sorted(), "{:?}", writes(d));
+    }
+    assert!(
+        last.writes.iter().any(|w| matches!(w, Write::Delete { .. })),
+        "{:?}",
+        writes(&last)
+    );
+}
