@@ -197,7 +197,11 @@ pub async fn run(
                 );
             }
         } else {
-            metrics.error("write");
+            // One error per write the API server refused, by its kind; those held back for it
+            // are counted in the pass's result, not again.
+            for f in report.failed.iter().filter(|f| !f.error.held_back()) {
+                metrics.error("write", &f.kind.to_string());
+            }
             let wait = backoff.next();
             tracing::warn!(failed = report.failed.len(), retry_in = ?wait, "pass had failed writes; retrying");
             retry = Some(wait);
