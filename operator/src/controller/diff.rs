@@ -445,4 +445,4 @@ mod owned;
 mod write;
 pub use node_patch::NodePatch;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

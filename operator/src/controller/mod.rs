@@ -9,6 +9,8 @@
 
 pub mod diff;
 mod evict;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;

@@ -337,6 +337,65 @@ mod tests {
         }
     }
 
+    /// The requests of an optional kind's watch: discovery of its group version first; not
+    /// served, nothing more, the kind is absent and its store never ready; served, the list
+    /// that starts its watch.
+    #[tokio::test]
+    async fn an_optional_kind_is_watched_only_when_discovery_finds_it() {
+        use crate::controller::fixtures::mock_client;
+        use k8s_openapi::api::resource::v1::DeviceClass;
+        for served in [false, true] {
+            let (client, mut server) = mock_client();
+            let absent = Absent::default();
+            let watch = Watch {
+                client: &client,
+                device_plugin_namespace: "nvidia-device-plugin",
+                changed: Arc::new(Notify::new()),
+            };
+            let optional = Optional {
+                kind: Kind::DeviceClass,
+                absent: absent.clone(),
+            };
+            let (store, mut driver) = watch.cluster::<DeviceClass>(Which::Owned, Some(optional));
+            let driven = tokio::spawn(async move { while driver.next().await.is_some() {} });
+            let discovery = server.expect("GET /apis/resource.k8s.io/v1").await;
+            if !served {
+                discovery.refuse(404, "NotFound");
+                driven.await.unwrap();
+                assert!(absent.contains(Kind::DeviceClass));
+                assert!(store.wait_until_ready().await.is_err(), "never ready");
+                server.no_more().await;
+                continue;
+            }
+            discovery.answer(
+                200,
+                &serde_json::json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
+                    "resources": [{"name": "deviceclasses", "singularName": "deviceclass",
+                        "namespaced": false, "kind": "DeviceClass", "verbs": ["list", "watch"]}]}),
+            );
+            let list = server.next().await;
+            assert!(
+                list.line().starts_with("GET /apis/resource.k8s.io/v1/deviceclasses?")
+                    && list
+                        .line()
+                        .contains("labelSelector=gputenancy.io%2Fmanaged-by%3Dgpu-tenancy"),
+                "{}",
+                list.line()
+            );
+            list.answer(
+                200,
+                &serde_json::json!({"kind": "DeviceClassList", "apiVersion": "resource.k8s.io/v1",
+                    "metadata": {"resourceVersion": "1"}, "items": []}),
+            );
+            tokio::time::timeout(std::time::Duration::from_secs(5), store.wait_until_ready())
+                .await
+                .expect("listed")
+                .expect("ready");
+            assert!(!absent.contains(Kind::DeviceClass));
+            driven.abort();
+        }
+    }
+
     #[test]
     fn discovery_finds_a_kind_by_its_plural() {
         let list: APIResourceList = serde_json::from_value(serde_json::json!({

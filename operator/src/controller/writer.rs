@@ -306,3 +306,6 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

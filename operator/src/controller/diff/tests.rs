@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use std::sync::Arc;
 
-pub(super) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
+pub(crate) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -37,7 +37,7 @@ pub(super) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
 }
 
 /// A GpuNode as its agent publishes it: two H100s, nothing applied yet.
-pub(super) fn reported(name: &str) -> GpuNode {
+pub(crate) fn reported(name: &str) -> GpuNode {
     let mut n = GpuNode::new(name, Default::default());
     n.metadata.generation = Some(1);
     n.status = Some(GpuNodeStatus {
@@ -57,7 +57,7 @@ pub(super) fn reported(name: &str) -> GpuNode {
     n
 }
 
-pub(super) fn snapshot() -> Snapshot {
+pub(crate) fn snapshot() -> Snapshot {
     Snapshot {
         policies: vec![policy()],
         tenants: vec![Arc::new(
@@ -70,13 +70,13 @@ pub(super) fn snapshot() -> Snapshot {
     }
 }
 
-pub(super) fn writes(d: &Diff) -> Vec<String> {
+pub(crate) fn writes(d: &Diff) -> Vec<String> {
     d.writes.iter().map(ToString::to_string).collect()
 }
 
 /// What the API server would hold after the writes: applied objects stored as sent, statuses
 /// set, patches merged. Good enough to feed a second pass.
-pub(super) fn apply(s: &mut Snapshot, d: &Diff) {
+pub(crate) fn apply(s: &mut Snapshot, d: &Diff) {
     fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<Arc<T>>, object: &Value) {
         let mut o: T = serde_json::from_value(object.clone()).unwrap();
         o.meta_mut().resource_version = Some(next_version());
@@ -413,7 +413,7 @@ fn contains_ignores_what_the_server_adds() {
 }
 
 /// The simulated agent: reports the current spec applied.
-pub(super) fn agent_applies(s: &mut Snapshot) {
+pub(crate) fn agent_applies(s: &mut Snapshot) {
     for n in s.gpu_nodes.iter_mut().map(Arc::make_mut) {
         let mut st = n.status.clone().unwrap_or_default();
         if st.observed_generation == n.metadata.generation {
