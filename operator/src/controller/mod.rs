@@ -5,7 +5,8 @@
 //! same pure function `gpu-tenancy plan` prints ([`crate::desired::desired`]), diffs it against the
 //! stores ([`diff`]) and one writer makes only the writes that change something ([`writer`]).
 //! Only the leader writes; followers keep their stores warm to take over at once. Nothing requeues
-//! on a timer: a pass runs when something changed, or after a failed pass, with backoff.
+//! on a timer: a pass runs when something changed, or after a failed pass, with backoff. Which
+//! kinds are watched and written, and in which order, is one table ([`kinds`]).
 
 pub mod diff;
 mod evict;

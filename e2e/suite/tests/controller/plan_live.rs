@@ -1,7 +1,8 @@
 //! `plan` of a live cluster: `kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -`
 //! reads the cluster's own objects (kubectl's List, Nodes, GpuNode statuses and specs as the
 //! running state) and must say what the controller's next pass writes. The oracle is the API
-//! server: the GpuNode specs and tenant grants the in-process controller wrote.
+//! server: the GpuNode specs and tenant grants the in-process controller wrote, and with `-o yaml`
+//! every object it wrote.
 
 use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuTenant};
