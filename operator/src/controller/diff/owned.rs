@@ -128,6 +128,8 @@ macro_rules! seen {
         impl Seen {
             /// How many owned objects the last pass found contained in their live ones.
             pub fn len(&self) -> usize {
+                // `$seen` names the rows that have a `seen` (the repetition needs it); the sum
+                // is of their fields.
                 0 $($(+ { let _: Option<$seen> = None; self.$field.len() })?)*
             }
         }
