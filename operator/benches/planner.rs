@@ -120,6 +120,7 @@ fn controller_pass(c: &mut Criterion) {
             mutating_policies: shared(&d.mutating_policies),
             mutating_bindings: shared(&d.mutating_bindings),
             device_classes: shared(&d.device_classes),
+            absent: Default::default(),
         };
         let mut seen = Seen::default();
         assert_eq!(

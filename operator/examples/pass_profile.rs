@@ -29,8 +29,8 @@ mod stats;
 use stats::{counts, stats};
 
 use gpu_tenancy::api::{GpuNode, GpuPartitionPlan, GpuTenant, Mode, SharingPolicy};
-use gpu_tenancy::controller::sched::ThreadRun;
 use gpu_tenancy::controller::stores::Snapshot;
+use gpu_tenancy::controller::thread_time::ThreadRun;
 use gpu_tenancy::controller::{PassMemo, desired_with_memo};
 use gpu_tenancy::desired::{DesiredMemo, Settings, desired_with};
 use gpu_tenancy::inventory::{NodeInventory, cluster_inventories};

@@ -2,6 +2,7 @@
 //! (docs/install.md): a guard against drift and against wildcards. The Helm
 //! chart renders the same objects (checked by the e2e suite, which has Helm's renderer).
 
+use gpu_tenancy::controller::kinds::{Scope, permissions};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -97,62 +98,40 @@ fn assert_grants(role: &Value, want: BTreeSet<(String, String, String)>) {
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
-/// What the controller reads with: watches (list, then watch), never a get of one object.
-const WATCH: &[&str] = &["list", "watch"];
-const OWN: &[&str] = &["list", "watch", "create", "patch", "delete"];
 
-/// What operator/src/controller writes (and the reads of a single object: a pod an agent asks
-/// it to evict; any GpuTenant, which the API server checks before it admits a policy or binding
-/// whose parameter is a GpuTenant): server-side apply (a patch; one that creates the object
-/// is also authorized as `create`), status through `/status`, merge patches of Node and Namespace
-/// labels and Node taints, deletes of owned quotas, policies, bindings and ConfigMaps, events
-/// through kube-runtime's Recorder (events.k8s.io), the Lease through kube-lease-manager
-/// (server-side apply) plus a watch for its release.
+/// The grants the controller's table of kinds asks for in `scope`
+/// (`gpu_tenancy::controller::kinds::permissions`: list and watch of every row, and the verbs of
+/// its writes).
+fn from_the_table(scope: Scope) -> BTreeSet<(String, String, String)> {
+    permissions()
+        .into_iter()
+        .filter(|p| p.scope == scope)
+        .map(|p| (p.group, p.resource, p.verb.to_string()))
+        .collect()
+}
+
+/// What operator/src/controller reads and writes: the table of kinds' grants (watches, server-side
+/// apply, which may create, statuses through `/status`, patches of Node and Namespace labels and
+/// Node taints, deletes of owned objects), and what is no row's: the reads of a single object (a
+/// pod an agent asks it to evict; any GpuTenant, which the API server checks before it admits a
+/// policy or binding whose parameter is a GpuTenant), the eviction, events through
+/// kube-runtime's Recorder (events.k8s.io), the Lease through kube-lease-manager (server-side
+/// apply) plus a watch for its release.
 #[test]
 fn controller_cluster_role_grants_exactly_what_the_controller_needs() {
     let objects = base_objects();
     let role = object(&objects, "ClusterRole", None, "gpu-tenancy-controller");
-    assert_grants(
-        role,
-        expect(&[
-            (
-                "gputenancy.io",
-                &["sharingpolicies", "gputenants", "gpupartitionplans", "gpunodes"],
-                WATCH,
-            ),
-            // The API server's check on a policy whose parameter is a GpuTenant.
-            ("gputenancy.io", &["gputenants"], &["get"]),
-            ("gputenancy.io", &["gpunodes"], &["patch"]),
-            (
-                "gputenancy.io",
-                &[
-                    "sharingpolicies/status",
-                    "gputenants/status",
-                    "gpupartitionplans/status",
-                ],
-                &["patch"],
-            ),
-            ("", &["nodes"], &["list", "watch", "patch"]),
-            ("", &["namespaces"], &["list", "watch", "create", "patch"]),
-            ("", &["resourcequotas"], OWN),
-            (
-                "admissionregistration.k8s.io",
-                &["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-                OWN,
-            ),
-            (
-                "admissionregistration.k8s.io",
-                &["mutatingadmissionpolicies", "mutatingadmissionpolicybindings"],
-                OWN,
-            ),
-            ("resource.k8s.io", &["deviceclasses"], OWN),
-            ("", &["pods"], &["get"]),
-            ("", &["pods/eviction"], &["create"]),
-            ("events.k8s.io", &["events"], &["create", "patch"]),
-        ]),
-    );
+    let mut want = from_the_table(Scope::Cluster);
+    want.extend(expect(&[
+        // The API server's check on a policy whose parameter is a GpuTenant.
+        ("gputenancy.io", &["gputenants"], &["get"]),
+        ("", &["pods"], &["get"]),
+        ("", &["pods/eviction"], &["create"]),
+        ("events.k8s.io", &["events"], &["create", "patch"]),
+    ]));
+    assert_grants(role, want);
     let plugin = object(&objects, "Role", Some("nvidia-device-plugin"), "gpu-tenancy-controller");
-    assert_grants(plugin, expect(&[("", &["configmaps"], OWN)]));
+    assert_grants(plugin, from_the_table(Scope::DevicePluginNamespace));
     let leases = object(
         &objects,
         "Role",

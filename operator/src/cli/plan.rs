@@ -3,7 +3,7 @@
 use super::load::{FileProblem, Limits, LoadError, load};
 use super::output::{print_table, print_table_within, wrap};
 use super::validate::inventories;
-use crate::api::{ConditionSet, GpuNode, GpuSpec, GpuTenant, Mode};
+use crate::api::{ConditionSet, GpuSpec, GpuTenant, Mode};
 use crate::desired::{Desired, Settings, desired};
 use crate::inventory::InventoryFile;
 use crate::planner::PlanInput;
@@ -206,58 +206,21 @@ fn read_inventory(path: &Path, limits: &Limits) -> Result<(String, InventoryFile
     Ok((path.display().to_string(), inv))
 }
 
-/// The objects the controller applies, as one multi-document YAML stream for `kubectl apply -f -`:
-/// GpuNode specs, namespaces, quotas, the device plugin's ConfigMap, node labels and taints, the
-/// admission policies and their bindings. (Statuses are not applyable; `-o json` has them.)
+/// The objects the controller writes, as one multi-document YAML stream for `kubectl apply -f -`,
+/// kind by kind in the order the controller writes them: every row of the controller's table of
+/// kinds but those of which it writes only a status ([`crate::controller::kinds::manifests`]).
+/// (Statuses are not applyable; `-o json` has them.)
 pub fn manifests_yaml(desired: &Desired) -> String {
-    // Every object the controller writes, by name: a field added to `Desired` fails to compile
-    // here until it is printed or said not to be an object the controller writes.
-    let Desired {
-        nodes,
-        namespaces,
-        resource_quotas,
-        config_maps,
-        node_labels,
-        device_classes,
-        admission_policies,
-        admission_bindings,
-        mutating_policies,
-        mutating_bindings,
-        // The user's own objects: the controller writes only their status.
-        tenants: _,
-        plans: _,
-        policies: _,
-        // What the bindings say, as data; the bindings are printed.
-        namespace_rules: _,
-        // Reports: `plan`'s tables and `-o json` show them.
-        changes: _,
-        problems: _,
-    } = desired;
-    let mut docs: Vec<String> = Vec::new();
-    fn push<T: Serialize>(docs: &mut Vec<String>, items: &[T]) {
-        for item in items {
-            docs.push(serde_saphyr::to_string(item).expect("a Kubernetes object serialises"));
+    struct Docs(Vec<String>);
+    impl crate::controller::kinds::Manifests for Docs {
+        fn object<T: Serialize>(&mut self, _: crate::controller::kinds::Kind, object: &T) {
+            self.0
+                .push(serde_saphyr::to_string(object).expect("a Kubernetes object serialises"));
         }
     }
-    let specs: Vec<GpuNode> = nodes
-        .iter()
-        .map(|n| {
-            let mut n = n.clone();
-            n.status = None;
-            n
-        })
-        .collect();
-    push(&mut docs, &specs);
-    push(&mut docs, namespaces);
-    push(&mut docs, resource_quotas);
-    push(&mut docs, config_maps);
-    push(&mut docs, node_labels);
-    push(&mut docs, device_classes);
-    push(&mut docs, admission_policies);
-    push(&mut docs, admission_bindings);
-    push(&mut docs, mutating_policies);
-    push(&mut docs, mutating_bindings);
-    docs.join("---\n")
+    let mut docs = Docs(Vec::new());
+    crate::controller::kinds::manifests(desired, &mut docs);
+    docs.0.join("---\n")
 }
 
 fn print_tables(desired: &Desired, problems: &[String], wide: bool) {

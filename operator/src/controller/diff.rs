@@ -9,12 +9,13 @@
 //! taints by a merge patch that touches only our keys and is conditional on its resourceVersion
 //! (taints are one list that the kubelet and node controllers also write); a Namespace's labels.
 
-use crate::api::{ConditionSet, GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy, condition_status};
+use crate::api::{ConditionSet, GpuNode, condition_status};
+use crate::controller::kinds::owned_kinds;
 use crate::desired::Desired;
 use crate::labels::{DEDICATED, DEVICE_ACCESS, DEVICE_PLUGIN_CONFIG, MANAGED_BY, SCRUB_PENDING, SHARING, TENANT};
 pub use hold::Held;
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
 use kube::{Resource, ResourceExt};
 pub use owned::Seen;
 use owned::{Contained, owned, to_value};
@@ -131,24 +132,50 @@ fn node_patches(desired: &[Arc<Node>], live: &[Arc<Node>], out: &mut Vec<Write>)
     }
 }
 
+/// GpuNode specs that differ from the live ones; returns whether one is some node's first GPU
+/// spec (a fleet joining, [`hold`]).
+fn gpu_node_specs(desired: &[GpuNode], live: &[Arc<GpuNode>], out: &mut Vec<Write>) -> bool {
+    let live_nodes: BTreeMap<String, &GpuNode> = live.iter().map(|n| (n.name_any(), &**n)).collect();
+    let mut joining = false;
+    for n in desired {
+        let current = live_nodes.get(&n.name_any());
+        // A node that is waiting for its agent and has no GpuNode gets none: nothing to say yet.
+        let skip = match current {
+            Some(l) => l.spec == n.spec,
+            None => n.spec.gpus.is_empty(),
+        };
+        if skip {
+            continue;
+        }
+        joining |= current.is_none_or(|l| l.spec.gpus.is_empty());
+        out.push(Write::Apply {
+            kind: Kind::GpuNode,
+            namespace: None,
+            name: n.name_any(),
+            object: json!({
+                "apiVersion": GpuNode::api_version(&()),
+                "kind": GpuNode::kind(&()),
+                "metadata": {"name": n.name_any()},
+                "spec": to_value(&n.spec),
+            }),
+        });
+    }
+    joining
+}
+
 /// Tenant namespaces: created or labelled as desired; a namespace that is no longer a tenant's
 /// loses our labels (never the namespace: it holds the tenant's workloads).
-fn namespace_writes(d: &Desired, live: &Snapshot, seen: &mut Contained<Arc<Namespace>>, out: &mut Vec<Write>) {
-    let mut desired = Vec::new();
-    let mut deletes = Vec::new();
-    owned::<_, Namespace, _>(
-        Kind::Namespace,
-        &d.namespaces,
-        &live.namespaces,
-        seen,
-        &mut desired,
-        &mut deletes,
-    );
-    out.extend(desired);
-    let wanted: BTreeSet<String> = d.namespaces.iter().map(|n| n.name_any()).collect();
-    for ns in &live.namespaces {
-        let labels = ns.labels();
-        if !wanted.contains(&ns.name_any()) && labels.contains_key(MANAGED_BY) {
+fn namespace_writes(
+    desired: &[Arc<Namespace>],
+    live: &[Arc<Namespace>],
+    seen: &mut Contained<Arc<Namespace>>,
+    out: &mut Vec<Write>,
+) {
+    let mut never_deleted = Vec::new();
+    owned::<_, Namespace, _>(Kind::Namespace, desired, live, seen, out, &mut never_deleted);
+    let wanted: BTreeSet<String> = desired.iter().map(|n| n.name_any()).collect();
+    for ns in live {
+        if !wanted.contains(&ns.name_any()) && ns.labels().contains_key(MANAGED_BY) {
             out.push(Write::Patch {
                 kind: Kind::Namespace,
                 name: ns.name_any(),
@@ -260,11 +287,11 @@ fn evictions(live: &Snapshot) -> Vec<Write> {
         .collect()
 }
 
-/// Every write one pass makes, in order: the device plugin's config, node labels and taints,
-/// GpuNode specs, statuses, namespaces, quotas, admission policies then their bindings, the
-/// evictions agents asked for; deletes last, bindings before their policies. A node's taints go before its GpuNode spec: a spec that
-/// hands a GPU or instance over must not reach the agent, nor the node take new pods, while the
-/// node lacks the scrub-pending taint (docs/design.md#scrub-on-change-of-hands); a label names only a config written.
+/// Every write one pass makes, in the order of the table of kinds
+/// ([`crate::controller::kinds::owned_kinds`], which says why): the device plugin's config, node
+/// labels and taints, GpuNode specs, statuses, namespaces, quotas, mutating policies then their
+/// bindings, validating policies then their bindings, DeviceClasses; then the evictions agents
+/// asked for; then the deletes, bindings before their policies.
 pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
     diff_with(d, live, &mut Seen::default(), Instant::now())
 }
@@ -274,103 +301,23 @@ pub fn diff(d: &Desired, live: &Snapshot) -> Diff {
 /// may wait while nodes join ([`hold`]) where `seen` says it was written shortly before `now`;
 /// `seen` becomes this pass's findings.
 pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen, now: Instant) -> Diff {
-    let mut writes = Vec::new();
-    let mut deletes = Vec::new();
-    owned(
-        Kind::ConfigMap,
-        &d.config_maps,
-        &live.config_maps,
-        &mut seen.config_maps,
-        &mut writes,
-        &mut deletes,
-    );
-    node_patches(&d.node_labels, &live.nodes, &mut writes);
-
-    let live_nodes: BTreeMap<String, &GpuNode> = live.gpu_nodes.iter().map(|n| (n.name_any(), &**n)).collect();
-    // Whether this pass gives some node its first GPU spec: a fleet joining ([`hold`]).
-    let mut joining = false;
-    for n in &d.nodes {
-        let current = live_nodes.get(&n.name_any());
-        // A node that is waiting for its agent and has no GpuNode gets none: nothing to say yet.
-        let skip = match current {
-            Some(l) => l.spec == n.spec,
-            None => n.spec.gpus.is_empty(),
-        };
-        if !skip {
-            joining |= current.is_none_or(|l| l.spec.gpus.is_empty());
-            writes.push(Write::Apply {
-                kind: Kind::GpuNode,
-                namespace: None,
-                name: n.name_any(),
-                object: json!({
-                    "apiVersion": GpuNode::api_version(&()),
-                    "kind": GpuNode::kind(&()),
-                    "metadata": {"name": n.name_any()},
-                    "spec": to_value(&n.spec),
-                }),
-            });
-        }
-    }
-    status(
-        Kind::SharingPolicy,
-        &d.policies,
-        &live.policies,
-        |p: &SharingPolicy| p.status.as_ref(),
-        &mut writes,
-    );
-    status(
-        Kind::GpuTenant,
-        &d.tenants,
-        &live.tenants,
-        |t: &GpuTenant| t.status.as_ref(),
-        &mut writes,
-    );
-    status(
-        Kind::GpuPartitionPlan,
-        &d.plans,
-        &live.plans,
-        |p: &GpuPartitionPlan| p.status.as_ref(),
-        &mut writes,
-    );
-    namespace_writes(d, live, &mut seen.namespaces, &mut writes);
-    owned::<_, ResourceQuota, _>(
-        Kind::ResourceQuota,
-        &d.resource_quotas,
-        &live.quotas,
-        &mut seen.quotas,
-        &mut writes,
-        &mut deletes,
-    );
-    let mut binding_deletes = Vec::new();
-    // The mutating policies before the validating ones: a no-tenant pod is refused without the
-    // node affinity the mutating policy adds (a missing one refuses, never lets a pod through).
-    owned(
-        Kind::MutatingAdmissionPolicy,
-        &d.mutating_policies,
-        &live.mutating_policies,
-        &mut seen.mutating_policies,
-        &mut writes,
-        &mut deletes,
-    );
-    owned(
-        Kind::MutatingAdmissionPolicyBinding,
-        &d.mutating_bindings,
-        &live.mutating_bindings,
-        &mut seen.mutating_bindings,
-        &mut writes,
-        &mut binding_deletes,
-    );
-    admission::writes(d, live, seen, &mut writes, &mut binding_deletes, &mut deletes);
-    // DRA: the classes the tenants' claims name (no order needed: a class missing refuses,
-    // never hands over).
-    owned(
-        Kind::DeviceClass,
-        &d.device_classes,
-        &live.device_classes,
-        &mut seen.device_classes,
-        &mut writes,
-        &mut deletes,
-    );
+    let mut pass = Pass {
+        d,
+        live,
+        writes: Vec::new(),
+        binding_deletes: Vec::new(),
+        deletes: Vec::new(),
+        joining: false,
+        validating_bindings: None,
+    };
+    stages(&mut pass, seen);
+    let Pass {
+        mut writes,
+        binding_deletes,
+        deletes,
+        joining,
+        ..
+    } = pass;
     let held = if joining {
         seen.recent.hold(&mut writes, d, live, now)
     } else {
@@ -386,6 +333,111 @@ pub fn diff_with(d: &Desired, live: &Snapshot, seen: &mut Seen, now: Instant) ->
     }
 }
 
+/// What the stages of one pass share.
+struct Pass<'a> {
+    d: &'a Desired,
+    live: &'a Snapshot,
+    /// Applies, patches and statuses, row by row.
+    writes: Vec<Write>,
+    /// Deletes of bindings, made before the other deletes.
+    binding_deletes: Vec<Write>,
+    deletes: Vec<Write>,
+    /// Whether this pass gives some node its first GPU spec: a fleet joining ([`hold`]).
+    joining: bool,
+    /// The validating bindings to write, worked out before their policies ([`admission`]).
+    validating_bindings: Option<Vec<Arc<ValidatingAdmissionPolicyBinding>>>,
+}
+
+/// One row's writes, by the table's word for how the kind is written.
+macro_rules! stage {
+    (owned, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        owned::<_, $ty, _>(
+            Kind::$kind,
+            &$p.d.$desired,
+            &$p.live.$field,
+            &mut $seen.$field,
+            &mut $p.writes,
+            &mut $p.deletes,
+        )
+    };
+    (owned_bindings, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        owned::<_, $ty, _>(
+            Kind::$kind,
+            &$p.d.$desired,
+            &$p.live.$field,
+            &mut $seen.$field,
+            &mut $p.writes,
+            &mut $p.binding_deletes,
+        )
+    };
+    (node_patches, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        node_patches(&$p.d.$desired, &$p.live.$field, &mut $p.writes)
+    };
+    (specs, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        $p.joining |= gpu_node_specs(&$p.d.$desired, &$p.live.$field, &mut $p.writes)
+    };
+    (status, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        status(
+            Kind::$kind,
+            &$p.d.$desired,
+            &$p.live.$field,
+            |o: &$ty| o.status.as_ref(),
+            &mut $p.writes,
+        )
+    };
+    (namespaces, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {
+        namespace_writes(&$p.d.$desired, &$p.live.$field, &mut $seen.$field, &mut $p.writes)
+    };
+    (validating_policies, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {{
+        let bindings = admission::bindings($p.d, $p.live);
+        admission::policy_writes(
+            &$p.d.$desired,
+            &$p.live,
+            &bindings,
+            &mut $seen.$field,
+            &mut $p.writes,
+            &mut $p.deletes,
+        );
+        $p.validating_bindings = Some(bindings);
+    }};
+    (validating_bindings, $p:ident, $seen:ident, $kind:ident, $ty:ty, $field:ident, $desired:ident) => {{
+        let bindings = $p
+            .validating_bindings
+            .take()
+            .unwrap_or_else(|| admission::bindings($p.d, $p.live));
+        owned::<_, $ty, _>(
+            Kind::$kind,
+            &bindings,
+            &$p.live.$field,
+            &mut $seen.$field,
+            &mut $p.writes,
+            &mut $p.binding_deletes,
+        )
+    }};
+}
+
+macro_rules! stages {
+    ($( $kind:ident {
+        ty: $ty:ty,
+        live: $field:ident $held:ident,
+        watch: $scope:ident $which:ident,
+        write: $write:ident $desired:ident,
+        $(seen: $seen:ty,)?
+        plan: $plan:ident,
+        optional: $optional:literal,
+    } )*) => {
+        /// Every row's writes, in the table's order; none of an optional kind the API server
+        /// does not serve.
+        fn stages(p: &mut Pass<'_>, seen: &mut Seen) {
+            $(if !p.live.absent.contains(&Kind::$kind) {
+                stage!($write, p, seen, $kind, $ty, $field, $desired);
+            })*
+        }
+    };
+}
+
+owned_kinds!(stages);
+
 mod admission;
 pub mod hold;
 mod node_patch;
@@ -393,4 +445,4 @@ mod owned;
 mod write;
 pub use node_patch::NodePatch;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -226,17 +226,10 @@ impl Runner {
         loop {
             let Some(m) = manager.as_ref() else {
                 // Rebuilding reads the lease afresh: after an error, or when it was freed.
-                let built = tokio::select! {
-                    biased;
-                    _ = &mut stop => break,
-                    built = async {
-                        tokio::time::sleep(wait).await;
-                        self.build().await
-                    } => built,
-                };
-                match built {
-                    Ok(m) => manager = Some(m),
-                    Err(error) => {
+                match self.rebuild(&mut stop, wait).await {
+                    None => break,
+                    Some(Ok(m)) => manager = Some(m),
+                    Some(Err(error)) => {
                         wait = backoff.next();
                         tracing::warn!(lease = %self.lease_name, %error, retry_in = ?wait, "leader election: cannot read the lease");
                     }
@@ -249,37 +242,70 @@ impl Runner {
                 changed = m.changed() => Step::Changed(changed),
                 Some(()) = free.next(), if !*tx.borrow() => Step::LeaseFree,
             };
-            match step {
-                Step::Stop => break,
-                Step::Changed(Ok(leader)) => {
-                    backoff.reset();
-                    if leader {
-                        tracing::info!(lease = %self.lease_name, identity = %self.identity, "became the leader");
-                    } else {
-                        tracing::warn!(lease = %self.lease_name, identity = %self.identity, "lost the leader lease");
-                    }
-                    tx.send_replace(leader);
-                }
-                Step::Changed(Err(error)) => {
-                    // Cannot tell whether the lease is still ours: stop writing, read it afresh.
-                    if tx.send_replace(false) {
-                        tracing::warn!(lease = %self.lease_name, %error, "leader election: stepping down, the lease cannot be renewed");
-                    } else {
-                        tracing::warn!(lease = %self.lease_name, %error, "leader election: the lease cannot be read");
-                    }
+            match self.take(step, &tx, &mut backoff) {
+                Next::Stop => break,
+                Next::Keep => {}
+                Next::Rebuild(after) => {
                     manager = None;
-                    wait = backoff.next();
-                }
-                Step::LeaseFree => {
-                    // The holder released it (or it was deleted): compete now, not at its old expiry.
-                    tracing::debug!(lease = %self.lease_name, "the lease is free; trying to take it");
-                    manager = None;
-                    wait = Duration::ZERO;
+                    wait = after;
                 }
             }
         }
         // Stop writing first (the caller should have already), then hand the lease over.
         tx.send_replace(false);
+        self.release(manager).await
+    }
+
+    /// A manager built afresh after `wait`; `None` when stopped first.
+    async fn rebuild(
+        &self,
+        stop: &mut oneshot::Receiver<()>,
+        wait: Duration,
+    ) -> Option<Result<LeaseManager, LeaseManagerError>> {
+        tokio::select! {
+            biased;
+            _ = stop => None,
+            built = async {
+                tokio::time::sleep(wait).await;
+                self.build().await
+            } => Some(built),
+        }
+    }
+
+    /// What a step of the election means: leadership published on `tx`, and whether the
+    /// manager is kept or built afresh (after how long).
+    fn take(&self, step: Step, tx: &watch::Sender<bool>, backoff: &mut Backoff) -> Next {
+        match step {
+            Step::Stop => Next::Stop,
+            Step::Changed(Ok(leader)) => {
+                backoff.reset();
+                if leader {
+                    tracing::info!(lease = %self.lease_name, identity = %self.identity, "became the leader");
+                } else {
+                    tracing::warn!(lease = %self.lease_name, identity = %self.identity, "lost the leader lease");
+                }
+                tx.send_replace(leader);
+                Next::Keep
+            }
+            Step::Changed(Err(error)) => {
+                // Cannot tell whether the lease is still ours: stop writing, read it afresh.
+                if tx.send_replace(false) {
+                    tracing::warn!(lease = %self.lease_name, %error, "leader election: stepping down, the lease cannot be renewed");
+                } else {
+                    tracing::warn!(lease = %self.lease_name, %error, "leader election: the lease cannot be read");
+                }
+                Next::Rebuild(backoff.next())
+            }
+            Step::LeaseFree => {
+                // The holder released it (or it was deleted): compete now, not at its old expiry.
+                tracing::debug!(lease = %self.lease_name, "the lease is free; trying to take it");
+                Next::Rebuild(Duration::ZERO)
+            }
+        }
+    }
+
+    /// Gives the lease up, if this replica has a manager, within [`RELEASE_TIMEOUT`].
+    async fn release(self, manager: Option<LeaseManager>) -> Result<(), Error> {
         let Some(m) = manager else { return Ok(()) };
         match tokio::time::timeout(RELEASE_TIMEOUT, m.release()).await {
             Ok(Ok(())) => {
@@ -293,6 +319,14 @@ impl Runner {
             }),
         }
     }
+}
+
+/// What the election loop does after a step.
+enum Next {
+    Stop,
+    Keep,
+    /// Build the manager afresh after this long.
+    Rebuild(Duration),
 }
 
 /// One item each time the Lease is seen free: no holder, or deleted. Watch errors are retried

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `gpu_tenancy_controller_passes_total` | counter | `result` (`ok`, `error`) |
 //! | `gpu_tenancy_controller_pass_duration_seconds` | histogram | |
-//! | `gpu_tenancy_controller_errors_total` | counter | `step` (`read`, `plan`, `write`, ...) |
+//! | `gpu_tenancy_controller_errors_total` | counter | `step` (`write`, ...), `kind` (of the object a write was for) |
 //! | `gpu_tenancy_controller_objects_written_total` | counter | `kind`, `action` ([`WriteAction`]) |
 //! | `gpu_tenancy_controller_tenant_requested` | gauge | `tenant`, `mode`, `profile` |
 //! | `gpu_tenancy_controller_tenant_granted` | gauge | `tenant`, `mode`, `profile` |
@@ -83,7 +83,9 @@ struct ResultLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StepLabels {
-    step: String,
+    step: &'static str,
+    /// The kind of object a failed write was for; empty for the steps of no one object.
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -150,7 +152,11 @@ impl Metrics {
             Unit::Seconds,
             pass_duration.clone(),
         );
-        registry.register("errors", "Errors, by the step that failed", errors.clone());
+        registry.register(
+            "errors",
+            "Errors, by the step that failed and the kind of object it was for",
+            errors.clone(),
+        );
         registry.register(
             "objects_written",
             "Writes to the API server that succeeded, by object kind and action",
@@ -192,9 +198,14 @@ impl Metrics {
         self.pass_duration.observe(duration.as_secs_f64());
     }
 
-    /// Counts an error in `step` (free text, e.g. `read`, `plan`, `write`; keep the set small).
-    pub fn error(&self, step: &str) {
-        self.errors.get_or_create(&StepLabels { step: step.to_owned() }).inc();
+    /// Counts an error in `step` (e.g. `write`; keep the set small) for an object of `kind`
+    /// (empty for a step of no one object).
+    pub fn error(&self, step: &'static str, kind: &str) {
+        let labels = StepLabels {
+            step,
+            kind: kind.to_owned(),
+        };
+        self.errors.get_or_create(&labels).inc();
     }
 
     /// Counts one successful write of an object of `kind` (e.g. `GpuNode`, `ResourceQuota`).
@@ -292,7 +303,7 @@ mod tests {
         m.pass(Duration::from_millis(30), true);
         m.pass(Duration::from_millis(30), true);
         m.pass(Duration::from_secs(2), false);
-        m.error("write");
+        m.error("write", "ResourceQuota");
         m.written("GpuNode", WriteAction::Apply);
         m.written("GpuNode", WriteAction::Apply);
         m.written("GpuTenant", WriteAction::Status);
@@ -318,7 +329,7 @@ mod tests {
             text.contains(r#"gpu_tenancy_controller_pass_duration_seconds_bucket{le="0.04"} 2"#),
             "{text}"
         );
-        assert!(text.contains(r#"gpu_tenancy_controller_errors_total{step="write"} 1"#));
+        assert!(text.contains(r#"gpu_tenancy_controller_errors_total{step="write",kind="ResourceQuota"} 1"#));
         assert!(text.contains(r#"gpu_tenancy_controller_objects_written_total{kind="GpuNode",action="apply"} 2"#));
         assert!(text.contains(r#"gpu_tenancy_controller_objects_written_total{kind="GpuTenant",action="status"} 1"#));
         assert!(text.contains("gpu_tenancy_controller_is_leader 1"));

@@ -3,8 +3,8 @@
 //! the events; and the desired state of a snapshot on its own, as tests and `plan` of a live
 //! cluster compute it.
 
-use super::sched::ThreadRun;
 use super::stores::{self, Snapshot, Stores};
+use super::thread_time::ThreadRun;
 use super::{diff, writer};
 use crate::desired::{Desired, DesiredMemo, Settings, desired_with};
 use crate::inventory::{ClusterInventories, NodeInventory};
@@ -85,8 +85,8 @@ pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Op
 pub struct PassReport {
     /// The writes made, as `action Kind name`.
     pub writes: Vec<String>,
-    /// Writes that failed, with their errors.
-    pub failed: Vec<String>,
+    /// Writes that failed or were held back, each with why ([`writer::Failure`]).
+    pub failed: Vec<writer::Failure>,
     /// Time spent planning (the pure part: desired state and diff), and in the whole pass.
     pub plan_time: Duration,
     pub total_time: Duration,
@@ -107,6 +107,17 @@ pub struct PassReport {
     pub held: diff::Held,
     /// Tenants with the statuses of this pass (for the per-tenant metrics).
     pub tenants: Vec<std::sync::Arc<crate::api::GpuTenant>>,
+}
+
+/// The writes made, as `action Kind name`: all but the failed ones (by their place).
+fn made(writes: &[diff::Write], failed: &[writer::Failure]) -> Vec<String> {
+    let failed: std::collections::BTreeSet<usize> = failed.iter().map(|f| f.index).collect();
+    writes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !failed.contains(i))
+        .map(|(_, w)| w.to_string())
+        .collect()
 }
 
 /// A pass's desired state, and how it was planned.
@@ -215,13 +226,8 @@ impl Controller {
         let outcome = self.writer.write_all(&diff.writes).await;
         self.writer.publish(&diff.notes).await;
         let report = PassReport {
-            writes: diff
-                .writes
-                .iter()
-                .map(ToString::to_string)
-                .filter(|w| !outcome.failed.iter().any(|(f, _)| f == w))
-                .collect(),
-            failed: outcome.failed.iter().map(|(w, e)| format!("{w}: {e}")).collect(),
+            writes: made(&diff.writes, &outcome.failed),
+            failed: outcome.failed,
             plan_time,
             total_time: started.elapsed(),
             desired_time,

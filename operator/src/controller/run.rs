@@ -3,7 +3,7 @@
 
 use super::leader::{self, Election};
 use super::metrics::Metrics;
-use super::pass::Controller;
+use super::pass::{Controller, PassReport};
 use crate::desired::Settings;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::http;
@@ -80,129 +80,38 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|v| *v).await;
-    };
-
     let metrics = Arc::new(Metrics::new());
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let listener = http::bind(options.metrics_addr).await.map_err(RunError::Metrics)?;
-    let readiness = http::Readiness {
-        // Readiness does not depend on leadership: a follower with synced caches is ready to take
-        // over at once, and a Deployment whose followers are never ready would block its rollouts.
-        ready: ready_rx,
-        not_ready: "the watch caches have not synced yet",
-    };
-    tokio::spawn(http::serve_on(
-        listener,
-        metrics.clone(),
-        readiness,
-        stopped(stop_rx.clone()),
-    ));
-
-    let identity = options.leader.as_ref().map(|l| l.identity.clone());
-    let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
-    controller.writer.set_in_flight(options.writes_in_flight);
-    controller.writer.count_in(metrics.clone());
-    controller.check_incremental = options.check_incremental;
-    tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
-    tokio::select! {
-        r = controller.stores.wait_until_ready() => {
-            if r.is_err() {
-                tracing::error!("a watch stopped before its first list");
-            }
-        }
-        _ = stopped(stop_rx.clone()) => return Ok(()),
+    let ready = serve_metrics(options.metrics_addr, metrics.clone(), stop.clone()).await?;
+    let controller = start(&client, &options, &metrics);
+    if !caches_synced(&controller, stop.clone()).await {
+        return Ok(());
     }
-    let _ = ready_tx.send(true);
+    let _ = ready.send(true);
     tracing::info!("caches synced");
 
     let election = match &options.leader {
         Some(opts) => {
             tokio::select! {
                 e = elect(&client, opts) => e,
-                _ = stopped(stop_rx.clone()) => return Ok(()),
+                _ = stopped(stop.clone()) => return Ok(()),
             }
         }
         None => Election::always_leader(),
     };
-    let mut leading = election.is_leader.clone();
-    let mut backoff = Backoff::for_api_errors();
-    let mut retry: Option<Duration> = None;
-    // Bookkeeping a pass held back while nodes joined must go out by then, changes or not.
-    let mut held_until: Option<std::time::Instant> = None;
-    let mut stop = stop_rx.clone();
-    loop {
-        metrics.set_leader(*leading.borrow());
-        if !*leading.borrow() {
-            tracing::info!("following: waiting to lead");
-            tokio::select! {
-                ok = until_true(&mut leading) => if !ok { break },
-                _ = stop.changed() => break,
-            }
-            tracing::info!("leading");
-            metrics.set_leader(true);
-        } else {
-            // Wait for a change, for the retry of a failed pass, or for held bookkeeping's time.
-            let held = held_until.map(|t| t.saturating_duration_since(std::time::Instant::now()));
-            let wait = retry.into_iter().chain(held).min().unwrap_or(Duration::MAX);
-            tokio::select! {
-                _ = controller.changed.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-                r = leading.changed() => { if r.is_err() { break } continue; }
-                _ = stop.changed() => break,
-            }
-            // Debounce: let a burst of watch events settle (at most 10 debounce periods).
-            for _ in 0..10 {
-                if tokio::time::timeout(options.debounce, controller.changed.notified())
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-            }
-        }
-        if *stop.borrow() {
-            break;
-        }
-        if !*leading.borrow() {
-            continue;
-        }
-        let report = controller.pass().await;
-        metrics.set_tenants(&report.tenants);
-        let ok = report.failed.is_empty();
-        held_until = report.held.until;
-        metrics.pass(report.total_time, ok);
-        if ok {
-            backoff.reset();
-            retry = None;
-            if !report.writes.is_empty() {
-                tracing::info!(
-                    writes = report.writes.len(),
-                    plan_ms = report.plan_time.as_millis() as u64,
-                    desired_ms = report.desired_time.as_millis() as u64,
-                    desired_cpu_ms = report.desired_run.map(|r| r.on_cpu.as_millis() as u64),
-                    desired_wait_ms = report.desired_run.map(|r| r.waiting.as_millis() as u64),
-                    desired_faults = report.desired_run.map(|r| r.faults.0),
-                    full_ms = report.full_time.map(|t| t.as_millis() as u64),
-                    cells_placed = report.cells.0,
-                    cells_reused = report.cells.1,
-                    held = report.held.writes,
-                    "pass done"
-                );
-            }
-        } else {
-            metrics.error("write");
-            let wait = backoff.next();
-            tracing::warn!(failed = report.failed.len(), retry_in = ?wait, "pass had failed writes; retrying");
-            retry = Some(wait);
-        }
-    }
+    let mut lead = Lead {
+        controller: &controller,
+        metrics: &metrics,
+        debounce: options.debounce,
+        backoff: Backoff::for_api_errors(),
+        retry: None,
+        held_until: None,
+    };
+    lead.until_stopped(election.is_leader.clone(), stop).await;
     // Stop writing before giving the lease up, so two replicas never write at once.
     drop(controller);
     if let Err(e) = election.release().await {
@@ -210,4 +119,169 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Completes once `stop` says true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|v| *v).await;
+}
+
+/// Serves metrics and probes until `stop`; returns the sender that makes the readiness probe
+/// say ready.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<watch::Sender<bool>, RunError> {
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let listener = http::bind(addr).await.map_err(RunError::Metrics)?;
+    let readiness = http::Readiness {
+        // Readiness does not depend on leadership: a follower with synced caches is ready to take
+        // over at once, and a Deployment whose followers are never ready would block its rollouts.
+        ready: ready_rx,
+        not_ready: "the watch caches have not synced yet",
+    };
+    tokio::spawn(http::serve_on(listener, metrics, readiness, stopped(stop)));
+    Ok(ready_tx)
+}
+
+/// The controller with its stores' watches started, writing as `options` say.
+fn start(client: &Client, options: &Options, metrics: &Arc<Metrics>) -> Controller {
+    let identity = options.leader.as_ref().map(|l| l.identity.clone());
+    let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
+    controller.writer.set_in_flight(options.writes_in_flight);
+    controller.writer.count_in(metrics.clone());
+    controller.check_incremental = options.check_incremental;
+    controller
+}
+
+/// Waits for every store's first list; false if stopped first.
+async fn caches_synced(controller: &Controller, stop: watch::Receiver<bool>) -> bool {
+    tracing::info!("listing policies, tenants, plans, GPU nodes, nodes, namespaces and owned objects ...");
+    tokio::select! {
+        r = controller.stores.wait_until_ready() => {
+            if r.is_err() {
+                tracing::error!("a watch stopped before its first list");
+            }
+            true
+        }
+        _ = stopped(stop) => false,
+    }
+}
+
+/// What wakes the loop while it leads.
+enum Wake {
+    /// Run a pass.
+    Pass,
+    /// Leadership changed: look again.
+    Leadership,
+    Stop,
+}
+
+/// The loop of passes while leading.
+struct Lead<'a> {
+    controller: &'a Controller,
+    metrics: &'a Metrics,
+    debounce: Duration,
+    backoff: Backoff,
+    /// When a failed pass is retried.
+    retry: Option<Duration>,
+    /// Bookkeeping a pass held back while nodes joined must go out by then, changes or not.
+    held_until: Option<std::time::Instant>,
+}
+
+impl Lead<'_> {
+    /// Runs a pass when something changed (debounced), only while leading, until `stop`.
+    async fn until_stopped(&mut self, mut leading: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+        loop {
+            self.metrics.set_leader(*leading.borrow());
+            if !*leading.borrow() {
+                tracing::info!("following: waiting to lead");
+                tokio::select! {
+                    ok = until_true(&mut leading) => if !ok { break },
+                    _ = stop.changed() => break,
+                }
+                tracing::info!("leading");
+                self.metrics.set_leader(true);
+            } else {
+                match self.wait_for_work(&mut leading, &mut stop).await {
+                    Wake::Pass => {}
+                    Wake::Leadership => continue,
+                    Wake::Stop => break,
+                }
+            }
+            if *stop.borrow() {
+                break;
+            }
+            if *leading.borrow() {
+                let report = self.controller.pass().await;
+                self.record(&report);
+            }
+        }
+    }
+
+    /// Waits for a change, for the retry of a failed pass, or for held bookkeeping's time; then
+    /// lets a burst of watch events settle (at most 10 debounce periods).
+    async fn wait_for_work(&self, leading: &mut watch::Receiver<bool>, stop: &mut watch::Receiver<bool>) -> Wake {
+        let held = self
+            .held_until
+            .map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        let wait = self.retry.into_iter().chain(held).min().unwrap_or(Duration::MAX);
+        tokio::select! {
+            _ = self.controller.changed.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            r = leading.changed() => return if r.is_err() { Wake::Stop } else { Wake::Leadership },
+            _ = stop.changed() => return Wake::Stop,
+        }
+        for _ in 0..10 {
+            if tokio::time::timeout(self.debounce, self.controller.changed.notified())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        Wake::Pass
+    }
+
+    /// Metrics and logs of a pass; a failed one is retried with backoff.
+    fn record(&mut self, report: &PassReport) {
+        self.metrics.set_tenants(&report.tenants);
+        let ok = report.failed.is_empty();
+        self.held_until = report.held.until;
+        self.metrics.pass(report.total_time, ok);
+        if !ok {
+            // One error per write the API server refused, by its kind; those held back for it
+            // are counted in the pass's result, not again.
+            for f in report.failed.iter().filter(|f| !f.error.held_back()) {
+                self.metrics.error("write", &f.kind.to_string());
+            }
+            let wait = self.backoff.next();
+            tracing::warn!(failed = report.failed.len(), retry_in = ?wait, "pass had failed writes; retrying");
+            self.retry = Some(wait);
+            return;
+        }
+        self.backoff.reset();
+        self.retry = None;
+        if !report.writes.is_empty() {
+            log_pass(report);
+        }
+    }
+}
+
+/// The `pass done` line: what a pass wrote and what it cost.
+fn log_pass(report: &PassReport) {
+    tracing::info!(
+        writes = report.writes.len(),
+        plan_ms = report.plan_time.as_millis() as u64,
+        desired_ms = report.desired_time.as_millis() as u64,
+        desired_cpu_ms = report.desired_run.map(|r| r.on_cpu.as_millis() as u64),
+        desired_wait_ms = report.desired_run.map(|r| r.waiting.as_millis() as u64),
+        desired_faults = report.desired_run.map(|r| r.faults.0),
+        full_ms = report.full_time.map(|t| t.as_millis() as u64),
+        cells_placed = report.cells.0,
+        cells_reused = report.cells.1,
+        held = report.held.writes,
+        "pass done"
+    );
 }

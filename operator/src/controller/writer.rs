@@ -34,8 +34,90 @@ pub struct Writer {
 /// What a batch of writes did.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// Writes that failed or were held back, each with why.
-    pub failed: Vec<(String, String)>,
+    /// Writes that failed or were held back, each with why, in the order of the writes.
+    pub failed: Vec<Failure>,
+}
+
+/// Why a write of a pass was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Held back: a node label naming a device-plugin config that was not written would make the
+    /// plugin fall back to its default sharing, so the nodes stay as they are until it is in.
+    #[error("not sent: the device plugin's ConfigMap could not be written in this pass")]
+    ConfigNotWritten,
+    /// Held back: a GpuNode spec may hand a GPU over, so it waits for its node's scrub-pending
+    /// taint.
+    #[error("not sent: Node {node}'s labels and taints could not be written in this pass")]
+    NodeNotWritten { node: String },
+    /// Sent, and the API server refused it or could not be reached.
+    #[error("{0}")]
+    Failed(#[from] kube::Error),
+}
+
+impl WriteError {
+    /// Not sent because a write it depends on failed (the next pass retries both).
+    pub fn held_back(&self) -> bool {
+        !matches!(self, WriteError::Failed(_))
+    }
+}
+
+/// A write of a pass that was not made: which, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{write}: {error}")]
+pub struct Failure {
+    /// Its place in the pass's writes.
+    pub index: usize,
+    pub kind: Kind,
+    /// The write as the logs name it (`action Kind name`).
+    pub write: String,
+    pub error: WriteError,
+}
+
+impl Failure {
+    fn of(index: usize, w: &Write, error: WriteError) -> Failure {
+        Failure {
+            index,
+            kind: w.kind(),
+            write: w.to_string(),
+            error,
+        }
+    }
+}
+
+/// What earlier writes of a pass decide about later ones.
+#[derive(Default)]
+struct Behind {
+    /// The device plugin's ConfigMap could not be written.
+    config: bool,
+    /// Nodes whose labels and taints were not written.
+    nodes: std::collections::BTreeSet<String>,
+}
+
+impl Behind {
+    /// Why `w` must not be sent, if it must not.
+    fn holds_back(&self, w: &Write) -> Option<WriteError> {
+        if self.config && w.kind() == Kind::Node {
+            return Some(WriteError::ConfigNotWritten);
+        }
+        let spec = matches!(
+            w,
+            Write::Apply {
+                kind: Kind::GpuNode,
+                ..
+            }
+        );
+        (spec && self.nodes.contains(w.name())).then(|| WriteError::NodeNotWritten {
+            node: w.name().to_string(),
+        })
+    }
+
+    /// Notes that `w` was not made.
+    fn missed(&mut self, w: &Write, sent: bool) {
+        self.config |= sent && w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
+        if w.kind() == Kind::Node {
+            self.nodes.insert(w.name().to_string());
+        }
+    }
 }
 
 impl Writer {
@@ -131,86 +213,70 @@ impl Writer {
         Ok(())
     }
 
-    /// Makes every write, stage by stage: consecutive writes of one kind and action (a stage of the
-    /// diff's order: the device plugin's config, node patches, GpuNode specs, statuses, namespaces,
-    /// quotas, ...) go out together, at most `in_flight` ([`WRITES_IN_FLIGHT`] by default) at once, and a stage starts once
-    /// the one before it has finished, so what must come first still does (a config before the
-    /// labels naming it, a node's taints before its GpuNode spec, bindings deleted before their
-    /// policies). One at a time, a pass of a thousand nodes' first specs took a minute (make
-    /// bench-fleet: 2,700 writes at about 45 a second).
+    /// Makes every write, stage by stage: consecutive writes of one stage of the table of kinds
+    /// and one action ([`Write::stage`]: the device plugin's config, node patches, GpuNode specs,
+    /// statuses, namespaces, quotas, ...) go out together, at most `in_flight`
+    /// ([`WRITES_IN_FLIGHT`] by default) at once, and a stage starts once the one before it has
+    /// finished, so what must come first still does (a config before the labels naming it, a
+    /// node's taints before its GpuNode spec, bindings deleted before their policies). One at a
+    /// time, a pass of a thousand nodes' first specs took a minute (make bench-fleet: 2,700 writes
+    /// at about 45 a second).
     pub async fn write_all(&self, writes: &[Write]) -> Outcome {
         let mut outcome = Outcome::default();
-        let mut config_failed = false;
-        // Nodes whose labels and taints were not written in this pass.
-        let mut nodes_behind = std::collections::BTreeSet::new();
-        for stage in writes.chunk_by(|a, b| a.kind() == b.kind() && a.action() == b.action()) {
+        let mut behind = Behind::default();
+        let mut start = 0;
+        for stage in writes.chunk_by(|a, b| a.stage() == b.stage() && a.action() == b.action()) {
             let mut send = Vec::with_capacity(stage.len());
-            for w in stage {
-                // A node label naming a device-plugin config that was not written would make the
-                // plugin fall back to its default sharing: keep the nodes as they are until the
-                // config is in.
-                if config_failed && w.kind() == Kind::Node {
-                    let why = "not sent: the device plugin's ConfigMap could not be written in this pass".to_string();
-                    tracing::warn!(write = %w, "{why}; the next pass retries it");
-                    outcome.failed.push((w.to_string(), why));
-                    nodes_behind.insert(w.name().to_string());
-                    continue;
-                }
-                // A GpuNode spec may hand a GPU over: it waits for its node's scrub-pending taint.
-                if matches!(
-                    w,
-                    Write::Apply {
-                        kind: Kind::GpuNode,
-                        ..
+            for (i, w) in (start..).zip(stage) {
+                match behind.holds_back(w) {
+                    Some(why) => {
+                        tracing::warn!(write = %w, "{why}; the next pass retries it");
+                        behind.missed(w, false);
+                        outcome.failed.push(Failure::of(i, w, why));
                     }
-                ) && nodes_behind.contains(w.name())
-                {
-                    let why = format!(
-                        "not sent: Node {}'s labels and taints could not be written in this pass",
-                        w.name()
-                    );
-                    tracing::warn!(write = %w, "{why}; the next pass retries it");
-                    outcome.failed.push((w.to_string(), why));
-                    continue;
-                }
-                send.push(w);
-            }
-            // A sliding window without closures over the writes: a closure's future would not be
-            // `Send` for every lifetime, and the controller's loop runs on spawned tasks. The next
-            // write goes out as soon as any finishes (not the oldest: one slow write would hold
-            // the window), so `in_flight` stay in flight while the stage lasts.
-            let mut pending = send.into_iter().enumerate();
-            let mut in_flight = futures::stream::FuturesUnordered::new();
-            for (i, w) in pending.by_ref().take(self.in_flight) {
-                in_flight.push(self.write_keyed(i, w));
-            }
-            let mut results = Vec::with_capacity(stage.len());
-            while let Some(r) = in_flight.next().await {
-                if let (Some(metrics), (_, w, Ok(()))) = (&self.metrics, &r) {
-                    metrics.written(&w.kind().to_string(), w.action());
-                }
-                results.push(r);
-                if let Some((i, w)) = pending.next() {
-                    in_flight.push(self.write_keyed(i, w));
+                    None => send.push((i, w)),
                 }
             }
-            // Reported in the diff's order, whatever order they finished in.
-            results.sort_unstable_by_key(|r| r.0);
-            for (_, w, result) in results {
+            start += stage.len();
+            for (i, w, result) in self.send_stage(send).await {
                 match result {
                     Ok(()) => tracing::info!(write = %w, "wrote"),
                     Err(e) => {
                         tracing::warn!(write = %w, error = %e, "write failed; the next pass retries it");
-                        config_failed |= w.kind() == Kind::ConfigMap && !matches!(w, Write::Delete { .. });
-                        if w.kind() == Kind::Node {
-                            nodes_behind.insert(w.name().to_string());
-                        }
-                        outcome.failed.push((w.to_string(), e.to_string()));
+                        behind.missed(w, true);
+                        outcome.failed.push(Failure::of(i, w, WriteError::Failed(e)));
                     }
                 }
             }
         }
+        outcome.failed.sort_by_key(|f| f.index);
         outcome
+    }
+
+    /// Makes one stage's writes, at most `in_flight` at once; their results in the diff's order,
+    /// whatever order they finished in.
+    async fn send_stage<'w>(&self, send: Vec<(usize, &'w Write)>) -> Vec<(usize, &'w Write, Result<(), kube::Error>)> {
+        // A sliding window without closures over the writes: a closure's future would not be
+        // `Send` for every lifetime, and the controller's loop runs on spawned tasks. The next
+        // write goes out as soon as any finishes (not the oldest: one slow write would hold the
+        // window), so `in_flight` stay in flight while the stage lasts.
+        let mut results = Vec::with_capacity(send.len());
+        let mut pending = send.into_iter();
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        for (i, w) in pending.by_ref().take(self.in_flight) {
+            in_flight.push(self.write_keyed(i, w));
+        }
+        while let Some(r) = in_flight.next().await {
+            if let (Some(metrics), (_, w, Ok(()))) = (&self.metrics, &r) {
+                metrics.written(&w.kind().to_string(), w.action());
+            }
+            results.push(r);
+            if let Some((i, w)) = pending.next() {
+                in_flight.push(self.write_keyed(i, w));
+            }
+        }
+        results.sort_unstable_by_key(|r| r.0);
+        results
     }
 
     /// Publishes events; a failure is logged, never fatal (events are for people).
@@ -240,3 +306,6 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,13 +1,18 @@
 //! `plan` of a live cluster: `kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f -`
 //! reads the cluster's own objects (kubectl's List, Nodes, GpuNode statuses and specs as the
 //! running state) and must say what the controller's next pass writes. The oracle is the API
-//! server: the GpuNode specs and tenant grants the in-process controller wrote.
+//! server: the GpuNode specs and tenant grants the in-process controller wrote, and with `-o yaml`
+//! every object it wrote.
 
+use crate::support::*;
 use gpu_tenancy::api::{GpuNode, GpuTenant};
-use gpu_tenancy_e2e::{kubectl_async, repo_root};
+use gpu_tenancy::controller::kinds::{Kind, TABLE};
+use gpu_tenancy::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use gpu_tenancy_e2e::{Cleanup, apply_file, kubectl_async, repo_root};
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 
 /// What the cluster runs now, as `kubectl get nodes,gpunodes,gputenancy -o yaml` prints it.
@@ -23,8 +28,20 @@ pub async fn export() -> String {
 
 /// `gpu-tenancy plan -f - -o json` of `yaml`; its exit code and the JSON.
 pub fn plan(yaml: &str) -> (i32, Value) {
+    let out = plan_as(yaml, "json");
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "plan -f - printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), json)
+}
+
+/// `gpu-tenancy plan -f - -o OUTPUT` of `yaml`.
+fn plan_as(yaml: &str, output: &str) -> std::process::Output {
     let mut child = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"))
-        .args(["plan", "-f", "-", "-o", "json"])
+        .args(["plan", "-f", "-", "-o", output])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -36,14 +53,7 @@ pub fn plan(yaml: &str) -> (i32, Value) {
         .expect("stdin")
         .write_all(yaml.as_bytes())
         .expect("plan reads its input");
-    let out = child.wait_with_output().expect("plan ends");
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "plan -f - printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), json)
+    child.wait_with_output().expect("plan ends")
 }
 
 /// `yaml` (a kubectl List) with GpuTenant `name`'s spec replaced: a change not yet merged.
@@ -116,4 +126,103 @@ pub fn assert_same(what: &str, want: &BTreeMap<String, Value>, got: &BTreeMap<St
     for (name, w) in want {
         assert_eq!(Some(w), got.get(name), "{what}: {name} (plan, then the API server)");
     }
+}
+
+/// An object by kind, namespace and name.
+type Key = (String, String, String);
+
+/// What `kubectl get nodes,gpunodes,gputenancy -o yaml | gpu-tenancy plan -f - -o yaml` prints,
+/// by kind, namespace and name.
+fn printed(yaml: &str) -> BTreeSet<Key> {
+    let out = plan_as(yaml, "yaml");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("plan -o yaml prints YAML");
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    docs.iter()
+        .filter(|d| !d.is_null())
+        .map(|d| (s(&d["kind"]), s(&d["metadata"]["namespace"]), s(&d["metadata"]["name"])))
+        .collect()
+}
+
+/// What the controller wrote, as the API server holds it: every object of each kind it writes
+/// whole that carries its managed-by label (the Nodes it labelled and the tenant namespaces
+/// included), and the GpuNodes, whose specs it writes.
+async fn written(client: &Client) -> BTreeSet<Key> {
+    let mut out = BTreeSet::new();
+    for row in TABLE.iter().filter(|r| r.planned) {
+        let ar = row.kind.api_resource();
+        let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+        let params = match row.kind {
+            Kind::GpuNode => ListParams::default(),
+            _ => ListParams::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
+        };
+        for o in api.list(&params).await.unwrap() {
+            out.insert((ar.kind.clone(), o.namespace().unwrap_or_default(), o.name_any()));
+        }
+    }
+    out
+}
+
+/// With a fleet like `make run`'s (every sharing mode of the device plugin, and a DRA pool),
+/// once the controller has written everything, `plan -o yaml` of the cluster's export prints
+/// exactly the objects it wrote. The oracle is the API server.
+#[tokio::test]
+async fn plan_yaml_of_the_live_cluster_prints_every_object_the_controller_wrote() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    apply_file("examples/dra/pool.yaml").await;
+    for tenant in ["vision", "speech"] {
+        cleanup.add("GpuTenant", tenant);
+        cleanup.add_resource("namespaces", tenant);
+    }
+    cleanup.add("GpuPartitionPlan", "h100-dra");
+    for n in create_fleet(&client).await {
+        cleanup.add_resource("nodes", &n);
+        cleanup.add("GpuNode", &n);
+    }
+    let c = start_controller(&client).await;
+    converge(&client, &c).await;
+
+    let written = written(&client).await;
+    let printed = printed(&export().await);
+    let kinds: BTreeSet<String> = written.iter().map(|k| k.0.clone()).collect();
+    let every: BTreeSet<String> = TABLE
+        .iter()
+        .filter(|r| r.planned)
+        .map(|r| r.kind.api_resource().kind)
+        .collect();
+    assert_eq!(
+        kinds, every,
+        "a fleet of both modes: the controller wrote every kind plan prints"
+    );
+    let missing: Vec<&Key> = written.difference(&printed).collect();
+    let extra: Vec<&Key> = printed.difference(&written).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "written but not printed: {missing:#?}\nprinted but not written: {extra:#?}"
+    );
+    eprintln!(
+        "MEASURE plan -o yaml of the live cluster: {} objects of {} kinds",
+        printed.len(),
+        kinds.len()
+    );
+
+    // The DRA pool goes: its tenants' objects with it, so later tests start from examples/.
+    for (kind, name) in [
+        ("gputenants", "vision"),
+        ("gputenants", "speech"),
+        ("gpupartitionplans", "h100-dra"),
+    ] {
+        kubectl_async(vec![
+            "delete".into(),
+            format!("{kind}.gputenancy.io"),
+            name.into(),
+            "--ignore-not-found".into(),
+        ])
+        .await
+        .ok();
+    }
+    converge(&client, &c).await;
 }

@@ -611,6 +611,29 @@ async fn controller_service_account_is_granted_exactly_what_it_uses() {
             "NOT_SHOWN lists {v} {gr} {r} ({why}), which is not granted"
         );
     }
+    // The controller's table of kinds is what it watched (each row listed, nothing else but the
+    // Lease) and what deploy/base grants it (operator/tests/deploy_rbac.rs holds the file to it).
+    let listed: BTreeSet<(String, String)> = used
+        .iter()
+        .filter(|u| u.verb == "list" && u.resource != "leases")
+        .map(|u| (u.group.clone(), u.resource.clone()))
+        .collect();
+    let rows: BTreeSet<(String, String)> = gpu_tenancy::controller::kinds::TABLE
+        .iter()
+        .map(|r| {
+            let ar = r.kind.api_resource();
+            (ar.group, ar.plural)
+        })
+        .collect();
+    assert_eq!(listed, rows, "the kinds listed are the table's rows");
+    for p in gpu_tenancy::controller::kinds::permissions() {
+        assert!(
+            grants
+                .iter()
+                .any(|g| g.verb == p.verb && g.group == p.group && g.resource == p.resource),
+            "the table of kinds needs {p:?}, which is not granted"
+        );
+    }
     // And everything used is granted (the authorizer agrees with the review).
     let ungranted: Vec<&Permission> = used.iter().filter(|u| !grants.iter().any(|g| covers(g, u))).collect();
     assert!(ungranted.is_empty(), "used without a grant: {ungranted:#?}");

@@ -17,7 +17,9 @@
 //! the order within a pass does not matter. An older selector (the label selectors of earlier
 //! versions) reads as covering nothing, so an upgrade holds namespaces rather than drop them.
 
-use super::owned::{Seen, owned};
+#[cfg(test)]
+use super::owned::Seen;
+use super::owned::{Contained, owned};
 use super::write::{Kind, Write};
 use crate::controller::stores::Snapshot;
 use crate::desired::{
@@ -173,16 +175,9 @@ fn half_bindings(
     bindings
 }
 
-/// The policy and binding writes of a pass: applies into `writes`, binding deletes into
-/// `binding_deletes` and policy deletes into `deletes` (made after them).
-pub(super) fn writes(
-    d: &Desired,
-    live: &Snapshot,
-    seen: &mut Seen,
-    writes: &mut Vec<Write>,
-    binding_deletes: &mut Vec<Write>,
-    deletes: &mut Vec<Write>,
-) {
+/// The validating bindings a pass writes: each rule set's, moved by the rules above, and the
+/// other bindings of the desired state, by name.
+pub(super) fn bindings(d: &Desired, live: &Snapshot) -> Vec<Arc<ValidatingAdmissionPolicyBinding>> {
     let covered = live_coverage(live);
     let desired_bindings: HashMap<&str, &Arc<ValidatingAdmissionPolicyBinding>> = d
         .admission_bindings
@@ -201,34 +196,37 @@ pub(super) fn writes(
             .cloned(),
     );
     crate::api::sort_shared_by_name(&mut bindings);
+    bindings
+}
 
-    // Policies go before bindings (a binding names its policy); their deletes after the bindings',
-    // and only of policies no binding names, live or written now (a binding whose move to another
-    // policy failed still enforces its old one).
+/// The validating policies' writes: applies into `writes`, deletes into `deletes`. Policies go
+/// before bindings (a binding names its policy); their deletes after the bindings', and only of
+/// policies no binding names, live or written now (`bindings`: a binding whose move to another
+/// policy failed still enforces its old one).
+pub(super) fn policy_writes(
+    desired: &[Arc<ValidatingAdmissionPolicy>],
+    live: &Snapshot,
+    bindings: &[Arc<ValidatingAdmissionPolicyBinding>],
+    seen: &mut Contained<Arc<ValidatingAdmissionPolicy>>,
+    writes: &mut Vec<Write>,
+    deletes: &mut Vec<Write>,
+) {
     let named: BTreeSet<&str> = live
         .admission_bindings
         .iter()
-        .chain(&bindings)
+        .chain(bindings)
         .map(|b| b.spec.policy_name.as_str())
         .collect();
     let mut policy_deletes = Vec::new();
     owned::<_, ValidatingAdmissionPolicy, _>(
         Kind::ValidatingAdmissionPolicy,
-        &d.admission_policies,
+        desired,
         &live.admission_policies,
-        &mut seen.admission_policies,
+        seen,
         writes,
         &mut policy_deletes,
     );
     deletes.extend(policy_deletes.into_iter().filter(|w| !named.contains(w.name())));
-    owned::<_, ValidatingAdmissionPolicyBinding, _>(
-        Kind::ValidatingAdmissionPolicyBinding,
-        &bindings,
-        &live.admission_bindings,
-        &mut seen.admission_bindings,
-        writes,
-        binding_deletes,
-    );
 }
 
 #[cfg(test)]
@@ -323,9 +321,29 @@ mod tests {
         }
     }
 
+    /// The policy and binding writes of a pass: applies, then binding deletes, then policy
+    /// deletes.
     fn pass(d: &Desired, live: &Snapshot) -> Vec<Write> {
         let (mut w, mut bd, mut pd) = (vec![], vec![], vec![]);
-        writes(d, live, &mut Seen::default(), &mut w, &mut bd, &mut pd);
+        let b = bindings(d, live);
+        let mut seen = Seen::default();
+        policy_writes(
+            &d.admission_policies,
+            live,
+            &b,
+            &mut seen.admission_policies,
+            &mut w,
+            &mut pd,
+        );
+        let binding = Kind::ValidatingAdmissionPolicyBinding;
+        owned::<_, ValidatingAdmissionPolicyBinding, _>(
+            binding,
+            &b,
+            &live.admission_bindings,
+            &mut seen.admission_bindings,
+            &mut w,
+            &mut bd,
+        );
         w.extend(bd);
         w.extend(pd);
         w

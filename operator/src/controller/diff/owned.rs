@@ -11,19 +11,13 @@
 //! without one (not read from an API server) is always compared.
 
 use super::write::{Kind, Write};
+use crate::controller::kinds::owned_kinds;
 use crate::runtime::object::contains;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
-use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Resource;
 use serde::Serialize;
 use serde_json::Value;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 /// An object's namespace and name.
 type Key = (Option<String>, String);
@@ -110,34 +104,41 @@ pub(super) fn owned<'d, D, T, L>(
     }
 }
 
-/// What a pass found already so in the owned objects, kept for the next pass ([`owned()`]), and
-/// when it wrote the bookkeeping that may wait for the nodes ([`super::hold`]).
-#[derive(Debug, Default)]
-pub struct Seen {
-    pub(super) recent: super::hold::Recent,
-    pub(super) config_maps: Contained<ConfigMap>,
-    pub(super) namespaces: Contained<Arc<Namespace>>,
-    pub(super) quotas: Contained<Arc<ResourceQuota>>,
-    pub(super) admission_policies: Contained<Arc<ValidatingAdmissionPolicy>>,
-    pub(super) admission_bindings: Contained<Arc<ValidatingAdmissionPolicyBinding>>,
-    pub(super) device_classes: Contained<DeviceClass>,
-    pub(super) mutating_policies: Contained<MutatingAdmissionPolicy>,
-    pub(super) mutating_bindings: Contained<MutatingAdmissionPolicyBinding>,
+/// What a pass keeps of each kind written whole (the table's rows with `seen`,
+/// [`crate::controller::kinds::owned_kinds`]).
+macro_rules! seen {
+    ($( $kind:ident {
+        ty: $ty:ty,
+        live: $field:ident $held:ident,
+        watch: $scope:ident $which:ident,
+        write: $write:ident $desired:ident,
+        $(seen: $seen:ty,)?
+        plan: $plan:ident,
+        optional: $optional:literal,
+    } )*) => {
+        /// What a pass found already so in the owned objects, kept for the next pass
+        /// ([`owned()`]), and when it wrote the bookkeeping that may wait for the nodes
+        /// ([`super::hold`]).
+        #[derive(Debug, Default)]
+        pub struct Seen {
+            pub(super) recent: super::hold::Recent,
+            $($(pub(super) $field: Contained<$seen>,)?)*
+        }
+
+        impl Seen {
+            /// How many owned objects the last pass found contained in their live ones.
+            pub fn len(&self) -> usize {
+                // `$seen` names the rows that have a `seen` (the repetition needs it); the sum
+                // is of their fields.
+                0 $($(+ { let _: Option<$seen> = None; self.$field.len() })?)*
+            }
+        }
+    };
 }
 
-impl Seen {
-    /// How many owned objects the last pass found contained in their live ones.
-    pub fn len(&self) -> usize {
-        self.config_maps.len()
-            + self.namespaces.len()
-            + self.quotas.len()
-            + self.admission_policies.len()
-            + self.admission_bindings.len()
-            + self.device_classes.len()
-            + self.mutating_policies.len()
-            + self.mutating_bindings.len()
-    }
+owned_kinds!(seen);
 
+impl Seen {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

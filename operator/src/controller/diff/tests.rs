@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use std::sync::Arc;
 
-pub(super) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
+pub(crate) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -37,7 +37,7 @@ pub(super) fn cluster_node(name: &str, pool: &str, others_taint: bool) -> Node {
 }
 
 /// A GpuNode as its agent publishes it: two H100s, nothing applied yet.
-pub(super) fn reported(name: &str) -> GpuNode {
+pub(crate) fn reported(name: &str) -> GpuNode {
     let mut n = GpuNode::new(name, Default::default());
     n.metadata.generation = Some(1);
     n.status = Some(GpuNodeStatus {
@@ -57,7 +57,7 @@ pub(super) fn reported(name: &str) -> GpuNode {
     n
 }
 
-pub(super) fn snapshot() -> Snapshot {
+pub(crate) fn snapshot() -> Snapshot {
     Snapshot {
         policies: vec![policy()],
         tenants: vec![Arc::new(
@@ -70,66 +70,17 @@ pub(super) fn snapshot() -> Snapshot {
     }
 }
 
-pub(super) fn writes(d: &Diff) -> Vec<String> {
+pub(crate) fn writes(d: &Diff) -> Vec<String> {
     d.writes.iter().map(ToString::to_string).collect()
 }
 
 /// What the API server would hold after the writes: applied objects stored as sent, statuses
 /// set, patches merged. Good enough to feed a second pass.
-pub(super) fn apply(s: &mut Snapshot, d: &Diff) {
-    fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<Arc<T>>, object: &Value) {
-        let mut o: T = serde_json::from_value(object.clone()).unwrap();
-        o.meta_mut().resource_version = Some(next_version());
-        list.retain(|x| !(x.name_any() == o.name_any() && x.namespace() == o.namespace()));
-        list.push(Arc::new(o));
-    }
+pub(crate) fn apply(s: &mut Snapshot, d: &Diff) {
     for w in &d.writes {
         match w {
-            Write::Apply { kind, object, .. } => match kind {
-                Kind::GpuNode => {
-                    let mut o: GpuNode = serde_json::from_value(object.clone()).unwrap();
-                    let live = s.gpu_nodes.iter_mut().find(|n| n.name_any() == o.name_any());
-                    match live.map(Arc::make_mut) {
-                        Some(l) => {
-                            l.spec = o.spec;
-                            l.metadata.generation = l.metadata.generation.map(|g| g + 1);
-                        }
-                        None => {
-                            o.metadata.generation = Some(1);
-                            s.gpu_nodes.push(Arc::new(o));
-                        }
-                    }
-                }
-                Kind::Namespace => {
-                    let mut o: Namespace = serde_json::from_value(object.clone()).unwrap();
-                    o.meta_mut().resource_version = Some(next_version());
-                    s.namespaces.retain(|x| x.name_any() != o.name_any());
-                    s.namespaces.push(Arc::new(o));
-                }
-                Kind::ResourceQuota => put(&mut s.quotas, object),
-                Kind::ConfigMap => put(&mut s.config_maps, object),
-                Kind::ValidatingAdmissionPolicy => put(&mut s.admission_policies, object),
-                Kind::ValidatingAdmissionPolicyBinding => put(&mut s.admission_bindings, object),
-                Kind::MutatingAdmissionPolicy => put(&mut s.mutating_policies, object),
-                Kind::MutatingAdmissionPolicyBinding => put(&mut s.mutating_bindings, object),
-                Kind::DeviceClass => put(&mut s.device_classes, object),
-                other => panic!("unexpected apply of {other}"),
-            },
-            Write::Status { kind, name, object } => match kind {
-                Kind::GpuTenant => {
-                    let t = Arc::make_mut(s.tenants.iter_mut().find(|t| &t.name_any() == name).unwrap());
-                    t.status = serde_json::from_value(object["status"].clone()).unwrap();
-                }
-                Kind::GpuPartitionPlan => {
-                    let p = s.plans.iter_mut().find(|p| &p.name_any() == name).unwrap();
-                    p.status = serde_json::from_value(object["status"].clone()).unwrap();
-                }
-                Kind::SharingPolicy => {
-                    let p = s.policies.iter_mut().find(|p| &p.name_any() == name).unwrap();
-                    p.status = serde_json::from_value(object["status"].clone()).unwrap();
-                }
-                other => panic!("unexpected status of {other}"),
-            },
+            Write::Apply { kind, object, .. } => apply_object(s, *kind, object),
+            Write::Status { kind, name, object } => apply_status(s, *kind, name, object),
             Write::NodePatch(p) => {
                 // As the API server applies it (RFC 6902, the json-patch crate).
                 let n = Arc::make_mut(s.nodes.iter_mut().find(|n| n.name_any() == p.name).unwrap());
@@ -142,30 +93,93 @@ pub(super) fn apply(s: &mut Snapshot, d: &Diff) {
                 kind: Kind::Namespace,
                 name,
                 patch,
-            } => {
-                let n = Arc::make_mut(s.namespaces.iter_mut().find(|n| &n.name_any() == name).unwrap());
-                let labels = n.metadata.labels.get_or_insert_with(Default::default);
-                for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
-                    match v.as_str() {
-                        Some(v) => labels.insert(k.clone(), v.into()),
-                        None => labels.remove(k),
-                    };
-                }
-            }
+            } => merge_labels(s, name, patch),
             Write::Patch { .. } => panic!("unexpected patch {w}"),
             Write::Evict { .. } => {}
-            Write::Delete { kind, namespace, name } => match kind {
-                Kind::ResourceQuota => s
-                    .quotas
-                    .retain(|q| !(&q.name_any() == name && &q.namespace() == namespace)),
-                Kind::ValidatingAdmissionPolicy => s.admission_policies.retain(|p| &p.name_any() != name),
-                Kind::ValidatingAdmissionPolicyBinding => s.admission_bindings.retain(|p| &p.name_any() != name),
-                Kind::MutatingAdmissionPolicy => s.mutating_policies.retain(|p| &p.name_any() != name),
-                Kind::MutatingAdmissionPolicyBinding => s.mutating_bindings.retain(|p| &p.name_any() != name),
-                Kind::DeviceClass => s.device_classes.retain(|p| &p.name_any() != name),
-                _ => {}
-            },
+            Write::Delete { kind, namespace, name } => delete(s, *kind, namespace, name),
         }
+    }
+}
+
+/// Stores `object` as the live object of its name (a new resourceVersion).
+fn put<T: serde::de::DeserializeOwned + ResourceExt>(list: &mut Vec<Arc<T>>, object: &Value) {
+    let mut o: T = serde_json::from_value(object.clone()).unwrap();
+    o.meta_mut().resource_version = Some(next_version());
+    list.retain(|x| !(x.name_any() == o.name_any() && x.namespace() == o.namespace()));
+    list.push(Arc::new(o));
+}
+
+/// A server-side apply as the API server stores it; a GpuNode's spec only (its status is its
+/// agent's), its generation moved.
+fn apply_object(s: &mut Snapshot, kind: Kind, object: &Value) {
+    match kind {
+        Kind::GpuNode => {
+            let mut o: GpuNode = serde_json::from_value(object.clone()).unwrap();
+            let live = s.gpu_nodes.iter_mut().find(|n| n.name_any() == o.name_any());
+            match live.map(Arc::make_mut) {
+                Some(l) => {
+                    l.spec = o.spec;
+                    l.metadata.generation = l.metadata.generation.map(|g| g + 1);
+                }
+                None => {
+                    o.metadata.generation = Some(1);
+                    s.gpu_nodes.push(Arc::new(o));
+                }
+            }
+        }
+        Kind::Namespace => put(&mut s.namespaces, object),
+        Kind::ResourceQuota => put(&mut s.quotas, object),
+        Kind::ConfigMap => put(&mut s.config_maps, object),
+        Kind::ValidatingAdmissionPolicy => put(&mut s.admission_policies, object),
+        Kind::ValidatingAdmissionPolicyBinding => put(&mut s.admission_bindings, object),
+        Kind::MutatingAdmissionPolicy => put(&mut s.mutating_policies, object),
+        Kind::MutatingAdmissionPolicyBinding => put(&mut s.mutating_bindings, object),
+        Kind::DeviceClass => put(&mut s.device_classes, object),
+        other => panic!("unexpected apply of {other}"),
+    }
+}
+
+fn apply_status(s: &mut Snapshot, kind: Kind, name: &str, object: &Value) {
+    fn status<T: serde::de::DeserializeOwned>(object: &Value) -> T {
+        serde_json::from_value(object["status"].clone()).unwrap()
+    }
+    match kind {
+        Kind::GpuTenant => {
+            Arc::make_mut(s.tenants.iter_mut().find(|t| t.name_any() == name).unwrap()).status = status(object);
+        }
+        Kind::GpuPartitionPlan => {
+            s.plans.iter_mut().find(|p| p.name_any() == name).unwrap().status = status(object);
+        }
+        Kind::SharingPolicy => {
+            s.policies.iter_mut().find(|p| p.name_any() == name).unwrap().status = status(object);
+        }
+        other => panic!("unexpected status of {other}"),
+    }
+}
+
+/// A merge patch of a Namespace's labels.
+fn merge_labels(s: &mut Snapshot, name: &str, patch: &Value) {
+    let n = Arc::make_mut(s.namespaces.iter_mut().find(|n| n.name_any() == name).unwrap());
+    let labels = n.metadata.labels.get_or_insert_with(Default::default);
+    for (k, v) in patch["metadata"]["labels"].as_object().unwrap() {
+        match v.as_str() {
+            Some(v) => labels.insert(k.clone(), v.into()),
+            None => labels.remove(k),
+        };
+    }
+}
+
+fn delete(s: &mut Snapshot, kind: Kind, namespace: &Option<String>, name: &str) {
+    match kind {
+        Kind::ResourceQuota => s
+            .quotas
+            .retain(|q| !(q.name_any() == name && &q.namespace() == namespace)),
+        Kind::ValidatingAdmissionPolicy => s.admission_policies.retain(|p| p.name_any() != name),
+        Kind::ValidatingAdmissionPolicyBinding => s.admission_bindings.retain(|p| p.name_any() != name),
+        Kind::MutatingAdmissionPolicy => s.mutating_policies.retain(|p| p.name_any() != name),
+        Kind::MutatingAdmissionPolicyBinding => s.mutating_bindings.retain(|p| p.name_any() != name),
+        Kind::DeviceClass => s.device_classes.retain(|p| p.name_any() != name),
+        _ => {}
     }
 }
 
@@ -191,41 +205,67 @@ fn settle(s: &mut Snapshot) {
     panic!("not settled after three passes: {:?}", writes(&pass(s)));
 }
 
+/// The first pass over [`snapshot`], in order.
+const FIRST_PASS: [&str; 22] = [
+    "apply ConfigMap nvidia-device-plugin/gpu-tenancy-device-plugin-configs",
+    "patch Node n1",
+    "apply GpuNode n1",
+    "status SharingPolicy default",
+    "status GpuTenant acme",
+    "status GpuPartitionPlan mig",
+    "apply Namespace acme",
+    "apply ResourceQuota acme/gpu-tenancy",
+    "apply MutatingAdmissionPolicy gputenancy.io-off-gpu-nodes",
+    "apply MutatingAdmissionPolicyBinding gputenancy.io-off-gpu-nodes",
+    "apply ValidatingAdmissionPolicy gputenancy.io-claims-no-tenant",
+    "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
+    "apply ValidatingAdmissionPolicy gputenancy.io-device-env-keys",
+    "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
+    "apply ValidatingAdmissionPolicy gputenancy.io-node-files",
+    "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-env-keys",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-node-files",
+    "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
+];
+
+/// The first pass's node patch (its second write).
+fn node_patch_of(d: &Diff) -> &NodePatch {
+    let Write::NodePatch(patch) = &d.writes[1] else {
+        panic!("{:?}", writes(d))
+    };
+    patch
+}
+
+/// The agent of n1 reports its spec applied, MIG instances and all.
+fn agent_reports_instances(s: &mut Snapshot) {
+    agent_applies(s);
+    let n = Arc::make_mut(&mut s.gpu_nodes[0]);
+    let spec = n.spec.clone();
+    for g in &mut n.status.as_mut().unwrap().gpus {
+        let want = spec.gpus.iter().find(|x| x.index == g.index).unwrap();
+        g.instances = want
+            .mig_instances
+            .iter()
+            .map(|i| crate::api::MigInstanceStatus {
+                profile: i.profile.clone(),
+                placement: i.placement,
+                tenant: i.tenant.clone(),
+                ..Default::default()
+            })
+            .collect();
+    }
+}
+
 #[test]
 fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
     let mut s = snapshot();
     let d = pass(&s);
-    assert_eq!(
-        writes(&d),
-        [
-            "apply ConfigMap nvidia-device-plugin/gpu-tenancy-device-plugin-configs",
-            "patch Node n1",
-            "apply GpuNode n1",
-            "status SharingPolicy default",
-            "status GpuTenant acme",
-            "status GpuPartitionPlan mig",
-            "apply Namespace acme",
-            "apply ResourceQuota acme/gpu-tenancy",
-            "apply MutatingAdmissionPolicy gputenancy.io-off-gpu-nodes",
-            "apply MutatingAdmissionPolicyBinding gputenancy.io-off-gpu-nodes",
-            "apply ValidatingAdmissionPolicy gputenancy.io-claims-no-tenant",
-            "apply ValidatingAdmissionPolicy gputenancy.io-claims-tenants",
-            "apply ValidatingAdmissionPolicy gputenancy.io-device-env-keys",
-            "apply ValidatingAdmissionPolicy gputenancy.io-no-tenant",
-            "apply ValidatingAdmissionPolicy gputenancy.io-node-files",
-            "apply ValidatingAdmissionPolicy gputenancy.io-tenants",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-no-tenant",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-claims-tenant-acme",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-device-env-keys",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-no-tenant",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-node-files",
-            "apply ValidatingAdmissionPolicyBinding gputenancy.io-tenant-acme",
-        ]
-    );
+    assert_eq!(writes(&d), FIRST_PASS);
     // The node patch keeps the other writer's taint and is conditional on the taints it read.
-    let Write::NodePatch(patch) = &d.writes[1] else {
-        panic!()
-    };
+    let patch = node_patch_of(&d);
     assert_eq!(
         patch.labels["nvidia.com/device-plugin.config"].as_deref(),
         Some("mig-mixed")
@@ -260,28 +300,22 @@ fn a_first_pass_writes_everything_in_order_and_a_second_writes_nothing() {
         "a pass over its own writes writes nothing"
     );
     assert_eq!(again.notes, []);
-    // acme's instances changed hands (from nobody known): the node took no new pods until its agent
-    // scrubbed them. The agent reports the hand-over applied: the taint goes.
-    let Write::NodePatch(patch) = &d.writes[1] else {
-        panic!()
-    };
-    assert_eq!(patch.taints.clone().unwrap().1[1].key, "gputenancy.io/scrub-pending");
-    agent_applies(&mut s);
-    let n = Arc::make_mut(&mut s.gpu_nodes[0]);
-    let spec = n.spec.clone();
-    for g in &mut n.status.as_mut().unwrap().gpus {
-        let want = spec.gpus.iter().find(|x| x.index == g.index).unwrap();
-        g.instances = want
-            .mig_instances
-            .iter()
-            .map(|i| crate::api::MigInstanceStatus {
-                profile: i.profile.clone(),
-                placement: i.placement,
-                tenant: i.tenant.clone(),
-                ..Default::default()
-            })
-            .collect();
-    }
+}
+
+/// acme's instances changed hands (from nobody known): the node took no new pods until its agent
+/// scrubbed them. The agent reports the hand-over applied: the taint goes.
+#[test]
+fn the_scrub_pending_taint_goes_once_the_agent_applied_the_hand_over() {
+    let mut s = snapshot();
+    let d = pass(&s);
+    assert_eq!(
+        node_patch_of(&d).taints.clone().unwrap().1[1].key,
+        "gputenancy.io/scrub-pending"
+    );
+    apply(&mut s, &d);
+    let narrow = pass(&s);
+    apply(&mut s, &narrow);
+    agent_reports_instances(&mut s);
     let after = pass(&s);
     let node_patch = after.writes.iter().find_map(|w| match w {
         Write::NodePatch(p) => Some(p.clone()),
@@ -413,7 +447,7 @@ fn contains_ignores_what_the_server_adds() {
 }
 
 /// The simulated agent: reports the current spec applied.
-pub(super) fn agent_applies(s: &mut Snapshot) {
+pub(crate) fn agent_applies(s: &mut Snapshot) {
     for n in s.gpu_nodes.iter_mut().map(Arc::make_mut) {
         let mut st = n.status.clone().unwrap_or_default();
         if st.observed_generation == n.metadata.generation {
@@ -622,4 +656,46 @@ fn an_owned_object_without_a_resource_version_is_never_taken_as_found() {
         "no resourceVersion: nothing to tell a later state by"
     );
     assert_eq!(seen.admission_policies.len(), s.admission_policies.len());
+}
+
+/// An optional kind the API server does not serve gets nothing written, neither applies nor
+/// deletes; every other write stays as it is. (No row is optional yet: the mutating policies
+/// stand in for one.)
+#[test]
+fn nothing_is_written_for_a_kind_the_api_server_does_not_serve() {
+    let s = snapshot();
+    let all = writes(&pass(&s));
+    let mut without = s.clone();
+    without.absent = [Kind::MutatingAdmissionPolicy, Kind::MutatingAdmissionPolicyBinding].into();
+    let left = writes(&pass(&without));
+    let expected: Vec<String> = all.into_iter().filter(|w| !w.contains("Mutating")).collect();
+    assert_eq!(left, expected);
+    // A live object of an absent kind is not deleted either (the store holds none anyway).
+    let mut live = s.clone();
+    apply(&mut live, &pass(&s));
+    live.tenants.clear();
+    live.absent = [Kind::ResourceQuota].into();
+    let w = writes(&pass(&live));
+    assert!(!w.iter().any(|x| x.contains("ResourceQuota")), "{w:?}");
+}
+
+/// Every diff's writes follow the table of kinds: row by row, then evictions, then binding
+/// deletes, then the other deletes; the writer's stages are these.
+#[test]
+fn writes_follow_the_table_of_kinds() {
+    let mut s = snapshot();
+    let first = pass(&s);
+    apply(&mut s, &first);
+    s.tenants.clear();
+    s.plans.clear();
+    let last = pass(&s);
+    for d in [&first, &last] {
+        let stages: Vec<_> = d.writes.iter().map(Write::stage).collect();
+        assert!(stages.is_sorted(), "{:?}", writes(d));
+    }
+    assert!(
+        last.writes.iter().any(|w| matches!(w, Write::Delete { .. })),
+        "{:?}",
+        writes(&last)
+    );
 }

@@ -2,58 +2,10 @@
 //! delete) with what it says for logs and metrics.
 
 use super::node_patch::NodePatch;
+pub use crate::controller::kinds::Kind;
 use crate::controller::metrics::WriteAction;
-use kube::core::ApiResource;
 use serde_json::Value;
 use std::fmt;
-
-/// The kinds the controller writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    GpuNode,
-    SharingPolicy,
-    GpuTenant,
-    GpuPartitionPlan,
-    Namespace,
-    ResourceQuota,
-    ConfigMap,
-    Node,
-    ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding,
-    MutatingAdmissionPolicy,
-    MutatingAdmissionPolicyBinding,
-    DeviceClass,
-    Pod,
-}
-
-impl Kind {
-    pub fn api_resource(self) -> ApiResource {
-        use k8s_openapi::api::admissionregistration::v1 as adm;
-        use k8s_openapi::api::core::v1 as core;
-        match self {
-            Kind::GpuNode => ApiResource::erase::<crate::api::GpuNode>(&()),
-            Kind::SharingPolicy => ApiResource::erase::<crate::api::SharingPolicy>(&()),
-            Kind::GpuTenant => ApiResource::erase::<crate::api::GpuTenant>(&()),
-            Kind::GpuPartitionPlan => ApiResource::erase::<crate::api::GpuPartitionPlan>(&()),
-            Kind::Namespace => ApiResource::erase::<core::Namespace>(&()),
-            Kind::ResourceQuota => ApiResource::erase::<core::ResourceQuota>(&()),
-            Kind::ConfigMap => ApiResource::erase::<core::ConfigMap>(&()),
-            Kind::Node => ApiResource::erase::<core::Node>(&()),
-            Kind::ValidatingAdmissionPolicy => ApiResource::erase::<adm::ValidatingAdmissionPolicy>(&()),
-            Kind::ValidatingAdmissionPolicyBinding => ApiResource::erase::<adm::ValidatingAdmissionPolicyBinding>(&()),
-            Kind::MutatingAdmissionPolicy => ApiResource::erase::<adm::MutatingAdmissionPolicy>(&()),
-            Kind::MutatingAdmissionPolicyBinding => ApiResource::erase::<adm::MutatingAdmissionPolicyBinding>(&()),
-            Kind::DeviceClass => ApiResource::erase::<k8s_openapi::api::resource::v1::DeviceClass>(&()),
-            Kind::Pod => ApiResource::erase::<core::Pod>(&()),
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
 
 /// One request to the API server.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,7 +38,29 @@ pub enum Write {
     },
 }
 
+/// When in a pass a write goes out ([`crate::controller::kinds::owned_kinds`]): applies, patches
+/// and statuses row by row, then evictions, then the bindings' deletes, then the other deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Write,
+    Evict,
+    BindingDelete,
+    Delete,
+}
+
 impl Write {
+    /// Its place in a pass: the phase, then the row of its kind in the table.
+    pub fn stage(&self) -> (Phase, usize) {
+        let kind = self.kind();
+        let phase = match self {
+            Write::Evict { .. } => Phase::Evict,
+            Write::Delete { .. } if kind.row().is_some_and(|r| r.binding) => Phase::BindingDelete,
+            Write::Delete { .. } => Phase::Delete,
+            _ => Phase::Write,
+        };
+        (phase, kind.order())
+    }
+
     pub fn kind(&self) -> Kind {
         match self {
             Write::Apply { kind, .. }

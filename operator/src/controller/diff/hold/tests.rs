@@ -327,3 +327,41 @@ fn a_tenant_change_on_nodes_that_have_joined_holds_nothing_back() {
     assert!(has(&d, QUOTA), "{:?}", writes(&d));
     assert_eq!(d.held, Held::default());
 }
+
+/// The requests of a pass in which n2 joins while acme's quota and status only widen: n2's
+/// Node patch and first GpuNode spec, the plan's status, and no request for the quota or the
+/// tenant's status; the next pass (no node joins) makes those two, and the plan's status once
+/// n2's agent has applied its spec.
+#[tokio::test]
+async fn the_writer_sends_nothing_for_what_is_held_back() {
+    use crate::controller::writer::tests::requests;
+    let (mut s, mut seen, at) = settled(fleet_of_one());
+    join(&mut s, "n2");
+    let joined = pass_at(&s, &mut seen, at);
+    assert_eq!(joined.held.writes, 2, "the quota and the status");
+    let (sent, outcome) = requests(&joined.writes, &[]).await;
+    assert!(outcome.failed.is_empty(), "{:?}", outcome.failed);
+    let ssa = "?&force=true&fieldManager=gpu-tenancy-controller&fieldValidation=Ignore";
+    let lines: Vec<&str> = sent.iter().map(|r| r.line.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            "PATCH /api/v1/nodes/n2?".to_string(),
+            format!("PATCH /apis/gputenancy.io/v1alpha1/gpunodes/n2{ssa}"),
+            format!("PATCH /apis/gputenancy.io/v1alpha1/gpupartitionplans/mig/status{ssa}"),
+        ]
+    );
+    apply(&mut s, &joined);
+    agent_applies(&mut s);
+    let next = pass_at(&s, &mut seen, at + Duration::from_secs(1));
+    let (sent, _) = requests(&next.writes, &[]).await;
+    let lines: Vec<&str> = sent.iter().map(|r| r.line.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("PATCH /apis/gputenancy.io/v1alpha1/gputenants/acme/status{ssa}"),
+            format!("PATCH /apis/gputenancy.io/v1alpha1/gpupartitionplans/mig/status{ssa}"),
+            format!("PATCH /api/v1/namespaces/acme/resourcequotas/gpu-tenancy{ssa}"),
+        ]
+    );
+}
