@@ -22,6 +22,7 @@ mod report;
 mod scope;
 mod shared;
 mod side_by_side;
+mod spread;
 mod stable;
 mod sticky;
 mod template;
