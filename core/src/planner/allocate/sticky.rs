@@ -12,12 +12,17 @@
 //! GPUs serve one tier each, so kept shares spread over many GPUs can leave another tier none.
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
+//!
+//! A cell's passes ([`CellPasses`]) start from the same template, order and current bindings:
+//! from what runs now, then once more from their own result, every unit kept, so that feeding the
+//! output back changes nothing.
 
 use super::allocator::{Allocator, Step};
+use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
 use super::pools::Pool;
-use super::report::Placed;
+use super::report::{Built, Placed};
 use super::scope::Scope;
 use super::spread::spread;
 use super::template::Template;
@@ -41,6 +46,130 @@ pub(super) struct Amounts {
 
 /// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
 pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
+
+/// What every placing pass of one cell starts from.
+pub(super) struct CellPasses<'c> {
+    pub(super) tenants: &'c [TenantProfile],
+    pub(super) scope: &'c Scope,
+    /// Who holds each unit now.
+    pub(super) now: Current<'c>,
+    pub(super) template: Template,
+    /// Tenants by priority, then name.
+    pub(super) order: Vec<usize>,
+}
+
+impl<'c> CellPasses<'c> {
+    /// The passes of the cell of `scope` over `nodes`, its `tenants` served by priority, then name.
+    pub(super) fn new(tenants: &'c [TenantProfile], nodes: &'c CellNodes, scope: &'c Scope) -> Self {
+        let mut order: Vec<usize> = (0..tenants.len()).collect();
+        order.sort_by(|&x, &y| {
+            tenants[y]
+                .priority
+                .cmp(&tenants[x].priority)
+                .then(tenants[x].name.cmp(&tenants[y].name))
+        });
+        CellPasses {
+            tenants,
+            scope,
+            now: Current::from_inventory(nodes, scope),
+            template: Template::of(nodes, scope),
+            order,
+        }
+    }
+}
+
+impl CellPasses<'_> {
+    /// Where nothing runs now and the blind pass's placement (its bindings, `blind_bound`) is not
+    /// shown stable: placed again from itself; failing that, from what runs now; failing that, as
+    /// the blind pass placed it.
+    pub(super) fn again_from_blind(&self, nodes: &CellNodes, blind_bound: Option<Bound>, amounts: &Amounts) -> Placed {
+        let placed = match &blind_bound {
+            Some(bound) => bound.holders(self.tenants),
+            None => Current::of(Vec::new()),
+        };
+        match self.place_again(nodes, &placed, amounts) {
+            Ok(kept) => kept,
+            Err(_) => match self.place_from_now(nodes, amounts) {
+                Some((kept, _)) => kept,
+                None => self.as_blind(nodes),
+            },
+        }
+    }
+
+    /// Places `amounts` from the current bindings. A pool where the units kept leave no room for
+    /// some amount (shared GPUs: co-location splits them by tier) is placed again with less
+    /// stickiness: kept level by level, then as the blind pass placed it. `None`: only the blind
+    /// pass's placement gives the amounts (memory limits tie pools together).
+    pub(super) fn place_from_now(&self, nodes: &CellNodes, amounts: &Amounts) -> Option<(Placed, Placings)> {
+        let mut placings = Placings::new();
+        loop {
+            let at = place(
+                self.tenants,
+                nodes,
+                self.scope,
+                &self.template,
+                &self.now,
+                &placings,
+                amounts,
+                &self.order,
+            );
+            match at {
+                Ok(placed) => return Some((placed, placings)),
+                Err(failed) => {
+                    for key in failed {
+                        let p = placings.entry(key).or_default();
+                        *p = p.less_sticky()?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Places `amounts` again from `placed`, a placement just made, every unit kept: the pass
+    /// that makes a result the one the next plan would make.
+    pub(super) fn place_again(
+        &self,
+        nodes: &CellNodes,
+        placed: &Current,
+        amounts: &Amounts,
+    ) -> Result<Placed, Vec<PoolKey>> {
+        place(
+            self.tenants,
+            nodes,
+            self.scope,
+            &self.template,
+            placed,
+            &Placings::new(),
+            amounts,
+            &self.order,
+        )
+    }
+
+    /// `built` from a placement that placing again from itself gives back ([`super::stable`]). Debug
+    /// builds (every test) place again all the same, and compare: the grants built, or handed
+    /// back from an earlier pass, with those of the placement again, built anew.
+    pub(super) fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, built: Built) -> Built {
+        if cfg!(debug_assertions) {
+            let (grants, bound, _, _) = &built;
+            let placed = bound.holders(self.tenants);
+            let again = self
+                .place_again(nodes, &placed, amounts)
+                .expect("a stable placement places again");
+            let (again_grants, again_bound) = again.grants(self.tenants, nodes);
+            assert!(
+                again_bound.holders(self.tenants) == placed,
+                "a placement found stable moved when placed again"
+            );
+            assert_eq!(&again_grants, grants, "a stable placement's grants changed");
+        }
+        built
+    }
+
+    /// The blind pass's placement, where no placing from current bindings gives its amounts.
+    pub(super) fn as_blind(&self, nodes: &CellNodes) -> Placed {
+        Allocator::blind(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish()
+    }
+}
 
 /// Places `amounts` on `nodes` from the bindings in `current`, each pool as `placings` says. The
 /// pools where some amount could not be placed exactly are the error.
