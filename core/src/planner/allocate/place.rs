@@ -25,13 +25,6 @@ pub(super) fn place_and_write(
     grants
 }
 
-/// Notes node `n` as written on (once, though several of its GPUs are).
-pub(super) fn view_recomputed(recomputed: &mut Vec<u32>, n: u32) {
-    if recomputed.last() != Some(&n) {
-        recomputed.push(n);
-    }
-}
-
 /// One cell's grants, by tenant name, and its bindings, placed on `nodes` (not written there:
 /// [`Bound::write`]), built from the placement kept by `build`. Each pass binds from none of the
 /// cell's bindings, so a unit no pass grants is left to nobody.
