@@ -134,7 +134,8 @@ impl ExclusivePool {
         self.by_user.get(&t)
     }
 
-    pub(super) fn push(&mut self, domain: Domain) {
+    /// Adds a NUMA domain, filed by its free GPUs.
+    pub(super) fn add_domain(&mut self, domain: Domain) {
         let d = self.domains.len();
         self.file(d, domain.free.len());
         self.free_gpus += domain.free.len() as u64;

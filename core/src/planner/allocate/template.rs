@@ -326,7 +326,7 @@ fn exclusive_pool<'c>(
             order.sort();
             free = order.into_iter().map(|(_, g)| g).collect();
         }
-        p.push(Domain { node: *node, free });
+        p.add_domain(Domain { node: *node, free });
     }
     p
 }

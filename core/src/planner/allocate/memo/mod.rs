@@ -69,7 +69,7 @@ fn place_again(
     recomputed: &mut Vec<u32>,
 ) {
     let profiles = cell.profiles(tenants);
-    let mut view = CellNodes::all(nodes);
+    let mut view = CellNodes::fleet(nodes);
     let mut last = results.last_of(cell);
     let (grants, bound, positions, handed_back) = allocate_cell(&profiles, &view, &cell.scope, |placed| {
         placed.grants_with(&profiles, &view, |t, p| {
