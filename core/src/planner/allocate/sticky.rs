@@ -17,7 +17,7 @@
 //! from what runs now, then once more from their own result, every unit kept, so that feeding the
 //! output back changes nothing.
 
-use super::allocator::{Allocator, Step};
+use super::allocator::{Allocator, Step, Targets, units_in};
 use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
@@ -26,7 +26,7 @@ use super::report::{Built, Placed};
 use super::scope::Scope;
 use super::spread::spread;
 use super::template::Template;
-use super::units::{Family, PoolKey, Reasons, Targets, units_in};
+use super::units::{Family, PoolKey, Reasons};
 use crate::api::{CoLocation, TopologyPolicy};
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
