@@ -14,9 +14,6 @@
 mod inputs;
 mod results;
 
-use super::cell_nodes::CellNodes;
-use super::place::allocate_cell;
-use super::scope::Cell;
 use super::units::GrantsByTenant;
 use crate::planner::nodes::NodeDesired;
 use crate::policy::TenantProfile;
@@ -46,7 +43,8 @@ impl AllocationMemo {
         let mut recomputed: Vec<u32> = Vec::new();
         for (cell, stale) in cells.iter().zip(&stale) {
             if *stale {
-                place_again(&mut self.results, &self.inputs, cell, tenants, nodes, &mut recomputed);
+                self.results
+                    .place_again(cell, tenants, nodes, self.inputs.changed(), &mut recomputed);
             } else {
                 self.results.recall(cell, nodes);
             }
@@ -56,38 +54,4 @@ impl AllocationMemo {
         self.reused = cells.len() - self.placed;
         self.results.merge(tenants, cells, &stale)
     }
-}
-
-/// Places `cell` again, its tenants' grants handed back where they are those of its last result,
-/// and remembers it. Nodes written on are marked recomputed; `recomputed` is a list to reuse.
-fn place_again(
-    results: &mut CellResults,
-    inputs: &LastInputs,
-    cell: &Cell,
-    tenants: &[TenantProfile],
-    nodes: &mut [NodeDesired],
-    recomputed: &mut Vec<u32>,
-) {
-    let profiles = cell.profiles(tenants);
-    let mut view = CellNodes::fleet(nodes);
-    let mut last = results.last_of(cell);
-    let (grants, bound, positions, handed_back) = allocate_cell(&profiles, &view, &cell.scope, |placed| {
-        placed.grants_with(&profiles, &view, |t, p| {
-            results.earlier_grants(inputs.changed(), last.as_mut(), &profiles[t], p)
-        })
-    });
-    // A node the cell binds as the last pass did keeps its GPU list, and the steps after take it
-    // back as they would had the cell not been placed.
-    bound.write(&mut view, &cell.scope, &profiles, |n| {
-        // Once, though several of its GPUs are written on.
-        if recomputed.last() != Some(&n) {
-            recomputed.push(n);
-        }
-    });
-    drop(view);
-    for &n in recomputed.iter() {
-        nodes[n as usize].recomputed = true;
-    }
-    recomputed.clear();
-    results.remember(cell, profiles, nodes, bound, (grants, positions, handed_back), last);
 }

@@ -4,7 +4,9 @@
 
 use super::inputs::{Change, FleetChanges};
 use crate::planner::allocate::bound::Bound;
+use crate::planner::allocate::cell_nodes::CellNodes;
 use crate::planner::allocate::merge::{cells_of_tenants, merge_tenant};
+use crate::planner::allocate::place::allocate_cell;
 use crate::planner::allocate::report::{PlacedTenant, Positions};
 use crate::planner::allocate::scope::Cell;
 use crate::planner::allocate::units::{CellGrants, Family, GpuRef, GrantsByTenant, TenantGrants};
@@ -115,6 +117,41 @@ impl CellResults {
             .collect()
     }
 
+    /// Places `cell` again and remembers it, its tenants' grants handed back where they are those
+    /// of its last result (`changed`: how each GPU changed since the last pass). The nodes it
+    /// writes on are marked recomputed; `recomputed` is a list to reuse.
+    pub(super) fn place_again(
+        &mut self,
+        cell: &Cell,
+        tenants: &[TenantProfile],
+        nodes: &mut [NodeDesired],
+        changed: &FleetChanges,
+        recomputed: &mut Vec<u32>,
+    ) {
+        let profiles = cell.profiles(tenants);
+        let mut view = CellNodes::fleet(nodes);
+        let mut last = self.last_of(cell);
+        let (grants, bound, positions, handed_back) = allocate_cell(&profiles, &view, &cell.scope, |placed| {
+            placed.grants_with(&profiles, &view, |t, p| {
+                self.earlier_grants(changed, last.as_mut(), &profiles[t], p)
+            })
+        });
+        // A node the cell binds as the last pass did keeps its GPU list, and the steps after take it
+        // back as they would had the cell not been placed.
+        bound.write(&mut view, &cell.scope, &profiles, |n| {
+            // Once, though several of its GPUs are written on.
+            if recomputed.last() != Some(&n) {
+                recomputed.push(n);
+            }
+        });
+        drop(view);
+        for &n in recomputed.iter() {
+            nodes[n as usize].recomputed = true;
+        }
+        recomputed.clear();
+        self.remember(cell, profiles, nodes, bound, (grants, positions, handed_back), last);
+    }
+
     /// Writes a remembered cell's bindings on `nodes`.
     /// (Nodes taken back from the last pass carry them already.)
     pub(super) fn recall(&self, cell: &Cell, nodes: &mut [NodeDesired]) {
@@ -176,10 +213,6 @@ impl CellResults {
         (grants, positions, handed_back): (BTreeMap<String, CellGrants>, Vec<Positions>, Vec<bool>),
         last: Option<CellMemo>,
     ) {
-        debug_assert!(
-            bound.are_on(nodes, &cell.scope, &profiles),
-            "bindings remembered that are not the nodes'"
-        );
         let runs: Vec<bool> = cell
             .scope
             .gpus
@@ -187,6 +220,10 @@ impl CellResults {
             .enumerate()
             .map(|(j, &(n, g))| runs_on(&bound, j, &nodes[n as usize], g as usize, &profiles))
             .collect();
+        debug_assert!(
+            bound.are_on(nodes, &cell.scope, &profiles),
+            "bindings remembered that are not the nodes'"
+        );
         let not_running = runs.iter().filter(|r| !**r).count();
         // A tenant whose grants were handed back has them as the last pass did; the others are
         // compared with the last pass's (what is left of them).
