@@ -728,3 +728,34 @@ fn the_memo_places_a_cell_again_where_its_gpus_run_something_else() {
     runs(&mut nodes, &holders(&fresh));
     assert_eq!(run(&nodes, Some(&mut memo)), run(&nodes, None));
 }
+
+/// What runs now has two `external` tenants (co-location forbidden) on MPS GPU 0: `a`, first by
+/// name, and `b`, first by priority. The GPU goes to `b`, which keeps its share first and locks
+/// it, and is counted as `b`'s by every pass (the placing from what runs now, and the check that
+/// placing again gives the result back); `a` takes the other GPU, and fed back, nothing moves.
+#[test]
+fn a_gpu_two_forbidden_tenants_run_on_goes_to_the_first_by_priority() {
+    let plans = [plan_for("p", "mps", vec![group("all", Mode::Mps)])];
+    let tenants = [
+        TenantBuilder::new("a", "external").want(Mode::Mps, 1).build(),
+        TenantBuilder::new("b", "external")
+            .priority(5)
+            .want(Mode::Mps, 1)
+            .build(),
+    ];
+    let mut nodes = [node("n1", "mps", "H100-80GB", 2, false)];
+    let gpu = &mut nodes[0].gpus[0];
+    gpu.mode = Some(Mode::Mps);
+    gpu.tenants = vec!["a".into(), "b".into()];
+    gpu.shares = std::collections::BTreeMap::from([("a".to_string(), 1), ("b".to_string(), 1)]);
+    let users =
+        |out: &PlanOutput| -> Vec<Vec<String>> { out.nodes[0].spec.gpus.iter().map(|g| g.tenants.clone()).collect() };
+    let out = run(&tenants, &plans, &nodes);
+    assert_eq!(users(&out), [vec!["b"], vec!["a"]]);
+    for (gpu, spec) in nodes[0].gpus.iter_mut().zip(&out.nodes[0].spec.gpus) {
+        gpu.tenants = spec.tenants.clone();
+        gpu.shares = spec.shares.iter().map(|s| (s.tenant.clone(), s.count)).collect();
+        gpu.mode = Some(spec.mode);
+    }
+    assert_eq!(users(&run(&tenants, &plans, &nodes)), users(&out));
+}

@@ -21,19 +21,19 @@ use super::allocator::{Allocator, Step, Targets, units_in};
 use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
-use super::pools::Pool;
+use super::pools::{GpuUser, Pool};
 use super::report::{Built, Placed};
 use super::scope::Scope;
 use super::spread::spread;
 use super::template::Template;
 use super::units::{Family, PoolKey, Reasons};
-use crate::api::{CoLocation, TopologyPolicy};
+use crate::api::TopologyPolicy;
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What the blind pass decided.
-pub(super) struct Amounts {
+pub(super) struct Amounts<'t> {
     /// Per tenant, units per (request, pool).
     pub targets: Vec<Targets>,
     /// Its grants in order.
@@ -41,11 +41,11 @@ pub(super) struct Amounts {
     /// Per tenant and request, why it fell short.
     pub why: Reasons,
     /// Per shared pool, the GPUs each tier uses (and each `coLocation: Forbidden` tenant locks).
-    pub shared_gpus: BTreeMap<PoolKey, GpuUsers>,
+    pub shared_gpus: BTreeMap<PoolKey, GpuUsers<'t>>,
 }
 
-/// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
-pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
+/// How many GPUs of a shared pool each user ([`GpuUser`]) has in use.
+pub(super) type GpuUsers<'t> = BTreeMap<GpuUser<'t>, u32>;
 
 /// What every placing pass of one cell starts from.
 pub(super) struct CellPasses<'c> {
@@ -233,10 +233,10 @@ pub(super) fn place(
     Ok(placed)
 }
 
-impl Allocator<'_, '_, '_> {
+impl<'n> Allocator<'n, '_, '_> {
     /// What this pass decided, for the placing pass (the pass can still be finished: its
     /// reasons are copied, its counts per pool and log taken).
-    pub(super) fn amounts(&mut self) -> Amounts {
+    pub(super) fn amounts(&mut self) -> Amounts<'n> {
         let shared_gpus = self
             .pools
             .keys()
@@ -338,14 +338,9 @@ impl Allocator<'_, '_, '_> {
         n: u32,
         mut units: Vec<(usize, u32)>,
         quota: Option<&GpuUsers>,
-        opened: &mut GpuUsers,
+        opened: &mut GpuUsers<'n>,
     ) {
-        let tenant = &self.tenants[t];
-        let who = if tenant.co_location == CoLocation::Forbidden {
-            (true, tenant.name.clone())
-        } else {
-            (false, tenant.tier.clone())
-        };
+        let who = GpuUser::of(&self.tenants[t]);
         let none = GpuUsers::new();
         let quota = quota.unwrap_or(&none);
         units.sort_by_key(|&(i, count)| (std::cmp::Reverse(count), i));
@@ -358,47 +353,28 @@ impl Allocator<'_, '_, '_> {
                 return;
             };
             let opens = gpus[i].capacity.is_none();
-            if opens && !may_open(&who, quota, opened, gpus.len() as u32) {
+            if opens && !may_open(who, quota, opened, gpus.len() as u32) {
                 continue;
             }
             let got = self.try_gpu(t, r, key, i, count.max(1).min(n - have), &mut false);
             if got > 0 && opens {
-                // The user's name copied only for its first GPU.
-                match opened.get_mut(&who) {
-                    Some(n) => *n += 1,
-                    None => {
-                        opened.insert(who.clone(), 1);
-                    }
-                }
+                *opened.entry(who).or_default() += 1;
             }
             self.count(t, r, key, got);
         }
     }
 
-    /// The GPUs of shared pool `key` in use so far, by tier or locking tenant.
-    pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers {
-        let mut out = GpuUsers::new();
-        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
-            return out;
+    /// The GPUs of shared pool `key` in use so far, by user.
+    pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers<'n> {
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return GpuUsers::new();
         };
-        // Counted borrowed, named once per user: a pool has 12,000 GPUs in a 5,000-node fleet.
-        let mut users: foldhash::HashMap<(bool, &str), u32> = foldhash::HashMap::default();
-        for (i, g) in gpus.iter().enumerate() {
-            if g.capacity.is_none() {
-                continue;
-            }
-            let who = if g.locked {
-                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.holds(*id, i));
-                (true, owner.map_or("", |t| self.tenants[t].name.as_str()))
-            } else {
-                (false, g.tier(self.tenants).unwrap_or_default())
-            };
-            *users.entry(who).or_default() += 1;
+        // Counted hashed: a pool has 12,000 GPUs in a 5,000-node fleet, and a few users.
+        let mut users: foldhash::HashMap<GpuUser, u32> = foldhash::HashMap::default();
+        for user in gpus.iter().filter_map(|g| g.user(self.tenants)) {
+            *users.entry(user).or_default() += 1;
         }
-        for ((locked, name), n) in users {
-            out.insert((locked, name.to_string()), n);
-        }
-        out
+        users.into_iter().collect()
     }
 
     /// Exclusive GPUs: a multi-GPU grant under a topology policy keeps the domains where it holds
@@ -477,12 +453,12 @@ impl Allocator<'_, '_, '_> {
 /// Whether `who` (a tier, or a tenant that locks its GPUs) may start using one more GPU of a shared
 /// pool of `total` GPUs: within what the blind pass gave it (`quota`), or beyond that when the GPUs
 /// nobody uses yet still cover what every user has yet to get of its quota.
-fn may_open(who: &(bool, String), quota: &GpuUsers, opened: &GpuUsers, total: u32) -> bool {
-    let need = |u: &(bool, String)| {
+fn may_open(who: GpuUser, quota: &GpuUsers, opened: &GpuUsers, total: u32) -> bool {
+    let need = |u: &GpuUser| {
         let q = quota.get(u).copied().unwrap_or(0);
         q.saturating_sub(opened.get(u).copied().unwrap_or(0))
     };
-    if need(who) > 0 {
+    if need(&who) > 0 {
         return true;
     }
     let unused = total.saturating_sub(opened.values().sum());
