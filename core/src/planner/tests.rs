@@ -759,3 +759,20 @@ fn a_gpu_two_forbidden_tenants_run_on_goes_to_the_first_by_priority() {
     }
     assert_eq!(users(&run(&tenants, &plans, &nodes)), users(&out));
 }
+
+/// An MPS group that gives no settings runs with the defaults (4 clients): its GPUs are planned
+/// with them, and the device plugin is told as many clients.
+#[test]
+fn an_mps_group_without_settings_runs_with_the_defaults() {
+    let mut g = group("all", Mode::Mps);
+    g.mps = None;
+    assert_eq!(
+        crate::device_plugin::Sharing::of_group(&g),
+        Some(crate::device_plugin::Sharing::Mps { replicas: 4 })
+    );
+    let plans = [plan_for("p", "mps", vec![g])];
+    let out = run(&[], &plans, &[node("n1", "mps", "H100-80GB", 1, false)]);
+    let planned = out.nodes[0].spec.gpus[0].mps.as_ref().map(|m| m.max_clients);
+    assert_eq!(planned, Some(4));
+    assert_eq!(MpsSettings::in_effect(None), &MpsSettings::default());
+}
