@@ -391,40 +391,79 @@ fn with_statuses(plans: &[GpuPartitionPlan], out: &PlanOutput) -> Vec<GpuPartiti
         .collect()
 }
 
-#[test]
-fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
-    use crate::inventory::AppliedState;
+/// Ten nodes in service: each applied plan `p`'s exclusive layout. Their specs then.
+fn ten_exclusive_nodes_in_service() -> (Vec<NodeInventory>, Vec<GpuNodeSpec>) {
     let mut nodes: Vec<NodeInventory> = (0..10)
         .map(|i| node(&format!("n{i}"), "x", "H100-80GB", 2, false))
         .collect();
     let exclusive = plan_for("p", "x", vec![group("all", Mode::Exclusive)]);
-    // In service: every node applied the exclusive layout.
     let start = plan_at(std::slice::from_ref(&exclusive), &nodes, 1);
     write_nodes(&mut nodes, &start.nodes);
     let all: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    report_nodes(&mut nodes, &all, AppliedState::Applied);
-    let old_specs: Vec<GpuNodeSpec> = start.nodes.iter().map(|n| n.spec.clone()).collect();
+    report_nodes(&mut nodes, &all, crate::inventory::AppliedState::Applied);
+    (nodes, start.nodes.iter().map(|n| n.spec.clone()).collect())
+}
 
+/// Plan `p` turned to MPS, rolled out two nodes at a time.
+fn mps_two_at_a_time() -> GpuPartitionPlan {
     let mut mps = plan_for("p", "x", vec![group("all", Mode::Mps)]);
     mps.spec.rollout = Some(Rollout {
         max_unavailable: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2)),
         busy_gpu_policy: BusyGpuPolicy::Wait,
     });
-    let mut plans = vec![mps];
-    let is_mps = |n: &GpuNode| n.spec.gpus.iter().all(|g| g.mode == Mode::Mps) && !n.spec.gpus.is_empty();
+    mps
+}
 
+fn is_mps(n: &GpuNode) -> bool {
+    n.spec.gpus.iter().all(|g| g.mode == Mode::Mps) && !n.spec.gpus.is_empty()
+}
+
+/// The nodes `out` turns to MPS.
+fn moved_to_mps(out: &PlanOutput) -> Vec<String> {
+    out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect()
+}
+
+/// Plan `p`'s node counts: selected, updated, applied, pending.
+fn node_counts(out: &PlanOutput) -> (u32, u32, u32, u32) {
+    let c = plan_status(out, "p").nodes.unwrap();
+    (c.selected, c.updated, c.applied, c.pending)
+}
+
+/// Writes `out` and has the agents apply what changes, pass after pass, never more than two nodes
+/// changing at once, until plan `p` is Ready: its last output.
+fn roll_out(plans: &mut Vec<GpuPartitionPlan>, nodes: &mut [NodeInventory], mut out: PlanOutput) -> PlanOutput {
+    use crate::inventory::AppliedState;
+    for pass in 0.. {
+        assert!(pass < 10, "the rollout does not finish");
+        write_nodes(nodes, &out.nodes);
+        *plans = with_statuses(plans, &out);
+        let changing: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.current.as_ref().unwrap().applied == AppliedState::Pending)
+            .map(|n| n.name.clone())
+            .collect();
+        assert!(changing.len() <= 2, "{changing:?}");
+        report_nodes(nodes, &changing, AppliedState::Applied);
+        out = plan_at(plans, nodes, 10 + pass);
+        if plan_condition(&plan_status(&out, "p"), "Ready").status == "True" {
+            return out;
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
+    let (mut nodes, old_specs) = ten_exclusive_nodes_in_service();
+    let mut plans = vec![mps_two_at_a_time()];
     let out = plan_at(&plans, &nodes, 2);
-    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
+    let moved = moved_to_mps(&out);
     assert_eq!(moved, ["n0", "n1"]);
     for (n, old) in out.nodes.iter().zip(&old_specs).skip(2) {
         assert_eq!(&n.spec, old, "{} keeps its spec", n.name_any());
     }
     let s = plan_status(&out, "p");
-    let counts = s.nodes.clone().unwrap();
-    assert_eq!(
-        (counts.selected, counts.updated, counts.applied, counts.pending),
-        (10, 2, 0, 10)
-    );
+    assert_eq!(node_counts(&out), (10, 2, 0, 10));
     assert_eq!(plan_condition(&s, "Reconciling").status, "True");
     assert_eq!(
         plan_condition(&s, "Reconciling").message,
@@ -441,37 +480,16 @@ fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
     assert_eq!(again.nodes, out.nodes);
 
     // The two apply: the next two move.
-    report_nodes(&mut nodes, &moved, AppliedState::Applied);
+    report_nodes(&mut nodes, &moved, crate::inventory::AppliedState::Applied);
     let out = plan_at(&plans, &nodes, 4);
-    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
-    assert_eq!(moved, ["n0", "n1", "n2", "n3"]);
-    let counts = plan_status(&out, "p").nodes.unwrap();
-    assert_eq!((counts.updated, counts.applied, counts.pending), (4, 2, 8));
+    assert_eq!(moved_to_mps(&out), ["n0", "n1", "n2", "n3"]);
+    let (_, updated, applied, pending) = node_counts(&out);
+    assert_eq!((updated, applied, pending), (4, 2, 8));
 
     // Apply everything, two at a time.
-    let mut out = out;
-    for pass in 0.. {
-        assert!(pass < 10, "the rollout does not finish");
-        write_nodes(&mut nodes, &out.nodes);
-        plans = with_statuses(&plans, &out);
-        let changing: Vec<String> = nodes
-            .iter()
-            .filter(|n| n.current.as_ref().unwrap().applied == AppliedState::Pending)
-            .map(|n| n.name.clone())
-            .collect();
-        assert!(changing.len() <= 2, "{changing:?}");
-        report_nodes(&mut nodes, &changing, AppliedState::Applied);
-        out = plan_at(&plans, &nodes, 10 + pass);
-        if plan_condition(&plan_status(&out, "p"), "Ready").status == "True" {
-            break;
-        }
-    }
+    let out = roll_out(&mut plans, &mut nodes, out);
     let s = plan_status(&out, "p");
-    let counts = s.nodes.clone().unwrap();
-    assert_eq!(
-        (counts.selected, counts.updated, counts.applied, counts.pending),
-        (10, 10, 10, 0)
-    );
+    assert_eq!(node_counts(&out), (10, 10, 10, 0));
     assert!(out.nodes.iter().all(is_mps));
     assert!(s.node_details.is_empty());
     assert_eq!(plan_condition(&s, "Reconciling").status, "False");
