@@ -53,7 +53,7 @@ pub(super) struct TenantState {
     pub(super) remaining: Vec<u32>,
     pub(super) granted: Vec<u32>,
     pub(super) memory_mib: u64,
-    /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
+    /// MIG instances and exclusive GPUs received, made into [`Grant`](crate::api::Grant)s once, on the pass kept.
     pub(super) units: Vec<Unit>,
     /// Shares per shared GPU, merged into one grant each at the end.
     pub(super) shares: Shares,
@@ -71,7 +71,7 @@ pub(super) struct Allocator<'n, 'v, 'a> {
     pub(super) scope: &'n Scope,
     pub(super) pools: BTreeMap<PoolKey, Pool>,
     pub(super) state: Vec<TenantState>,
-    /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
+    /// How a placing pass (see [`super::sticky`]) treats each pool; `None` in the blind pass.
     pub(super) placing: Option<Placings>,
     /// Per pool, the units each tenant holds now: (MIG slot or shared GPU, 0), or exclusive (domain, GPU position).
     pub(super) held: Held<'n>,

@@ -7,6 +7,12 @@
 //! those same amounts starting from the current bindings, so a tenant keeps the GPUs and instances
 //! it holds unless the inputs force a move (docs/design.md#minimal-disruption). Every loop walks capacity
 //! in node-name, GPU and placement order, so the result is deterministic.
+//!
+//! A pass in stages: the tenants' requests and the fleet's GPUs split into independent cells
+//! ([`cells`]; with a memo, read against the last pass's first, [`memo`]); each cell placed
+//! ([`place`]: the blind pass, [`allocator`], then [`sticky`], [`stable`], [`report`]), side by
+//! side or, with a memo, only where its inputs changed; each tenant's grants merged from its
+//! cells' ([`merge`]).
 
 mod allocator;
 mod bound;
