@@ -7,7 +7,7 @@
 //! `internal/plugin/mps.go`). Both rules live here, once: plans are checked with [`NodeConfig::of_gpus`]
 //! and the controller renders what the same function returns.
 
-use crate::api::{GpuGroup, GpuSpec, Mode};
+use crate::api::{GpuGroup, GpuSpec, Mode, MpsSettings};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -106,12 +106,12 @@ pub enum Sharing {
 
 impl Sharing {
     /// The sharing of a whole-GPU mode with its settings; `None` for MIG.
-    pub fn of(mode: Mode, mps_clients: Option<u32>, replicas: Option<u32>) -> Option<Sharing> {
+    pub fn of(mode: Mode, mps: Option<&MpsSettings>, replicas: Option<u32>) -> Option<Sharing> {
         match mode {
             Mode::Mig => None,
             Mode::Exclusive => Some(Sharing::Exclusive),
             Mode::Mps => Some(Sharing::Mps {
-                replicas: mps_clients.unwrap_or(crate::api::MpsSettings::default().max_clients),
+                replicas: MpsSettings::in_effect(mps).max_clients,
             }),
             Mode::TimeSlicing => Some(Sharing::TimeSlicing {
                 replicas: replicas.unwrap_or(0),
@@ -120,19 +120,11 @@ impl Sharing {
     }
 
     pub fn of_group(g: &GpuGroup) -> Option<Sharing> {
-        Sharing::of(
-            g.mode,
-            g.mps.as_ref().map(|m| m.max_clients),
-            g.time_slicing.as_ref().map(|t| t.replicas),
-        )
+        Sharing::of(g.mode, g.mps.as_ref(), g.time_slicing.as_ref().map(|t| t.replicas))
     }
 
     pub fn of_gpu(g: &GpuSpec) -> Option<Sharing> {
-        Sharing::of(
-            g.mode,
-            g.mps.as_ref().map(|m| m.max_clients),
-            g.time_slicing.as_ref().map(|t| t.replicas),
-        )
+        Sharing::of(g.mode, g.mps.as_ref(), g.time_slicing.as_ref().map(|t| t.replicas))
     }
 }
 

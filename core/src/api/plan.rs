@@ -130,16 +130,27 @@ pub struct MpsSettings {
 }
 
 fn default_mps_clients() -> u32 {
-    4
+    DEFAULT_MPS.max_clients
 }
+
+/// What an MPS GPU runs with where its plan gives no settings.
+static DEFAULT_MPS: MpsSettings = MpsSettings {
+    max_clients: 4,
+    active_thread_percentage: None,
+    pinned_memory_limit: None,
+};
 
 impl Default for MpsSettings {
     fn default() -> Self {
-        MpsSettings {
-            max_clients: default_mps_clients(),
-            active_thread_percentage: None,
-            pinned_memory_limit: None,
-        }
+        DEFAULT_MPS.clone()
+    }
+}
+
+impl MpsSettings {
+    /// The settings an MPS GPU (or group of them) runs with where its plan gives `given`: those,
+    /// or the defaults.
+    pub fn in_effect(given: Option<&MpsSettings>) -> &MpsSettings {
+        given.unwrap_or(&DEFAULT_MPS)
     }
 }
 

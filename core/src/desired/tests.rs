@@ -53,6 +53,41 @@ fn fleet() -> (Vec<GpuPartitionPlan>, Vec<NodeInventory>) {
     (plans, nodes)
 }
 
+/// The texts of admission policy `policy`'s validations: each has a fixed message or one built in
+/// CEL.
+fn messages(d: &Desired, policy: &str) -> Vec<String> {
+    d.admission_policies
+        .iter()
+        .find(|p| p.name_any() == policy)
+        .unwrap_or_else(|| panic!("no policy {policy}"))
+        .spec
+        .as_ref()
+        .unwrap()
+        .validations
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.message.clone().or(v.message_expression.clone()).unwrap())
+        .collect()
+}
+
+/// What tenant `name`'s pods and claims may name, from its status.
+fn admission(d: &Desired, name: &str) -> crate::api::TenantAdmission {
+    let t = d.tenants.iter().find(|t| t.name_any() == name).unwrap();
+    t.status.as_ref().unwrap().admission.clone().unwrap()
+}
+
+/// The admission binding named `name`.
+fn binding<'d>(d: &'d Desired, name: &str) -> &'d ValidatingAdmissionPolicyBinding {
+    d.admission_bindings.iter().find(|b| b.name_any() == name).unwrap()
+}
+
+/// A tenant's `Isolated` condition.
+fn isolated(t: &GpuTenant) -> &crate::api::Condition {
+    let s = t.status.as_ref().unwrap();
+    s.conditions.iter().find(|c| c.type_ == ConditionSet::ISOLATED).unwrap()
+}
+
 #[test]
 fn quotas_split_each_grant_over_the_tenants_namespaces() {
     let (plans, nodes) = fleet();
@@ -123,8 +158,9 @@ fn an_invalid_tenant_and_a_contested_namespace_get_zeros() {
     assert!(!d.namespace_rules.untenanted_excluded().contains("shared"));
 }
 
-#[test]
-fn admission_follows_the_grants() {
+/// `acme` (one MIG instance, at most two GPUs a pod) and `lab` (two time-sliced shares) on the
+/// fleet.
+fn acme_and_lab() -> Desired {
     let (plans, nodes) = fleet();
     let mut acme = TenantBuilder::new("acme", "external").mig("3g.40gb", 1).build();
     acme.spec.limits = Some(TenantLimits {
@@ -134,29 +170,18 @@ fn admission_follows_the_grants() {
     let lab = TenantBuilder::new("lab", "experimental")
         .want(Mode::TimeSlicing, 2)
         .build();
-    let d = run(&[acme, lab], &plans, &nodes);
-    let messages = |name: &str| -> Vec<String> {
-        let p = d.admission_policies.iter().find(|p| p.name_any() == name).unwrap();
-        p.spec
-            .as_ref()
-            .unwrap()
-            .validations
-            .clone()
-            .unwrap()
-            .iter()
-            .map(|v| v.message.clone().or(v.message_expression.clone()).unwrap())
-            .collect()
-    };
-    let tenants = messages("gputenancy.io-tenants");
+    run(&[acme, lab], &plans, &nodes)
+}
+
+#[test]
+fn admission_follows_the_grants() {
+    let d = acme_and_lab();
+    let tenants = messages(&d, "gputenancy.io-tenants");
     // acme holds one MIG instance: that name is its allow-list, and it holds no shares, so it may
     // tolerate no sharing taint at all. The tenants' policy reads both from its status, its
     // parameter, and its name, tier and maxGpusPerPod from its object.
-    let admission = |name: &str| {
-        let t = d.tenants.iter().find(|t| t.name_any() == name).unwrap();
-        t.status.as_ref().unwrap().admission.clone().unwrap()
-    };
-    assert_eq!(admission("acme").resource_names, ["nvidia.com/mig-3g.40gb"]);
-    assert!(admission("acme").shared_modes.is_empty());
+    assert_eq!(admission(&d, "acme").resource_names, ["nvidia.com/mig-3g.40gb"]);
+    assert!(admission(&d, "acme").shared_modes.is_empty());
     assert!(
         tenants.iter().any(|m| m.contains("!(k in variables.granted)")),
         "{tenants:?}"
@@ -176,9 +201,15 @@ fn admission_follows_the_grants() {
             .iter()
             .any(|m| m.contains("only its own dedicated nodes (gputenancy.io/dedicated=' + params.metadata.name"))
     );
-    assert_eq!(admission("lab").resource_names, ["nvidia.com/gpu.shared"]);
-    assert_eq!(admission("lab").shared_modes, [Mode::TimeSlicing]);
-    // Two policies for every tenant, whatever its grants, name or tier.
+    assert_eq!(admission(&d, "lab").resource_names, ["nvidia.com/gpu.shared"]);
+    assert_eq!(admission(&d, "lab").shared_modes, [Mode::TimeSlicing]);
+}
+
+/// Two policies for every tenant, whatever its grants, name or tier, each with the tenant as its
+/// parameter.
+#[test]
+fn every_tenant_is_judged_by_the_same_policies() {
+    let d = acme_and_lab();
     let names: Vec<String> = d.admission_policies.iter().map(|p| p.name_any()).collect();
     assert_eq!(
         names,
@@ -201,9 +232,14 @@ fn admission_follows_the_grants() {
             serde_json::json!({"apiVersion": crate::api::API_VERSION, "kind": "GpuTenant"})
         );
     }
-    // Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
-    // namespace that is not exempt; each rule set has a claims policy bound like its pod policy,
-    // one policy judges ConfigMap keys everywhere, and one host paths of the node's hand-over files.
+}
+
+/// Bindings select the tenants' namespaces by name; the no-tenant policy covers every other
+/// namespace that is not exempt; each rule set has a claims policy bound like its pod policy,
+/// one policy judges ConfigMap keys everywhere, and one host paths of the node's hand-over files.
+#[test]
+fn admission_bindings_select_the_tenants_namespaces() {
+    let d = acme_and_lab();
     let names: Vec<String> = d.admission_bindings.iter().map(|b| b.name_any()).collect();
     assert_eq!(
         names,
@@ -220,32 +256,24 @@ fn admission_follows_the_grants() {
     );
     // The node's hand-over files are refused everywhere but the trusted namespaces, exempt ones
     // included.
-    let node_files = d
-        .admission_bindings
-        .iter()
-        .find(|b| b.name_any() == "gputenancy.io-node-files")
-        .unwrap();
     assert_eq!(
-        crate::desired::coverage(node_files),
+        crate::desired::coverage(binding(&d, "gputenancy.io-node-files")),
         crate::desired::Coverage::AllBut(Settings::default().node_file_trusted())
     );
-    let acme_binding = d
-        .admission_bindings
-        .iter()
-        .find(|b| b.name_any() == "gputenancy.io-tenant-acme");
+    let acme_binding = binding(&d, "gputenancy.io-tenant-acme");
     assert_eq!(
-        crate::desired::coverage(acme_binding.unwrap()),
+        crate::desired::coverage(acme_binding),
         crate::desired::Coverage::Only(["acme".to_string()].into())
     );
     // Its parameter is the tenant; without it the binding refuses everything it matches.
     assert_eq!(
-        serde_json::to_value(&acme_binding.unwrap().spec).unwrap()["paramRef"],
+        serde_json::to_value(&acme_binding.spec).unwrap()["paramRef"],
         serde_json::json!({"name": "acme", "parameterNotFoundAction": "Deny"})
     );
 }
 
-#[test]
-fn nodes_get_their_device_plugin_config_and_taints() {
+/// The fleet with one more node, its two exclusive GPUs dedicated to `gamma`, which asks for both.
+fn gamma_on_its_dedicated_node() -> Desired {
     let (mut plans, mut nodes) = fleet();
     let gamma = TenantBuilder::new("gamma", "internal").want(Mode::Exclusive, 2).build();
     plans.push(plan_for(
@@ -257,7 +285,21 @@ fn nodes_get_their_device_plugin_config_and_taints() {
         }],
     ));
     nodes.push(node("h200-d", "dedicated", "H200", 2, false));
-    let d = run(&[gamma], &plans, &nodes);
+    run(&[gamma], &plans, &nodes)
+}
+
+/// A node's taints, as `key=value`.
+fn taints(n: &k8s_openapi::api::core::v1::Node) -> Vec<String> {
+    let taints = n.spec.as_ref().unwrap().taints.clone().unwrap();
+    taints
+        .iter()
+        .map(|t| format!("{}={}", t.key, t.value.clone().unwrap()))
+        .collect()
+}
+
+#[test]
+fn nodes_get_their_device_plugin_config_and_taints() {
+    let d = gamma_on_its_dedicated_node();
     let summary: Vec<(String, String, Vec<String>)> = d
         .node_labels
         .iter()
@@ -265,15 +307,7 @@ fn nodes_get_their_device_plugin_config_and_taints() {
             (
                 n.name_any(),
                 n.labels()["nvidia.com/device-plugin.config"].clone(),
-                n.spec
-                    .as_ref()
-                    .unwrap()
-                    .taints
-                    .clone()
-                    .unwrap()
-                    .iter()
-                    .map(|t| format!("{}={}", t.key, t.value.clone().unwrap()))
-                    .collect(),
+                taints(n),
             )
         })
         .collect();
@@ -299,6 +333,11 @@ fn nodes_get_their_device_plugin_config_and_taints() {
             ),
         ]
     );
+}
+
+#[test]
+fn each_device_plugin_config_is_one_key_the_plugin_starts_with() {
+    let d = gamma_on_its_dedicated_node();
     // One ConfigMap key per distinct config, each one the plugin starts with as the install
     // guide deploys it, and the refused config of nodes with no plan.
     let data = d.config_maps[0].data.clone().unwrap();
@@ -329,13 +368,13 @@ fn nodes_get_their_device_plugin_config_and_taints() {
         data["time-slicing-4"]
     );
     assert!(data["mig-mixed"].contains("migStrategy: mixed"));
+}
+
+#[test]
+fn a_tenant_granted_only_on_its_dedicated_nodes_is_isolated() {
+    let d = gamma_on_its_dedicated_node();
     // gamma's grants are all on its dedicated node: Kubernetes enforces them.
-    let gamma = d.tenants[0].status.as_ref().unwrap();
-    let isolated = gamma
-        .conditions
-        .iter()
-        .find(|c| c.type_ == ConditionSet::ISOLATED)
-        .unwrap();
+    let isolated = isolated(&d.tenants[0]);
     assert_eq!(
         (isolated.status.as_str(), isolated.reason.as_str()),
         ("True", "DedicatedNodes")
@@ -347,15 +386,7 @@ fn bindings_on_shared_nodes_are_reported_as_counts_only() {
     let (plans, nodes) = fleet();
     let acme = TenantBuilder::new("acme", "external").mig("3g.40gb", 1).build();
     let d = run(&[acme], &plans, &nodes);
-    let c = d.tenants[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == ConditionSet::ISOLATED)
-        .unwrap()
-        .clone();
+    let c = isolated(&d.tenants[0]);
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "CountsOnly"));
     assert!(c.message.contains("h100-a"), "{}", c.message);
 }
@@ -395,12 +426,8 @@ fn the_memo_renders_admission_again_under_other_settings() {
     assert_eq!(desired_with(&input, &other, &now(), Some(&mut memo)), fresh);
 }
 
-/// Two tenants on one MIG node of a DRA pool: each gets its own DeviceClass, quota by class and
-/// by its own extended resource (none under the device plugin's name), claim rules naming only its
-/// class, a rename of the device plugin's name, and `Isolated=True (DraBound)`; the node gets no
-/// device-plugin config, label or taint.
-#[test]
-fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
+/// Two tenants, `a` and `b`, on one MIG node of a DRA pool.
+fn a_dra_pool() -> Desired {
     let mut plan = plan_for("mig-dra", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])]);
     plan.spec.device_access = crate::api::DeviceAccess::Dra;
     let nodes = vec![node("h100-a", "h100", "H100-80GB", 2, false)];
@@ -408,7 +435,14 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
     let b = TenantBuilder::new("b", "internal").mig("3g.40gb", 2).build();
     let d = run(&[a, b], &[plan], &nodes);
     assert!(d.problems.is_empty(), "{:?}", d.problems);
+    d
+}
 
+/// In a DRA pool each tenant gets its own DeviceClass, and a quota by class and by its own
+/// extended resource (none under the device plugin's name).
+#[test]
+fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
+    let d = a_dra_pool();
     let classes: Vec<String> = d.device_classes.iter().map(|c| c.name_any()).collect();
     assert_eq!(classes, ["a.mig-3g.40gb.gputenancy.io", "b.mig-3g.40gb.gputenancy.io"]);
     let q = hard(&d, "a");
@@ -422,7 +456,12 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
         !q.keys().any(|k| k.starts_with("b.") || k.starts_with("requests.b.")),
         "{q:?}"
     );
+}
 
+/// A node of a DRA pool gets no device-plugin config, label or taint.
+#[test]
+fn a_dra_node_gets_no_device_plugin_config() {
+    let d = a_dra_pool();
     let node = &d.node_labels[0];
     assert_eq!(
         node.labels().get("gputenancy.io/device-access").map(String::as_str),
@@ -434,16 +473,15 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
     assert_eq!(keys, ["default"]);
     assert_eq!(d.nodes[0].spec.device_access, crate::api::DeviceAccess::Dra);
     assert_eq!(d.nodes[0].spec.device_plugin_config, None);
+}
 
+/// A DRA pool's tenants are `Isolated=True (DraBound)`, their claim rules name only their own
+/// classes, and the device plugin's name is renamed to each tenant's own.
+#[test]
+fn dra_tenants_are_isolated_and_admitted_by_their_own_classes() {
+    let d = a_dra_pool();
     for t in &d.tenants {
-        let c = t
-            .status
-            .as_ref()
-            .unwrap()
-            .conditions
-            .iter()
-            .find(|c| c.type_ == ConditionSet::ISOLATED)
-            .unwrap();
+        let c = isolated(t);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("True", "DraBound"),
@@ -451,41 +489,18 @@ fn a_dra_pool_binds_each_tenant_to_its_own_devices() {
             t.name_any()
         );
     }
-
-    let messages = |policy: &str| -> Vec<String> {
-        d.admission_policies
-            .iter()
-            .find(|p| p.name_any() == policy)
-            .unwrap_or_else(|| panic!("no policy {policy}"))
-            .spec
-            .as_ref()
-            .unwrap()
-            .validations
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(|v| {
-                format!(
-                    "{}{}",
-                    v.message.as_deref().unwrap_or(""),
-                    v.message_expression.as_deref().unwrap_or("")
-                )
-            })
-            .collect()
-    };
     // What its claims and pods may name is the tenant's status, which its policies read as their
     // parameter (the e2e suite holds the messages to the API server's evaluation).
-    let a = d.tenants.iter().find(|t| t.name_any() == "a").unwrap();
     assert_eq!(
-        a.status.as_ref().unwrap().admission,
-        Some(crate::api::TenantAdmission {
+        admission(&d, "a"),
+        crate::api::TenantAdmission {
             resource_names: vec!["a.gputenancy.io/mig-3g.40gb".into()],
             device_classes: vec!["a.mig-3g.40gb.gputenancy.io".into()],
             shared_modes: vec![],
             priority_class_names: vec![],
-        })
+        }
     );
-    let claims = messages("gputenancy.io-claims-tenants");
+    let claims = messages(&d, "gputenancy.io-claims-tenants");
     assert!(
         claims
             .iter()

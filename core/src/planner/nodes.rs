@@ -1,6 +1,6 @@
 //! Which plan governs each node, and the node's desired GPU layout under it.
 
-use crate::api::{GpuGroup, GpuPartitionPlan, GpuSpec, MigInstanceSpec, MigSettings, Mode};
+use crate::api::{GpuGroup, GpuPartitionPlan, GpuSpec, MigInstanceSpec, MigSettings, Mode, MpsSettings};
 use crate::devices::expand_devices;
 use crate::inventory::{NodeGpu, NodeInventory};
 use crate::mig::{ExistingInstance, diff_layout, solve_named};
@@ -218,16 +218,17 @@ fn resolve_layout(
 }
 
 /// The `g`th group's spec for `gpu` (the node's `index`th), its MIG instances still to lay out;
-/// the group's MPS settings must suit the GPU.
+/// an MPS group without settings has the defaults, and its settings must suit the GPU.
 fn group_spec(g: usize, group: &GpuGroup, index: u32, gpu: &NodeGpu) -> Result<GpuSpec, FieldError> {
-    let mut spec = GpuSpec {
-        mps: group.mps.clone(),
+    let mps = match group.mode {
+        Mode::Mps => Some(MpsSettings::in_effect(group.mps.as_ref()).clone()),
+        _ => group.mps.clone(),
+    };
+    let spec = GpuSpec {
+        mps,
         time_slicing: group.time_slicing.clone(),
         ..GpuSpec::new(index, group.mode)
     };
-    if group.mode == Mode::Mps && spec.mps.is_none() {
-        spec.mps = Some(Default::default());
-    }
     if let Some(mps) = &spec.mps {
         if let Some(message) = mps_clients_problem(mps, &gpu.name, gpu.compute_capability) {
             return Err((

@@ -391,40 +391,79 @@ fn with_statuses(plans: &[GpuPartitionPlan], out: &PlanOutput) -> Vec<GpuPartiti
         .collect()
 }
 
-#[test]
-fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
-    use crate::inventory::AppliedState;
+/// Ten nodes in service: each applied plan `p`'s exclusive layout. Their specs then.
+fn ten_exclusive_nodes_in_service() -> (Vec<NodeInventory>, Vec<GpuNodeSpec>) {
     let mut nodes: Vec<NodeInventory> = (0..10)
         .map(|i| node(&format!("n{i}"), "x", "H100-80GB", 2, false))
         .collect();
     let exclusive = plan_for("p", "x", vec![group("all", Mode::Exclusive)]);
-    // In service: every node applied the exclusive layout.
     let start = plan_at(std::slice::from_ref(&exclusive), &nodes, 1);
     write_nodes(&mut nodes, &start.nodes);
     let all: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    report_nodes(&mut nodes, &all, AppliedState::Applied);
-    let old_specs: Vec<GpuNodeSpec> = start.nodes.iter().map(|n| n.spec.clone()).collect();
+    report_nodes(&mut nodes, &all, crate::inventory::AppliedState::Applied);
+    (nodes, start.nodes.iter().map(|n| n.spec.clone()).collect())
+}
 
+/// Plan `p` turned to MPS, rolled out two nodes at a time.
+fn mps_two_at_a_time() -> GpuPartitionPlan {
     let mut mps = plan_for("p", "x", vec![group("all", Mode::Mps)]);
     mps.spec.rollout = Some(Rollout {
         max_unavailable: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2)),
         busy_gpu_policy: BusyGpuPolicy::Wait,
     });
-    let mut plans = vec![mps];
-    let is_mps = |n: &GpuNode| n.spec.gpus.iter().all(|g| g.mode == Mode::Mps) && !n.spec.gpus.is_empty();
+    mps
+}
 
+fn is_mps(n: &GpuNode) -> bool {
+    n.spec.gpus.iter().all(|g| g.mode == Mode::Mps) && !n.spec.gpus.is_empty()
+}
+
+/// The nodes `out` turns to MPS.
+fn moved_to_mps(out: &PlanOutput) -> Vec<String> {
+    out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect()
+}
+
+/// Plan `p`'s node counts: selected, updated, applied, pending.
+fn node_counts(out: &PlanOutput) -> (u32, u32, u32, u32) {
+    let c = plan_status(out, "p").nodes.unwrap();
+    (c.selected, c.updated, c.applied, c.pending)
+}
+
+/// Writes `out` and has the agents apply what changes, pass after pass, never more than two nodes
+/// changing at once, until plan `p` is Ready: its last output.
+fn roll_out(plans: &mut Vec<GpuPartitionPlan>, nodes: &mut [NodeInventory], mut out: PlanOutput) -> PlanOutput {
+    use crate::inventory::AppliedState;
+    for pass in 0.. {
+        assert!(pass < 10, "the rollout does not finish");
+        write_nodes(nodes, &out.nodes);
+        *plans = with_statuses(plans, &out);
+        let changing: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.current.as_ref().unwrap().applied == AppliedState::Pending)
+            .map(|n| n.name.clone())
+            .collect();
+        assert!(changing.len() <= 2, "{changing:?}");
+        report_nodes(nodes, &changing, AppliedState::Applied);
+        out = plan_at(plans, nodes, 10 + pass);
+        if plan_condition(&plan_status(&out, "p"), "Ready").status == "True" {
+            return out;
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
+    let (mut nodes, old_specs) = ten_exclusive_nodes_in_service();
+    let mut plans = vec![mps_two_at_a_time()];
     let out = plan_at(&plans, &nodes, 2);
-    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
+    let moved = moved_to_mps(&out);
     assert_eq!(moved, ["n0", "n1"]);
     for (n, old) in out.nodes.iter().zip(&old_specs).skip(2) {
         assert_eq!(&n.spec, old, "{} keeps its spec", n.name_any());
     }
     let s = plan_status(&out, "p");
-    let counts = s.nodes.clone().unwrap();
-    assert_eq!(
-        (counts.selected, counts.updated, counts.applied, counts.pending),
-        (10, 2, 0, 10)
-    );
+    assert_eq!(node_counts(&out), (10, 2, 0, 10));
     assert_eq!(plan_condition(&s, "Reconciling").status, "True");
     assert_eq!(
         plan_condition(&s, "Reconciling").message,
@@ -441,37 +480,16 @@ fn a_plan_change_rolls_two_nodes_at_a_time_and_the_plan_becomes_ready() {
     assert_eq!(again.nodes, out.nodes);
 
     // The two apply: the next two move.
-    report_nodes(&mut nodes, &moved, AppliedState::Applied);
+    report_nodes(&mut nodes, &moved, crate::inventory::AppliedState::Applied);
     let out = plan_at(&plans, &nodes, 4);
-    let moved: Vec<String> = out.nodes.iter().filter(|n| is_mps(n)).map(|n| n.name_any()).collect();
-    assert_eq!(moved, ["n0", "n1", "n2", "n3"]);
-    let counts = plan_status(&out, "p").nodes.unwrap();
-    assert_eq!((counts.updated, counts.applied, counts.pending), (4, 2, 8));
+    assert_eq!(moved_to_mps(&out), ["n0", "n1", "n2", "n3"]);
+    let (_, updated, applied, pending) = node_counts(&out);
+    assert_eq!((updated, applied, pending), (4, 2, 8));
 
     // Apply everything, two at a time.
-    let mut out = out;
-    for pass in 0.. {
-        assert!(pass < 10, "the rollout does not finish");
-        write_nodes(&mut nodes, &out.nodes);
-        plans = with_statuses(&plans, &out);
-        let changing: Vec<String> = nodes
-            .iter()
-            .filter(|n| n.current.as_ref().unwrap().applied == AppliedState::Pending)
-            .map(|n| n.name.clone())
-            .collect();
-        assert!(changing.len() <= 2, "{changing:?}");
-        report_nodes(&mut nodes, &changing, AppliedState::Applied);
-        out = plan_at(&plans, &nodes, 10 + pass);
-        if plan_condition(&plan_status(&out, "p"), "Ready").status == "True" {
-            break;
-        }
-    }
+    let out = roll_out(&mut plans, &mut nodes, out);
     let s = plan_status(&out, "p");
-    let counts = s.nodes.clone().unwrap();
-    assert_eq!(
-        (counts.selected, counts.updated, counts.applied, counts.pending),
-        (10, 10, 10, 0)
-    );
+    assert_eq!(node_counts(&out), (10, 10, 10, 0));
     assert!(out.nodes.iter().all(is_mps));
     assert!(s.node_details.is_empty());
     assert_eq!(plan_condition(&s, "Reconciling").status, "False");
@@ -727,4 +745,52 @@ fn the_memo_places_a_cell_again_where_its_gpus_run_something_else() {
     // Then it runs that result: the memo's cell stands, as a pass from nothing gives it.
     runs(&mut nodes, &holders(&fresh));
     assert_eq!(run(&nodes, Some(&mut memo)), run(&nodes, None));
+}
+
+/// What runs now has two `external` tenants (co-location forbidden) on MPS GPU 0: `a`, first by
+/// name, and `b`, first by priority. The GPU goes to `b`, which keeps its share first and locks
+/// it, and is counted as `b`'s by every pass (the placing from what runs now, and the check that
+/// placing again gives the result back); `a` takes the other GPU, and fed back, nothing moves.
+#[test]
+fn a_gpu_two_forbidden_tenants_run_on_goes_to_the_first_by_priority() {
+    let plans = [plan_for("p", "mps", vec![group("all", Mode::Mps)])];
+    let tenants = [
+        TenantBuilder::new("a", "external").want(Mode::Mps, 1).build(),
+        TenantBuilder::new("b", "external")
+            .priority(5)
+            .want(Mode::Mps, 1)
+            .build(),
+    ];
+    let mut nodes = [node("n1", "mps", "H100-80GB", 2, false)];
+    let gpu = &mut nodes[0].gpus[0];
+    gpu.mode = Some(Mode::Mps);
+    gpu.tenants = vec!["a".into(), "b".into()];
+    gpu.shares = std::collections::BTreeMap::from([("a".to_string(), 1), ("b".to_string(), 1)]);
+    let users =
+        |out: &PlanOutput| -> Vec<Vec<String>> { out.nodes[0].spec.gpus.iter().map(|g| g.tenants.clone()).collect() };
+    let out = run(&tenants, &plans, &nodes);
+    assert_eq!(users(&out), [vec!["b"], vec!["a"]]);
+    for (gpu, spec) in nodes[0].gpus.iter_mut().zip(&out.nodes[0].spec.gpus) {
+        gpu.tenants = spec.tenants.clone();
+        gpu.shares = spec.shares.iter().map(|s| (s.tenant.clone(), s.count)).collect();
+        gpu.mode = Some(spec.mode);
+    }
+    assert_eq!(users(&run(&tenants, &plans, &nodes)), users(&out));
+}
+
+/// An MPS group that gives no settings runs with the defaults (4 clients): its GPUs are planned
+/// with them, and the device plugin is told as many clients.
+#[test]
+fn an_mps_group_without_settings_runs_with_the_defaults() {
+    let mut g = group("all", Mode::Mps);
+    g.mps = None;
+    assert_eq!(
+        crate::device_plugin::Sharing::of_group(&g),
+        Some(crate::device_plugin::Sharing::Mps { replicas: 4 })
+    );
+    let plans = [plan_for("p", "mps", vec![g])];
+    let out = run(&[], &plans, &[node("n1", "mps", "H100-80GB", 1, false)]);
+    let planned = out.nodes[0].spec.gpus[0].mps.as_ref().map(|m| m.max_clients);
+    assert_eq!(planned, Some(4));
+    assert_eq!(MpsSettings::in_effect(None), &MpsSettings::default());
 }

@@ -10,12 +10,34 @@ use super::holders::{Current, Placings};
 use super::pools::Pool;
 use super::scope::Scope;
 use super::template::{Held, Template};
-use super::units::{Family, GpuRef, PoolKey, Shares, Shortfall, Targets, Unit, add_units, units_in};
+use super::units::{Family, GpuRef, PoolKey, Shares, Shortfall, Unit};
 use crate::api::Mode;
 use crate::mig::nominal_memory_mib;
 use crate::planner::fairshare::weighted_fair_share;
 use crate::policy::TenantProfile;
 use std::collections::BTreeMap;
+
+/// Per tenant: units received per (request, pool).
+pub(super) type Targets = BTreeMap<(usize, PoolKey), u32>;
+
+/// Units of request `r` from pool `key` in `targets`, found without building a key: a tenant has
+/// an entry or two per request, and a key is a family and a list of names to copy.
+pub(super) fn units_in(targets: &Targets, r: usize, key: &PoolKey) -> u32 {
+    targets
+        .iter()
+        .find(|((at, k), _)| *at == r && k == key)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// Adds `units` of request `r` from pool `key` to `targets` (the key copied only for a new entry).
+pub(super) fn add_units(targets: &mut Targets, r: usize, key: &PoolKey, units: u32) {
+    match targets.iter_mut().find(|((at, k), _)| *at == r && k == key) {
+        Some((_, n)) => *n += units,
+        None => {
+            targets.insert((r, key.clone()), units);
+        }
+    }
+}
 
 /// One grant of the blind pass: tenant, request, pool, units asked and received.
 #[derive(Clone, Debug)]
@@ -31,7 +53,7 @@ pub(super) struct TenantState {
     pub(super) remaining: Vec<u32>,
     pub(super) granted: Vec<u32>,
     pub(super) memory_mib: u64,
-    /// MIG instances and exclusive GPUs received, made into [`Grant`]s once, on the pass kept.
+    /// MIG instances and exclusive GPUs received, made into [`Grant`](crate::api::Grant)s once, on the pass kept.
     pub(super) units: Vec<Unit>,
     /// Shares per shared GPU, merged into one grant each at the end.
     pub(super) shares: Shares,
@@ -49,7 +71,7 @@ pub(super) struct Allocator<'n, 'v, 'a> {
     pub(super) scope: &'n Scope,
     pub(super) pools: BTreeMap<PoolKey, Pool>,
     pub(super) state: Vec<TenantState>,
-    /// How a placing pass (see [`sticky`]) treats each pool; `None` in the blind pass.
+    /// How a placing pass (see [`super::sticky`]) treats each pool; `None` in the blind pass.
     pub(super) placing: Option<Placings>,
     /// Per pool, the units each tenant holds now: (MIG slot or shared GPU, 0), or exclusive (domain, GPU position).
     pub(super) held: Held<'n>,
@@ -309,6 +331,33 @@ impl Allocator<'_, '_, '_> {
         self.state[t].units.push(Unit::Gpu(at));
         if let Some(bound) = &mut self.bound {
             bound.whole(self.scope, at, Mode::Exclusive, t, 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Mode;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Units counted per (request, pool) without building a key are the map's own entries.
+        #[test]
+        fn units_are_counted_as_the_map_counts(adds in prop::collection::vec((0usize..3, 0usize..3, 1u32..4), 0..20)) {
+            let key = |p: usize| (Family::Shared(Mode::Mps), (0..p).map(|d| format!("t{d}")).collect::<Vec<_>>());
+            let mut targets = Targets::new();
+            let mut map: BTreeMap<(usize, PoolKey), u32> = BTreeMap::new();
+            for &(r, p, n) in &adds {
+                add_units(&mut targets, r, &key(p), n);
+                *map.entry((r, key(p))).or_default() += n;
+            }
+            prop_assert_eq!(&targets, &map);
+            for r in 0..3 {
+                for p in 0..3 {
+                    prop_assert_eq!(units_in(&targets, r, &key(p)), map.get(&(r, key(p))).copied().unwrap_or(0));
+                }
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ pub(super) struct CellNodes<'v, 'a> {
 
 impl<'v, 'a> CellNodes<'v, 'a> {
     /// Every node of the fleet.
-    pub fn all(nodes: &'v mut [NodeDesired<'a>]) -> Self {
+    pub fn fleet(nodes: &'v mut [NodeDesired<'a>]) -> Self {
         CellNodes {
             nodes: nodes.iter_mut().map(Some).collect(),
         }

@@ -7,6 +7,12 @@
 //! those same amounts starting from the current bindings, so a tenant keeps the GPUs and instances
 //! it holds unless the inputs force a move (docs/design.md#minimal-disruption). Every loop walks capacity
 //! in node-name, GPU and placement order, so the result is deterministic.
+//!
+//! A pass in stages: the tenants' requests and the fleet's GPUs split into independent cells
+//! ([`cells`]; with a memo, read against the last pass's first, [`memo`]); each cell placed
+//! ([`place`]: the blind pass, [`allocator`], then [`sticky`], [`stable`], [`report`]), side by
+//! side or, with a memo, only where its inputs changed; each tenant's grants merged from its
+//! cells' ([`merge`]).
 
 mod allocator;
 mod bound;
@@ -22,6 +28,7 @@ mod report;
 mod scope;
 mod shared;
 mod side_by_side;
+mod spread;
 mod stable;
 mod sticky;
 mod template;
@@ -29,9 +36,8 @@ mod units;
 
 use super::nodes::NodeDesired;
 use crate::policy::TenantProfile;
-use cell_nodes::CellNodes;
 pub use memo::AllocationMemo;
-use place::{allocate_cell, place_and_write, view_recomputed};
+use place::place_and_write;
 use std::borrow::Cow;
 pub use units::{GrantsByTenant, TenantGrants};
 
@@ -42,56 +48,14 @@ pub fn allocate(
     nodes: &mut [NodeDesired],
     memo: Option<&mut AllocationMemo>,
 ) -> GrantsByTenant {
-    match memo {
-        None => {
-            let cells = cells::cells(tenants, nodes);
-            // The cores this process may use (its cgroup's CPU quota counts).
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
-                place_and_write(&c.profiles(tenants), nodes, &c.scope)
-            })
-            .into_iter()
-            .map(Cow::Owned)
-            .collect();
-            merge::merge(tenants, &cells, parts)
-        }
-        Some(memo) => {
-            // Every cell's inputs are compared before any cell writes a binding: a MIG GPU can
-            // hold instances of two cells.
-            let (cells, stale) = memo.cells_and_stale(tenants, nodes);
-            let mut recomputed: Vec<u32> = Vec::new();
-            for (cell, stale) in cells.iter().zip(&stale) {
-                if *stale {
-                    let profiles = cell.profiles(tenants);
-                    let mut view = CellNodes::all(nodes);
-                    let mut last = memo.last_of(cell);
-                    let (grants, bound, positions, handed_back) =
-                        allocate_cell(&profiles, &view, &cell.scope, |placed| {
-                            placed.grants_with(&profiles, &view, |t, p| {
-                                memo.earlier_grants(last.as_mut(), &profiles[t], p)
-                            })
-                        });
-                    // A node the cell binds as the last pass did keeps its GPU list, and the
-                    // steps after take it back as they would had the cell not been placed.
-                    bound.write(&mut view, &cell.scope, &profiles, |n| {
-                        view_recomputed(&mut recomputed, n)
-                    });
-                    drop(view);
-                    for &n in &recomputed {
-                        nodes[n as usize].recomputed = true;
-                    }
-                    recomputed.clear();
-                    memo.remember(cell, profiles, nodes, bound, (grants, positions, handed_back), last);
-                } else {
-                    memo.recall(cell, nodes);
-                }
-            }
-            memo.keep_only(&cells);
-            memo.placed = stale.iter().filter(|s| **s).count();
-            memo.reused = cells.len() - memo.placed;
-            let grants = memo.merge(tenants, &cells, &stale);
-            memo.keep_cells(cells);
-            grants
-        }
-    }
+    let Some(memo) = memo else {
+        let cells = cells::cells(tenants, nodes);
+        // The cores this process may use (its cgroup's CPU quota counts).
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let parts = side_by_side::place_cells(nodes, &cells, threads, |c, nodes| {
+            place_and_write(&c.profiles(tenants), nodes, &c.scope)
+        });
+        return merge::merge(tenants, &cells, parts.into_iter().map(Cow::Owned).collect());
+    };
+    memo.allocate(tenants, nodes)
 }

@@ -3,7 +3,8 @@
 //! [`super::template`] makes them for each pass.
 
 use super::units::{Family, GpuRef};
-use crate::api::Mode;
+use crate::api::{CoLocation, Mode};
+use crate::policy::TenantProfile;
 use foldhash::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -74,10 +75,36 @@ impl Pool {
     }
 }
 
+/// Who uses a shared GPU: a tier, whose tenants alone may join it, or a `coLocation: Forbidden`
+/// tenant, which locks it. (Ordered as the tiers first, then the locking tenants, by name.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum GpuUser<'t> {
+    Tier(&'t str),
+    Locked(&'t str),
+}
+
+impl<'t> GpuUser<'t> {
+    /// The user of the GPUs `tenant` opens: its tier, or itself where its tier forbids
+    /// co-location.
+    pub(super) fn of(tenant: &'t TenantProfile) -> GpuUser<'t> {
+        if tenant.co_location == CoLocation::Forbidden {
+            GpuUser::Locked(&tenant.name)
+        } else {
+            GpuUser::Tier(&tenant.tier)
+        }
+    }
+}
+
 impl SharedGpu {
     /// The tier using the GPU, of `tenants` (the pass's): none while nobody does.
-    pub(super) fn tier<'t>(&self, tenants: &'t [crate::policy::TenantProfile]) -> Option<&'t str> {
+    pub(super) fn tier<'t>(&self, tenants: &'t [TenantProfile]) -> Option<&'t str> {
         self.opener.map(|t| tenants[t].tier.as_str())
+    }
+
+    /// Who uses the GPU, of `tenants` (the pass's): its opener's user ([`GpuUser::of`]), since
+    /// only the opener's tier may join it, and nobody a GPU it locks; none while nobody does.
+    pub(super) fn user<'t>(&self, tenants: &'t [TenantProfile]) -> Option<GpuUser<'t>> {
+        self.opener.map(|t| GpuUser::of(&tenants[t]))
     }
 
     /// Memory one share stands for: an MPS client is pinned to memory / maxClients by the device
@@ -134,7 +161,8 @@ impl ExclusivePool {
         self.by_user.get(&t)
     }
 
-    pub(super) fn push(&mut self, domain: Domain) {
+    /// Adds a NUMA domain, filed by its free GPUs.
+    pub(super) fn add_domain(&mut self, domain: Domain) {
         let d = self.domains.len();
         self.file(d, domain.free.len());
         self.free_gpus += domain.free.len() as u64;
@@ -170,5 +198,40 @@ impl ExclusivePool {
     /// Domains with free GPUs, most free first (then domain order).
     pub(super) fn emptiest_first(&self) -> impl Iterator<Item = usize> + '_ {
         self.by_free.iter().skip(1).rev().flat_map(|set| set.iter().copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::fixtures::{TenantBuilder, policy};
+    use crate::policy::check_tenants;
+
+    /// A shared GPU is used by its opener's tier, or by its opener alone where the opener's tier
+    /// forbids co-location (`external`): the rule the sticky placing and its stability check
+    /// count GPUs by.
+    #[test]
+    fn a_shared_gpu_is_used_by_its_openers_tier_or_locked_by_it() {
+        let tenants = [
+            TenantBuilder::new("ext", "external").want(Mode::Mps, 1).build(),
+            TenantBuilder::new("int", "internal").want(Mode::Mps, 1).build(),
+        ];
+        let profiles = check_tenants(&[policy()], &tenants, &Default::default()).valid;
+        let gpu = |opener: Option<usize>| SharedGpu {
+            at: (0, 0),
+            position: 0,
+            setting: 4,
+            memory_mib: 40_960,
+            pinned_mib: None,
+            capacity: opener.map(|_| 4),
+            used: opener.map_or(0, |_| 1),
+            opener,
+            locked: opener == Some(0),
+        };
+        assert_eq!(GpuUser::of(&profiles[0]), GpuUser::Locked("ext"));
+        assert_eq!(GpuUser::of(&profiles[1]), GpuUser::Tier("internal"));
+        assert_eq!(gpu(None).user(&profiles), None);
+        assert_eq!(gpu(Some(0)).user(&profiles), Some(GpuUser::Locked("ext")));
+        assert_eq!(gpu(Some(1)).user(&profiles), Some(GpuUser::Tier("internal")));
     }
 }

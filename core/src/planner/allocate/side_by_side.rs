@@ -32,7 +32,7 @@ pub(super) fn place_cells<R: Send>(
     let busy = groups.iter().filter(|g| weight(g) > 0).count();
     let threads = threads.min(busy);
     if threads < 2 || groups.iter().map(|g| weight(g)).sum::<usize>() < MIN_GPUS {
-        let mut all = CellNodes::all(nodes);
+        let mut all = CellNodes::fleet(nodes);
         return cells.iter().map(|c| place(c, &mut all)).collect();
     }
     // Each group gets the nodes its cells hold.

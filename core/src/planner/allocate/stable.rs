@@ -23,7 +23,7 @@
 //! builds run the second pass anyway and compare (`allocate_cell`), in every test.
 
 use super::allocator::Allocator;
-use super::pools::{ExclusivePool, Pool, SharedGpu};
+use super::pools::{ExclusivePool, GpuUser, Pool, SharedGpu};
 use super::sticky::{Amounts, GpuUsers};
 use super::units::PoolKey;
 use crate::api::TopologyPolicy;
@@ -67,7 +67,7 @@ impl Allocator<'_, '_, '_> {
         }
         // Borrowed and hashed: counted once per GPU in use, 12,000 of them in a 5,000-node
         // fleet's MPS pool.
-        let mut users: foldhash::HashMap<(bool, &str), u32> = foldhash::HashMap::default();
+        let mut users: foldhash::HashMap<GpuUser, u32> = foldhash::HashMap::default();
         for (g, opener) in gpus.iter().zip(opener) {
             let Some(t) = opener else {
                 continue;
@@ -76,12 +76,9 @@ impl Allocator<'_, '_, '_> {
             if g.capacity != Some(g.capacity_under(&key.0, tenant.headroom_percent)) {
                 return false;
             }
-            let who = if g.locked {
-                (true, tenant.name.as_str())
-            } else {
-                (false, g.tier(self.tenants).unwrap_or_default())
-            };
-            *users.entry(who).or_default() += 1;
+            if let Some(user) = g.user(self.tenants) {
+                *users.entry(user).or_default() += 1;
+            }
         }
         // `may_open` lets user u open a GPU past its quota q(u) while the pool's GPUs exceed
         // the sum over every user v of max(opened(v), q(v)). Placing again, opened(v) never
@@ -95,8 +92,8 @@ impl Allocator<'_, '_, '_> {
         let mut counted_with_quota = 0u64;
         let with_quota: u64 = quota
             .iter()
-            .map(|((locked, name), &q)| {
-                let count = users.get(&(*locked, name.as_str())).copied().unwrap_or(0);
+            .map(|(user, &q)| {
+                let count = users.get(user).copied().unwrap_or(0);
                 counted_with_quota += u64::from(count);
                 u64::from(count.max(q))
             })

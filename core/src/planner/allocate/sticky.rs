@@ -12,22 +12,28 @@
 //! GPUs serve one tier each, so kept shares spread over many GPUs can leave another tier none.
 //! Such a pool is placed again keeping level by level (a priority level keeps and takes before the
 //! next keeps anything), and failing that as the blind pass placed it ([`Placing`]).
+//!
+//! A cell's passes ([`CellPasses`]) start from the same template, order and current bindings:
+//! from what runs now, then once more from their own result, every unit kept, so that feeding the
+//! output back changes nothing.
 
-use super::allocator::{Allocator, Step};
+use super::allocator::{Allocator, Step, Targets, units_in};
+use super::bound::Bound;
 use super::cell_nodes::CellNodes;
 use super::holders::{Current, Placing, Placings};
-use super::pools::Pool;
-use super::report::Placed;
+use super::pools::{GpuUser, Pool};
+use super::report::{Built, Placed};
 use super::scope::Scope;
+use super::spread::spread;
 use super::template::Template;
-use super::units::{Family, PoolKey, Reasons, Targets, units_in};
-use crate::api::{CoLocation, TopologyPolicy};
+use super::units::{Family, PoolKey, Reasons};
+use crate::api::TopologyPolicy;
 use crate::mig::nominal_memory_mib;
 use crate::policy::TenantProfile;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What the blind pass decided.
-pub(super) struct Amounts {
+pub(super) struct Amounts<'t> {
     /// Per tenant, units per (request, pool).
     pub targets: Vec<Targets>,
     /// Its grants in order.
@@ -35,11 +41,135 @@ pub(super) struct Amounts {
     /// Per tenant and request, why it fell short.
     pub why: Reasons,
     /// Per shared pool, the GPUs each tier uses (and each `coLocation: Forbidden` tenant locks).
-    pub shared_gpus: BTreeMap<PoolKey, GpuUsers>,
+    pub shared_gpus: BTreeMap<PoolKey, GpuUsers<'t>>,
 }
 
-/// GPUs of a shared pool in use: by tier, `(false, tier)`, or locked by a tenant, `(true, tenant)`.
-pub(super) type GpuUsers = BTreeMap<(bool, String), u32>;
+/// How many GPUs of a shared pool each user ([`GpuUser`]) has in use.
+pub(super) type GpuUsers<'t> = BTreeMap<GpuUser<'t>, u32>;
+
+/// What every placing pass of one cell starts from.
+pub(super) struct CellPasses<'c> {
+    pub(super) tenants: &'c [TenantProfile],
+    pub(super) scope: &'c Scope,
+    /// Who holds each unit now.
+    pub(super) now: Current<'c>,
+    pub(super) template: Template,
+    /// Tenants by priority, then name.
+    pub(super) order: Vec<usize>,
+}
+
+impl<'c> CellPasses<'c> {
+    /// The passes of the cell of `scope` over `nodes`, its `tenants` served by priority, then name.
+    pub(super) fn new(tenants: &'c [TenantProfile], nodes: &'c CellNodes, scope: &'c Scope) -> Self {
+        let mut order: Vec<usize> = (0..tenants.len()).collect();
+        order.sort_by(|&x, &y| {
+            tenants[y]
+                .priority
+                .cmp(&tenants[x].priority)
+                .then(tenants[x].name.cmp(&tenants[y].name))
+        });
+        CellPasses {
+            tenants,
+            scope,
+            now: Current::from_inventory(nodes, scope),
+            template: Template::of(nodes, scope),
+            order,
+        }
+    }
+}
+
+impl CellPasses<'_> {
+    /// Where nothing runs now and the blind pass's placement (its bindings, `blind_bound`) is not
+    /// shown stable: placed again from itself; failing that, from what runs now; failing that, as
+    /// the blind pass placed it.
+    pub(super) fn again_from_blind(&self, nodes: &CellNodes, blind_bound: Option<Bound>, amounts: &Amounts) -> Placed {
+        let placed = match &blind_bound {
+            Some(bound) => bound.holders(self.tenants),
+            None => Current::of(Vec::new()),
+        };
+        match self.place_again(nodes, &placed, amounts) {
+            Ok(kept) => kept,
+            Err(_) => match self.place_from_now(nodes, amounts) {
+                Some((kept, _)) => kept,
+                None => self.as_blind(nodes),
+            },
+        }
+    }
+
+    /// Places `amounts` from the current bindings. A pool where the units kept leave no room for
+    /// some amount (shared GPUs: co-location splits them by tier) is placed again with less
+    /// stickiness: kept level by level, then as the blind pass placed it. `None`: only the blind
+    /// pass's placement gives the amounts (memory limits tie pools together).
+    pub(super) fn place_from_now(&self, nodes: &CellNodes, amounts: &Amounts) -> Option<(Placed, Placings)> {
+        let mut placings = Placings::new();
+        loop {
+            let at = place(
+                self.tenants,
+                nodes,
+                self.scope,
+                &self.template,
+                &self.now,
+                &placings,
+                amounts,
+                &self.order,
+            );
+            match at {
+                Ok(placed) => return Some((placed, placings)),
+                Err(failed) => {
+                    for key in failed {
+                        let p = placings.entry(key).or_default();
+                        *p = p.less_sticky()?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Places `amounts` again from `placed`, a placement just made, every unit kept: the pass
+    /// that makes a result the one the next plan would make.
+    pub(super) fn place_again(
+        &self,
+        nodes: &CellNodes,
+        placed: &Current,
+        amounts: &Amounts,
+    ) -> Result<Placed, Vec<PoolKey>> {
+        place(
+            self.tenants,
+            nodes,
+            self.scope,
+            &self.template,
+            placed,
+            &Placings::new(),
+            amounts,
+            &self.order,
+        )
+    }
+
+    /// `built` from a placement that placing again from itself gives back ([`super::stable`]). Debug
+    /// builds (every test) place again all the same, and compare: the grants built, or handed
+    /// back from an earlier pass, with those of the placement again, built anew.
+    pub(super) fn again_in_debug(&self, nodes: &CellNodes, amounts: &Amounts, built: Built) -> Built {
+        if cfg!(debug_assertions) {
+            let (grants, bound, _, _) = &built;
+            let placed = bound.holders(self.tenants);
+            let again = self
+                .place_again(nodes, &placed, amounts)
+                .expect("a stable placement places again");
+            let (again_grants, again_bound) = again.grants(self.tenants, nodes);
+            assert!(
+                again_bound.holders(self.tenants) == placed,
+                "a placement found stable moved when placed again"
+            );
+            assert_eq!(&again_grants, grants, "a stable placement's grants changed");
+        }
+        built
+    }
+
+    /// The blind pass's placement, where no placing from current bindings gives its amounts.
+    pub(super) fn as_blind(&self, nodes: &CellNodes) -> Placed {
+        Allocator::blind(self.tenants, nodes, self.scope, &self.template, &self.order, true).finish()
+    }
+}
 
 /// Places `amounts` on `nodes` from the bindings in `current`, each pool as `placings` says. The
 /// pools where some amount could not be placed exactly are the error.
@@ -103,10 +233,10 @@ pub(super) fn place(
     Ok(placed)
 }
 
-impl Allocator<'_, '_, '_> {
+impl<'n> Allocator<'n, '_, '_> {
     /// What this pass decided, for the placing pass (the pass can still be finished: its
     /// reasons are copied, its counts per pool and log taken).
-    pub(super) fn amounts(&mut self) -> Amounts {
+    pub(super) fn amounts(&mut self) -> Amounts<'n> {
         let shared_gpus = self
             .pools
             .keys()
@@ -208,14 +338,9 @@ impl Allocator<'_, '_, '_> {
         n: u32,
         mut units: Vec<(usize, u32)>,
         quota: Option<&GpuUsers>,
-        opened: &mut GpuUsers,
+        opened: &mut GpuUsers<'n>,
     ) {
-        let tenant = &self.tenants[t];
-        let who = if tenant.co_location == CoLocation::Forbidden {
-            (true, tenant.name.clone())
-        } else {
-            (false, tenant.tier.clone())
-        };
+        let who = GpuUser::of(&self.tenants[t]);
         let none = GpuUsers::new();
         let quota = quota.unwrap_or(&none);
         units.sort_by_key(|&(i, count)| (std::cmp::Reverse(count), i));
@@ -228,47 +353,28 @@ impl Allocator<'_, '_, '_> {
                 return;
             };
             let opens = gpus[i].capacity.is_none();
-            if opens && !may_open(&who, quota, opened, gpus.len() as u32) {
+            if opens && !may_open(who, quota, opened, gpus.len() as u32) {
                 continue;
             }
             let got = self.try_gpu(t, r, key, i, count.max(1).min(n - have), &mut false);
             if got > 0 && opens {
-                // The user's name copied only for its first GPU.
-                match opened.get_mut(&who) {
-                    Some(n) => *n += 1,
-                    None => {
-                        opened.insert(who.clone(), 1);
-                    }
-                }
+                *opened.entry(who).or_default() += 1;
             }
             self.count(t, r, key, got);
         }
     }
 
-    /// The GPUs of shared pool `key` in use so far, by tier or locking tenant.
-    pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers {
-        let mut out = GpuUsers::new();
-        let Some(Pool::Shared { id, gpus, .. }) = self.pools.get(key) else {
-            return out;
+    /// The GPUs of shared pool `key` in use so far, by user.
+    pub(super) fn gpu_users(&self, key: &PoolKey) -> GpuUsers<'n> {
+        let Some(Pool::Shared { gpus, .. }) = self.pools.get(key) else {
+            return GpuUsers::new();
         };
-        // Counted borrowed, named once per user: a pool has 12,000 GPUs in a 5,000-node fleet.
-        let mut users: foldhash::HashMap<(bool, &str), u32> = foldhash::HashMap::default();
-        for (i, g) in gpus.iter().enumerate() {
-            if g.capacity.is_none() {
-                continue;
-            }
-            let who = if g.locked {
-                let owner = (0..self.tenants.len()).find(|&t| self.state[t].shares.holds(*id, i));
-                (true, owner.map_or("", |t| self.tenants[t].name.as_str()))
-            } else {
-                (false, g.tier(self.tenants).unwrap_or_default())
-            };
-            *users.entry(who).or_default() += 1;
+        // Counted hashed: a pool has 12,000 GPUs in a 5,000-node fleet, and a few users.
+        let mut users: foldhash::HashMap<GpuUser, u32> = foldhash::HashMap::default();
+        for user in gpus.iter().filter_map(|g| g.user(self.tenants)) {
+            *users.entry(user).or_default() += 1;
         }
-        for ((locked, name), n) in users {
-            out.insert((locked, name.to_string()), n);
-        }
-        out
+        users.into_iter().collect()
     }
 
     /// Exclusive GPUs: a multi-GPU grant under a topology policy keeps the domains where it holds
@@ -347,146 +453,14 @@ impl Allocator<'_, '_, '_> {
 /// Whether `who` (a tier, or a tenant that locks its GPUs) may start using one more GPU of a shared
 /// pool of `total` GPUs: within what the blind pass gave it (`quota`), or beyond that when the GPUs
 /// nobody uses yet still cover what every user has yet to get of its quota.
-fn may_open(who: &(bool, String), quota: &GpuUsers, opened: &GpuUsers, total: u32) -> bool {
-    let need = |u: &(bool, String)| {
+fn may_open(who: GpuUser, quota: &GpuUsers, opened: &GpuUsers, total: u32) -> bool {
+    let need = |u: &GpuUser| {
         let q = quota.get(u).copied().unwrap_or(0);
         q.saturating_sub(opened.get(u).copied().unwrap_or(0))
     };
-    if need(who) > 0 {
+    if need(&who) > 0 {
         return true;
     }
     let unused = total.saturating_sub(opened.values().sum());
     unused > quota.keys().map(need).sum::<u32>()
-}
-
-/// Splits each claimant's `need` over the GPUs it may use (`pairs` of (claimant, GPU)) within
-/// each GPU's `room`, placing as much as can be placed (a maximum flow): greedy in pair order, then
-/// augmenting paths that move units between a claimant's GPUs to make room for another.
-/// Deterministic. Returns units per pair.
-pub(super) fn spread(need: &[u32], room: &[u32], pairs: &[(usize, usize)]) -> Vec<u32> {
-    let mut need = need.to_vec();
-    let mut room = room.to_vec();
-    let mut flow = vec![0u32; pairs.len()];
-    for (p, &(c, g)) in pairs.iter().enumerate() {
-        let n = need[c].min(room[g]);
-        flow[p] = n;
-        need[c] -= n;
-        room[g] -= n;
-    }
-    if need.iter().all(|&n| n == 0) {
-        // Greedy placed everything (nearly always): no path to look for, no index to build.
-        return flow;
-    }
-    let mut by_claimant: Vec<Vec<usize>> = vec![vec![]; need.len()];
-    let mut by_gpu: Vec<Vec<usize>> = vec![vec![]; room.len()];
-    for (p, &(c, g)) in pairs.iter().enumerate() {
-        by_claimant[c].push(p);
-        by_gpu[g].push(p);
-    }
-    while let Some(start) = (0..need.len()).find(|&c| need[c] > 0) {
-        // Breadth-first from `start`: claimant → GPU along its pairs; GPU → another claimant
-        // whose units there could move. Ends at a GPU with room.
-        let mut via_gpu: Vec<Option<usize>> = vec![None; room.len()]; // pair that reached it
-        let mut via_claimant: Vec<Option<usize>> = vec![None; need.len()];
-        let mut seen = vec![false; need.len()];
-        seen[start] = true;
-        let mut queue = VecDeque::from([start]);
-        let mut end = None;
-        'search: while let Some(c) = queue.pop_front() {
-            for &p in &by_claimant[c] {
-                let g = pairs[p].1;
-                if via_gpu[g].is_some() {
-                    continue;
-                }
-                via_gpu[g] = Some(p);
-                if room[g] > 0 {
-                    end = Some(g);
-                    break 'search;
-                }
-                for &q in &by_gpu[g] {
-                    let other = pairs[q].0;
-                    if flow[q] > 0 && !seen[other] {
-                        seen[other] = true;
-                        via_claimant[other] = Some(q);
-                        queue.push_back(other);
-                    }
-                }
-            }
-        }
-        let Some(mut g) = end else {
-            // Nothing more fits for `start`; it keeps what it has.
-            need[start] = 0;
-            continue;
-        };
-        // Push one unit back along the path.
-        room[g] -= 1;
-        need[start] -= 1;
-        loop {
-            let p = via_gpu[g].expect("on the path");
-            flow[p] += 1;
-            let c = pairs[p].0;
-            if c == start {
-                break;
-            }
-            let q = via_claimant[c].expect("on the path");
-            flow[q] -= 1;
-            g = pairs[q].1;
-        }
-    }
-    flow
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spread;
-    use proptest::prelude::*;
-
-    #[test]
-    fn moves_a_share_to_make_room() {
-        // Greedy puts both of claimant 0's units on GPU 0; claimant 1 only has GPU 0.
-        assert_eq!(spread(&[2, 1], &[2, 1], &[(0, 0), (0, 1), (1, 0)]), [1, 1, 1]);
-        // Not everything fits: as much as fits, no more than each room.
-        assert_eq!(spread(&[3, 3], &[2, 1], &[(0, 0), (1, 0), (1, 1)]), [2, 0, 1]);
-    }
-
-    /// Exhaustive best over all splits, for small cases.
-    fn best(need: &[u32], room: &[u32], pairs: &[(usize, usize)]) -> u32 {
-        fn go(p: usize, need: &mut [u32], room: &mut [u32], pairs: &[(usize, usize)]) -> u32 {
-            if p == pairs.len() {
-                return 0;
-            }
-            let (c, g) = pairs[p];
-            let mut top = 0;
-            for n in 0..=need[c].min(room[g]) {
-                need[c] -= n;
-                room[g] -= n;
-                top = top.max(n + go(p + 1, need, room, pairs));
-                need[c] += n;
-                room[g] += n;
-            }
-            top
-        }
-        go(0, &mut need.to_vec(), &mut room.to_vec(), pairs)
-    }
-
-    proptest! {
-        #[test]
-        fn places_as_much_as_any_split(
-            need in prop::collection::vec(0u32..4, 1..4),
-            room in prop::collection::vec(0u32..4, 1..4),
-            edges in prop::collection::btree_set((0usize..4, 0usize..4), 0..7),
-        ) {
-            let pairs: Vec<(usize, usize)> =
-                edges.into_iter().filter(|&(c, g)| c < need.len() && g < room.len()).collect();
-            let got = spread(&need, &room, &pairs);
-            for (c, &n) in need.iter().enumerate() {
-                prop_assert!(pairs.iter().zip(&got).filter(|(p, _)| p.0 == c).map(|(_, u)| u).sum::<u32>() <= n);
-            }
-            for (g, &r) in room.iter().enumerate() {
-                prop_assert!(pairs.iter().zip(&got).filter(|(p, _)| p.1 == g).map(|(_, u)| u).sum::<u32>() <= r);
-            }
-            prop_assert_eq!(got.iter().sum::<u32>(), best(&need, &room, &pairs));
-            prop_assert_eq!(got.clone(), spread(&need, &room, &pairs));
-        }
-    }
 }

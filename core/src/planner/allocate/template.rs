@@ -9,7 +9,7 @@ use super::holders::{Current, Placing, Placings};
 use super::pools::{Domain, ExclusivePool, MigPool, Pool, SharedGpu};
 use super::scope::Scope;
 use super::units::{Family, GpuRef, PoolKey};
-use crate::api::{GpuSpec, MigInstanceSpec, Mode, quantity_to_mib};
+use crate::api::{GpuSpec, MigInstanceSpec, Mode, MpsSettings, quantity_to_mib};
 use crate::inventory::NodeGpu;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
@@ -160,9 +160,9 @@ fn shared_gpu<'x>(
     inv: &NodeGpu,
     pinned: &mut Vec<(&'x str, Option<u64>)>,
 ) -> SharedGpu {
-    let (setting, pinned_mib) = match (mode, &gpu.mps) {
-        (Mode::Mps, None) => (crate::api::MpsSettings::default().max_clients, None),
-        (Mode::Mps, Some(mps)) => {
+    let (setting, pinned_mib) = match mode {
+        Mode::Mps => {
+            let mps = MpsSettings::in_effect(gpu.mps.as_ref());
             let mib =
                 mps.pinned_memory_limit
                     .as_deref()
@@ -326,7 +326,7 @@ fn exclusive_pool<'c>(
             order.sort();
             free = order.into_iter().map(|(_, g)| g).collect();
         }
-        p.push(Domain { node: *node, free });
+        p.add_domain(Domain { node: *node, free });
     }
     p
 }

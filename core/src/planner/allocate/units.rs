@@ -3,7 +3,6 @@
 //! the allocation reads them; they read nothing of it.
 
 use crate::api::{AllocationSummary, Grant, Grants, Mode};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What one tenant received.
@@ -85,28 +84,6 @@ pub(super) enum Unit {
 /// Capacity of one kind, open (no tenants) or dedicated to the tenants listed.
 pub(super) type PoolKey = (Family, Vec<String>);
 
-/// Per tenant: units received per (request, pool).
-pub(super) type Targets = BTreeMap<(usize, PoolKey), u32>;
-
-/// Units of request `r` from pool `key` in `targets`, found without building a key: a tenant has
-/// an entry or two per request, and a key is a family and a list of names to copy.
-pub(super) fn units_in(targets: &Targets, r: usize, key: &PoolKey) -> u32 {
-    targets
-        .iter()
-        .find(|((at, k), _)| *at == r && k == key)
-        .map_or(0, |(_, n)| *n)
-}
-
-/// Adds `units` of request `r` from pool `key` to `targets` (the key copied only for a new entry).
-pub(super) fn add_units(targets: &mut Targets, r: usize, key: &PoolKey, units: u32) {
-    match targets.iter_mut().find(|((at, k), _)| *at == r && k == key) {
-        Some((_, n)) => *n += units,
-        None => {
-            targets.insert((r, key.clone()), units);
-        }
-    }
-}
-
 /// A tenant's shares per shared GPU, by (pool, GPU position in it), in that order: the pool by
 /// its position among the pass's pools in key order (`Pool::Shared::id`), so walked in key, then
 /// GPU order. A list kept sorted, not a map: a tenant holds shares on a handful of GPUs, looked up
@@ -115,7 +92,7 @@ pub(super) fn add_units(targets: &mut Targets, r: usize, key: &PoolKey, units: u
 pub(super) struct Shares(Vec<((usize, usize), u32)>);
 
 impl Shares {
-    fn find(&self, at: (usize, usize)) -> Result<usize, usize> {
+    fn search(&self, at: (usize, usize)) -> Result<usize, usize> {
         match self.0.last() {
             Some(&(last, _)) if last < at => Err(self.0.len()),
             _ => self.0.binary_search_by_key(&at, |&(k, _)| k),
@@ -124,12 +101,12 @@ impl Shares {
 
     /// Whether the tenant holds shares of GPU `i` of shared pool `id`.
     pub(super) fn holds(&self, id: usize, i: usize) -> bool {
-        self.find((id, i)).is_ok()
+        self.search((id, i)).is_ok()
     }
 
     /// `n` more shares of GPU `i` of shared pool `id`.
     pub(super) fn add(&mut self, id: usize, i: usize, n: u32) {
-        match self.find((id, i)) {
+        match self.search((id, i)) {
             Ok(at) => self.0[at].1 += n,
             Err(at) => self.0.insert(at, ((id, i), n)),
         }
@@ -179,6 +156,7 @@ pub(super) enum Shortfall {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     proptest! {
         /// The sorted list answers as the map it replaced: holdings, GPUs of a pool in order, and
@@ -200,24 +178,6 @@ mod tests {
             }
             let entries: Vec<((usize, usize), u32)> = list.into_entries().collect();
             prop_assert_eq!(entries, map.into_iter().collect::<Vec<_>>());
-        }
-
-        /// Units counted per (request, pool) without building a key are the map's own entries.
-        #[test]
-        fn units_are_counted_as_the_map_counts(adds in prop::collection::vec((0usize..3, 0usize..3, 1u32..4), 0..20)) {
-            let key = |p: usize| (Family::Shared(Mode::Mps), (0..p).map(|d| format!("t{d}")).collect::<Vec<_>>());
-            let mut targets = Targets::new();
-            let mut map: BTreeMap<(usize, PoolKey), u32> = BTreeMap::new();
-            for &(r, p, n) in &adds {
-                add_units(&mut targets, r, &key(p), n);
-                *map.entry((r, key(p))).or_default() += n;
-            }
-            prop_assert_eq!(&targets, &map);
-            for r in 0..3 {
-                for p in 0..3 {
-                    prop_assert_eq!(units_in(&targets, r, &key(p)), map.get(&(r, key(p))).copied().unwrap_or(0));
-                }
-            }
         }
     }
 }
