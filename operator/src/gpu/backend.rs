@@ -9,7 +9,6 @@
 
 use super::actions::Action;
 use super::health::HealthSignal;
-use super::nvml::NvmlError;
 use super::scrub::{ScrubError, ScrubReport};
 use crate::api::GpuNodeStatus;
 use crate::api::GpuReason;
@@ -53,11 +52,16 @@ pub struct Usage {
 }
 
 /// Why the GPUs could not be read at all (a GPU that cannot be read is reported `Unreadable`
-/// in the status instead).
+/// in the status instead): the backend's own error (NVML's, [`super::nvml::NvmlError`]). Kept
+/// opaque here so the trait does not depend on one backend.
 #[derive(Debug, thiserror::Error)]
-pub enum DiscoverError {
-    #[error(transparent)]
-    Nvml(#[from] NvmlError),
+#[error(transparent)]
+pub struct DiscoverError(Box<dyn std::error::Error + Send + Sync>);
+
+impl DiscoverError {
+    pub fn new(source: impl std::error::Error + Send + Sync + 'static) -> DiscoverError {
+        DiscoverError(Box::new(source))
+    }
 }
 
 /// Why an NVML action did not take effect: the reason the GPU's status gives, and the details.
@@ -67,14 +71,4 @@ pub struct ActionError {
     /// `Failed` (the call failed), `Busy` or `ResetRequired` (a MIG mode change is pending).
     pub reason: GpuReason,
     pub message: String,
-}
-
-/// A failed NVML call: the action failed.
-impl From<NvmlError> for ActionError {
-    fn from(e: NvmlError) -> Self {
-        ActionError {
-            reason: GpuReason::Failed,
-            message: e.to_string(),
-        }
-    }
 }

@@ -21,6 +21,22 @@ pub enum NvmlError {
     NoHealthEvents,
 }
 
+impl From<NvmlError> for crate::gpu::DiscoverError {
+    fn from(e: NvmlError) -> Self {
+        crate::gpu::DiscoverError::new(e)
+    }
+}
+
+/// A failed NVML call: the action failed.
+impl From<NvmlError> for crate::gpu::ActionError {
+    fn from(e: NvmlError) -> Self {
+        crate::gpu::ActionError {
+            reason: crate::api::GpuReason::Failed,
+            message: e.to_string(),
+        }
+    }
+}
+
 /// A compute instance as NVML lists it.
 pub(super) struct Ci {
     pub(super) handle: nvmlComputeInstance_t,
