@@ -214,6 +214,9 @@ impl LibDir {
             source,
         })?;
         let dir = std::env::temp_dir().join(format!("gpu-tenancy-cuda-{}-{}", std::process::id(), unique()));
+        // A folder of this name is a dead process's (the pid is ours now, the counter this
+        // process's own), left by a kill: its links would make ours fail.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|source| ScrubError::LibDir {
             dir: dir.clone(),
             source,
