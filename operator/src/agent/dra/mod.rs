@@ -90,8 +90,18 @@ pub enum DraError {
 pub const CLAIMS_FIELD_MANAGER: &str = "gpu-tenancy-agent-dra";
 
 /// Keeps the GpuNode's `status.claims` what the checkpoint says: written after a change, changes
-/// within half a second coalesced into one write, and never when nothing changed.
-async fn publish_claims(client: Client, node: String, mut saved: tokio::sync::watch::Receiver<checkpoint::Checkpoint>) {
+/// within half a second coalesced into one write, and never when nothing changed. Nothing is
+/// written before the agent's watch has seen the GpuNode (the pass creates it at start): a status
+/// write to a GpuNode not there yet only fails.
+async fn publish_claims(
+    client: Client,
+    node: String,
+    mut saved: tokio::sync::watch::Receiver<checkpoint::Checkpoint>,
+    mut gpu_node: tokio::sync::watch::Receiver<Option<GpuNode>>,
+) {
+    if gpu_node.wait_for(Option::is_some).await.is_err() {
+        return;
+    }
     let api: Api<GpuNode> = Api::all(client);
     // What the API server holds already (a restart with the same claims writes nothing).
     let mut written: Option<Vec<crate::api::DeviceClaim>> = api
@@ -242,7 +252,12 @@ pub async fn run<G: Gpus + 'static>(
         state.clone(),
         watches.gpu_node.clone(),
     ));
-    tokio::spawn(publish_claims(client.clone(), node.clone(), state.subscribe()));
+    tokio::spawn(publish_claims(
+        client.clone(),
+        node.clone(),
+        state.subscribe(),
+        watches.gpu_node.clone(),
+    ));
     server::serve(state, &opts.sockets, shutdown).await?;
     Ok(())
 }
