@@ -88,7 +88,8 @@ impl Timing {
         })
     }
 
-    /// Time between two renewals by the holder.
+    /// Time between two renewals by the holder (the lease manager's: its duration less grace).
+    #[cfg(test)]
     pub fn renew_every(&self) -> Duration {
         Duration::from_secs(self.duration_s - self.grace_s)
     }

@@ -41,6 +41,8 @@ impl MpsRoot {
     pub fn log_dir(&self) -> PathBuf {
         self.resource_dir().join("log")
     }
+    /// The plugin mounts it into its pods' containers (the tests' model of its Allocate).
+    #[cfg(test)]
     pub fn shm_dir(&self) -> PathBuf {
         self.0.join("shm")
     }
