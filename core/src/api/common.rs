@@ -54,3 +54,18 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
 /// Names of cluster objects such as PriorityClasses: RFC 1123 subdomains (dot-separated labels).
 pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// A run of memory slices: `start:size`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub struct Placement {
+    #[schemars(range(max = 7))]
+    pub start: u32,
+    #[schemars(range(min = 1, max = 8))]
+    pub size: u32,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.start, self.size)
+    }
+}

@@ -21,7 +21,8 @@
 //!   read: the node waits for its agent's status.
 //! - It is written by the node's agent, which also writes the status: trusted as that is.
 
-use super::node::{GpuNode, GpuNodeStatus, GpuStatus};
+use super::node::GpuNode;
+use super::node_status::{GpuNodeStatus, GpuStatus};
 
 /// The annotation of a GpuNode its agent created, with the GPUs it found (JSON of
 /// [`GpuNodeStatus::facts`]).
@@ -89,7 +90,7 @@ impl GpuNode {
 /// input here and for the planner's reading of a declaration).
 #[cfg(test)]
 pub(crate) fn two_empty_h100s() -> GpuNodeStatus {
-    use super::node::{MigProfileStatus, ModelProfiles};
+    use super::node_status::{MigProfileStatus, ModelProfiles};
     GpuNodeStatus {
         gpu_count: Some(2),
         gpus: (0..2)
@@ -120,7 +121,7 @@ pub(crate) fn two_empty_h100s() -> GpuNodeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::node::{MigInstanceStatus, Placement, ProcessStatus};
+    use crate::api::{MigInstanceStatus, Placement, ProcessStatus};
 
     fn found() -> GpuNodeStatus {
         two_empty_h100s()

@@ -7,15 +7,17 @@ mod common;
 mod conditions;
 pub(crate) mod found;
 mod node;
+mod node_status;
 mod plan;
 mod policy;
 mod shared_vec;
 mod tenant;
 
-pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, QUANTITY_PATTERN};
+pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, Placement, QUANTITY_PATTERN};
 pub use conditions::{Condition, ConditionSet, condition_holds, condition_status, set_condition};
 pub use found::FOUND_GPUS_ANNOTATION;
 pub use node::*;
+pub use node_status::*;
 pub use plan::*;
 pub use policy::*;
 pub use shared_vec::SharedVec;
