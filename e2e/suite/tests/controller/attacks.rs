@@ -812,42 +812,29 @@ async fn updates_and_ephemeral_containers(
     failures.extend(check("a label added by an update", "atk-ext", &got, None));
     // `kubectl debug`: an ephemeral container through its subresource.
     let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), "atk-ext");
-    let debug = json!({"spec": {"ephemeralContainers": [{"name": "debug", "image": "x",
-        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}});
-    let got = outcome(
-        admin_pods
-            .patch_subresource(
-                "ephemeralcontainers",
-                name,
-                &PatchParams::default(),
-                &Patch::Strategic(debug),
-            )
-            .await,
-    );
-    failures.extend(check(
-        "an ephemeral container with NVIDIA_VISIBLE_DEVICES",
-        "atk-ext",
-        &got,
-        Some(&["device-selecting"]),
-    ));
-    let debug = json!({"spec": {"ephemeralContainers": [{"name": "debug-limits", "image": "x",
-        "env": [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]}]}});
-    let got = outcome(
-        admin_pods
-            .patch_subresource(
-                "ephemeralcontainers",
-                name,
-                &PatchParams::default(),
-                &Patch::Strategic(debug),
-            )
-            .await,
-    );
-    failures.extend(check(
-        "an ephemeral container with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-        "atk-ext",
-        &got,
-        Some(&["GPU limits"]),
-    ));
+    for (container, variable, says) in [
+        ("debug", "NVIDIA_VISIBLE_DEVICES", "device-selecting"),
+        ("debug-limits", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "GPU limits"),
+    ] {
+        let debug = json!({"spec": {"ephemeralContainers": [{"name": container, "image": "x",
+            "env": [{"name": variable, "value": "all"}]}]}});
+        let got = outcome(
+            admin_pods
+                .patch_subresource(
+                    "ephemeralcontainers",
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(debug),
+                )
+                .await,
+        );
+        failures.extend(check(
+            &format!("an ephemeral container with {variable}"),
+            "atk-ext",
+            &got,
+            Some(&[says]),
+        ));
+    }
     admin_pods.delete(name, &DeleteParams::default()).await.unwrap();
     failures.extend(gated_pods_and_other_updates(admin, &users["atk-ext"]).await);
     failures
