@@ -1,22 +1,35 @@
 //! The CUDA driver calls a memory scrub makes (through cudarc), over the simulated GPUs.
 //!
-//! Device memory is not really allocated: allocations are address ranges, a memset records the
-//! value, and a read returns that value, or the "dirty" pattern while the GPU or instance still
-//! holds another tenant's data. Zeroing (nearly) all free memory of a target counts as a scrub:
-//! its memory slices are marked clean and a [`crate::state::ScrubEntry`] is logged.
+//! Device memory is not really allocated: allocations are address ranges whose contents
+//! [`crate::cuda_memory`] models (a memset records the value, a read returns it, or the "dirty"
+//! pattern while the GPU or instance still holds another tenant's data, or a stale byte). Zeroing
+//! (nearly) all free memory of a target counts as a scrub: its memory slices are marked clean and
+//! a [`crate::state::ScrubEntry`] is logged, whose `bytes_verified` the verification kernel's
+//! launches ([`crate::cuda_kernels`]) add to.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use crate::cuda_kernels::Module;
+use crate::cuda_memory::Alloc;
 use crate::state::{MIB, Paths, ScrubEntry, SimState, read, with_state};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
 
-const CUDA_SUCCESS: u32 = 0;
-const CUDA_ERROR_INVALID_VALUE: u32 = 1;
+pub(crate) const CUDA_SUCCESS: u32 = 0;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: u32 = 1;
 const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
-const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
+pub(crate) const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
 const CUDA_ERROR_NO_DEVICE: u32 = 100;
-const CUDA_ERROR_INVALID_DEVICE: u32 = 101;
+pub(crate) const CUDA_ERROR_INVALID_DEVICE: u32 = 101;
+pub(crate) const CUDA_ERROR_NO_BINARY_FOR_GPU: u32 = 209;
+pub(crate) const CUDA_ERROR_INVALID_PTX: u32 = 218;
+pub(crate) const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: u32 = 222;
+pub(crate) const CUDA_ERROR_INVALID_HANDLE: u32 = 400;
+pub(crate) const CUDA_ERROR_NOT_FOUND: u32 = 500;
+pub(crate) const CUDA_ERROR_ILLEGAL_ADDRESS: u32 = 700;
+pub(crate) const CUDA_ERROR_MISALIGNED_ADDRESS: u32 = 716;
+/// A call the simulator does not model (a copy into a large allocation, an unknown kernel).
+pub(crate) const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
 
 /// Byte a read returns from memory that still holds another tenant's data.
 pub const DIRTY_BYTE: u8 = 0xAB;
@@ -28,31 +41,40 @@ pub const SCRUB_MS_ENV: &str = "GPU_TENANCY_SIM_SCRUB_MS";
 
 /// A CUDA device as this process sees it: a whole GPU or one MIG instance.
 #[derive(Clone, Copy, Debug)]
-struct Target {
-    gpu: u32,
-    gi: Option<u32>,
-}
-
-struct Alloc {
-    ptr: u64,
-    size: u64,
-    fill: Option<u8>,
+pub(crate) struct Target {
+    pub gpu: u32,
+    pub gi: Option<u32>,
 }
 
 #[derive(Default)]
-struct Ctx {
+pub(crate) struct Ctx {
     paths: Option<Paths>,
-    targets: Vec<Target>,
+    pub targets: Vec<Target>,
     current: Option<usize>,
-    allocs: Vec<Alloc>,
+    pub allocs: Vec<Alloc>,
     next_ptr: u64,
+    /// Where the memory cleared so far ends ([`Alloc::cleared_at`]).
+    next_cleared: u64,
     zeroed: u64,
     scrubbed: bool,
+    /// The index in the state's scrub log of this process's scrub, once logged.
+    pub scrub_entry: Option<usize>,
+    pub modules: Vec<Module>,
+    pub next_module: u64,
+}
+
+impl Ctx {
+    /// The allocation holding `[p, p + n)`, and the offset of `p` in it.
+    pub fn alloc_at(&mut self, p: u64, n: u64) -> Option<(&mut Alloc, u64)> {
+        self.allocs
+            .iter_mut()
+            .find_map(|a| a.offset_of(p, n).map(|rel| (a, rel)))
+    }
 }
 
 static CTX: Mutex<Option<Ctx>> = Mutex::new(None);
 
-fn with_ctx(f: impl FnOnce(&mut Ctx) -> Result<(), u32>) -> u32 {
+pub(crate) fn with_ctx(f: impl FnOnce(&mut Ctx) -> Result<(), u32>) -> u32 {
     let mut guard = CTX.lock().unwrap_or_else(|e| e.into_inner());
     match guard.as_mut() {
         None => CUDA_ERROR_NOT_INITIALIZED,
@@ -61,7 +83,7 @@ fn with_ctx(f: impl FnOnce(&mut Ctx) -> Result<(), u32>) -> u32 {
 }
 
 /// An injected fault for `name` (about GPU `gpu`, if known), if one is due (see `sim-ctl fail`).
-fn fault(paths: &Paths, name: &str, gpu: Option<u32>) -> Option<u32> {
+pub(crate) fn fault(paths: &Paths, name: &str, gpu: Option<u32>) -> Option<u32> {
     with_state(paths, |st| {
         if !st.faults.iter().any(|f| f.call == name && f.times > 0) {
             return (None, false);
@@ -135,7 +157,7 @@ fn target_memory(st: &SimState, t: Target) -> Option<(u64, u64)> {
     }
 }
 
-fn current(ctx: &Ctx) -> Result<(Paths, Target), u32> {
+pub(crate) fn current(ctx: &Ctx) -> Result<(Paths, Target), u32> {
     let t = ctx
         .targets
         .get(ctx.current.ok_or(201u32)?)
@@ -236,6 +258,13 @@ pub extern "C" fn cuCtxSynchronize() -> u32 {
     with_ctx(|_| Ok(()))
 }
 
+/// The byte a read of memory never written returns: the dirty pattern while the target holds
+/// another tenant's data.
+pub(crate) fn background(st: &SimState, t: Target) -> u8 {
+    let dirty = st.gpu(t.gpu).is_some_and(|g| !g.dirty_tenants(t.gi).is_empty());
+    if dirty { DIRTY_BYTE } else { 0 }
+}
+
 fn free_bytes(ctx: &Ctx) -> Result<(u64, u64), u32> {
     let (paths, t) = current(ctx)?;
     let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
@@ -273,13 +302,10 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> u32 {
         if bytes as u64 > free {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
         let ptr = ctx.next_ptr;
         ctx.next_ptr += (bytes as u64).next_multiple_of(2 * MIB);
-        ctx.allocs.push(Alloc {
-            ptr,
-            size: bytes as u64,
-            fill: None,
-        });
+        ctx.allocs.push(Alloc::new(ptr, bytes as u64, background(&st, t)));
         unsafe { *dptr = ptr };
         Ok(())
     })
@@ -305,14 +331,12 @@ pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
         if let Some(code) = fault(&paths, "cuMemsetD8_v2", Some(t.gpu)) {
             return Err(code);
         }
-        let a = ctx
-            .allocs
-            .iter_mut()
-            .find(|a| a.ptr <= dptr && dptr + n as u64 <= a.ptr + a.size)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if dptr == a.ptr && n as u64 == a.size {
-            a.fill = Some(value);
+        let mut next = ctx.next_cleared;
+        let (a, rel) = ctx.alloc_at(dptr, n as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !a.set(rel, n as u64, value, &mut next) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
+        ctx.next_cleared = next;
         if value == 0 {
             ctx.zeroed += n as u64;
         }
@@ -320,12 +344,12 @@ pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
             return Ok(());
         }
         let zeroed = ctx.zeroed;
-        let done = with_state(&paths, |st| {
+        let entry = with_state(&paths, |st| {
             let Some((total, used)) = target_memory(st, t) else {
-                return (false, false);
+                return (None, false);
             };
             if zeroed + SCRUB_SLACK < total.saturating_sub(used) {
-                return (false, false);
+                return (None, false);
             }
             let g = st.gpu_mut(t.gpu).expect("target GPU exists");
             let slices = g.slices_of(t.gi);
@@ -336,12 +360,16 @@ pub extern "C" fn cuMemsetD8_v2(dptr: u64, value: u8, n: usize) -> u32 {
                 gpu: t.gpu,
                 gpu_instance: t.gi,
                 bytes: zeroed,
+                bytes_verified: 0,
             });
-            (true, true)
+            (Some(st.scrubs.len() - 1), true)
         })
         .map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
-        ctx.scrubbed = done;
-        if done && let Some(ms) = std::env::var(SCRUB_MS_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+        ctx.scrub_entry = entry;
+        ctx.scrubbed = entry.is_some();
+        if ctx.scrubbed
+            && let Some(ms) = std::env::var(SCRUB_MS_ENV).ok().and_then(|v| v.parse::<u64>().ok())
+        {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         Ok(())
@@ -355,23 +383,34 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
         if let Some(code) = fault(&paths, "cuMemcpyDtoH_v2", Some(t.gpu)) {
             return Err(code);
         }
-        let a = ctx
-            .allocs
-            .iter()
-            .find(|a| a.ptr <= src && src + n as u64 <= a.ptr + a.size)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let byte = match a.fill {
-            Some(v) => v,
-            None => {
-                let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
-                let dirty = st.gpu(t.gpu).is_some_and(|g| !g.dirty_tenants(t.gi).is_empty());
-                if dirty { DIRTY_BYTE } else { 0 }
-            }
-        };
+        let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+        let (a, rel) = ctx.alloc_at(src, n as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if dst.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        unsafe { std::ptr::write_bytes(dst as *mut u8, byte, n) };
+        let bytes = a.read(rel, n as u64, background(&st, t), &crate::stale::of(&st, t.gpu, t.gi));
+        // SAFETY: the caller's buffer of `n` bytes (cuMemcpyDtoH's contract).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, n) };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> u32 {
+    with_ctx(|ctx| {
+        let (paths, t) = current(ctx)?;
+        if let Some(code) = fault(&paths, "cuMemcpyHtoD_v2", Some(t.gpu)) {
+            return Err(code);
+        }
+        if src.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (a, rel) = ctx.alloc_at(dst, n as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's buffer of `n` bytes (cuMemcpyHtoD's contract).
+        let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, n) };
+        if !a.write(rel, bytes) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
         Ok(())
     })
 }
@@ -385,6 +424,14 @@ pub unsafe extern "C" fn cuGetErrorString(code: u32, s: *mut *const c_char) -> u
         3 => c"initialization error",
         100 => c"no CUDA-capable device is detected",
         101 => c"invalid device ordinal",
+        209 => c"no kernel image is available for execution on the device",
+        218 => c"a PTX JIT compilation failed",
+        222 => c"the provided PTX was compiled with an unsupported toolchain.",
+        400 => c"invalid resource handle",
+        500 => c"named symbol not found",
+        700 => c"an illegal memory access was encountered",
+        716 => c"misaligned address",
+        801 => c"operation not supported",
         _ => c"unknown error",
     };
     if s.is_null() {
@@ -403,6 +450,14 @@ pub unsafe extern "C" fn cuGetErrorName(code: u32, s: *mut *const c_char) -> u32
         3 => c"CUDA_ERROR_NOT_INITIALIZED",
         100 => c"CUDA_ERROR_NO_DEVICE",
         101 => c"CUDA_ERROR_INVALID_DEVICE",
+        209 => c"CUDA_ERROR_NO_BINARY_FOR_GPU",
+        218 => c"CUDA_ERROR_INVALID_PTX",
+        222 => c"CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+        400 => c"CUDA_ERROR_INVALID_HANDLE",
+        500 => c"CUDA_ERROR_NOT_FOUND",
+        700 => c"CUDA_ERROR_ILLEGAL_ADDRESS",
+        716 => c"CUDA_ERROR_MISALIGNED_ADDRESS",
+        801 => c"CUDA_ERROR_NOT_SUPPORTED",
         _ => c"CUDA_ERROR_UNKNOWN",
     };
     if s.is_null() {

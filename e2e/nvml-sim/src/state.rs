@@ -85,6 +85,9 @@ pub struct SimState {
     pub abort_at_mutation: Option<u64>,
     /// Scrubs completed through the simulated CUDA side.
     pub scrubs: Vec<ScrubEntry>,
+    /// Bytes a memset does not clear (`sim-ctl plant`).
+    #[serde(default)]
+    pub stale: Vec<crate::stale::StaleByte>,
     /// What the driver reported since the node started, for NVML's event sets
     /// (`nvmlEventSetWait_v2`): XID errors and ECC errors, oldest first ([`SimEvent`]).
     #[serde(default)]
@@ -233,6 +236,9 @@ pub struct ScrubEntry {
     /// `None` for the whole GPU.
     pub gpu_instance: Option<u32>,
     pub bytes: u64,
+    /// Bytes of it the verification kernel read back (its launches over the memory cleared).
+    #[serde(default)]
+    pub bytes_verified: u64,
 }
 
 /// A PCI address: domain, bus, device, function.

@@ -3,7 +3,7 @@
 //! `GPU_TENANCY_SIM_STATE`) as the library.
 
 use clap::{Parser, Subcommand};
-use nvidia_ml_sim::{ctl, state};
+use nvidia_ml_sim::{ctl, stale, state};
 
 /// Control the simulated NVML node (state file from GPU_TENANCY_SIM_CONFIG / GPU_TENANCY_SIM_STATE).
 #[derive(Parser)]
@@ -133,6 +133,25 @@ enum Cmd {
         #[arg(long)]
         ecc_uncorrectable: bool,
     },
+    /// Plant a stale byte that a memset does not clear, at --offset of the memory a scrub of the
+    /// GPU (or of the MIG instance at --start) clears, in the order it clears it.
+    Plant {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        start: Option<u32>,
+        /// Bytes from the start of the memory the scrub clears.
+        #[arg(long)]
+        offset: u64,
+        /// The byte, 0x01 to 0xFF.
+        #[arg(long, default_value = "0xAB", value_parser = stale::parse_byte)]
+        value: u8,
+    },
+    /// Remove the stale bytes of a GPU and its instances (of every GPU without --gpu).
+    Unplant {
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
     /// Print the mutation log as JSON lines (after mutation number --since).
     Log {
         #[arg(long, default_value_t = 0)]
@@ -202,6 +221,13 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
             let event = xid.map_or(ctl::DriverEvent::EccUncorrectable, ctl::DriverEvent::Xid);
             ctl::event(p, gpu, start, event)
         }
+        Cmd::Plant {
+            gpu,
+            start,
+            offset,
+            value,
+        } => stale::plant(p, gpu, start, offset, value),
+        Cmd::Unplant { gpu } => stale::unplant(p, gpu),
         Cmd::Log { since } => {
             for e in ctl::log_since(p, since)? {
                 println!("{}", serde_json::to_string(&e).expect("log entries serialise"));

@@ -1,0 +1,85 @@
+//! Stale bytes: memory that keeps a previous tenant's byte through a memset, a fault model for
+//! testing that a scrub verifies every byte it cleared (`sim-ctl plant`).
+//!
+//! A stale byte sits at an offset of the memory a scrub of one device (a GPU or a MIG instance)
+//! clears, counted in the order the scrub clears it: the first allocation it zeroes whole starts
+//! at offset 0, the next one where that one ends. Reads and the verification kernel see the byte
+//! whatever was written over it; it stays until `sim-ctl unplant` (a cell that does not hold what
+//! is written is not repaired by a reset either).
+
+use crate::state::{MIB, Paths, SimState, update};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StaleByte {
+    pub gpu: u32,
+    /// The GPU instance ID; `None` for the whole GPU.
+    pub gpu_instance: Option<u32>,
+    /// Offset in the memory a scrub of that device clears, in the order it clears it.
+    pub offset: u64,
+    pub value: u8,
+}
+
+/// The stale bytes of one device, as (offset, value).
+pub fn of(st: &SimState, gpu: u32, gi: Option<u32>) -> Vec<(u64, u8)> {
+    st.stale
+        .iter()
+        .filter(|s| s.gpu == gpu && s.gpu_instance == gi)
+        .map(|s| (s.offset, s.value))
+        .collect()
+}
+
+/// Plants `value` at `offset` of the memory a scrub of GPU `gpu` (or of its instance at memory
+/// slice `start`) clears, replacing a byte planted there before.
+pub fn plant(paths: &Paths, gpu: u32, start: Option<u32>, offset: u64, value: u8) -> Result<(), String> {
+    if value == 0 {
+        return Err("--value 0 is what a scrub writes: plant a non-zero byte".into());
+    }
+    update(paths, |st| {
+        let g = st.gpu(gpu).ok_or_else(|| format!("no GPU {gpu}"))?;
+        let (gi, bytes) = match start {
+            None if g.mig_current => {
+                return Err(format!("GPU {gpu} is in MIG mode: name an instance with --start"));
+            }
+            None => (None, g.memory_mib * MIB),
+            Some(s) => {
+                let gi = g
+                    .gis
+                    .iter()
+                    .find(|gi| gi.start == s)
+                    .ok_or_else(|| format!("GPU {gpu} has no GPU instance starting at slice {s}"))?;
+                (Some(gi.id), g.gi_memory_mib(gi) * MIB)
+            }
+        };
+        if offset >= bytes {
+            return Err(format!(
+                "--offset {offset} is past the device's {bytes} bytes of memory: give a smaller offset"
+            ));
+        }
+        st.stale
+            .retain(|s| !(s.gpu == gpu && s.gpu_instance == gi && s.offset == offset));
+        st.stale.push(StaleByte {
+            gpu,
+            gpu_instance: gi,
+            offset,
+            value,
+        });
+        Ok(())
+    })?
+}
+
+/// Removes the stale bytes of GPU `gpu` (its instances' too), or of every GPU.
+pub fn unplant(paths: &Paths, gpu: Option<u32>) -> Result<(), String> {
+    update(paths, |st| st.stale.retain(|s| gpu.is_some_and(|g| g != s.gpu)))
+}
+
+/// `0xAB`, `171` or `0o253`: a byte for `--value`.
+pub fn parse_byte(s: &str) -> Result<u8, String> {
+    let t = s.trim();
+    let parsed = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u8::from_str_radix(h, 16)
+    } else {
+        t.parse::<u8>()
+    };
+    parsed.map_err(|_| format!("{s:?} is not a byte: give 0x01 to 0xFF or 1 to 255"))
+}
