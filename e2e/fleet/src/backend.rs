@@ -423,6 +423,7 @@ impl Gpus for MemGpus {
                 free_bytes: bytes,
                 bytes_cleared: bytes,
                 bytes_verified: bytes,
+                ..Default::default()
             });
         }
         Err(ScrubError::Refused {

@@ -415,16 +415,32 @@ fn scrub_check(device: &str, bytes: &str, cuda_lib: Option<PathBuf>, output: Out
     };
     match scrub::run(device, amount, &CudaLib(cuda_lib)) {
         Ok(r) => {
-            print(&r, output, || {
-                format!(
-                    "{}: cleared {} of {} free bytes ({} total), {} bytes read back as zero\n",
-                    r.device, r.bytes_cleared, r.free_bytes, r.total_bytes, r.bytes_verified
-                )
-            });
+            print(&r, output, || scrub_line(&r));
             0
         }
         Err(e) => fail(&e),
     }
+}
+
+/// `scrub-check`'s line: what was cleared and verified, and how fast (bytes per second of each
+/// phase, from the worker's own timing).
+fn scrub_line(r: &scrub::ScrubReport) -> String {
+    let rate = |bytes: u64, micros: u64| match micros {
+        0 => "n/a".to_string(),
+        m => format!("{:.1} GB/s", bytes as f64 / m as f64 / 1e3),
+    };
+    format!(
+        "{}: cleared {} of {} free bytes ({} total) in {:.1} ms ({}), verified {} bytes read back as zero in {:.1} ms ({})\n",
+        r.device,
+        r.bytes_cleared,
+        r.free_bytes,
+        r.total_bytes,
+        r.clear_micros as f64 / 1e3,
+        rate(r.bytes_cleared, r.clear_micros),
+        r.bytes_verified,
+        r.verify_micros as f64 / 1e3,
+        rate(r.bytes_verified, r.verify_micros),
+    )
 }
 
 /// `agent scrub-worker`: the scrub child; its report on standard output, its error as one line.

@@ -1,5 +1,6 @@
-//! Memory scrubbing (docs/design.md#scrub-on-change-of-hands): allocate all free memory of a GPU or MIG instance, zero it,
-//! read a sample back, release it.
+//! Memory scrubbing (docs/design.md#scrub-on-change-of-hands): allocate all free memory of a GPU
+//! or MIG instance, zero it, check on the GPU that every word of it reads zero ([`verify`]),
+//! release it.
 //!
 //! CUDA sees one MIG instance per process (selected by `CUDA_VISIBLE_DEVICES` before `cuInit`),
 //! so every scrub runs in a child process, `gpu-tenancy agent scrub-worker`, with that variable
@@ -9,16 +10,16 @@
 //! `LD_LIBRARY_PATH` holding `libcuda.so`/`libcuda.so.1` links to it: cudarc opens the library by
 //! those names.
 
+mod verify;
+mod worker;
+
+pub use worker::worker;
+
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MIB: u64 = 1024 * 1024;
-/// Allocation size to start with; halved on out-of-memory down to [`MIN_CHUNK`].
-const CHUNK: u64 = 256 * MIB;
-const MIN_CHUNK: u64 = 2 * MIB;
-/// Bytes read back from the start and the end of each allocation.
-const SAMPLE: usize = 64 * 1024;
 
 /// What one scrub did.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -29,7 +30,13 @@ pub struct ScrubReport {
     pub total_bytes: u64,
     pub free_bytes: u64,
     pub bytes_cleared: u64,
+    /// Bytes the verification kernel read back as zero: all of `bytes_cleared`.
     pub bytes_verified: u64,
+    /// Time to allocate and zero the memory, and to verify it (0 from a worker that does not say).
+    #[serde(default)]
+    pub clear_micros: u64,
+    #[serde(default)]
+    pub verify_micros: u64,
 }
 
 /// Why the scrub worker (the child process, on CUDA) did not clear and verify the memory.
@@ -48,9 +55,37 @@ pub enum WorkerError {
     },
     #[error("CUDA sees no device for CUDA_VISIBLE_DEVICES={device}")]
     NoDevice { device: String },
-    /// `offset`: of the byte in its allocation; `value`: what it reads.
-    #[error("verification failed on {device}: byte {offset} of an allocation reads {value:#04x}, not 0")]
-    NotZero { device: String, offset: usize, value: u8 },
+    /// `allocation`: which of the scrub's allocations, in order; `offset`: of the byte in it;
+    /// `words`: the non-zero 8-byte words in all the memory cleared.
+    #[error(
+        "verification failed on {device}: byte {offset} of allocation {allocation} reads {value:#04x} after zeroing ({words} non-zero 8-byte words in all); the memory is not handed over"
+    )]
+    NotZero {
+        device: String,
+        allocation: usize,
+        offset: u64,
+        value: u8,
+        words: u64,
+    },
+    /// The kernel found a non-zero word that reads zero when copied back.
+    #[error(
+        "verification failed on {device}: the kernel found {words} non-zero 8-byte words, the first at byte {offset} of allocation {allocation}, which reads back as zero; the memory is not handed over"
+    )]
+    Unconfirmed {
+        device: String,
+        allocation: usize,
+        offset: u64,
+        words: u64,
+    },
+    /// The kernel's launch on its probe did not report what the probe holds.
+    #[error(
+        "the verification kernel failed its self-test on {device}: {words} non-zero words, lowest offset {lowest:#x}, where the probe has 3, the first at 24; the scrub cannot be verified"
+    )]
+    KernelSelfTest { device: String, words: u64, lowest: u64 },
+    #[error(
+        "the verification kernel's result on {device} is inconsistent ({words} non-zero words, lowest offset {lowest:#x}); the scrub cannot be verified"
+    )]
+    Inconsistent { device: String, words: u64, lowest: u64 },
 }
 
 /// Why a scrub of a device did not run or did not finish clean.
@@ -74,6 +109,13 @@ pub enum ScrubError {
     /// A backend without a worker refused the device (`why`: its reason, e.g. processes hold it).
     #[error("scrub of {device}: {why}")]
     Refused { device: String, why: String },
+    /// The worker's report says less was read back than was cleared.
+    #[error("scrub of {device}: {verified} of {cleared} bytes cleared were verified; the memory is not handed over")]
+    Unverified {
+        device: String,
+        cleared: u64,
+        verified: u64,
+    },
 }
 
 /// `--bytes` is not an amount.
@@ -88,82 +130,6 @@ pub struct AmountError {
 pub enum Amount {
     AllFree,
     Bytes(u64),
-}
-
-/// The worker: runs in the child process, on CUDA device 0.
-pub fn worker(amount: Amount) -> Result<ScrubReport, WorkerError> {
-    use cudarc::driver::result;
-    let device = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "0".into());
-    // SAFETY: only probes whether the library can be opened.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(WorkerError::NoDriverLibrary);
-    }
-    let cuda = |call: &'static str, error: result::DriverError| WorkerError::Cuda {
-        call,
-        device: device.clone(),
-        error,
-    };
-    result::init().map_err(|e| cuda("cuInit", e))?;
-    let n = result::device::get_count().map_err(|e| cuda("cuDeviceGetCount", e))?;
-    if n < 1 {
-        return Err(WorkerError::NoDevice { device: device.clone() });
-    }
-    let dev = result::device::get(0).map_err(|e| cuda("cuDeviceGet", e))?;
-    // SAFETY: the primary context of a device we just got; released before returning.
-    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| cuda("cuDevicePrimaryCtxRetain", e))?;
-    unsafe { result::ctx::set_current(ctx) }.map_err(|e| cuda("cuCtxSetCurrent", e))?;
-    let (free, total) = result::mem_get_info().map_err(|e| cuda("cuMemGetInfo", e))?;
-    let target = match amount {
-        Amount::AllFree => free as u64,
-        Amount::Bytes(b) => b.min(free as u64),
-    };
-    let mut allocs: Vec<(u64, u64)> = Vec::new();
-    let outcome = (|| {
-        let mut cleared = 0u64;
-        let mut chunk = CHUNK;
-        while cleared < target && chunk >= MIN_CHUNK {
-            let size = chunk.min(target - cleared);
-            // SAFETY: plain device allocations, freed below.
-            match unsafe { result::malloc_sync(size as usize) } {
-                Ok(ptr) => {
-                    allocs.push((ptr, size));
-                    unsafe { result::memset_d8_sync(ptr, 0, size as usize) }.map_err(|e| cuda("cuMemsetD8", e))?;
-                    cleared += size;
-                }
-                Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => chunk /= 2,
-                Err(e) => return Err(cuda("cuMemAlloc", e)),
-            }
-        }
-        let mut verified = 0u64;
-        let mut buf = vec![0xFFu8; SAMPLE];
-        for &(ptr, size) in &allocs {
-            let n = (size as usize).min(SAMPLE);
-            for off in [0, size - n as u64] {
-                unsafe { result::memcpy_dtoh_sync(&mut buf[..n], ptr + off) }.map_err(|e| cuda("cuMemcpyDtoH", e))?;
-                if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
-                    return Err(WorkerError::NotZero {
-                        device: device.clone(),
-                        offset: off as usize + i,
-                        value: buf[i],
-                    });
-                }
-                verified += n as u64;
-            }
-        }
-        Ok((cleared, verified))
-    })();
-    for (ptr, _) in allocs {
-        let _ = unsafe { result::free_sync(ptr) };
-    }
-    let _ = unsafe { result::primary_ctx::release(dev) };
-    let (cleared, verified) = outcome?;
-    Ok(ScrubReport {
-        device,
-        total_bytes: total as u64,
-        free_bytes: free as u64,
-        bytes_cleared: cleared,
-        bytes_verified: verified,
-    })
 }
 
 /// Where the scrub child gets its CUDA library.
@@ -197,10 +163,18 @@ pub fn run(device: &str, amount: Amount, lib: &CudaLib) -> Result<ScrubReport, S
             why: line.trim_start_matches("error: ").to_string(),
         });
     }
-    serde_json::from_slice(&out.stdout).map_err(|source| ScrubError::Report {
+    let report: ScrubReport = serde_json::from_slice(&out.stdout).map_err(|source| ScrubError::Report {
         device: device.to_string(),
         source,
-    })
+    })?;
+    if report.bytes_verified != report.bytes_cleared {
+        return Err(ScrubError::Unverified {
+            device: device.to_string(),
+            cleared: report.bytes_cleared,
+            verified: report.bytes_verified,
+        });
+    }
+    Ok(report)
 }
 
 /// A private directory with `libcuda.so` and `libcuda.so.1` pointing at the chosen library,
