@@ -3,7 +3,7 @@
 CARGO ?= cargo
 E2E_PACKAGE := gpu-tenancy-e2e
 
-.PHONY: help build run run-check rules-check prometheus-rule test unit lint fmt crds docs docs-check validate plan bench
+.PHONY: help build run run-check rules-check prometheus-rule test unit lint fmt crds docs docs-check ptx-check validate plan bench
 
 help:
 	@echo "make run       the product on simulated GPUs: control plane, controller, agents, examples/"
@@ -13,6 +13,7 @@ help:
 	@echo "               (e2e, controller scenarios, short fault scenarios), then make run until all is Ready"
 	@echo "make unit      only the tests that need no control plane"
 	@echo "make docs-check  YAML blocks of README and docs/ validate, generated reference pages current, links resolve"
+	@echo "make ptx-check the scrub's verification kernel assembles with NVIDIA's ptxas (skipped without one)"
 	@echo "make docs      regenerate docs/reference/ (CRD fields, command line) from the code"
 	@echo "make rules-check  promtool checks and unit tests of the alerting rules (deploy/prometheus)"
 	@echo "make prometheus-rule  regenerate deploy/prometheus/prometheusrule.yaml from rules.yaml"
@@ -31,13 +32,18 @@ run:
 
 # The last step is `make run` itself: it must come up Ready, keep running, print a change made
 # with kubectl, and stop cleanly on Ctrl-C (e2e/run-check.sh).
-test: docs-check unit e2e rules-check run-check
+test: docs-check ptx-check unit e2e rules-check run-check
 
 # Cheap, so first: every YAML block of README.md and docs/ passes `gpu-tenancy validate`, the
 # generated reference pages equal what the code generates, every relative link resolves
 # (e2e/docs-check.sh; conventions in docs/development/docs.md).
 docs-check:
 	@e2e/docs-check.sh
+
+# The scrub's hand-written verification kernel assembles for sm_70 to sm_100 (NVIDIA's ptxas;
+# skipped, saying so, where none is installed: e2e/ptx-check.sh).
+ptx-check:
+	@e2e/ptx-check.sh
 
 docs:
 	$(CARGO) run -q -p gpu-tenancy -- docs --out-dir docs/reference

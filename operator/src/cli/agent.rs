@@ -27,8 +27,10 @@ pub enum AgentCommand {
     /// memory scrubs, touching only what differs. Prints the status it would publish. Exit 0 when
     /// every GPU in the spec matches it, 1 when some do not (see REASON), 2 on usage errors.
     Apply(ApplyArgs),
-    /// Clear part of one GPU's (or MIG instance's) free memory through CUDA and check it reads
-    /// back zeros. Touches only memory it allocates itself.
+    /// Scrub part of one GPU's (or MIG instance's) free memory as the agent does: clear it and
+    /// check on the GPU that every byte reads zero. Touches only memory it allocates itself.
+    ///
+    /// Prints the bytes cleared and verified, and the time and throughput of each phase.
     ScrubCheck {
         /// GPU or MIG UUID, or a GPU index, as CUDA_VISIBLE_DEVICES takes it.
         #[arg(long, default_value = "0", value_name = "UUID")]

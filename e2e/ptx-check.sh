@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Assembles the scrub's verification kernel (operator/src/gpu/scrub/verify_zero.ptx) with
+# NVIDIA's ptxas for every GPU generation the scrub runs on: the PTX is written by hand and loaded
+# by the driver at run time, so nothing else checks that it assembles before it meets a GPU.
+#
+# ptxas comes from $PTXAS, the PATH, /usr/local/cuda/bin, or NVIDIA's Python package
+# (`pip install nvidia-cuda-nvcc-cu12`). Without one the check is skipped, saying so, and exits 0.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ptx=operator/src/gpu/scrub/verify_zero.ptx
+
+find_ptxas() {
+  if [[ -n "${PTXAS:-}" ]]; then echo "$PTXAS"; return; fi
+  if command -v ptxas >/dev/null; then command -v ptxas; return; fi
+  if [[ -x /usr/local/cuda/bin/ptxas ]]; then echo /usr/local/cuda/bin/ptxas; return; fi
+  python3 - 2>/dev/null <<'PY' || true
+import os, nvidia.cuda_nvcc as n
+p = os.path.join(list(n.__path__)[0], "bin", "ptxas")
+if os.access(p, os.X_OK):
+    print(p)
+PY
+}
+
+ptxas="$(find_ptxas)"
+if [[ -z "$ptxas" ]]; then
+  echo "ptx-check: skipped: no ptxas found (set PTXAS, or pip install nvidia-cuda-nvcc-cu12)"
+  exit 0
+fi
+# V100, A100, H100/H200, B200; a ptxas older than CUDA 12.8 does not know sm_100.
+archs=(sm_70 sm_80 sm_90)
+if [[ "$("$ptxas" --help 2>/dev/null || true)" == *sm_100* ]]; then archs+=(sm_100); fi
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+for arch in "${archs[@]}"; do
+  "$ptxas" -arch="$arch" -o "$out/$arch.cubin" "$ptx" || { echo "ptx-check: $ptx does not assemble for $arch"; exit 1; }
+done
+echo "ptx-check: $ptx assembles for ${archs[*]} ($("$ptxas" --version | tail -1))"
