@@ -59,6 +59,8 @@ pub(crate) struct Ctx {
     scrubbed: bool,
     /// The index in the state's scrub log of this process's scrub, once logged.
     pub scrub_entry: Option<usize>,
+    /// Bytes of cleared memory the verification kernel read since the last synchronisation.
+    pub verified_pending: u64,
     pub modules: Vec<Module>,
     pub next_module: u64,
 }
@@ -255,7 +257,7 @@ pub extern "C" fn cuCtxSetCurrent(c: *mut c_void) -> u32 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> u32 {
-    with_ctx(|_| Ok(()))
+    with_ctx(crate::cuda_kernels::record_verified)
 }
 
 /// The byte a read of memory never written returns: the dirty pattern while the target holds
@@ -383,6 +385,8 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
         if let Some(code) = fault(&paths, "cuMemcpyDtoH_v2", Some(t.gpu)) {
             return Err(code);
         }
+        // A copy to the host waits for the kernels before it, as a synchronisation does.
+        crate::cuda_kernels::record_verified(ctx)?;
         let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
         let (a, rel) = ctx.alloc_at(src, n as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if dst.is_null() {

@@ -223,17 +223,31 @@ fn verify_zero(ctx: &mut Ctx, paths: &crate::state::Paths, t: Target, args: [u64
             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
         }
     }
-    if let (true, Some(i)) = (cleared, ctx.scrub_entry) {
-        with_state(paths, |st| match st.scrubs.get_mut(i) {
-            Some(e) => {
-                e.bytes_verified += bytes;
-                ((), true)
-            }
-            None => ((), false),
-        })
-        .map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+    if cleared {
+        ctx.verified_pending += bytes;
     }
     Ok(())
+}
+
+/// Adds the bytes verified by the launches since the last synchronisation to this process's
+/// scrub log entry: kernels finish, as far as the host knows, when it synchronises (a context
+/// synchronisation, or a copy to the host), and one state write per scrub, not per launch.
+pub(crate) fn record_verified(ctx: &mut Ctx) -> Result<(), u32> {
+    let (Some(i), n) = (ctx.scrub_entry, std::mem::take(&mut ctx.verified_pending)) else {
+        return Ok(());
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let (paths, _) = current(ctx)?;
+    with_state(&paths, |st| match st.scrubs.get_mut(i) {
+        Some(e) => {
+            e.bytes_verified += n;
+            ((), true)
+        }
+        None => ((), false),
+    })
+    .map_err(|_| CUDA_ERROR_NOT_INITIALIZED)
 }
 
 #[unsafe(no_mangle)]
