@@ -291,8 +291,8 @@ impl<G: Gpus + 'static> DraState<G> {
         let run = async move {
             let gpus = me.gpus.clone();
             let uuid = planned.uuid.clone();
-            // The GPU layer's scrub clears all free memory and reads it back; it fails unless
-            // what it read back is zero (gpu::scrub).
+            // The GPU layer's scrub clears all free memory and checks every word of it on the
+            // GPU; it fails unless all of it reads zero (gpu::scrub).
             tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
                 .await
                 .map_err(|e| ScrubFailed::Stopped(Arc::new(e)))?
