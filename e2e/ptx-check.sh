@@ -27,8 +27,10 @@ if [[ -z "$ptxas" ]]; then
   echo "ptx-check: skipped: no ptxas found (set PTXAS, or pip install nvidia-cuda-nvcc-cu12)"
   exit 0
 fi
-# V100, A100, H100/H200, B200; a ptxas older than CUDA 12.8 does not know sm_100.
-archs=(sm_70 sm_80 sm_90)
+# V100, T4, A100, A10, L4/L40, H100/H200, B200; a ptxas older than CUDA 12.8 does not know
+# sm_100. On sm_75 (1024 threads per SM), sm_86 and sm_89 (1536) ptxas warns that it ignores
+# .minnctapersm, which asks for 2048: the grid there is sized from the threads those SMs run.
+archs=(sm_70 sm_75 sm_80 sm_86 sm_89 sm_90)
 if [[ "$("$ptxas" --help 2>/dev/null || true)" == *sm_100* ]]; then archs+=(sm_100); fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

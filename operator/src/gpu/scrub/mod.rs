@@ -79,7 +79,7 @@ pub enum WorkerError {
     },
     /// The kernel's launch on its probe did not report what the probe holds.
     #[error(
-        "the verification kernel failed its self-test on {device}: {words} non-zero words, lowest offset {lowest:#x}, where the probe has 3, the first at 24; the scrub cannot be verified"
+        "the verification kernel failed its self-test on {device}: {words} non-zero words, lowest offset {lowest:#x}, where the probe has 7, the first at byte 80; the scrub cannot be verified"
     )]
     KernelSelfTest { device: String, words: u64, lowest: u64 },
     #[error(

@@ -21,17 +21,20 @@ const PROBE_SLOT: usize = 0;
 const SCRUB_SLOT: usize = 1;
 const INITIAL: [u64; 4] = [0, NONE, 0, NONE];
 
-/// The probe: 3 whole 16-byte units and a 5-byte tail; words 3 (byte 27) and 5 (byte 44) and the
-/// tail (byte 50) are not zero, so the kernel must report 3 words, the first at byte 24.
-const PROBE_LEN: usize = 53;
-const PROBE_EXPECTED: (u64, u64) = (3, 24);
+/// The probe, checked by one block (a stride of 256 units): 1224 whole 16-byte units, of which
+/// the kernel's two-unit steps read the first 1024 and its one-unit steps the other 200, and a
+/// 5-byte tail. Its non-zero bytes lie in each word of each load of both kinds of step and in the
+/// tail (two in one word), so the kernel must report 7 words, the first at byte 80.
+const PROBE_LEN: usize = 1224 * 16 + 5;
+const PROBE_BYTES: [usize; 8] = [83, 84, 8473, 4210, 12783, 19572, 17609, 19586];
+const PROBE_EXPECTED: (u64, u64) = (7, 80);
 const _: () = assert!(!PROBE_LEN.is_multiple_of(16), "the probe has a tail");
 
-fn probe() -> [u8; PROBE_LEN] {
-    let mut p = [0u8; PROBE_LEN];
-    p[27] = 0x5A;
-    p[44] = 0xA5;
-    p[50] = 0x01;
+fn probe() -> Vec<u8> {
+    let mut p = vec![0u8; PROBE_LEN];
+    for (i, at) in PROBE_BYTES.iter().enumerate() {
+        p[*at] = 0x11 * (i as u8 + 1);
+    }
     p
 }
 
@@ -89,19 +92,24 @@ impl<'a> Verifier<'a> {
         v.probe = unsafe { result::malloc_sync(PROBE_LEN) }.map_err(on(device, "cuMemAlloc"))?;
         unsafe { result::memcpy_htod_sync(v.results, &INITIAL) }.map_err(on(device, "cuMemcpyHtoD"))?;
         unsafe { result::memcpy_htod_sync(v.probe, &probe()) }.map_err(on(device, "cuMemcpyHtoD"))?;
-        v.launch(v.probe, PROBE_LEN as u64, 0, PROBE_SLOT)?;
+        v.launch(v.probe, PROBE_LEN as u64, 0, PROBE_SLOT, 1)?;
         Ok(v)
     }
 
     /// Queues the kernel over `bytes` at `ptr` (16-byte aligned, as every allocation is), whose
     /// offsets count from `base` in the memory cleared.
     pub fn check(&self, ptr: sys::CUdeviceptr, bytes: u64, base: u64) -> Result<(), WorkerError> {
-        self.launch(ptr, bytes, base, SCRUB_SLOT)
+        let blocks = bytes.div_ceil(16).div_ceil(u64::from(BLOCK));
+        self.launch(
+            ptr,
+            bytes,
+            base,
+            SCRUB_SLOT,
+            blocks.clamp(1, u64::from(self.grid)) as u32,
+        )
     }
 
-    fn launch(&self, ptr: sys::CUdeviceptr, bytes: u64, base: u64, slot: usize) -> Result<(), WorkerError> {
-        let units = bytes.div_ceil(16).div_ceil(u64::from(BLOCK));
-        let grid = units.clamp(1, u64::from(self.grid)) as u32;
+    fn launch(&self, ptr: sys::CUdeviceptr, bytes: u64, base: u64, slot: usize, grid: u32) -> Result<(), WorkerError> {
         let mut args = [ptr, bytes, base, self.results + (slot * 16) as u64];
         let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
         // SAFETY: the function of a loaded module; four u64 parameters as the kernel declares,
@@ -194,6 +202,50 @@ mod tests {
         assert_eq!(locate(&allocs, 256), Some((1, 0)));
         assert_eq!(locate(&allocs, 256 + 128 + 63), Some((2, 63)));
         assert_eq!(locate(&allocs, 256 + 128 + 64), None);
+    }
+
+    /// Which step of the kernel's loop reads each unit when one block checks `units` units:
+    /// (first unit of a two-unit step, or the second, or a one-unit step), as verify_zero.ptx
+    /// walks them.
+    fn steps(units: u64) -> std::collections::HashMap<u64, &'static str> {
+        let stride = u64::from(BLOCK);
+        let mut out = std::collections::HashMap::new();
+        for t in 0..stride {
+            let mut i = t;
+            while i + stride < units {
+                out.insert(i, "two, first");
+                out.insert(i + stride, "two, second");
+                i += 2 * stride;
+            }
+            while i < units {
+                out.insert(i, "one");
+                i += stride;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_probe_has_a_word_in_every_load_of_every_step_and_the_tail() {
+        let units = (PROBE_LEN / 16) as u64;
+        let steps = steps(units);
+        assert_eq!(steps.len() as u64, units, "every unit read once");
+        let mut seen = std::collections::BTreeSet::new();
+        for at in PROBE_BYTES {
+            let unit = at as u64 / 16;
+            let half = if at % 16 < 8 { "low" } else { "high" };
+            seen.insert(steps.get(&unit).map_or(("tail", ""), |s| (*s, half)));
+        }
+        let want = [
+            ("one", "high"),
+            ("one", "low"),
+            ("tail", ""),
+            ("two, first", "high"),
+            ("two, first", "low"),
+            ("two, second", "high"),
+            ("two, second", "low"),
+        ];
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), want);
     }
 
     #[test]
