@@ -83,3 +83,54 @@ pub fn parse_byte(s: &str) -> Result<u8, String> {
     };
     parsed.map_err(|_| format!("{s:?} is not a byte: give 0x01 to 0xFF or 1 to 255"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(name: &str, yaml: &str) -> (Paths, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("nvml-sim-stale-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("sim.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let paths = Paths {
+            state: dir.join("state.json"),
+            config,
+        };
+        (paths, dir)
+    }
+
+    #[test]
+    fn bytes_parse_in_hex_or_decimal_and_zero_is_refused() {
+        assert_eq!(parse_byte("0xAB"), Ok(0xAB));
+        assert_eq!(parse_byte("171"), Ok(171));
+        assert!(parse_byte("0x100").is_err());
+        assert!(parse_byte("ab").is_err());
+        let (p, dir) = sim("zero", "gpus:\n- {model: \"NVIDIA H100 80GB HBM3\"}\n");
+        assert!(plant(&p, 0, None, 0, 0).unwrap_err().contains("non-zero"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_plant_names_a_device_and_an_offset_inside_it() {
+        let (p, dir) = sim(
+            "place",
+            "gpus:\n- {model: \"NVIDIA H100 80GB HBM3\"}\n- {model: \"NVIDIA H100 80GB HBM3\", mig: true}\n",
+        );
+        let bytes = 81559 * MIB;
+        assert!(plant(&p, 0, None, bytes, 1).unwrap_err().contains("past the device's"));
+        assert!(plant(&p, 2, None, 0, 1).unwrap_err().contains("no GPU 2"));
+        assert!(plant(&p, 1, None, 0, 1).unwrap_err().contains("MIG mode"));
+        assert!(plant(&p, 1, Some(0), 0, 1).unwrap_err().contains("no GPU instance"));
+        plant(&p, 0, None, bytes - 1, 1).unwrap();
+        plant(&p, 0, None, bytes - 1, 2).unwrap();
+        let st = crate::state::read(&p).unwrap();
+        assert_eq!(of(&st, 0, None), [(bytes - 1, 2)], "replaced, not added");
+        unplant(&p, Some(1)).unwrap();
+        assert_eq!(crate::state::read(&p).unwrap().stale.len(), 1, "another GPU's stay");
+        unplant(&p, None).unwrap();
+        assert!(crate::state::read(&p).unwrap().stale.is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
