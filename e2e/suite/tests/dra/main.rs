@@ -387,7 +387,28 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         Vec::<String>::new(),
         "scrubMemory Always: claim c2 got c1's data"
     );
+    // (4b) Memory that does not clear: a byte no memset clears, in the middle of the scrub's
+    // fourth allocation (sim-ctl plant), fails the verification of the scrub after c2 and then of
+    // c3's Prepare, which is refused, naming the byte; once it clears, the claim is prepared.
+    let stale = (3 * 256 * 1024 * 1024 + 128 * 1024 * 1024 + 12).to_string();
+    agent.sim_ctl(&[
+        "plant", "--gpu", "1", "--start", "0", "--offset", &stale, "--value", "0x5A",
+    ]);
     kubelet::unprepare(&dra, &c2).await.unwrap().unwrap();
+    let c3 = claim(&client, "dra-c", "c3", "gpu-1-mig-0-4").await;
+    match kubelet::prepare(&dra, &c3).await.expect("the plugin answers") {
+        Err(e) => assert!(
+            e.contains("byte 134217740 of allocation 3 reads 0x5a") && e.contains("not handed over"),
+            "{e}"
+        ),
+        Ok(d) => panic!("a device whose memory did not clear was prepared: {d:?}"),
+    }
+    agent.sim_ctl(&["unplant"]);
+    ok(
+        kubelet::prepare(&dra, &c3).await,
+        "dra-c's claim once its memory clears",
+    );
+    kubelet::unprepare(&dra, &c3).await.unwrap().unwrap();
 
     // (5) Killed at every step of a change of hands (dra-a's claim released, the instance given to
     // dra-b, dra-b's claim prepared), then restarted: never a dirty device. Before dra-b's claim,

@@ -58,7 +58,7 @@ pub enum WorkerError {
     /// `allocation`: which of the scrub's allocations, in order; `offset`: of the byte in it;
     /// `words`: the non-zero 8-byte words in all the memory cleared.
     #[error(
-        "verification failed on {device}: byte {offset} of allocation {allocation} reads {value:#04x} after zeroing ({words} non-zero 8-byte words in all); the memory is not handed over"
+        "verification failed on {device}: byte {offset} of allocation {allocation} reads {value:#04x} after zeroing ({words} non-zero 8-byte words in all)"
     )]
     NotZero {
         device: String,
@@ -69,7 +69,7 @@ pub enum WorkerError {
     },
     /// The kernel found a non-zero word that reads zero when copied back.
     #[error(
-        "verification failed on {device}: the kernel found {words} non-zero 8-byte words, the first at byte {offset} of allocation {allocation}, which reads back as zero; the memory is not handed over"
+        "verification failed on {device}: the kernel found {words} non-zero 8-byte words, the first at byte {offset} of allocation {allocation}, which reads back as zero"
     )]
     Unconfirmed {
         device: String,
@@ -110,7 +110,7 @@ pub enum ScrubError {
     #[error("scrub of {device}: {why}")]
     Refused { device: String, why: String },
     /// The worker's report says less was read back than was cleared.
-    #[error("scrub of {device}: {verified} of {cleared} bytes cleared were verified; the memory is not handed over")]
+    #[error("scrub of {device}: {verified} of {cleared} bytes cleared were verified")]
     Unverified {
         device: String,
         cleared: u64,
