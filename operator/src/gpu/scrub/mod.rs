@@ -32,9 +32,10 @@ pub struct ScrubReport {
     pub bytes_cleared: u64,
     /// Bytes the verification kernel read back as zero: all of `bytes_cleared`.
     pub bytes_verified: u64,
-    /// Time to allocate and zero the memory, and to verify it (0 from a worker that does not say).
+    /// Microseconds to allocate and zero the memory (0 from a worker that does not say).
     #[serde(default)]
     pub clear_micros: u64,
+    /// Microseconds to verify it, from the first launch to the result on the host.
     #[serde(default)]
     pub verify_micros: u64,
 }

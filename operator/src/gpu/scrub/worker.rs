@@ -40,35 +40,31 @@ fn in_context(dev: sys::CUdevice, device: &str, amount: Amount) -> Result<ScrubR
         Amount::AllFree => free as u64,
         Amount::Bytes(b) => b.min(free as u64),
     };
+    let mut report = ScrubReport {
+        device: device.to_string(),
+        total_bytes: total as u64,
+        free_bytes: free as u64,
+        ..ScrubReport::default()
+    };
     let mut allocs: Vec<(u64, u64)> = Vec::new();
-    let outcome = clear_and_verify(&verifier, device, target, &mut allocs);
+    let outcome = clear_and_verify(&verifier, &mut report, target, &mut allocs);
     drop(verifier);
     for (ptr, _) in allocs {
         // SAFETY: allocations of this context, each freed once.
         let _ = unsafe { result::free_sync(ptr) };
     }
-    let (cleared, verified, clear_micros, verify_micros) = outcome?;
-    Ok(ScrubReport {
-        device: device.to_string(),
-        total_bytes: total as u64,
-        free_bytes: free as u64,
-        bytes_cleared: cleared,
-        bytes_verified: verified,
-        clear_micros,
-        verify_micros,
-    })
+    outcome.map(|()| report)
 }
 
-type Outcome = (u64, u64, u64, u64);
-
 /// Allocates up to `target` bytes in chunks (halved on out-of-memory), zeroes each, then has the
-/// kernel check every allocation: (cleared, verified, µs clearing, µs verifying).
+/// kernel check every allocation; the bytes and the time of each phase go into `report`.
 fn clear_and_verify(
     verifier: &Verifier,
-    device: &str,
+    report: &mut ScrubReport,
     target: u64,
     allocs: &mut Vec<(u64, u64)>,
-) -> Result<Outcome, WorkerError> {
+) -> Result<(), WorkerError> {
+    let device = report.device.as_str();
     let started = Instant::now();
     let mut cleared = 0u64;
     let mut chunk = CHUNK;
@@ -87,7 +83,7 @@ fn clear_and_verify(
     }
     // Memsets may still be running: the clearing time ends when they have.
     result::ctx::synchronize().map_err(on(device, "cuCtxSynchronize (clear)"))?;
-    let clear_micros = started.elapsed().as_micros() as u64;
+    report.clear_micros = started.elapsed().as_micros() as u64;
     let started = Instant::now();
     let mut base = 0u64;
     for &(ptr, size) in allocs.iter() {
@@ -95,9 +91,13 @@ fn clear_and_verify(
         base += size;
     }
     let found = verifier.finish(cleared)?;
-    let verify_micros = started.elapsed().as_micros() as u64;
+    report.verify_micros = started.elapsed().as_micros() as u64;
     match found {
-        None => Ok((cleared, base, clear_micros, verify_micros)),
+        None => {
+            report.bytes_cleared = cleared;
+            report.bytes_verified = base;
+            Ok(())
+        }
         Some(f) => Err(not_zero(device, allocs, f)),
     }
 }
