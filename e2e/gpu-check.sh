@@ -7,7 +7,8 @@
 #   2. `gpu-tenancy agent scrub-check` on one GPU (or MIG instance) must clear all its free memory
 #      (GPU_CHECK_SCRUB_BYTES, e.g. 4Gi, for less) and verify every byte of it on the GPU; it
 #      prints the bytes cleared and verified and the time and throughput of each. It only touches
-#      memory it allocates itself, and frees it.
+#      memory it allocates itself, and frees it; while it holds all free memory, another process
+#      on that GPU cannot allocate more, so run it on an idle GPU or set GPU_CHECK_SCRUB_BYTES.
 #
 # It never changes MIG mode, creates or destroys instances, sets compute modes or resets
 # anything: it runs only `discover` and `scrub-check`, and checks that the MIG state is the same
