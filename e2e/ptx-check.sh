@@ -3,8 +3,9 @@
 # NVIDIA's ptxas for every GPU generation the scrub runs on: the PTX is written by hand and loaded
 # by the driver at run time, so nothing else checks that it assembles before it meets a GPU.
 #
-# ptxas comes from $PTXAS, the PATH, /usr/local/cuda/bin, or NVIDIA's Python package
-# (`pip install nvidia-cuda-nvcc-cu12`). Without one the check is skipped, saying so, and exits 0.
+# ptxas comes from $PTXAS, the PATH, /usr/local/cuda/bin, an installed NVIDIA Python package, or
+# that package's wheel fetched into target/ptxas. Without any the check is skipped, saying so,
+# and exits 0.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,7 +23,29 @@ if os.access(p, os.X_OK):
 PY
 }
 
+# NVIDIA's ptxas from its Python wheel, unpacked once under target/ (a pinned version: the check
+# must not change under the kernel), where no CUDA toolkit is installed but a package index is.
+fetch_ptxas() {
+  local dir=target/ptxas version=12.9.86
+  local bin="$dir/nvidia/cuda_nvcc/bin/ptxas"
+  if [[ ! -x "$bin" ]] && command -v python3 >/dev/null; then
+    mkdir -p "$dir"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: "nvidia-cuda-nvcc-cu12==$version" -d "$dir" >/dev/null 2>&1 || return 0
+    python3 - "$dir" <<'PY' || return 0
+import glob, os, sys, zipfile
+d = sys.argv[1]
+with zipfile.ZipFile(glob.glob(os.path.join(d, "nvidia_cuda_nvcc_cu12-*.whl"))[0]) as z:
+    z.extract("nvidia/cuda_nvcc/bin/ptxas", d)
+os.chmod(os.path.join(d, "nvidia/cuda_nvcc/bin/ptxas"), 0o755)
+for w in glob.glob(os.path.join(d, "*.whl")):
+    os.remove(w)
+PY
+  fi
+  if [[ -x "$bin" ]]; then echo "$bin"; fi
+}
+
 ptxas="$(find_ptxas)"
+if [[ -z "$ptxas" ]]; then ptxas="$(fetch_ptxas)"; fi
 if [[ -z "$ptxas" ]]; then
   echo "ptx-check: skipped: no ptxas found (set PTXAS, or pip install nvidia-cuda-nvcc-cu12)"
   exit 0
