@@ -34,6 +34,13 @@ pub struct Unavailable {
     pub found: Option<String>,
 }
 
+/// Why no share of a device-plugin node is capped by the driver: NVIDIA's device plugin sets no
+/// `NVIDIA_GPU_MEMORY_*` variable (docs/concepts/isolation.md#memory-limits).
+pub const DEVICE_PLUGIN: Unavailable = Unavailable {
+    reason: MemoryCapReason::DevicePlugin,
+    found: None,
+};
+
 /// Whether the driver can cap the node's shares: `Ok` only when every part is known to be
 /// recent enough (an unreadable version counts as too old).
 pub fn driver_cap(p: &Probe) -> Result<(), Unavailable> {
