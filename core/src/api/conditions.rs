@@ -14,6 +14,8 @@ impl ConditionSet {
     pub const CAPACITY_SHORT: &'static str = "CapacityShort";
     /// On a GpuTenant: whether Kubernetes enforces which GPUs its pods get, or only how many.
     pub const ISOLATED: &'static str = "Isolated";
+    /// On a GpuTenant with MPS or time-sliced shares: how their memory is capped.
+    pub const MEMORY_CAPPED: &'static str = "MemoryCapped";
     /// On a GpuNode: compute processes on a GPU or MIG instance no tenant is granted.
     pub const UNGRANTED_USE: &'static str = "UngrantedUse";
     /// On a GpuNode: an MPS or time-sliced GPU whose memory is nearly all used.

@@ -26,6 +26,7 @@
 mod admission;
 pub mod dra;
 mod isolation;
+mod memory_caps;
 mod nodes;
 mod quota;
 mod settings;
@@ -151,6 +152,7 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
     let (node_labels, config_maps, roles) =
         nodes::render(&out.nodes, input.plans, input.nodes, &out.tenants, settings, nodes_memo);
     let tenants = isolation::isolation_conditions(out.tenants, &roles, now, isolation_memo);
+    let tenants = memory_caps::memory_cap_conditions(tenants, input.nodes, now);
     if let Some(m) = plan_memo {
         m.keep_statuses(&tenants);
     }

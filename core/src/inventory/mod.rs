@@ -162,6 +162,8 @@ pub struct CurrentNode {
     /// Some GPU or MIG instance of the spec serves tenants its agent has not yet reported applied
     /// (and so scrubbed for): a hand-over in progress.
     pub handover_pending: bool,
+    /// How its agent reports its shared GPUs' shares capped in memory (`status.memoryCaps`).
+    pub memory_caps: Vec<crate::api::GpuMemoryCap>,
 }
 
 /// Whether the agent has applied the GpuNode's current spec.
@@ -379,6 +381,7 @@ impl NodeInventory {
                 observed_generation: status.and_then(|s| s.observed_generation),
                 applied: applied_state(n),
                 handover_pending: handover_pending(&n.spec, status),
+                memory_caps: status.map(|s| s.memory_caps.clone()).unwrap_or_default(),
             }),
         }
     }

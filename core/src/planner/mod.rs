@@ -14,7 +14,9 @@ pub use allocate::AllocationMemo;
 pub use changes::{BindingChange, ChangeReason};
 pub use fairshare::weighted_fair_share;
 
-use crate::api::{GpuNode, GpuPartitionPlan, GpuPartitionPlanSpec, GpuTenant, ScrubMemory, SharingPolicy};
+use crate::api::{
+    GpuNode, GpuPartitionPlan, GpuPartitionPlanSpec, GpuTenant, MemoryCapPolicy, ScrubMemory, SharingPolicy,
+};
 use crate::inventory::NodeInventory;
 use crate::policy::{PlanCheck, TenantProfile, check_plan, check_policies, check_tenants, models_of_selected_nodes};
 use crate::problem::Problem;
@@ -65,9 +67,9 @@ pub struct PlanMemo {
     /// The plans the last pass resolved the nodes' layouts under, by name, with whether each was
     /// valid: a node whose revision is unchanged has the same layout only while they are.
     plans: Vec<(String, GpuPartitionPlanSpec, bool)>,
-    /// The valid tenants' `scrubMemory` in the last pass, by name: the scrub policies of the nodes
-    /// taken back hold only while they are the same.
-    scrub: Vec<(String, ScrubMemory)>,
+    /// The valid tenants' `scrubMemory` and `memoryCaps` in the last pass, by name: the scrub
+    /// and memory cap policies of the nodes taken back hold only while they are the same.
+    scrub: Vec<(String, ScrubMemory, MemoryCapPolicy)>,
     /// The GPU models of the nodes each plan selected.
     models: ModelsMemo,
     /// The tenants' statuses, as the steps after the planner finished them.
@@ -119,16 +121,16 @@ impl PlanMemo {
             .collect();
     }
 
-    /// Keeps this pass's tenants' `scrubMemory`; says whether it is the last pass's.
+    /// Keeps this pass's tenants' `scrubMemory` and `memoryCaps`; says whether they are the last pass's.
     fn read_scrub(&mut self, valid: &[TenantProfile]) -> bool {
         let same = self.scrub.len() == valid.len()
             && self
                 .scrub
                 .iter()
                 .zip(valid)
-                .all(|((name, scrub), t)| *name == t.name && *scrub == t.scrub);
+                .all(|((name, scrub, caps), t)| *name == t.name && *scrub == t.scrub && *caps == t.memory_caps);
         if !same {
-            self.scrub = valid.iter().map(|t| (t.name.clone(), t.scrub)).collect();
+            self.scrub = valid.iter().map(|t| (t.name.clone(), t.scrub, t.memory_caps)).collect();
         }
         same
     }
@@ -209,5 +211,7 @@ pub fn plan_with(
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
+#[cfg(test)]
+mod memory_caps_tests;
 #[cfg(test)]
 mod tests;

@@ -339,6 +339,7 @@ mod tests {
                     observed_generation: Some(1),
                     applied: AppliedState::Applied,
                     handover_pending: false,
+                    memory_caps: vec![],
                 }),
                 ..NodeInventory::default()
             })

@@ -23,6 +23,8 @@ pub struct TenantProfile {
     pub weight: u32,
     pub co_location: CoLocation,
     pub scrub: ScrubMemory,
+    /// Its tier's `memoryCaps`.
+    pub memory_caps: crate::api::MemoryCapPolicy,
     pub requests: Vec<ResourceRequest>,
     pub memory_limit_mib: Option<u64>,
     pub headroom_percent: u32,
@@ -76,6 +78,7 @@ pub fn check_tenants<T: std::borrow::Borrow<GpuTenant>>(
                 weight: t.spec.weight.max(1),
                 co_location: tier.co_location,
                 scrub: tier.scrub_memory,
+                memory_caps: tier.memory_caps,
                 requests: t.spec.resources.clone(),
                 memory_limit_mib,
                 headroom_percent: p.spec.headroom_percent(),

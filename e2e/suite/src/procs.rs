@@ -163,9 +163,31 @@ impl SimAgent {
             path("mps-pipe"),
             "--mps-log-dir".into(),
             path("mps-log"),
+            // The memory caps' probe looks at the simulated node, not this machine: no toolkit
+            // and no cgroup v2 there until a test offers them ([`SimAgent::offer_driver_caps`]).
+            "--host-root".into(),
+            path("host"),
+            "--cgroup-root".into(),
+            path("cgroup"),
         ];
         a.restart();
         a
+    }
+
+    /// Gives the simulated node what the driver's memory cap needs beside the driver's version
+    /// (the simulator's `driverVersion`): a container toolkit that says it is 1.20.1 at
+    /// `/usr/bin/nvidia-ctk` under `--host-root`, and cgroup v2 under `--cgroup-root`. The agent's
+    /// next pass finds them.
+    pub fn offer_driver_caps(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let ctk = self.dir.join("host/usr/bin/nvidia-ctk");
+        std::fs::create_dir_all(ctk.parent().expect("a parent")).expect("creating the host's /usr/bin");
+        std::fs::write(&ctk, "#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.20.1'\n")
+            .expect("writing nvidia-ctk");
+        std::fs::set_permissions(&ctk, std::fs::Permissions::from_mode(0o755)).expect("making nvidia-ctk executable");
+        std::fs::create_dir_all(self.dir.join("cgroup")).expect("creating the cgroup root");
+        std::fs::write(self.dir.join("cgroup/cgroup.controllers"), "cpu memory pids\n")
+            .expect("writing cgroup.controllers");
     }
 
     /// Restarts the agent as the DRA plugin of a real kubelet: its sockets in the kubelet's

@@ -12,7 +12,8 @@
 //! published `MpsDaemonStatus`.
 
 use super::actions::unreadable;
-use crate::api::{GpuNodeSpec, GpuNodeStatus, Mode, MpsDaemonStatus, quantity_to_mib};
+use crate::api::{GpuNodeSpec, GpuNodeStatus, Mode, MpsDaemonStatus};
+use gpu_tenancy_core::memory_caps;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -113,8 +114,14 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
         }
         let dev = d.gpus.len();
         d.gpus.push(o.uuid.clone());
-        let Some(s) = &g.mps else { continue };
-        if let Some(p) = s.active_thread_percentage {
+        // Every client pinned to one share's memory: the client's own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+        // is its environment, which it may change; the daemon's default binds.
+        let mib = memory_caps::share_mib(g, o.memory_mib);
+        if mib > 0 {
+            d.settings
+                .push(format!("set_default_device_pinned_mem_limit {dev} {mib}M"));
+        }
+        if let Some(p) = g.mps.as_ref().and_then(|s| s.active_thread_percentage) {
             if pct.is_some_and(|(q, _)| q != p) {
                 d.notes.push(format!(
                     "GPUs ask for different active thread percentages; the daemon-wide default is the lowest, {}%",
@@ -125,10 +132,6 @@ pub fn desired(spec: &GpuNodeSpec, observed: &GpuNodeStatus) -> Desired {
                 Some((q, i)) if q <= p => (q, i),
                 _ => (p, g.index),
             });
-        }
-        if let Some(mib) = s.pinned_memory_limit.as_deref().and_then(quantity_to_mib) {
-            d.settings
-                .push(format!("set_default_device_pinned_mem_limit {dev} {mib}M"));
         }
     }
     if let Some((p, _)) = pct {
@@ -460,6 +463,27 @@ fn restart(
     }
 }
 
+/// The defaults that concern GPU `uuid` in `settings` of a daemon serving `gpus`: the daemon-wide
+/// ones, and its own pinned limit with the device number (its place in `gpus`) left out.
+fn defaults_of(settings: &[String], gpus: &[String], uuid: &str) -> Vec<String> {
+    const PINNED: &str = "set_default_device_pinned_mem_limit ";
+    let dev = gpus.iter().position(|g| g == uuid).map(|d| format!("{PINNED}{d} "));
+    settings
+        .iter()
+        .filter_map(|s| match (s.strip_prefix(PINNED), &dev) {
+            (None, _) => Some(s.clone()),
+            (Some(_), Some(own)) => s.strip_prefix(own.as_str()).map(|v| format!("{PINNED}{v}")),
+            (Some(_), None) => None,
+        })
+        .collect()
+}
+
+/// Whether the running daemon has every default the desired state gives GPU `uuid`: a default
+/// still to send for another GPU (one that waits for a restart) leaves this one ready.
+fn same_defaults(st: &MpsDaemonStatus, d: &Desired, uuid: &str) -> bool {
+    defaults_of(&st.settings, &st.gpus, uuid) == defaults_of(&d.settings, &d.gpus, uuid)
+}
+
 /// Spec GPUs the daemon does not serve as the spec asks, with why (pure): an MPS GPU the running
 /// daemon does not serve yet or whose defaults were not all taken, and a GPU that left MPS but is
 /// still served. Their hand-over is not done: not applied, reason `MpsPending`.
@@ -486,7 +510,7 @@ pub fn not_ready(
                     g.index,
                     format!("the MPS daemon does not serve GPU {} yet: {}", g.index, why()),
                 );
-            } else if st.settings != d.settings {
+            } else if !same_defaults(st, d, &o.uuid) {
                 out.insert(
                     g.index,
                     format!(

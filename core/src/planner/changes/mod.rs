@@ -3,7 +3,7 @@
 //! and 4). Also the rule that sets each GPU's scrub policy from those hand-overs.
 
 use super::nodes::NodeDesired;
-use crate::api::{GpuTenant, MigInstanceSpec, Mode, Placement, ScrubMemory};
+use crate::api::{GpuSpec, GpuTenant, MemoryCapPolicy, MigInstanceSpec, Mode, Placement, ScrubMemory};
 use crate::handover::gpu_changes_hands;
 use crate::inventory::{AppliedState, NodeGpu};
 use crate::policy::TenantProfile;
@@ -244,6 +244,18 @@ fn scrub_of_gpus(node: &NodeDesired, diffs: &[UnitDiff], scrub_of: &HashMap<&str
         .collect()
 }
 
+/// A planned GPU's memory cap policy: the strictest `memoryCaps` of the tenants it serves. A
+/// tenant that is not valid now serves nothing, so counts for nothing.
+fn memory_cap_policy(spec: &GpuSpec, caps_of: &HashMap<&str, MemoryCapPolicy>) -> MemoryCapPolicy {
+    spec.tenants
+        .iter()
+        .map(String::as_str)
+        .chain(spec.shares.iter().map(|s| s.tenant.as_str()))
+        .filter_map(|t| caps_of.get(t).copied())
+        .max()
+        .unwrap_or_default()
+}
+
 /// Whether any GPU of the node has an instance or a tenant now: a node that does not adds
 /// nothing to [`holdings`] now.
 fn holds_now(node: &NodeDesired) -> bool {
@@ -359,11 +371,12 @@ pub fn settle<T: Borrow<GpuTenant>>(
     same_scrub: bool,
 ) -> Vec<BindingChange> {
     let scrub_of: HashMap<&str, ScrubMemory> = valid.iter().map(|t| (t.name.as_str(), t.scrub)).collect();
+    let caps_of: HashMap<&str, MemoryCapPolicy> = valid.iter().map(|t| (t.name.as_str(), t.memory_caps)).collect();
     let Compared {
         per_node,
         counted,
         holding_now,
-    } = compare_nodes(nodes, &scrub_of, same_scrub);
+    } = compare_nodes(nodes, (&scrub_of, &caps_of), same_scrub);
     if per_node.is_empty() {
         return Vec::new();
     }
@@ -399,7 +412,11 @@ struct Compared {
 
 /// Compares each node's units (but those [`settle`] keeps as they were), sets its GPUs' scrub
 /// policies and whether it is changing, and lists its changes.
-fn compare_nodes(nodes: &mut [NodeDesired], scrub_of: &HashMap<&str, ScrubMemory>, same_scrub: bool) -> Compared {
+fn compare_nodes(
+    nodes: &mut [NodeDesired],
+    (scrub_of, caps_of): (&HashMap<&str, ScrubMemory>, &HashMap<&str, MemoryCapPolicy>),
+    same_scrub: bool,
+) -> Compared {
     let mut out = Compared {
         per_node: Vec::new(),
         counted: HashSet::new(),
@@ -435,6 +452,10 @@ fn compare_nodes(nodes: &mut [NodeDesired], scrub_of: &HashMap<&str, ScrubMemory
         for (g, s) in scrub.into_iter().enumerate() {
             if node.gpus[g].scrub != s {
                 node.gpus[g].scrub = s;
+            }
+            let caps = memory_cap_policy(&node.gpus[g], caps_of);
+            if node.gpus[g].memory_caps != caps {
+                node.gpus[g].memory_caps = caps;
             }
         }
     }

@@ -13,6 +13,8 @@
 //! dirty`) and clears it only when the agent scrubs (`scrubs` in its state); a device handed over
 //! with another claim's data in it would show that data.
 
+mod memory_caps;
+
 use gpu_tenancy::agent::dra::devices::DRIVER;
 use gpu_tenancy::api::GpuNode;
 use gpu_tenancy_e2e::kubelet::{self, Prepared};

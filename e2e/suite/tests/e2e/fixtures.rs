@@ -9,7 +9,7 @@ pub fn valid(kind: &str, name: &str) -> Value {
     let spec = match kind {
         "SharingPolicy" => json!({
             "tiers": [
-                {"name": "external", "modes": ["MIG", "Exclusive"], "coLocation": "Forbidden", "scrubMemory": "Always"},
+                {"name": "external", "modes": ["MIG", "Exclusive"], "coLocation": "Forbidden", "scrubMemory": "Always", "memoryCaps": "Required"},
                 {"name": "internal", "modes": ["MIG", "MPS", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange",
                  "podSecurity": "Baseline", "priorityClassNames": ["batch-low"]},
                 {"name": "experimental", "modes": ["MIG", "MPS", "TimeSlicing", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange"}
@@ -57,7 +57,7 @@ pub fn valid(kind: &str, name: &str) -> Value {
                  "migInstances": [{"profile": "3g.40gb", "placement": {"start": 0, "size": 4}}]},
                 {"index": 1, "mode": "MPS", "mps": {"maxClients": 4, "activeThreadPercentage": 25, "pinnedMemoryLimit": "20Gi"},
                  "tenants": ["team-beta"], "shares": [{"tenant": "team-beta", "count": 4}]},
-                {"index": 2, "mode": "TimeSlicing", "timeSlicing": {"replicas": 4}},
+                {"index": 2, "mode": "TimeSlicing", "timeSlicing": {"replicas": 4}, "memoryCaps": "Required"},
                 {"index": 3, "mode": "Exclusive"}
             ]
         }),

@@ -13,6 +13,7 @@ use crate::api::{BusyGpuPolicy, EvictionRequest, GpuNodeStatus, GpuReason, GpuSt
 use crate::gpu::mps::MpsConfig;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use gpu_tenancy_core::memory_caps;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -93,8 +94,9 @@ fn mig_layout(status: &GpuNodeStatus) -> MigLayout {
         .collect()
 }
 
-/// What the device-plugin mode adds to a pass's status: the plugin's MPS daemon
-/// (`MpsDaemonReady`), whether the kubelet's pod-resources API answers (`PodResources`), and
+/// What the device-plugin mode adds to a pass's status: how its shares are capped in memory
+/// (`memoryCaps`: the plugin sets no driver cap, so its MPS daemon's limit or none), the plugin's
+/// MPS daemon (`MpsDaemonReady`), whether the kubelet's pod-resources API answers (`PodResources`), and
 /// under `busyGpuPolicy: Evict` the pods to evict from busy GPUs (`evictionRequests`).
 async fn observe(pass: PassView<'_>, opts: &DevicePluginOptions, status: &mut GpuNodeStatus) -> Option<Holdings> {
     let PassView {
@@ -104,6 +106,7 @@ async fn observe(pass: PassView<'_>, opts: &DevicePluginOptions, status: &mut Gp
         prev,
     } = pass;
     let now = Time(jiff::Timestamp::now());
+    status.memory_caps = memory_caps::statuses(spec.gpus.iter(), &Err(memory_caps::DEVICE_PLUGIN));
     if let Some(root) = &opts.mps_root {
         let root = MpsRoot(root.clone());
         let found = mps::observe(&root);

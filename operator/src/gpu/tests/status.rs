@@ -203,6 +203,41 @@ fn mps_defaults_come_from_the_spec_per_daemon_device() {
     assert_eq!(d.notes.len(), 1);
 }
 
+/// Without a pinned limit in the plan every client is still pinned, to one share: the H100's
+/// 81559 MiB / 4 clients = 20389 MiB, by hand; with one, the plan's value (1Gi = 1024 MiB).
+#[test]
+fn the_daemon_pins_every_client_to_one_share_of_memory() {
+    let mut a = gpu(0, "H100-80GB", false);
+    a.compute_mode = Some("ExclusiveProcess".into());
+    let mut b = a.clone();
+    b.index = 1;
+    b.uuid = "GPU-1".into();
+    let observed = GpuNodeStatus {
+        gpus: vec![a, b],
+        ..Default::default()
+    };
+    let pinned = MpsSettings {
+        max_clients: 4,
+        active_thread_percentage: None,
+        pinned_memory_limit: Some("1Gi".into()),
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![
+            crate::api::GpuSpec::mps(0, 4),
+            whole(1, Mode::Mps, &[]).with_mps(pinned),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        mps::desired(&spec, &observed).settings,
+        [
+            "set_default_device_pinned_mem_limit 0 20389M",
+            "set_default_device_pinned_mem_limit 1 1024M"
+        ]
+    );
+}
+
 #[test]
 fn drift_is_a_changed_gpu_under_an_unchanged_spec() {
     let spec = GpuNodeSpec {

@@ -310,6 +310,7 @@ fn same_profile(kept: &TenantProfile, now: &TenantProfile, requests: &[usize]) -
         weight,
         co_location,
         scrub,
+        memory_caps,
         requests: kept_requests,
         memory_limit_mib,
         headroom_percent,
@@ -323,6 +324,7 @@ fn same_profile(kept: &TenantProfile, now: &TenantProfile, requests: &[usize]) -
         && *weight == now.weight
         && *co_location == now.co_location
         && *scrub == now.scrub
+        && *memory_caps == now.memory_caps
         && *memory_limit_mib == now.memory_limit_mib
         && *headroom_percent == now.headroom_percent
         && *max_mps_clients == now.max_mps_clients
