@@ -20,6 +20,7 @@ pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
+pub mod evidence;
 pub mod health;
 pub mod pods;
 pub mod prepare;
