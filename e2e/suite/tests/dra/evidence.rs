@@ -50,6 +50,7 @@ async fn entry(client: &Client, ns: &str, name: &str, device: &str) -> Value {
 pub async fn shows(client: &Client, ns: &str, name: &str, device: &str, want: Want) -> Value {
     let e = entry(client, ns, name, device).await;
     let data = &e["data"];
+    eprintln!("MEASURE evidence on claim {ns}/{name}: {data}");
     let what = format!("claim {ns}/{name}'s evidence {e}");
     assert_eq!(e["pool"], NODE, "{what}");
     assert_eq!(data["scrub"], want.scrub, "{what}");
