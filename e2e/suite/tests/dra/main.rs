@@ -503,6 +503,13 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
             Vec::<String>::new(),
             "{step}: dra-b's claim got dra-a's data after a kill"
         );
+        // And its evidence says so, whichever step the agent was killed after.
+        let after_kill = evidence::Want {
+            scrub: "Scrubbed",
+            previous: "OtherTenant",
+            verified: true,
+        };
+        evidence::shows(&client, "dra-b", &format!("k{i}-b"), "gpu-0-mig-0-4", after_kill).await;
         assert_eq!(
             ok(kubelet::prepare(&dra, &pb).await, "again"),
             first,

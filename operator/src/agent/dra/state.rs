@@ -344,8 +344,11 @@ impl<G: Gpus + 'static> DraState<G> {
         };
         for name in names {
             let tenant = match inner.cp.devices.get(&name) {
-                Some(DeviceRecord::InUse { .. }) => continue,
+                // A record of another UUID is another device's (one created again after a
+                // reboot, its claim prepared again), even one in use: its past is unknown.
                 Some(r) if r.uuid() != p.uuid => None,
+                // A holder of this very device keeps its record.
+                Some(DeviceRecord::InUse { .. }) => continue,
                 Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
                 Some(DeviceRecord::Clean { tenant, .. }) => tenant.clone(),
                 None => None,
