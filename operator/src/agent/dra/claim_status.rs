@@ -187,6 +187,92 @@ mod tests {
         }
     }
 
+    fn checkpoint() -> Checkpoint {
+        let mut cp = Checkpoint::default();
+        cp.claims.insert("u1".into(), prepared(&["gpu-0"]));
+        cp
+    }
+
+    fn live_claim(uid: &str, devices: Value) -> Value {
+        let mut c = serde_json::to_value(claim(
+            json!([{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]),
+            devices,
+        ))
+        .unwrap();
+        c["metadata"]["uid"] = json!(uid);
+        c
+    }
+
+    const CLAIM: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c";
+
+    /// The requests of the writer, exactly: a claim without its entry is read and written once
+    /// (server-side apply of its status, with its UID); a change of the checkpoint that leaves its
+    /// evidence as it was sends nothing; a restart reads the claim and, its entry there, writes
+    /// nothing; a claim made again under the name (another UID) is read and left alone.
+    #[tokio::test]
+    async fn the_writer_reads_and_writes_only_what_changed() {
+        let (client, mut api) = crate::controller::fixtures::mock_client();
+        let (tx, rx) = tokio::sync::watch::channel(checkpoint());
+        let task = tokio::spawn(publish(client.clone(), "n1".into(), rx));
+        api.expect(&format!("GET {CLAIM}"))
+            .await
+            .answer(200, &live_claim("u1", json!([])));
+        let patch = api.next().await;
+        assert!(
+            patch.line().starts_with(&format!("PATCH {CLAIM}/status?")),
+            "{}",
+            patch.line()
+        );
+        assert!(
+            patch.uri.contains("fieldManager=gpu-tenancy-agent-dra"),
+            "{}",
+            patch.uri
+        );
+        assert_eq!(patch.content_type.as_deref(), Some("application/apply-patch+yaml"));
+        let written = patch.body.clone();
+        assert_eq!(written["metadata"]["uid"], "u1");
+        let entries = written["status"]["devices"].as_array().unwrap().clone();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            entries[0]["data"],
+            json!({"scrub": "NotNeeded", "previousHolder": "SameTenant"})
+        );
+        patch.ok();
+        // Another device's record changes: this claim's evidence did not.
+        let mut cp = checkpoint();
+        cp.devices.insert(
+            "gpu-9".into(),
+            super::super::checkpoint::DeviceRecord::Released {
+                tenant: "b".into(),
+                uuid: "GPU-9".into(),
+            },
+        );
+        tx.send_replace(cp);
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        api.no_more().await;
+        task.abort();
+
+        // A restart: the claim read, its entry there, nothing written.
+        let (client, mut api) = crate::controller::fixtures::mock_client();
+        let (_tx, rx) = tokio::sync::watch::channel(checkpoint());
+        let task = tokio::spawn(publish(client, "n1".into(), rx));
+        api.expect(&format!("GET {CLAIM}"))
+            .await
+            .answer(200, &live_claim("u1", Value::Array(entries)));
+        api.no_more().await;
+        task.abort();
+
+        // The claim deleted and made again: read, not written.
+        let (client, mut api) = crate::controller::fixtures::mock_client();
+        let (_tx, rx) = tokio::sync::watch::channel(checkpoint());
+        let task = tokio::spawn(publish(client, "n1".into(), rx));
+        api.expect(&format!("GET {CLAIM}"))
+            .await
+            .answer(200, &live_claim("u2", json!([])));
+        api.no_more().await;
+        task.abort();
+    }
+
     /// Only this driver's devices of this node's pool that Prepare handed over; another driver's
     /// entry is neither written nor compared; what the API server returns compares equal.
     #[test]
