@@ -75,6 +75,10 @@ pub struct DeviceClaim {
     /// The tenant owning the claim's namespace (the device's tenant: Prepare checked both).
     #[schemars(length(max = 253))]
     pub tenant: String,
+    /// What the hand-over of the device to the claim did (the same evidence the agent writes in
+    /// the ResourceClaim's `status.devices`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::handover::HandOverEvidence>,
 }
 
 /// A pod the agent asks the controller to evict.

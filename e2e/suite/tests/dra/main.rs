@@ -28,6 +28,8 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+mod evidence;
+
 const NODE: &str = "dra-n1";
 
 fn mig(start: u32, tenant: &str) -> Value {
@@ -145,7 +147,8 @@ async fn claim(client: &Client, ns: &str, name: &str, device: &str) -> kubelet::
         .await
         .expect("creating the claim");
     let status = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}});
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}});
     api.patch_status(
         name,
         &PatchParams::apply("e2e-scheduler").force(),
@@ -343,6 +346,13 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         "a device with an unknown past was handed over without a scrub"
     );
     cdi_valid(&cdi, &got[0].1);
+    // Its evidence: scrubbed, by whom it was used before the agent cannot know.
+    let first = evidence::Want {
+        scrub: "Scrubbed",
+        previous: "Unknown",
+        verified: true,
+    };
+    evidence::shows(&client, "dra-a", "a1", "gpu-0-mig-0-4", first).await;
     assert_eq!(
         ok(kubelet::prepare(&dra, &a1).await, "dra-a's claim again"),
         got,
@@ -373,7 +383,26 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
     ok(kubelet::prepare(&dra, &b1).await, "dra-b's claim after dra-a's");
     let handover_prepare = t0.elapsed();
     assert_eq!(dirt(&agent, 0, 0), Vec::<String>::new(), "dra-b got dra-a's data");
+    // dra-b reads on its claim that another tenant held the device and that it was scrubbed, with
+    // how many bytes were read back as zero; not which tenant. It cannot write that itself.
+    let handed = evidence::Want {
+        scrub: "Scrubbed",
+        previous: "OtherTenant",
+        verified: true,
+    };
+    evidence::shows(&client, "dra-b", "b1", "gpu-0-mig-0-4", handed).await;
+    evidence::the_tenant_reads_and_cannot_forge("dra-b", "b1", "gpu-0-mig-0-4", &["dra-a"]).await;
     kubelet::unprepare(&dra, &b1).await.unwrap().unwrap();
+    // dra-b's next claim on it: its own tenant's claim before, no scrub (OnTenantChange).
+    let b1_again = claim(&client, "dra-b", "b1-again", "gpu-0-mig-0-4").await;
+    ok(kubelet::prepare(&dra, &b1_again).await, "dra-b's second claim");
+    let own = evidence::Want {
+        scrub: "NotNeeded",
+        previous: "SameTenant",
+        verified: false,
+    };
+    evidence::shows(&client, "dra-b", "b1-again", "gpu-0-mig-0-4", own).await;
+    kubelet::unprepare(&dra, &b1_again).await.unwrap().unwrap();
 
     // (4) scrubMemory Always: between two claims of one tenant, the memory is cleared.
     let c1 = claim(&client, "dra-c", "c1", "gpu-1-mig-0-4").await;
@@ -389,6 +418,12 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         Vec::<String>::new(),
         "scrubMemory Always: claim c2 got c1's data"
     );
+    let always = evidence::Want {
+        scrub: "Scrubbed",
+        previous: "SameTenant",
+        verified: true,
+    };
+    evidence::shows(&client, "dra-c", "c2", "gpu-1-mig-0-4", always).await;
     // (4b) Memory that does not clear: a byte no memset clears, in the middle of the scrub's
     // fourth allocation (sim-ctl plant), fails the verification of the scrub after c2 and then of
     // c3's Prepare, which is refused, naming the byte; once it clears, the claim is prepared.
@@ -491,6 +526,13 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
             Vec::<String>::new(),
             "{step}: dra-b's claim got dra-a's data after a kill"
         );
+        // And its evidence says so, whichever step the agent was killed after.
+        let after_kill = evidence::Want {
+            scrub: "Scrubbed",
+            previous: "OtherTenant",
+            verified: true,
+        };
+        evidence::shows(&client, "dra-b", &format!("k{i}-b"), "gpu-0-mig-0-4", after_kill).await;
         assert_eq!(
             ok(kubelet::prepare(&dra, &pb).await, "again"),
             first,
@@ -571,6 +613,8 @@ async fn the_dra_plugin_binds_devices_to_tenants_and_scrubs_every_change_of_hand
         let e = r.unwrap_err();
         assert!(e.contains("rule agent-publishes-its-own-node"), "{node} {driver}: {e}");
     }
+    // And in a claim's status only its own driver's entries, of claims on its own node.
+    evidence::only_the_claims_agent_writes_its_entry("dra-b", "b1", "gpu-0-mig-0-4").await;
     let _ = &cleanup;
 
     eprintln!(

@@ -83,6 +83,51 @@ async fn gone(client: &Client, name: &str) {
     }
 }
 
+/// The hand-over evidence on pod `name`'s claim, once the agent wrote it: (scrub, previous
+/// holder, bytes verified), as the claim's `status.devices` entry of this driver says.
+async fn evidence(client: &Client, name: &str) -> (String, String, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match evidence_now(client, name).await {
+            Ok(data) => {
+                eprintln!("MEASURE evidence on pod {name}'s claim: {data}");
+                return (
+                    data["scrub"].as_str().unwrap_or_default().to_string(),
+                    data["previousHolder"].as_str().unwrap_or_default().to_string(),
+                    data["bytesVerified"].as_u64().unwrap_or(0),
+                );
+            }
+            Err(e) if Instant::now() > deadline => panic!("the hand-over evidence on pod {name}'s claim: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+async fn evidence_now(client: &Client, name: &str) -> Result<Value, String> {
+    let p = Api::<Pod>::namespaced(client.clone(), TENANT)
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let claim = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|c| c.into_iter().find_map(|c| c.resource_claim_name))
+        .ok_or("no claim generated yet")?;
+    let c = Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(client.clone(), TENANT)
+        .get(&claim)
+        .await
+        .map_err(|e| e.to_string())?;
+    let entry = c
+        .status
+        .and_then(|s| s.devices)
+        .and_then(|d| {
+            d.into_iter()
+                .find(|d| d.driver == gpu_tenancy::agent::dra::devices::DRIVER)
+        })
+        .ok_or(format!("claim {claim} has no status.devices entry of the driver"))?;
+    Ok(serde_json::to_value(entry.data).unwrap())
+}
+
 /// The device the runtime gave pod `name`'s container: its CDI device IDs and environment.
 fn given(node: &RealNode, name: &str) -> Option<Value> {
     node.containers()
@@ -179,6 +224,10 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
             && env.contains(&"NVIDIA_DRIVER_LIBRARIES=injected"),
         "pod k1's container was not given its GPU: {k1}"
     );
+    // The agent's first claim on the GPU: its past unknown, scrubbed.
+    let (scrub, previous, bytes) = evidence(&c.client, "k1").await;
+    assert_eq!((scrub.as_str(), previous.as_str()), ("Scrubbed", "Unknown"));
+    assert!(bytes > 0, "scrubbed with no byte verified");
     gone(&c.client, "k1").await;
 
     // firstAvailable: the kubelet matches the container's request `gpu` against the device's
@@ -191,6 +240,12 @@ pub async fn pods_run_on_a_real_kubelet(c: &mut Cluster) {
     assert!(
         k2["cdiDevices"].as_array().is_some_and(|d| !d.is_empty()),
         "the firstAvailable pod's container was given no device: {k2}"
+    );
+    // The same tenant's claim before it, no scrub (scrubMemory OnTenantChange).
+    let (scrub, previous, bytes) = evidence(&c.client, "k2").await;
+    assert_eq!(
+        (scrub.as_str(), previous.as_str(), bytes),
+        ("NotNeeded", "SameTenant", 0)
     );
 
     // A reboot: the runtime's containers and its CDI directory are gone, the kubelet's checkpoint

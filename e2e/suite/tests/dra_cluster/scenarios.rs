@@ -288,7 +288,7 @@ pub async fn random_pods_on_a_shared_mig_node(c: &mut Cluster, n: usize) {
         .sum();
     let ours = by_who.get("gpu-tenancy agent+controller").copied().unwrap_or(0);
     eprintln!(
-        "MEASURE API writes per claim over {n} claims: {:.2} by gpu-tenancy (the agent's status.claims, coalesced), {:.2} by the control plane and gpu-tenancy together ({by_who:?})",
+        "MEASURE API writes per claim over {n} claims: {:.2} by gpu-tenancy (the agent's status.claims, coalesced, and each claim's hand-over evidence), {:.2} by the control plane and gpu-tenancy together ({by_who:?})",
         ours as f64 / n as f64,
         system as f64 / n as f64
     );

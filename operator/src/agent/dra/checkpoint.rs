@@ -36,7 +36,20 @@ pub enum DeviceRecord {
         uuid: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tenant: Option<String>,
+        /// What that scrub verified: the evidence of the next hand-over. Absent in a record
+        /// written before the agent kept it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verified: Option<Verified>,
     },
+}
+
+/// What a scrub verified, and when it finished.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Verified {
+    /// Bytes read back as zero (the GPU layer's scrub report).
+    pub bytes: u64,
+    pub at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 impl DeviceRecord {
@@ -56,6 +69,10 @@ pub struct PreparedDevice {
     pub request: String,
     pub device: String,
     pub cdi_device_ids: Vec<String>,
+    /// What its hand-over to the claim did; a claim recorded before the agent kept it has
+    /// nothing known.
+    #[serde(default = "crate::handover::HandOverEvidence::unknown")]
+    pub evidence: crate::handover::HandOverEvidence,
 }
 
 /// A prepared claim.
@@ -95,6 +112,7 @@ impl Checkpoint {
                     device: d.device.clone(),
                     claim: format!("{}/{}", c.namespace, c.name),
                     tenant: c.tenant.clone(),
+                    evidence: Some(d.evidence.clone()),
                 })
             })
             .collect();

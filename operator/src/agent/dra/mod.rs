@@ -10,6 +10,8 @@
 //!   device of another tenant and hands a device to a new tenant only after its memory was
 //!   scrubbed and verified, checkpointed across restarts ([`prepare`], [`state`],
 //!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]);
+//! - says what each hand-over did where the tenant reads it, in the ResourceClaim's
+//!   `status.devices` ([`evidence`], [`claim_status`]), and in the GpuNode's `status.claims`;
 //! - streams its devices' health to the kubelet ([`health`]).
 //!
 //! Like NVIDIA's DRA driver, the plugin is a mode of its own over shared parts (their kubelet
@@ -20,7 +22,9 @@ pub mod authority;
 pub mod caps;
 pub mod cdi;
 pub mod checkpoint;
+pub mod claim_status;
 pub mod devices;
+pub mod evidence;
 pub mod health;
 pub mod pods;
 pub mod prepare;
@@ -272,6 +276,7 @@ pub async fn run<G: Gpus + 'static>(
         state.subscribe(),
         watches.gpu_node.clone(),
     ));
+    tokio::spawn(claim_status::publish(client.clone(), node.clone(), state.subscribe()));
     server::serve(state, &opts.sockets, shutdown).await?;
     Ok(())
 }

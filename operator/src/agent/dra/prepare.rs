@@ -383,6 +383,7 @@ mod tests {
         let clean = DeviceRecord::Clean {
             uuid: "UUID-d0".into(),
             tenant: Some("b".into()),
+            verified: None,
         };
         assert!(!needs_scrub(Some(&clean), "UUID-d0", &d, "a"));
         let always = dev("d0", "a", ScrubMemory::Always);

@@ -11,8 +11,11 @@
 //! next Prepare does not wait.
 
 use super::cdi::{self, CdiContext, CdiError};
-use super::checkpoint::{Checkpoint, CheckpointError, CheckpointFile, DeviceRecord, PreparedClaim, PreparedDevice};
+use super::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointFile, DeviceRecord, PreparedClaim, PreparedDevice, Verified,
+};
 use super::devices::{DraDevice, Unit};
+use super::evidence;
 use super::pods;
 use super::prepare::{self, ClaimView, Planned, Refusal};
 use super::reservations;
@@ -293,11 +296,15 @@ impl<G: Gpus + 'static> DraState<G> {
             let uuid = planned.uuid.clone();
             // The GPU layer's scrub clears all free memory and checks every word of it on the
             // GPU; it fails unless all of it reads zero (gpu::scrub).
-            tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
+            let report = tokio::task::spawn_blocking(move || gpus.scrub(&uuid))
                 .await
                 .map_err(|e| ScrubFailed::Stopped(Arc::new(e)))?
                 .map_err(|e| ScrubFailed::Gpu(Arc::new(e)))?;
-            me.record_clean(&planned)
+            let verified = Verified {
+                bytes: report.bytes_verified,
+                at: evidence::now(),
+            };
+            me.record_clean(&planned, verified)
                 .await
                 .map_err(|e| ScrubFailed::Record(Arc::new(e)))
         };
@@ -321,7 +328,8 @@ impl<G: Gpus + 'static> DraState<G> {
     /// record, unless another claim holds it or the device is another one now). A share's scrub
     /// cleared its whole GPU, so every share of that GPU no claim holds is recorded clean with it:
     /// else each other share would need a scrub of its own, refused while the first one is held.
-    async fn record_clean(&self, p: &Planned) -> Result<(), CheckpointError> {
+    /// `verified`: what the scrub read back, the next hand-over's evidence.
+    async fn record_clean(&self, p: &Planned, verified: Verified) -> Result<(), CheckpointError> {
         let mut inner = self.inner.lock().await;
         *inner.scrubbed.entry(p.uuid.clone()).or_default() += 1;
         let names: Vec<String> = match prepare::is_share(&p.device) {
@@ -336,8 +344,11 @@ impl<G: Gpus + 'static> DraState<G> {
         };
         for name in names {
             let tenant = match inner.cp.devices.get(&name) {
-                Some(DeviceRecord::InUse { .. }) => continue,
+                // A record of another UUID is another device's (one created again after a
+                // reboot, its claim prepared again), even one in use: its past is unknown.
                 Some(r) if r.uuid() != p.uuid => None,
+                // A holder of this very device keeps its record.
+                Some(DeviceRecord::InUse { .. }) => continue,
                 Some(DeviceRecord::Released { tenant, .. }) => Some(tenant.clone()),
                 Some(DeviceRecord::Clean { tenant, .. }) => tenant.clone(),
                 None => None,
@@ -347,6 +358,7 @@ impl<G: Gpus + 'static> DraState<G> {
                 DeviceRecord::Clean {
                     uuid: p.uuid.clone(),
                     tenant,
+                    verified: Some(verified.clone()),
                 },
             );
         }
@@ -475,6 +487,8 @@ impl<G: Gpus + 'static> DraState<G> {
         let mut inner = self.inner.lock().await;
         cdi::write(&self.cdi.dir, uid, &spec)?;
         step_done("prepare-cdi-written");
+        // The evidence from each device's record before this claim's replaces it.
+        let now = evidence::now();
         let devices: Vec<PreparedDevice> = planned
             .iter()
             .zip(ids)
@@ -482,6 +496,13 @@ impl<G: Gpus + 'static> DraState<G> {
                 request: p.request.clone(),
                 device: p.device.name.clone(),
                 cdi_device_ids: ids,
+                evidence: evidence::evidence(
+                    inner.cp.devices.get(&p.device.name),
+                    &p.uuid,
+                    &tenant,
+                    p.device.scrub,
+                    &now,
+                ),
             })
             .collect();
         for p in planned {
