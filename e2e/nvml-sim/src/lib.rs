@@ -6,7 +6,9 @@
 //! separate processes see the same GPUs. [`ctl`] (and the `sim-ctl` binary) attach processes,
 //! reboot, inject faults and read the mutation log.
 
+pub mod caps;
 pub mod ctl;
 pub mod cuda;
+pub mod hook;
 pub mod nvml;
 pub mod state;
