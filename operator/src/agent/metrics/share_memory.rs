@@ -37,9 +37,12 @@ pub fn caps_of(cp: &Checkpoint) -> Vec<ShareCap> {
     let mut out = Vec::new();
     for claim in cp.claims.values() {
         let devices = claim.cdi_spec["devices"].as_array().map_or(&[][..], Vec::as_slice);
+        let spec_env = &claim.cdi_spec["containerEdits"]["env"];
         for d in devices {
             let edits = &d["containerEdits"];
-            let limit = strings(&edits["env"])
+            // The device's own edits apply after the spec's, so its value wins.
+            let limit = strings(spec_env)
+                .chain(strings(&edits["env"]))
                 .filter_map(|kv| kv.strip_prefix(LIMIT_ENV)?.strip_prefix('='))
                 .map(str::parse::<u64>)
                 .next_back();
@@ -229,6 +232,15 @@ mod tests {
             limit_mib,
         };
         assert_eq!(caps_of(&cp), vec![cap("a", 30720), cap("b", 10240)]);
+        // A limit the spec sets for all its devices counts; a device's own one wins over it.
+        let mut cp = checkpoint(&[
+            ("c", vec![device(&[], &hook("GPU-x"))]),
+            ("d", vec![device(&["NVIDIA_GPU_MEMORY_LIMIT=7"], &hook("GPU-x"))]),
+        ]);
+        for claim in cp.claims.values_mut() {
+            claim.cdi_spec["containerEdits"] = json!({"env": ["NVIDIA_GPU_MEMORY_LIMIT=512"]});
+        }
+        assert_eq!(caps_of(&cp), vec![cap("c", 512), cap("d", 7)]);
         assert_eq!(caps_of(&Checkpoint::default()), vec![]);
     }
 
