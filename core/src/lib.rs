@@ -14,6 +14,7 @@ pub mod dra;
 pub mod handover;
 pub mod inventory;
 pub mod labels;
+pub mod memory_caps;
 pub mod mig;
 pub mod planner;
 pub mod policy;

@@ -6,6 +6,7 @@
 mod common;
 mod conditions;
 pub(crate) mod found;
+mod memory_caps;
 mod node;
 mod node_status;
 mod plan;
@@ -16,6 +17,7 @@ mod tenant;
 pub use common::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, MIG_PROFILE_PATTERN, Mode, Placement, QUANTITY_PATTERN};
 pub use conditions::{Condition, ConditionSet, condition_holds, condition_status, set_condition};
 pub use found::FOUND_GPUS_ANNOTATION;
+pub use memory_caps::*;
 pub use node::*;
 pub use node_status::*;
 pub use plan::*;

@@ -2,6 +2,7 @@
 //! owns `status` (what the GPUs really are, and whether the spec is applied: `node_status`).
 
 use super::common::{MIG_PROFILE_PATTERN, Mode, Placement};
+use super::memory_caps::MemoryCapPolicy;
 use super::node_status::GpuNodeStatus;
 use super::plan::{BusyGpuPolicy, DeviceAccess, MpsSettings, TimeSlicingSettings};
 use super::policy::ScrubMemory;
@@ -83,6 +84,10 @@ pub struct GpuSpec {
     /// When to clear memory before the GPU or its instances change hands.
     #[serde(default)]
     pub scrub: ScrubMemory,
+    /// Whether a time-sliced share the node cannot cap in memory may still be handed out: the
+    /// strictest `memoryCaps` of the tiers of its tenants.
+    #[serde(default)]
+    pub memory_caps: MemoryCapPolicy,
 }
 
 impl GpuSpec {
@@ -97,6 +102,7 @@ impl GpuSpec {
             tenants: vec![],
             shares: vec![],
             scrub: ScrubMemory::default(),
+            memory_caps: MemoryCapPolicy::default(),
         }
     }
 

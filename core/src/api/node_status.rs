@@ -39,6 +39,12 @@ pub struct GpuNodeStatus {
     pub mig_profiles: Vec<ModelProfiles>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsDaemonStatus>,
+    /// How the shares of each MPS or time-sliced GPU are capped in memory, and why not by the
+    /// driver where they are not (docs/concepts/isolation.md#memory-limits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["index"]))]
+    pub memory_caps: Vec<super::memory_caps::GpuMemoryCap>,
     /// Pods on this node the agent asks the controller to evict (`busyGpuPolicy: Evict`): they
     /// hold a GPU that is to change. The agent may not evict (an Eviction does not say which node
     /// its pod is on, so no admission rule could keep an agent to its own); the controller evicts

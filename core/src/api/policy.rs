@@ -68,6 +68,11 @@ pub struct Tier {
     /// When the agent clears GPU memory before a GPU or MIG instance serves this tier's tenant.
     #[serde(default)]
     pub scrub_memory: ScrubMemory,
+    /// Whether this tier's tenants get a time-sliced share the node cannot cap in memory:
+    /// `BestEffort` (default) hands it out and the node's status says it is not capped;
+    /// `Required` does not hand it out. An MPS share is always capped (docs/concepts/isolation.md#memory-limits).
+    #[serde(default)]
+    pub memory_caps: super::memory_caps::MemoryCapPolicy,
     /// The Pod Security Standard the API server enforces in this tier's namespaces (the
     /// `pod-security.kubernetes.io/enforce` label the controller sets): `Baseline` (default)
     /// or `Restricted`. Both refuse privileged containers and hostPath volumes, the ways to

@@ -23,6 +23,7 @@ pub fn policy() -> SharingPolicy {
         modes: modes.to_vec(),
         co_location: co,
         scrub_memory: scrub,
+        memory_caps: Default::default(),
         pod_security: Default::default(),
         priority_class_names: vec![],
     };

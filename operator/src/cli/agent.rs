@@ -164,6 +164,21 @@ pub struct RunArgs {
     /// DRA mode: the log directory of the agent's MPS daemon.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_LOG_DIR)]
     mps_log_dir: PathBuf,
+    /// DRA mode: the container toolkit's `nvidia-ctk` on the host, which the container runtime
+    /// runs as the memory cap's CDI hook; the agent runs `<host-root>/<this> --version` to tell
+    /// whether the toolkit can cap (docs/concepts/isolation.md#memory-limits).
+    #[arg(long, value_name = "PATH", default_value = crate::agent::dra::cdi::DEFAULT_NVIDIA_CTK)]
+    nvidia_ctk: PathBuf,
+    /// DRA mode: the driver's root as the container runtime sees it (the hook's `--driver-root`).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    driver_root: PathBuf,
+    /// DRA mode: where the agent sees the host's filesystem, to find `--nvidia-ctk` there.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    host_root: PathBuf,
+    /// DRA mode: the cgroup file system; cgroup v2 (its `cgroup.controllers`) is what the driver's
+    /// memory cap needs.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
     /// Serve /metrics (per GPU, MIG instance and tenant; docs/operations/metrics.md), /healthz and
     /// /readyz here, e.g. 0.0.0.0:9401 (what the DaemonSet in deploy/ sets); `off` serves nothing.
     #[arg(long, value_name = "ADDR", default_value = "off")]
@@ -298,6 +313,12 @@ fn agent_mode(args: &RunArgs) -> crate::agent::AgentMode {
                     mps_pipe_dir: Some(mps.pipe_dir.clone()),
                     mig_minors: Default::default(),
                     nvidia_kind: Some(args.nvidia_cdi_kind.clone()).filter(|k| !k.is_empty()),
+                    nvidia_ctk: args.nvidia_ctk.clone(),
+                    driver_root: args.driver_root.clone(),
+                },
+                caps_probe: dra::caps::ProbeOptions {
+                    host_root: args.host_root.clone(),
+                    cgroup_root: args.cgroup_root.clone(),
                 },
                 mig_minors_file: args.mig_minors_file.clone(),
                 mps: Some(mps),

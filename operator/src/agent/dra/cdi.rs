@@ -10,14 +10,22 @@
 //!   alone), the tenant and device for the workload to log;
 //! - MPS: the agent's MPS pipe directory mounted and `CUDA_MPS_PIPE_DIRECTORY` pointing at it, with
 //!   the plan's thread percentage and pinned memory limit as the client's own defaults
-//!   (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
+//!   (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: a process may change
+//!   its own environment, so these are not what binds; the daemon's own limit is);
+//! - memory cap: a share the driver caps ([`MemoryCapMethod::Driver`]) gets
+//!   `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT` (whole MiB) and the container
+//!   toolkit's `createRuntime` hook `nvidia-ctk hook apply-cuda-memory-limits --driver-root <root>
+//!   --gpu-id <UUID>`, which reads them from the container's OCI spec (its environment at create
+//!   time, before any process runs) and caps the container's memory on that GPU through NVML
+//!   ([`claim_cap_mib`] says which value; docs/concepts/isolation.md#memory-limits). A CDI env
+//!   edit replaces a variable of the same name the pod sets, so a pod cannot raise its own cap.
 //!
 //! Driver libraries are NVIDIA's to inject: with `--nvidia-cdi-kind` (default `nvidia.com/gpu`, what
 //! `nvidia-ctk cdi generate --device-name-strategy=uuid` and the GPU Operator write) Prepare also
 //! returns NVIDIA's own CDI device of the same UUID.
 
 use super::devices::{DraDevice, Unit};
-use crate::api::Mode;
+use crate::api::{MemoryCapMethod, Mode};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +33,7 @@ use std::path::{Path, PathBuf};
 /// The lowest CDI version that expresses a spec of `devices`, the one it names: a runtime refuses
 /// a spec whose version its CDI library does not know (containerd 1.7 to 2.2.0 refuse 1.1.0). A
 /// device name that starts with a digit (a claim's UID may) needs 0.5.0; device nodes by path,
-/// env and mounts with options are 0.3.0's.
+/// env, mounts with options and hooks (`createRuntime` among them) are 0.3.0's.
 pub fn cdi_version<'a>(mut names: impl Iterator<Item = &'a str>) -> &'static str {
     if names.any(|n| n.starts_with(|c: char| c.is_ascii_digit())) {
         "0.5.0"
@@ -40,7 +48,7 @@ pub const KIND: &str = "gputenancy.io/gpu";
 pub const MPS_PIPE_IN_CONTAINER: &str = "/run/gpu-tenancy/mps";
 
 /// What the node's devices need beyond the device itself.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CdiContext {
     /// The directory of transient specs (`/var/run/cdi`).
     pub dir: PathBuf,
@@ -50,6 +58,26 @@ pub struct CdiContext {
     pub mig_minors: BTreeMap<String, u32>,
     /// NVIDIA's CDI kind whose devices are named by UUID, appended to each device's IDs.
     pub nvidia_kind: Option<String>,
+    /// The container toolkit's `nvidia-ctk` as the runtime finds it (the memory cap's hook).
+    pub nvidia_ctk: PathBuf,
+    /// The driver's root as the runtime sees it (`--driver-root` of the hook).
+    pub driver_root: PathBuf,
+}
+
+/// The toolkit's CLI where NVIDIA's packages install it.
+pub const DEFAULT_NVIDIA_CTK: &str = "/usr/bin/nvidia-ctk";
+
+impl Default for CdiContext {
+    fn default() -> Self {
+        CdiContext {
+            dir: PathBuf::new(),
+            mps_pipe_dir: None,
+            mig_minors: BTreeMap::new(),
+            nvidia_kind: None,
+            nvidia_ctk: DEFAULT_NVIDIA_CTK.into(),
+            driver_root: "/".into(),
+        }
+    }
 }
 
 /// The driver's `mig-minors` file (`/proc/driver/nvidia-caps/mig-minors`): one `name minor` a line.
@@ -85,6 +113,32 @@ pub fn device_id(claim: &str, device: &str) -> String {
 /// The path of `claim`'s spec.
 pub fn spec_path(dir: &Path, claim: &str) -> PathBuf {
     dir.join(format!("gputenancy.io-gpu_{claim}.json"))
+}
+
+/// The memory cap of a claim's container on each GPU the driver caps, in MiB: the environment is
+/// the container's, one value for all its GPUs, while the hook is per GPU. So the value is the
+/// claim's memory on one GPU (the sum of its shares there), and where the claim has shares on
+/// several GPUs, the smallest of those sums: no GPU's cap is ever above what the claim holds on
+/// it (fail closed: a claim holding more on another GPU is capped lower there). `None` where the
+/// driver caps none of its devices.
+pub fn claim_cap_mib(devices: &[(&DraDevice, &str)]) -> Option<u64> {
+    let mut per_gpu: BTreeMap<&str, u64> = BTreeMap::new();
+    for (d, uuid) in devices {
+        if d.memory_cap == Some(MemoryCapMethod::Driver) {
+            *per_gpu.entry(uuid).or_default() += d.memory_mib;
+        }
+    }
+    per_gpu.into_values().min()
+}
+
+/// The `createRuntime` hook that caps the container's memory on GPU `uuid`, as NVIDIA's own
+/// generated specs write it.
+fn memory_cap_hook(ctx: &CdiContext, uuid: &str) -> Value {
+    json!({
+        "hookName": "createRuntime",
+        "path": ctx.nvidia_ctk,
+        "args": ["nvidia-ctk", "hook", "apply-cuda-memory-limits", "--driver-root", ctx.driver_root, "--gpu-id", uuid],
+    })
 }
 
 fn edits(ctx: &CdiContext, d: &DraDevice, uuid: &str, tenant: &str) -> Result<Value, CdiError> {
@@ -146,8 +200,21 @@ pub fn spec(
 ) -> Result<(Value, Vec<Vec<String>>), CdiError> {
     let mut out = Vec::new();
     let mut ids = Vec::new();
+    let cap = claim_cap_mib(devices);
+    let mut hooked = std::collections::BTreeSet::new();
     for (d, uuid) in devices {
-        out.push(json!({"name": format!("{claim}-{}", d.name), "containerEdits": edits(ctx, d, uuid, tenant)?}));
+        let mut e = edits(ctx, d, uuid, tenant)?;
+        if let (Some(mib), Some(MemoryCapMethod::Driver)) = (cap, d.memory_cap) {
+            if let Some(env) = e["env"].as_array_mut() {
+                env.push(json!(format!("NVIDIA_GPU_MEMORY_REQUEST={mib}")));
+                env.push(json!(format!("NVIDIA_GPU_MEMORY_LIMIT={mib}")));
+            }
+            // One hook per GPU, as NVIDIA's specs have it: the runtime runs every device's hooks.
+            if hooked.insert(*uuid) {
+                e["hooks"] = json!([memory_cap_hook(ctx, uuid)]);
+            }
+        }
+        out.push(json!({"name": format!("{claim}-{}", d.name), "containerEdits": e}));
         let mut these = vec![device_id(claim, &d.name)];
         if let Some(kind) = &ctx.nvidia_kind {
             these.push(format!("{kind}={uuid}"));
@@ -272,6 +339,7 @@ mod tests {
                 active_thread_percentage: None,
                 pinned_memory_limit: None,
             }),
+            memory_cap: None,
             scrub: ScrubMemory::OnTenantChange,
             not_ready: None,
             unhealthy: None,
@@ -287,6 +355,7 @@ mod tests {
             mps_pipe_dir: Some("/run/gpu-tenancy/mps/pipe".into()),
             mig_minors: parse_mig_minors("config 1\nmonitor 2\ngpu3/gi2/access 30\ngpu3/gi2/ci0/access 31\n"),
             nvidia_kind: Some("nvidia.com/gpu".into()),
+            ..CdiContext::default()
         };
         let mig = dev(Unit::Instance(Placement { start: 0, size: 4 }), Mode::Mig);
         let (spec, ids) = spec(&ctx, "uid1", "a", &[(&mig, "MIG-1")]).unwrap();
@@ -339,5 +408,124 @@ mod tests {
             super::spec(&no_caps, "u", "a", &[(&mig, "MIG-1")]),
             Err(CdiError::NoCapability { .. })
         ));
+    }
+
+    /// A share of `gpu` with `mib` of memory, capped by `cap`.
+    fn share(gpu: u32, mode: Mode, mib: u64, cap: MemoryCapMethod) -> DraDevice {
+        DraDevice {
+            name: format!("gpu-{gpu}-share-{mib}"),
+            gpu,
+            unit: Unit::Share { k: 0 },
+            memory_mib: mib,
+            memory_cap: Some(cap),
+            instance_ids: None,
+            ..dev(Unit::Share { k: 0 }, mode)
+        }
+    }
+
+    fn env_of(spec: &Value, i: usize) -> Vec<String> {
+        spec["devices"][i]["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn caps_of(spec: &Value, i: usize) -> Vec<String> {
+        env_of(spec, i)
+            .into_iter()
+            .filter(|e| e.starts_with("NVIDIA_GPU_MEMORY_"))
+            .collect()
+    }
+
+    /// A claim's shares the driver caps carry the toolkit's hook, one per GPU with NVIDIA's
+    /// arguments, and the same cap on every device: the claim's memory on its GPU, or the
+    /// smallest of its GPUs' where it spans several. Values by hand: 2 x 20389 = 40778 on GPU-1;
+    /// 11651 on GPU-2 is smaller.
+    #[test]
+    fn a_driver_capped_claim_carries_the_hook_and_one_cap() {
+        let ctx = CdiContext {
+            mps_pipe_dir: Some("/run/gpu-tenancy/mps/pipe".into()),
+            nvidia_ctk: "/opt/nvidia/bin/nvidia-ctk".into(),
+            driver_root: "/run/nvidia/driver".into(),
+            ..CdiContext::default()
+        };
+        let (a, b) = (
+            share(1, Mode::Mps, 20389, MemoryCapMethod::Driver),
+            DraDevice {
+                name: "second".into(),
+                ..share(1, Mode::Mps, 20389, MemoryCapMethod::Driver)
+            },
+        );
+        let (spec, _) = super::spec(&ctx, "uid1", "a", &[(&a, "GPU-1"), (&b, "GPU-1")]).unwrap();
+        assert_eq!(spec["cdiVersion"], "0.3.0");
+        for i in 0..2 {
+            assert_eq!(
+                caps_of(&spec, i),
+                ["NVIDIA_GPU_MEMORY_REQUEST=40778", "NVIDIA_GPU_MEMORY_LIMIT=40778"]
+            );
+        }
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["hooks"],
+            json!([{
+                "hookName": "createRuntime",
+                "path": "/opt/nvidia/bin/nvidia-ctk",
+                "args": ["nvidia-ctk", "hook", "apply-cuda-memory-limits", "--driver-root", "/run/nvidia/driver", "--gpu-id", "GPU-1"],
+            }])
+        );
+        // One hook per GPU: the second share of GPU-1 adds none.
+        assert!(spec["devices"][1]["containerEdits"].get("hooks").is_none());
+
+        let ts = share(2, Mode::TimeSlicing, 11651, MemoryCapMethod::Driver);
+        let (spec, _) = super::spec(&ctx, "uid2", "a", &[(&a, "GPU-1"), (&b, "GPU-1"), (&ts, "GPU-2")]).unwrap();
+        for i in 0..3 {
+            assert_eq!(
+                caps_of(&spec, i),
+                ["NVIDIA_GPU_MEMORY_REQUEST=11651", "NVIDIA_GPU_MEMORY_LIMIT=11651"]
+            );
+        }
+        assert_eq!(spec["devices"][2]["containerEdits"]["hooks"][0]["args"][6], "GPU-2");
+        assert_eq!(
+            claim_cap_mib(&[(&a, "GPU-1"), (&b, "GPU-1"), (&ts, "GPU-2")]),
+            Some(11651)
+        );
+    }
+
+    /// Defaults are NVIDIA's paths; a share its MPS daemon caps, or nothing caps, carries no
+    /// hook and no cap variables; a whole device beside a capped share adds nothing to the value.
+    #[test]
+    fn only_the_driver_method_gets_the_hook() {
+        let ctx = CdiContext {
+            mps_pipe_dir: Some("/pipe".into()),
+            ..CdiContext::default()
+        };
+        let daemon = share(1, Mode::Mps, 20389, MemoryCapMethod::MpsDaemon);
+        let none = share(2, Mode::TimeSlicing, 11651, MemoryCapMethod::None);
+        let (spec, _) = super::spec(&ctx, "uid", "a", &[(&daemon, "GPU-1"), (&none, "GPU-2")]).unwrap();
+        for i in 0..2 {
+            assert!(caps_of(&spec, i).is_empty());
+            assert!(spec["devices"][i]["containerEdits"].get("hooks").is_none());
+        }
+        // The MPS daemon's client setting stays for the client; the daemon's own limit binds.
+        assert!(env_of(&spec, 0).contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20389M".to_string()));
+        let whole = DraDevice {
+            unit: Unit::Gpu,
+            memory_mib: 81559,
+            memory_cap: None,
+            ..dev(Unit::Gpu, Mode::Exclusive)
+        };
+        let ts = share(2, Mode::TimeSlicing, 11651, MemoryCapMethod::Driver);
+        let (spec, _) = super::spec(&ctx, "uid", "a", &[(&whole, "GPU-0"), (&ts, "GPU-2")]).unwrap();
+        assert!(caps_of(&spec, 0).is_empty());
+        assert_eq!(
+            caps_of(&spec, 1),
+            ["NVIDIA_GPU_MEMORY_REQUEST=11651", "NVIDIA_GPU_MEMORY_LIMIT=11651"]
+        );
+        assert_eq!(
+            spec["devices"][1]["containerEdits"]["hooks"][0]["path"],
+            "/usr/bin/nvidia-ctk"
+        );
+        assert_eq!(spec["devices"][1]["containerEdits"]["hooks"][0]["args"][4], "/");
     }
 }

@@ -11,9 +11,10 @@
 //! another tenant's share.
 
 use crate::api::{
-    DeviceAccess, GpuNode, GpuNodeStatus, GpuReason, GpuSpec, GpuStatus, MigInstanceSpec, Mode, MpsSettings, Placement,
-    ScrubMemory, Unhealthy,
+    DeviceAccess, GpuNode, GpuNodeStatus, GpuReason, GpuSpec, GpuStatus, MemoryCapMethod, MigInstanceSpec, Mode,
+    MpsSettings, Placement, ScrubMemory, Unhealthy,
 };
+use gpu_tenancy_core::memory_caps;
 
 pub use crate::dra::DRIVER;
 
@@ -43,6 +44,9 @@ pub enum NotReady {
     ScrubPending,
     /// Processes run on the GPU that the spec is to change.
     Busy,
+    /// A time-sliced share the node cannot cap in memory, of a tier whose `memoryCaps` is
+    /// `Required`.
+    NoMemoryCap,
 }
 
 impl NotReady {
@@ -54,6 +58,7 @@ impl NotReady {
             NotReady::NotApplied => "NotApplied",
             NotReady::ScrubPending => "ScrubPending",
             NotReady::Busy => "Busy",
+            NotReady::NoMemoryCap => "NoMemoryCap",
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct DraDevice {
     pub memory_mib: u64,
     /// The GPU's MPS settings (an MPS share's limits come from them).
     pub mps: Option<MpsSettings>,
+    /// What caps a share's memory (`memory_mib`): the node's status says, per GPU; `None` for
+    /// whole GPUs and MIG instances, whose memory is theirs alone.
+    pub memory_cap: Option<MemoryCapMethod>,
     /// When its memory is cleared between claims (the strictest of its GPU's tenants).
     pub scrub: ScrubMemory,
     pub not_ready: Option<NotReady>,
@@ -189,6 +197,7 @@ impl GpuView<'_> {
             numa_node: st.and_then(|g| g.numa_node),
             memory_mib: st.map_or(0, |g| g.memory_mib),
             mps: spec.mps.clone(),
+            memory_cap: None,
             scrub: spec.scrub,
             // A spec the agent has not reported on yet: nothing is known to match it.
             not_ready: not_ready.or((!self.current).then_some(NotReady::NotApplied)),
@@ -233,22 +242,35 @@ impl GpuView<'_> {
         d
     }
 
-    /// An MPS or time-sliced GPU: one device per share, each with its part of the memory.
+    /// An MPS or time-sliced GPU: one device per share, each with its part of the memory and
+    /// what caps it.
     fn shares(&self, out: &mut Vec<DraDevice>) {
         let spec = self.spec;
-        let replicas = match spec.mode {
-            Mode::Mps => spec.mps.as_ref().map_or(1, |m| m.max_clients),
-            _ => spec.time_slicing.as_ref().map_or(1, |t| t.replicas),
-        }
-        .max(1);
+        let cap = self.memory_cap();
+        let uncapped = (!memory_caps::may_hand_out(spec.mode, cap, spec.memory_caps)).then_some(NotReady::NoMemoryCap);
         for share in &spec.shares {
-            let nr = gpu_not_ready(spec, self.st, Some(&share.tenant));
+            let nr = gpu_not_ready(spec, self.st, Some(&share.tenant)).or(uncapped);
             for k in 0..share.count {
                 let mut d = self.device(Unit::Share { k }, Some(share.tenant.clone()), nr);
                 d.parent_uuid = d.uuid.clone();
-                d.memory_mib /= u64::from(replicas);
+                d.memory_mib = memory_caps::share_mib(spec, d.memory_mib);
+                d.memory_cap = Some(cap);
                 out.push(d);
             }
+        }
+    }
+
+    /// What caps this GPU's shares, as the status says; where it says nothing, the fallback
+    /// that needs nothing of the node (fail closed): the agent's MPS daemon for MPS, none for
+    /// time-slicing.
+    fn memory_cap(&self) -> MemoryCapMethod {
+        let said = self
+            .status
+            .and_then(|s| s.memory_caps.iter().find(|c| c.index == self.spec.index));
+        match (said, self.spec.mode) {
+            (Some(c), _) => c.method,
+            (None, Mode::Mps) => MemoryCapMethod::MpsDaemon,
+            (None, _) => MemoryCapMethod::None,
         }
     }
 }
@@ -416,5 +438,65 @@ mod tests {
                 .filter(|d| d.gpu == 1)
                 .all(|d| d.not_ready == Some(NotReady::Busy))
         );
+    }
+
+    /// A share's cap is what the status says of its GPU; where it says nothing, the fallback
+    /// that needs nothing of the node. A time-sliced share nothing caps is not ready under a
+    /// `Required` tier and is handed out under `BestEffort`.
+    #[test]
+    fn shares_follow_the_status_memory_caps_and_the_tier_rule() {
+        use crate::api::{GpuMemoryCap, MemoryCapPolicy, MemoryCapReason};
+        let mut n = node();
+        let caps = |d: &[DraDevice]| {
+            d.iter()
+                .filter(|d| d.gpu == 1)
+                .map(|d| d.memory_cap)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(caps(&devices(&n)), [Some(MemoryCapMethod::MpsDaemon); 4]);
+        assert!(
+            devices(&n)
+                .iter()
+                .filter(|d| d.gpu == 0)
+                .all(|d| d.memory_cap.is_none())
+        );
+        n.status.as_mut().unwrap().memory_caps = vec![GpuMemoryCap {
+            index: 1,
+            method: MemoryCapMethod::Driver,
+            reason: None,
+            found: None,
+        }];
+        assert_eq!(caps(&devices(&n)), [Some(MemoryCapMethod::Driver); 4]);
+
+        // GPU 1 time-sliced into 7: 81559 / 7 = 11651 MiB a share, by hand.
+        let mut ts = GpuSpec::time_sliced(1, 7)
+            .with_tenants(&["a", "b"])
+            .with_shares(&[("a", 3), ("b", 1)]);
+        ts.scrub = ScrubMemory::OnTenantChange;
+        n.spec.gpus = vec![n.spec.gpus[0].clone(), ts].into();
+        let st = n.status.as_mut().unwrap();
+        st.gpus[1].applied_mode = Some(Mode::TimeSlicing);
+        st.memory_caps = vec![GpuMemoryCap {
+            index: 1,
+            method: MemoryCapMethod::None,
+            reason: Some(MemoryCapReason::ToolkitMissing),
+            found: None,
+        }];
+        let shared = |n: &GpuNode| {
+            devices(n)
+                .into_iter()
+                .filter(|d| d.gpu == 1)
+                .map(|d| (d.memory_mib, d.memory_cap, d.not_ready))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shared(&n), [(11651, Some(MemoryCapMethod::None), None); 4]);
+        n.spec.gpus[1].memory_caps = MemoryCapPolicy::Required;
+        assert_eq!(
+            shared(&n),
+            [(11651, Some(MemoryCapMethod::None), Some(NotReady::NoMemoryCap)); 4]
+        );
+        // A status that says nothing of the GPU: uncapped, so not ready either.
+        n.status.as_mut().unwrap().memory_caps.clear();
+        assert!(shared(&n).iter().all(|s| s.2 == Some(NotReady::NoMemoryCap)));
     }
 }

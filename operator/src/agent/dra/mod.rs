@@ -17,6 +17,7 @@
 //! scrubs and the layout's changes must not race and share one GPU backend).
 
 pub mod authority;
+pub mod caps;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
@@ -52,6 +53,8 @@ pub struct DraOptions {
     /// Where the checkpoint lives (a host directory that survives the agent's pod).
     pub state_dir: PathBuf,
     pub cdi: cdi::CdiContext,
+    /// Where the memory caps' probe looks ([`caps`]).
+    pub caps_probe: caps::ProbeOptions,
     /// The driver's `mig-minors` file, read for MIG instances' capability device nodes.
     pub mig_minors_file: PathBuf,
     /// The agent's own MPS daemon (MPS shares need one; NVIDIA's device plugin is not there).
@@ -64,11 +67,22 @@ impl NodeMode for DraOptions {
         self.mps.clone()
     }
 
-    /// Nothing to read: Prepare knows each claim's devices, and publishes them itself
-    /// (`status.claims`, [`CLAIMS_FIELD_MANAGER`]).
-    fn observe<'a>(&'a self, _pass: PassView<'a>, status: &'a mut GpuNodeStatus) -> BoxFuture<'a, Option<Holdings>> {
+    /// How the node caps its shares' memory (`status.memoryCaps`, which the published devices
+    /// and their CDI specs follow); no holdings: Prepare knows each claim's devices, and
+    /// publishes them itself (`status.claims`, [`CLAIMS_FIELD_MANAGER`]).
+    fn observe<'a>(&'a self, pass: PassView<'a>, status: &'a mut GpuNodeStatus) -> BoxFuture<'a, Option<Holdings>> {
         pod_resources::clear(status);
-        futures::future::ready(None).boxed()
+        async move {
+            let (opts, ctk) = (self.caps_probe.clone(), self.cdi.nvidia_ctk.clone());
+            let driver = status.driver.as_ref().map(|d| d.driver_version.clone());
+            // A failed probe task knows nothing: every part counts as missing.
+            let probe = tokio::task::spawn_blocking(move || caps::probe(&opts, &ctk, driver.as_deref()))
+                .await
+                .unwrap_or_default();
+            caps::report(pass.spec, &probe, status);
+            None
+        }
+        .boxed()
     }
 
     fn passed<'a>(&'a self, _pass: PassView<'a>, _status: &'a GpuNodeStatus) -> BoxFuture<'a, ()> {

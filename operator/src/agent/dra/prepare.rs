@@ -263,6 +263,7 @@ mod tests {
             numa_node: None,
             memory_mib: 1,
             mps: None,
+            memory_cap: None,
             scrub,
             not_ready: None,
             unhealthy: None,

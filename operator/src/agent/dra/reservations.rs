@@ -130,6 +130,7 @@ mod tests {
             numa_node: None,
             memory_mib: 0,
             mps: None,
+            memory_cap: None,
             scrub: ScrubMemory::OnTenantChange,
             not_ready: None,
             unhealthy: None,

@@ -230,6 +230,7 @@ mod tests {
             numa_node: Some(0),
             memory_mib: 81559,
             mps: None,
+            memory_cap: None,
             scrub: ScrubMemory::OnTenantChange,
             not_ready,
             unhealthy: None,
