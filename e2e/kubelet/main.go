@@ -4,7 +4,7 @@
 // plugin advertising what NVIDIA's would for a node's config (deviceplugin.go).
 //
 //	kubelet --config FILE --kubeconfig FILE --root-dir DIR ...   (the kubelet's own flags)
-//	kubelet runtime --socket PATH --cdi-dir DIR --record FILE
+//	kubelet runtime --socket PATH --cdi-dir DIR --record FILE [--bundles DIR]
 //	kubelet device-plugin --plugin-dir DIR --config FILE --gpus GPU-...,...
 package main
 

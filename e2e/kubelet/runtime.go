@@ -4,11 +4,13 @@ package main
 // runtime (k8s.io/cri-client pkg/fake, the kubelet's test double) served on a unix socket, with
 // CreateContainer resolving the container's CDI devices the way containerd does, with the CDI
 // library's cache over the runtime's spec directory: a device no valid spec defines fails the
-// container ("unresolvable CDI devices"), as it would in production. Device nodes are not
-// injected (this machine has no GPU device nodes to stat); what each container was given is
-// appended to the record file, one JSON object a line, for the tests to read: its CDI devices,
-// the environment their specs set, and the environment the kubelet set (a device plugin's
-// Allocate answer among it).
+// container ("unresolvable CDI devices"), as it would in production. The CDI edits are applied
+// to the container's OCI spec and its createRuntime hooks run as runc runs them (hooks.go): a
+// failing hook fails the container's creation. Device nodes are not injected (this machine has
+// no GPU device nodes to stat); what each container was given is appended to the record file,
+// one JSON object a line, for the tests to read: its ID, its CDI devices, the environment their
+// specs set, the environment the kubelet set (a device plugin's Allocate answer among it), and
+// the hooks run.
 
 import (
 	"context"
@@ -18,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 
@@ -30,13 +33,15 @@ import (
 // cdiRuntime is the fake runtime with CreateContainer resolving CDI devices.
 type cdiRuntime struct {
 	*fake.RemoteRuntime
-	cdiDir string
-	record string
-	mu     sync.Mutex
+	cdiDir  string
+	record  string
+	bundles string
+	mu      sync.Mutex
 }
 
 // created is one container as the runtime created it.
 type created struct {
+	ID         string   `json:"id"`
 	Pod        string   `json:"pod"`
 	Namespace  string   `json:"namespace"`
 	Container  string   `json:"container"`
@@ -44,6 +49,8 @@ type created struct {
 	Env        []string `json:"env"`
 	// ContainerEnv is the container's own environment as the kubelet sent it (KEY=VALUE).
 	ContainerEnv []string `json:"containerEnv"`
+	// Hooks are the createRuntime hooks run, in order.
+	Hooks []ranHook `json:"hooks"`
 }
 
 func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
@@ -51,22 +58,38 @@ func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.Create
 	for _, d := range req.GetConfig().GetCDIDevices() {
 		names = append(names, d.GetName())
 	}
-	env, err := r.resolve(names)
+	edits, err := r.resolve(names)
 	if err != nil {
 		return nil, err
 	}
+	spec := baseSpec(req.GetConfig())
+	if err := edits.Apply(spec); err != nil {
+		return nil, fmt.Errorf("failed to inject CDI devices: %w", err)
+	}
 	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
 	if err != nil {
+		return nil, err
+	}
+	hooks, err := createRuntimeHooks(spec, resp.GetContainerId(), r.bundles)
+	if err != nil {
+		// runc destroys a container whose createRuntime hook failed; the creation fails.
+		_, _ = r.RemoteRuntime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: resp.GetContainerId()})
+		fmt.Fprintf(os.Stderr, "kubelet runtime: container %s: %v\n", resp.GetContainerId(), err)
 		return nil, err
 	}
 	var own []string
 	for _, kv := range req.GetConfig().GetEnvs() {
 		own = append(own, kv.GetKey()+"="+string(kv.GetValue()))
 	}
+	var env []string
+	if edits.ContainerEdits != nil {
+		env = edits.Env
+	}
 	meta := req.GetSandboxConfig().GetMetadata()
 	line, err := json.Marshal(created{
-		Pod: meta.GetName(), Namespace: meta.GetNamespace(), Container: req.GetConfig().GetMetadata().GetName(),
-		CDIDevices: names, Env: env, ContainerEnv: own,
+		ID: resp.GetContainerId(), Pod: meta.GetName(), Namespace: meta.GetNamespace(),
+		Container: req.GetConfig().GetMetadata().GetName(), CDIDevices: names, Env: env, ContainerEnv: own,
+		Hooks: hooks,
 	})
 	if err != nil {
 		return nil, err
@@ -83,10 +106,12 @@ func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.Create
 }
 
 // resolve finds every device in the spec directory, as the runtime's CDI cache does on each
-// container's creation, and returns the environment their edits set.
-func (r *cdiRuntime) resolve(names []string) ([]string, error) {
+// container's creation, and returns their edits (each spec's once, then each device's, as the
+// CDI library's InjectDevices merges them), device nodes left out.
+func (r *cdiRuntime) resolve(names []string) (*cdi.ContainerEdits, error) {
+	edits := &cdi.ContainerEdits{}
 	if len(names) == 0 {
-		return nil, nil
+		return edits, nil
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(r.cdiDir), cdi.WithAutoRefresh(false))
 	if err != nil {
@@ -96,21 +121,24 @@ func (r *cdiRuntime) resolve(names []string) ([]string, error) {
 		// Invalid specs are reported and skipped: their devices stay unresolvable.
 		fmt.Fprintf(os.Stderr, "kubelet runtime: refreshing CDI specs: %v\n", err)
 	}
-	var env []string
 	var unresolved []string
+	seen := map[*cdi.Spec]bool{}
 	for _, n := range names {
 		d := cache.GetDevice(n)
 		if d == nil {
 			unresolved = append(unresolved, n)
 			continue
 		}
-		env = append(env, d.GetSpec().ContainerEdits.Env...)
-		env = append(env, d.ContainerEdits.Env...)
+		if !seen[d.GetSpec()] {
+			seen[d.GetSpec()] = true
+			edits.Append(withoutDeviceNodes(d.GetSpec().ContainerEdits))
+		}
+		edits.Append(withoutDeviceNodes(d.ContainerEdits))
 	}
 	if len(unresolved) > 0 {
 		return nil, fmt.Errorf("failed to inject CDI devices: unresolvable CDI devices %v", unresolved)
 	}
-	return env, nil
+	return edits, nil
 }
 
 func runRuntime(args []string) error {
@@ -118,18 +146,22 @@ func runRuntime(args []string) error {
 	socket := fs.String("socket", "", "the unix socket to serve the CRI on")
 	cdiDir := fs.String("cdi-dir", "", "the CDI spec directory")
 	record := fs.String("record", "", "the file each created container is appended to")
+	bundles := fs.String("bundles", "", "the directory of the containers' OCI bundles (default: bundles/ beside --record)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *socket == "" || *cdiDir == "" || *record == "" {
 		return fmt.Errorf("--socket, --cdi-dir and --record are required")
 	}
+	if *bundles == "" {
+		*bundles = filepath.Join(filepath.Dir(*record), "bundles")
+	}
 	_ = os.Remove(*socket)
 	l, err := net.Listen("unix", *socket)
 	if err != nil {
 		return err
 	}
-	r := &cdiRuntime{RemoteRuntime: fake.NewFakeRemoteRuntime(), cdiDir: *cdiDir, record: *record}
+	r := &cdiRuntime{RemoteRuntime: fake.NewFakeRemoteRuntime(), cdiDir: *cdiDir, record: *record, bundles: *bundles}
 	// Images have a size once pulled, as a real runtime's do: the kubelet takes an image without
 	// one for a failed status and pulls it again for every container, into its pull rate limit.
 	r.ImageService.SetFakeImageSize(1 << 20)

@@ -48,6 +48,7 @@ pub fn attach(paths: &Paths, a: &Attach) -> Result<(), String> {
             used_mib: a.used_mib,
             tenant: a.tenant.clone(),
             sm_util: a.sm_util.min(100),
+            container: None,
         });
         Ok(())
     })?

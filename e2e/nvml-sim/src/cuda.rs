@@ -290,6 +290,24 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
+/// A process of a container (named by [`crate::caps::CONTAINER_ENV`]) with a memory cap on its
+/// GPU: an allocation past the cap is out of memory, as the driver answers it, counting the
+/// container's processes on the GPU and this process's own allocations, in MiB rounded up.
+/// MIG devices carry no caps in the simulator.
+fn within_cap(ctx: &Ctx, paths: &Paths, t: Target, bytes: u64) -> Result<(), u32> {
+    let Ok(container) = std::env::var(crate::caps::CONTAINER_ENV) else {
+        return Ok(());
+    };
+    if t.gi.is_some() {
+        return Ok(());
+    }
+    let st = read(paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+    let g = st.gpu(t.gpu).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    let ours: u64 = ctx.allocs.iter().map(|a| a.size).sum();
+    crate::caps::check(&st, g, Some(&container), ours.div_ceil(MIB), bytes.div_ceil(MIB))
+        .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> u32 {
     with_ctx(|ctx| {
@@ -304,6 +322,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> u32 {
         if bytes as u64 > free {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        within_cap(ctx, &paths, t, bytes as u64)?;
         let st = read(&paths).map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
         let ptr = ctx.next_ptr;
         ctx.next_ptr += (bytes as u64).next_multiple_of(2 * MIB);

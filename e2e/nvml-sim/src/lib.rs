@@ -6,10 +6,12 @@
 //! separate processes see the same GPUs. [`ctl`] (and the `sim-ctl` binary) attach processes,
 //! reboot, inject faults and read the mutation log; [`stale`] plants bytes a scrub must find.
 
+pub mod caps;
 pub mod ctl;
 pub mod cuda;
 pub mod cuda_kernels;
 pub mod cuda_memory;
+pub mod hook;
 pub mod nvml;
 pub mod stale;
 pub mod state;

@@ -95,6 +95,9 @@ pub struct SimState {
     /// State of the generator random-rate faults draw from (xorshift64*; 0: not seeded yet).
     #[serde(default)]
     pub rng: u64,
+    /// Per-container memory caps the toolkit's hook set ([`crate::caps`]).
+    #[serde(default)]
+    pub caps: Vec<crate::caps::MemoryCap>,
     /// Set by [`SimState::record`] when the abort point is reached; never saved.
     #[serde(skip)]
     pub abort_now: bool,
@@ -180,6 +183,11 @@ pub struct SimProcess {
     /// utilization calls sum up, capped at 100 per device).
     #[serde(default)]
     pub sm_util: u32,
+    /// The container the process runs in (the driver knows it by the process's cgroup): its
+    /// allocations count against that container's memory cap on this GPU, if it has one
+    /// ([`crate::caps`]).
+    #[serde(default)]
+    pub container: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -512,6 +520,8 @@ impl SimState {
             g.mig_current = g.mig_pending;
             g.compute_mode = 0;
         }
+        // The containers are gone with their processes; the hook sets a new container's cap.
+        self.caps.clear();
     }
 
     /// A GPU reset (or, for a pass-through GPU, the VM's reboot): applies a pending MIG mode.

@@ -207,8 +207,8 @@ impl RealNode {
         self.dir.join("cdi")
     }
 
-    /// Every container the runtime created, in order: pod, namespace, container, the CDI
-    /// devices it was given and the environment their specs set.
+    /// Every container the runtime created, in order: its ID, pod, namespace, container, the CDI
+    /// devices it was given, the environment their specs set and the `createRuntime` hooks run.
     pub fn containers(&self) -> Vec<Value> {
         std::fs::read_to_string(self.dir.join("containers.jsonl"))
             .unwrap_or_default()

@@ -319,6 +319,42 @@ impl SimAgent {
         }
     }
 
+    /// Restarts the agent with `--nvidia-ctk` naming the simulator's stand-in for the container
+    /// toolkit (`sim-nvidia-ctk`, reporting toolkit `version`), through a wrapper script under
+    /// [`SimAgent::dir`] that points it at this node's simulated GPUs: the container runtime runs
+    /// it as the memory cap's hook with the hook's environment, not the test's. Its
+    /// `--cgroup-root` is a cgroup v2 root under [`SimAgent::dir`], whatever this machine mounts.
+    /// The wrapper's path.
+    pub fn use_nvidia_ctk(&mut self, version: &str) -> PathBuf {
+        let cgroup = self.dir.join("cgroup");
+        std::fs::create_dir_all(&cgroup).unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.display()));
+        std::fs::write(cgroup.join("cgroup.controllers"), "cpu memory pids\n")
+            .unwrap_or_else(|e| panic!("writing {}/cgroup.controllers: {e}", cgroup.display()));
+        self.args.extend(["--cgroup-root".into(), cgroup.display().to_string()]);
+        let wrapper = self.dir.join("nvidia-ctk");
+        let script = format!(
+            "#!/bin/sh\nexport GPU_TENANCY_SIM_CONFIG='{}' GPU_TENANCY_SIM_STATE='{}' GPU_TENANCY_SIM_CTK_VERSION='{version}'\nexec '{}' \"$@\"\n",
+            self.dir.join("sim.yaml").display(),
+            self.dir.join("sim.state.json").display(),
+            binary("sim-nvidia-ctk").display(),
+        );
+        std::fs::write(&wrapper, script).unwrap_or_else(|e| panic!("writing {}: {e}", wrapper.display()));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("making {} executable: {e}", wrapper.display()));
+        self.args.extend(["--nvidia-ctk".into(), wrapper.display().to_string()]);
+        self.restart();
+        wrapper
+    }
+
+    /// Runs `sim-ctl ARGS` on this agent's simulated GPUs, whatever its exit status.
+    pub fn sim_ctl_output(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = Command::new(binary("sim-ctl"));
+        cmd.args(args);
+        sim_env(&self.dir, &mut cmd);
+        cmd.output().expect("sim-ctl runs")
+    }
+
     /// Runs `sim-ctl ARGS` on this agent's simulated GPUs; its standard output.
     pub fn sim_ctl(&self, args: &[&str]) -> String {
         let mut cmd = Command::new(binary("sim-ctl"));

@@ -176,6 +176,7 @@ async fn pass<G: Gpus + 'static>(
         m.namespaces(namespaces);
         m.holders(&status, holders.as_ref());
         m.ungranted(&status, &signals);
+        share_memory(client, opts, m, &status).await;
     }
     publish(&api, opts, prev.as_ref(), &status).await?;
     mode.passed(view, &status).await;
@@ -324,6 +325,23 @@ async fn attribute(
     (attribution::busy(spec, status, &usage, &tenant_of), namespaces)
 }
 
+/// The memory each tenant uses against its caps on the GPUs where the DRA mode prepared capped
+/// shares ([`metrics::share_memory_rows`]). Without attribution the use cannot be told, and no
+/// rows are exported rather than rows at 0.
+async fn share_memory(client: &Client, opts: &Options, m: &metrics::AgentMetrics, status: &GpuNodeStatus) {
+    let caps = m.caps();
+    let (Some(a), false) = (&opts.attribution, caps.is_empty()) else {
+        m.share_memory(&[]);
+        return;
+    };
+    let pids = metrics::capped_pids(status, &caps);
+    let tenant_of = match pids.is_empty() {
+        true => BTreeMap::new(),
+        false => a.tenants_of(client, &opts.node, &pids).await,
+    };
+    m.share_memory(&metrics::share_memory_rows(status, &caps, &tenant_of));
+}
+
 /// Marks the GpuNode Ready=False (reason `NvmlFailed`) with the error, keeping the rest of its
 /// last status (the GPUs as last seen, the generation last applied). Best effort: the pass is
 /// retried with backoff either way.
@@ -427,6 +445,7 @@ pub async fn run(
     });
     let serving = opts.mode.clone().serve(
         client.clone(),
+        opts.metrics.clone(),
         opts.node.clone(),
         gpus.clone(),
         watches.clone(),

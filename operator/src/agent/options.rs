@@ -62,6 +62,7 @@ impl AgentMode {
     pub async fn serve<G: Gpus + 'static>(
         self,
         client: Client,
+        metrics: Option<Arc<AgentMetrics>>,
         node: String,
         gpus: Arc<G>,
         watches: Watches,
@@ -69,7 +70,7 @@ impl AgentMode {
     ) -> Result<(), RunError> {
         match self {
             AgentMode::DevicePlugin(_) => Ok(()),
-            AgentMode::Dra(o) => super::dra::run(client, node, gpus, *o, &watches, shutdown)
+            AgentMode::Dra(o) => super::dra::run(client, metrics, node, gpus, *o, &watches, shutdown)
                 .await
                 .map_err(RunError::Dra),
         }

@@ -3,7 +3,7 @@
 //! `GPU_TENANCY_SIM_STATE`) as the library.
 
 use clap::{Parser, Subcommand};
-use nvidia_ml_sim::{ctl, stale, state};
+use nvidia_ml_sim::{caps, ctl, stale, state};
 
 /// Control the simulated NVML node (state file from GPU_TENANCY_SIM_CONFIG / GPU_TENANCY_SIM_STATE).
 #[derive(Parser)]
@@ -35,6 +35,26 @@ enum Cmd {
         /// Percent of the device's SMs the process keeps busy (0-100).
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
         sm_util: u32,
+    },
+    /// A process of a container allocates memory on a whole GPU (registered on its first
+    /// allocation): past the container's cap (set by the toolkit's hook) or the GPU's free memory
+    /// it fails as out of memory (exit code 3) and nothing changes.
+    Alloc {
+        /// GPU UUID or index.
+        #[arg(long)]
+        gpu: String,
+        /// The container's ID (as the OCI runtime gave it to the hook).
+        #[arg(long)]
+        container: String,
+        /// Process ID to report.
+        #[arg(long)]
+        pid: u32,
+        /// MiB allocated now, on top of what the process holds.
+        #[arg(long)]
+        mib: u64,
+        /// Tenant whose data the process leaves in memory.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// End a simulated process (its data stays in GPU memory).
     Detach {
@@ -170,6 +190,44 @@ fn main() {
     }
 }
 
+/// Exit code of an allocation refused as out of memory (2: any other error).
+const OUT_OF_MEMORY: i32 = 3;
+
+fn alloc(
+    p: &state::Paths,
+    gpu: String,
+    container: String,
+    pid: u32,
+    mib: u64,
+    tenant: Option<String>,
+) -> Result<(), String> {
+    let gpu_uuid = match gpu.parse::<u32>() {
+        Ok(i) => state::read(p)?
+            .gpu(i)
+            .map(|g| g.uuid.clone())
+            .ok_or_else(|| format!("no GPU {i}"))?,
+        Err(_) => gpu,
+    };
+    let a = caps::Alloc {
+        gpu_uuid,
+        container,
+        pid,
+        mib,
+        tenant,
+    };
+    match caps::alloc(p, &a) {
+        Ok(total) => {
+            println!("{total}");
+            Ok(())
+        }
+        Err(e) if e.is_out_of_memory() => {
+            eprintln!("sim-ctl: {e}");
+            std::process::exit(OUT_OF_MEMORY);
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
     match cmd {
         Cmd::Attach {
@@ -190,6 +248,13 @@ fn run(p: &state::Paths, cmd: Cmd) -> Result<(), String> {
                 sm_util,
             },
         ),
+        Cmd::Alloc {
+            gpu,
+            container,
+            pid,
+            mib,
+            tenant,
+        } => alloc(p, gpu, container, pid, mib, tenant),
         Cmd::Detach { pid } => ctl::detach(p, pid),
         Cmd::Hold { gpu, by } => ctl::hold(p, gpu, &by),
         Cmd::Release { gpu, by } => ctl::release(p, gpu, by.as_deref()),

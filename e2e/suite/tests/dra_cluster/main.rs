@@ -5,7 +5,7 @@
 //! fake Ready nodes ([`FakeKubelet`]) for the pods the scheduler binds there: those scenarios
 //! need pods that end (a workload finishing frees its device for the next), which the real
 //! kubelet's runtime here cannot do, as it runs no containers. The real kubelet runs the rest
-//! ([`real_kubelet`], [`real_kubelet_burst`]).
+//! ([`real_kubelet`], [`real_kubelet_burst`], [`real_kubelet_caps`]).
 //!
 //! The oracles are not this project's code: which device the scheduler allocated (the claims'
 //! status), what the ResourceSlices say of its tenant, the API server's refusals (quota, the
@@ -13,6 +13,7 @@
 
 mod real_kubelet;
 mod real_kubelet_burst;
+mod real_kubelet_caps;
 mod scenarios;
 mod support;
 
@@ -30,4 +31,5 @@ async fn the_scheduler_gives_each_tenant_only_its_own_devices() {
     scenarios::no_tenant_pods_stay_off_dra_nodes(&mut c).await;
     real_kubelet::pods_run_on_a_real_kubelet(&mut c).await;
     real_kubelet_burst::a_hundred_pods_at_once(&mut c).await;
+    real_kubelet_caps::two_30_gib_jobs_on_a_40_gb_gpu(&mut c).await;
 }

@@ -242,6 +242,7 @@ async fn publish_slices<G: Gpus + 'static>(
 /// sockets.
 pub async fn run<G: Gpus + 'static>(
     client: Client,
+    metrics: Option<std::sync::Arc<crate::agent::metrics::AgentMetrics>>,
     node: String,
     gpus: Arc<G>,
     opts: DraOptions,
@@ -270,6 +271,9 @@ pub async fn run<G: Gpus + 'static>(
         state.clone(),
         watches.gpu_node.clone(),
     ));
+    if let Some(m) = metrics {
+        tokio::spawn(crate::agent::metrics::follow_caps(state.subscribe(), m));
+    }
     tokio::spawn(publish_claims(
         client.clone(),
         node.clone(),

@@ -1,6 +1,7 @@
 //! The node agent's metrics (`--metrics-addr`, OpenMetrics): per GPU and MIG instance what it
 //! holds and does, per tenant what it is allocated and uses, and the agent's scrubs and MIG
-//! changes. docs/operations/metrics.md lists them.
+//! changes, and memory used against the driver's caps ([`share_memory`]).
+//! docs/operations/metrics.md lists them.
 //!
 //! Label names are those of NVIDIA's dcgm-exporter where they mean the same thing (`Hostname`,
 //! `gpu`, `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`), so `on(UUID, GPU_I_ID)` joins its series with
@@ -54,6 +55,8 @@ struct Families {
     holders: Family<Labels, Gauge>,
     ungranted: Family<Labels, Gauge>,
     unhealthy: Family<Labels, Gauge>,
+    share_memory_used: Family<Labels, FloatGauge>,
+    share_memory_cap: Family<Labels, FloatGauge>,
 }
 
 /// What the last observation left for the time until the next one.
@@ -66,6 +69,8 @@ struct Held {
     /// Since when `holdings` and `busy` are counted; `None` before the first observation.
     since: Option<Instant>,
     ledger: Ledger,
+    /// The prepared claims' memory caps ([`share_memory::caps_of`]).
+    caps: Vec<share_memory::ShareCap>,
 }
 
 impl Families {
@@ -87,6 +92,8 @@ impl Families {
             holders: Family::default(),
             ungranted: Family::default(),
             unhealthy: Family::default(),
+            share_memory_used: Family::default(),
+            share_memory_cap: Family::default(),
         }
     }
 
@@ -122,6 +129,18 @@ impl Families {
             self.share.clone(),
         );
         r.register("node_gpus", "GPUs the agent found on the node", self.node_gpus.clone());
+        r.register_with_unit(
+            "share_memory_used",
+            "Memory a tenant's processes use on a GPU where the driver caps its containers (NVML's per-process use, by the processes' pods)",
+            Unit::Bytes,
+            self.share_memory_used.clone(),
+        );
+        r.register_with_unit(
+            "share_memory_cap",
+            "The driver's memory cap of a tenant's MPS or time-slicing shares on a GPU, summed over its prepared devices there (NVIDIA_GPU_MEMORY_LIMIT of the CDI specs written)",
+            Unit::Bytes,
+            self.share_memory_cap.clone(),
+        );
         r.register(
             "device_unhealthy",
             "1 for a GPU or MIG instance the driver reported an error on (label reason: Xid, EccUncorrectable, Unreadable, Unmonitored), else 0 (docs/concepts/health.md)",
@@ -547,6 +566,9 @@ fn device_rows(status: &GpuNodeStatus, g: &GpuStatus, holdings: &[Holding]) -> V
         })
         .collect()
 }
+
+mod share_memory;
+pub use share_memory::{ShareCap, ShareMemory, capped_pids, caps_of, follow_caps, rows as share_memory_rows};
 
 #[cfg(test)]
 mod tests;
