@@ -25,6 +25,7 @@ pub fn policy() -> SharingPolicy {
         scrub_memory: scrub,
         pod_security: Default::default(),
         priority_class_names: vec![],
+        idle_lending_percent: None,
     };
     SharingPolicy::new(
         "default",

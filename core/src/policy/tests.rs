@@ -13,6 +13,7 @@ fn policy(name: &str) -> SharingPolicy {
                     scrub_memory: ScrubMemory::Always,
                     pod_security: Default::default(),
                     priority_class_names: vec![],
+                    idle_lending_percent: None,
                 },
                 Tier {
                     name: "internal".into(),
@@ -21,6 +22,7 @@ fn policy(name: &str) -> SharingPolicy {
                     scrub_memory: ScrubMemory::OnTenantChange,
                     pod_security: Default::default(),
                     priority_class_names: vec![],
+                    idle_lending_percent: None,
                 },
             ],
             memory_headroom_percent: Some(10),
