@@ -236,3 +236,66 @@ fn an_invalid_tenant_queues_no_gpu() {
             .all(|l| l.namespace().as_deref() != Some("acme-dev"))
     );
 }
+
+/// On a DRA pool a tenant's queue holds its own extended resource (what its pods ask for there),
+/// not the device plugin's name; every GPU resource the queue holds, summed over the pools, is
+/// what its namespace's quota ceiling holds under `requests.<name>`: the two count one grant.
+#[test]
+fn a_dra_pool_is_queued_under_the_tenant_s_own_resource() {
+    let mut dra = plan_for("mig-dra", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])]);
+    dra.spec.device_access = crate::api::DeviceAccess::Dra;
+    let plans = vec![dra, plan_for("excl", "a100", vec![group("all", Mode::Exclusive)])];
+    let nodes = vec![
+        node("h100-a", "h100", "H100-80GB", 2, false),
+        node("a100-a", "a100", "A100-40GB", 4, false),
+    ];
+    let a = TenantBuilder::new("a", "internal")
+        .mig("3g.40gb", 2)
+        .want(Mode::Exclusive, 2)
+        .build();
+    let d = desired(
+        &PlanInput {
+            policies: &[policy()],
+            tenants: &crate::planner::fixtures::shared(&[a]),
+            plans: &plans,
+            nodes: &nodes,
+        },
+        &Settings {
+            kueue: true,
+            ..Settings::default()
+        },
+        &now(),
+    );
+    assert_eq!(d.problems, vec![]);
+    let q = |name: &str, n: &str| json!({"name": name, "nominalQuota": n});
+    let gpus = &queue(&d, "gpu-tenancy-a")["spec"]["resourceGroups"][0];
+    assert_eq!(
+        *gpus,
+        json!({
+            "coveredResources": ["a.gputenancy.io/mig-3g.40gb", "nvidia.com/gpu"],
+            "flavors": [
+                {"name": "gpu-tenancy-excl", "resources": [q("a.gputenancy.io/mig-3g.40gb", "0"), q("nvidia.com/gpu", "2")]},
+                {"name": "gpu-tenancy-mig-dra", "resources": [q("a.gputenancy.io/mig-3g.40gb", "2"), q("nvidia.com/gpu", "0")]},
+            ],
+        })
+    );
+    let quota = d
+        .resource_quotas
+        .iter()
+        .find(|r| r.namespace().as_deref() == Some("a"))
+        .unwrap();
+    for (key, value) in quota.spec.as_ref().unwrap().hard.as_ref().unwrap() {
+        let Some(resource) = key.strip_prefix("requests.") else {
+            continue;
+        };
+        let queued: u64 = gpus["flavors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|f| f["resources"].as_array().unwrap())
+            .filter(|r| r["name"] == resource)
+            .map(|r| r["nominalQuota"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(queued.to_string(), value.0, "{key}");
+    }
+}
