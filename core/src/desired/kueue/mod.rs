@@ -209,6 +209,9 @@ pub fn render(
         out.workload_priority_classes.push(wpc);
         cohorts.extend(lending.map(|(c, _)| c));
     }
+    // A policy's problem is found once per tenant of the tier: said once.
+    out.problems.sort();
+    out.problems.dedup();
     out.cohorts = cohorts
         .into_iter()
         .map(|c| Cohort {

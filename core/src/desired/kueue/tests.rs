@@ -299,3 +299,29 @@ fn a_dra_pool_is_queued_under_the_tenant_s_own_resource() {
         assert_eq!(queued.to_string(), value.0, "{key}");
     }
 }
+
+/// A cohort whose name would pass Kubernetes' 253 characters is not written: the tier's tenants
+/// lend nothing, and the policy has one problem, however many tenants the tier has.
+#[test]
+fn a_cohort_name_too_long_is_a_problem_once() {
+    let long = "p".repeat(240);
+    let mut p = policy();
+    p.metadata.name = Some(long.clone());
+    for t in &mut p.spec.tiers {
+        t.idle_lending_percent = Some(50);
+    }
+    let mut ts = tenants();
+    for t in &mut ts {
+        t.spec.policy_ref = long.clone();
+    }
+    let d = run(&ts, &[p], true);
+    assert!(d.cohorts.is_empty());
+    assert_eq!(queue(&d, "gpu-tenancy-acme")["spec"].get("cohortName"), None);
+    let ours: Vec<(&str, &str)> = d
+        .problems
+        .iter()
+        .filter(|p| p.message.contains("Kueue Cohort"))
+        .map(|p| (p.object.as_str(), p.field.as_str()))
+        .collect();
+    assert_eq!(ours, [(format!("SharingPolicy/{long}").as_str(), "metadata.name")]);
+}
