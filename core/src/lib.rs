@@ -13,6 +13,7 @@ pub mod devices;
 pub mod dra;
 pub mod handover;
 pub mod inventory;
+pub mod kueue;
 pub mod labels;
 pub mod memory_caps;
 pub mod mig;

@@ -120,7 +120,9 @@ fn controller_pass(c: &mut Criterion) {
             mutating_policies: shared(&d.mutating_policies),
             mutating_bindings: shared(&d.mutating_bindings),
             device_classes: shared(&d.device_classes),
-            absent: Default::default(),
+            // A cluster without Kueue, as planned.
+            absent: gpu_tenancy::controller::kinds::KUEUE_KINDS.iter().copied().collect(),
+            ..Snapshot::default()
         };
         let mut seen = Seen::default();
         assert_eq!(

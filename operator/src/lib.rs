@@ -6,8 +6,8 @@
 //! two loops around them, over what both need in [`runtime`]; [`cli`] is the command line.
 
 pub use gpu_tenancy_core::{
-    accounting, api, attribution, desired, device_plugin, devices, dra, handover, inventory, labels, mig, planner,
-    policy, problem, selectors, signals, tenancy,
+    accounting, api, attribution, desired, device_plugin, devices, dra, handover, inventory, kueue, labels, mig,
+    planner, policy, problem, selectors, signals, tenancy,
 };
 
 pub mod agent;

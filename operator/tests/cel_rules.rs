@@ -74,6 +74,14 @@ fn cases() -> Vec<Case> {
             message: "system PriorityClasses (system-node-critical, system-cluster-critical) preempt any pod; a tenant tier may not use them",
         },
         Case {
+            rule: "!has(self.idleLendingPercent) || !has(self.coLocation) || self.coLocation != 'Forbidden'",
+            base: policy,
+            pointer: "/spec/tiers/0",
+            value: json!({"name": "a", "modes": ["MIG"], "coLocation": "Forbidden", "idleLendingPercent": 50}),
+            field: "spec.tiers[0].idleLendingPercent",
+            message: "a tier that forbids co-location lends no capacity: a borrowed unit may sit on a GPU beside another tenant's",
+        },
+        Case {
             rule: "self.mode != 'MIG' || has(self.profile)",
             base: tenant,
             pointer: "/spec/resources/0",

@@ -206,7 +206,7 @@ fn key_of(o: &serde_json::Value) -> Key {
 #[test]
 fn plan_yaml_prints_every_object_the_controller_writes() {
     // The fields of the desired state whose objects the controller writes, and those it does not.
-    const WRITTEN: [&str; 10] = [
+    const WRITTEN: [&str; 15] = [
         "nodes",
         "namespaces",
         "resourceQuotas",
@@ -217,10 +217,16 @@ fn plan_yaml_prints_every_object_the_controller_writes() {
         "admissionBindings",
         "mutatingPolicies",
         "mutatingBindings",
+        "resourceFlavors",
+        "cohorts",
+        "clusterQueues",
+        "localQueues",
+        "workloadPriorityClasses",
     ];
     // The user's own objects (the controller writes only their status), and reports.
     const NOT_WRITTEN: [&str; 4] = ["tenants", "plans", "policies", "changes"];
-    let o = plan_examples(&["-o", "json"]);
+    // As for a cluster with Kueue, so its objects are planned too.
+    let o = plan_examples(&["-o", "json", "--kueue"]);
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let fields: std::collections::BTreeSet<&str> = json
         .as_object()
@@ -245,7 +251,7 @@ fn plan_yaml_prints_every_object_the_controller_writes() {
         }
     }
 
-    let o = plan_examples(&["-o", "yaml"]);
+    let o = plan_examples(&["-o", "yaml", "--kueue"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&stdout(&o)).unwrap();
     let mut got = std::collections::BTreeMap::new();
@@ -278,8 +284,13 @@ fn plan_yaml_prints_every_object_the_controller_writes() {
         "ValidatingAdmissionPolicyBinding",
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
+        "ResourceFlavor",
+        "ClusterQueue",
+        "LocalQueue",
+        "WorkloadPriorityClass",
     ]
     .into();
+    // No tier of examples/ lends idle capacity: no Cohort (the unit tests plan one).
     assert_eq!(kinds, all, "plan -o yaml prints every kind the controller writes");
 }
 

@@ -55,6 +55,11 @@ pub struct SharingPolicySpec {
 /// One trust tier.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.idleLendingPercent) || !has(self.coLocation) || self.coLocation != 'Forbidden'",
+     "message": "a tier that forbids co-location lends no capacity: a borrowed unit may sit on a GPU beside another tenant's",
+     "fieldPath": ".idleLendingPercent", "reason": "FieldValueForbidden"}
+]))]
 pub struct Tier {
     /// Name tenants use in `spec.tier`.
     #[schemars(length(min = 1, max = 63), extend("pattern" = DNS_LABEL_PATTERN))]
@@ -95,6 +100,14 @@ pub struct Tier {
         ]
     ))]
     pub priority_class_names: Vec<String>,
+    /// With Kueue: the percent of each tenant's grant, per resource, that its ClusterQueue lends
+    /// to the other tenants of this tier while idle, and may borrow from them beyond its grant
+    /// (the queue's `lendingLimit` and `borrowingLimit`, rounded down). The tier's tenants then
+    /// share a Cohort. Absent: they neither lend nor borrow. Not allowed with `coLocation:
+    /// Forbidden`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub idle_lending_percent: Option<u32>,
 }
 
 /// A Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards).

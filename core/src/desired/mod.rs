@@ -14,6 +14,9 @@
 //!   device-plugin names DRA serves a MutatingAdmissionPolicy renaming them ([`admission`]);
 //! - per tenant and kind of device it holds on DRA nodes, a DeviceClass selecting only its
 //!   devices ([`dra`]);
+//! - with Kueue on, per tenant a ClusterQueue, a LocalQueue in each of its namespaces and a
+//!   WorkloadPriorityClass, per GPU pool a ResourceFlavor, per lending tier a Cohort; the
+//!   namespace quotas are then ceilings at the whole grant ([`kueue`]);
 //! - per planned node: its device-plugin config label, dedicated and sharing labels and taints,
 //!   and the device plugin's ConfigMap with one key per distinct node config ([`nodes`]).
 //!
@@ -26,6 +29,7 @@
 mod admission;
 pub mod dra;
 mod isolation;
+pub mod kueue;
 mod memory_caps;
 mod nodes;
 mod quota;
@@ -83,6 +87,16 @@ pub struct Desired {
     /// Per tenant whose device-plugin names DRA serves, the policy renaming them in its pods.
     pub mutating_policies: Vec<MutatingAdmissionPolicy>,
     pub mutating_bindings: Vec<MutatingAdmissionPolicyBinding>,
+    /// With Kueue on ([`Settings::kueue`]): one per GPU pool, and one for the other resources.
+    pub resource_flavors: Vec<crate::kueue::ResourceFlavor>,
+    /// One per tier that lends idle capacity.
+    pub cohorts: Vec<crate::kueue::Cohort>,
+    /// One per tenant.
+    pub cluster_queues: Vec<crate::kueue::ClusterQueue>,
+    /// One per tenant namespace.
+    pub local_queues: Vec<crate::kueue::LocalQueue>,
+    /// One per tenant.
+    pub workload_priority_classes: Vec<crate::kueue::WorkloadPriorityClass>,
     /// Which rule set governs each namespace: what the admission bindings say, as data, so the
     /// controller can order a change of rule sets without a namespace under none.
     #[serde(skip)]
@@ -139,7 +153,19 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         None => Arc::new(NamespaceRules::of(&out.tenants, exempt)),
     };
     let holdings = dra::DraHoldings::of(&out.nodes, &out.tenants);
-    let (namespaces, resource_quotas) = quota::render(&out, input.policies, &namespace_rules, &holdings, quota_memo);
+    let (namespaces, resource_quotas) = quota::render(
+        &out,
+        input.policies,
+        &namespace_rules,
+        &holdings,
+        settings.kueue,
+        quota_memo,
+    );
+    let mut queues = match settings.kueue {
+        true => kueue::render(&out.tenants, &out.nodes, input.plans, input.policies, &namespace_rules),
+        false => kueue::KueueObjects::default(),
+    };
+    out.problems.append(&mut queues.problems);
     let device_classes = dra::device_classes(&holdings);
     let admission = admission::render(
         input.policies,
@@ -170,6 +196,11 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         admission_bindings: admission.bindings,
         mutating_policies: admission.mutating_policies,
         mutating_bindings: admission.mutating_bindings,
+        resource_flavors: queues.resource_flavors,
+        cohorts: queues.cohorts,
+        cluster_queues: queues.cluster_queues,
+        local_queues: queues.local_queues,
+        workload_priority_classes: queues.workload_priority_classes,
         namespace_rules,
         changes: out.changes,
         problems: out.problems,

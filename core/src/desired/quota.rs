@@ -178,16 +178,26 @@ struct TenantInputs {
     name: String,
     /// The Pod Security level of its tier.
     level: &'static str,
-    /// Its grants per quota key.
+    /// Its grants per quota key: with `ceiling`, what each namespace may hold.
     grants: BTreeMap<String, u64>,
+    /// Kueue keeps the tenant's total ([`super::kueue`]): each namespace's quota is a ceiling at
+    /// the whole grant and what the tenant may borrow, not an even share of the grant.
+    ceiling: bool,
 }
 
 impl TenantInputs {
-    fn of(t: &GpuTenant, policies: &[SharingPolicy], dra: &DraHoldings) -> TenantInputs {
+    fn of(t: &GpuTenant, policies: &[SharingPolicy], dra: &DraHoldings, kueue: bool) -> TenantInputs {
+        let mut grants = granted(t, dra);
+        if kueue {
+            for units in grants.values_mut() {
+                *units = super::kueue::ceiling(t, policies, *units);
+            }
+        }
         TenantInputs {
             name: t.name_any(),
             level: pod_security(t, policies).label_value(),
-            grants: granted(t, dra),
+            grants,
+            ceiling: kueue,
         }
     }
 }
@@ -231,6 +241,7 @@ impl Inputs {
 pub struct QuotaMemo {
     profiles: FleetProfiles,
     names: BTreeSet<String>,
+    kueue: bool,
     policies: Vec<SharingPolicy>,
     rules: Option<Arc<NamespaceRules>>,
     /// Per tenant that alone claims a namespace: its inputs, and its namespaces' places in the
@@ -254,6 +265,7 @@ pub fn render(
     policies: &[SharingPolicy],
     rules: &Arc<NamespaceRules>,
     dra: &DraHoldings,
+    kueue: bool,
     memo: Option<&mut QuotaMemo>,
 ) -> (Vec<Arc<Namespace>>, Vec<Arc<ResourceQuota>>) {
     let quota_keys =
@@ -264,18 +276,22 @@ pub fn render(
             profiles.extend(profiles_of(&n.spec.gpus));
         }
         let names = quota_keys(resource_names(profiles, &out.tenants));
-        let all = render_all(&out.tenants, policies, rules, dra, &names);
+        let all = render_all(&out.tenants, policies, rules, dra, &names, kueue);
         return (all.namespaces, all.quotas);
     };
     let names = quota_keys(resource_names(m.profiles.of(&out.nodes), &out.tenants));
-    let same = m.names == names && m.policies == policies && m.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
+    let same = m.names == names
+        && m.kueue == kueue
+        && m.policies == policies
+        && m.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
     if same {
         m.render_changed(&out.tenants, policies, dra);
     } else {
-        let all = render_all(&out.tenants, policies, rules, dra, &names);
+        let all = render_all(&out.tenants, policies, rules, dra, &names, kueue);
         *m = QuotaMemo {
             profiles: std::mem::take(&mut m.profiles),
             names,
+            kueue,
             policies: policies.to_vec(),
             rules: Some(rules.clone()),
             tenants: all.tenants,
@@ -299,7 +315,7 @@ impl QuotaMemo {
                 continue;
             }
             r.key = TenantKey::of(t, name, dra);
-            r.inputs = Arc::new(TenantInputs::of(t, policies, dra));
+            r.inputs = Arc::new(TenantInputs::of(t, policies, dra, self.kueue));
             for &i in &r.at {
                 let ns = self.namespaces[i].metadata.name.clone().unwrap_or_default();
                 let inputs = Inputs::sole(&r.inputs, t, &ns);
@@ -318,6 +334,7 @@ fn render_all(
     rules: &NamespaceRules,
     dra: &DraHoldings,
     names: &BTreeSet<String>,
+    kueue: bool,
 ) -> AllRendered {
     let mut claims: BTreeMap<&str, Vec<&GpuTenant>> = BTreeMap::new();
     for t in tenants {
@@ -335,7 +352,7 @@ fn render_all(
                 // A tenant's name, level and grants are the same for each of its namespaces: read once.
                 let r = rendered.entry(name.to_string()).or_insert_with(|| Rendered {
                     key: TenantKey::of(t, name, dra),
-                    inputs: Arc::new(TenantInputs::of(t, policies, dra)),
+                    inputs: Arc::new(TenantInputs::of(t, policies, dra, kueue)),
                     at: Vec::new(),
                 });
                 r.at.push(namespaces.len());
@@ -399,6 +416,8 @@ fn namespace(ns: &str, inputs: &Inputs) -> Namespace {
 fn quota(ns: &str, inputs: &Inputs, names: &BTreeSet<String>) -> ResourceQuota {
     let none = BTreeMap::new();
     let (grants, position, count) = match inputs {
+        // Kueue keeps the total: every namespace may hold all of it.
+        Inputs::Sole { tenant, .. } if tenant.ceiling => (&tenant.grants, 0, 1),
         Inputs::Sole {
             tenant,
             position,
@@ -415,6 +434,10 @@ fn quota(ns: &str, inputs: &Inputs, names: &BTreeSet<String>) -> ResourceQuota {
         })
         .collect();
     let note = match inputs {
+        Inputs::Sole { tenant, .. } if tenant.ceiling => format!(
+            "ceiling of GpuTenant {}'s grant, with what it may borrow: its Kueue ClusterQueue keeps the total over its namespaces",
+            tenant.name,
+        ),
         Inputs::Sole { tenant, .. } if count > 1 => format!(
             "share {} of {count} of GpuTenant {}'s grant, split evenly over its namespaces",
             position + 1,

@@ -35,6 +35,11 @@ pub struct Settings {
     pub cdi_spec_dirs: Vec<String>,
     /// The agents' state directories (their `--state-dir`: the DRA checkpoint and its key).
     pub agent_state_dirs: Vec<String>,
+    /// Kueue's CRDs are served: the controller writes each tenant's queues
+    /// (docs/concepts/queues.md), and a namespace's quota is a ceiling at the tenant's whole
+    /// grant rather than its even share. The controller finds it by discovery at start; `plan`
+    /// is told by `--kueue`.
+    pub kueue: bool,
 }
 
 impl Default for Settings {
@@ -50,6 +55,7 @@ impl Default for Settings {
             node_file_namespaces: vec!["kube-system".into()],
             cdi_spec_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()],
             agent_state_dirs: vec!["/var/lib/gpu-tenancy".into()],
+            kueue: false,
         }
     }
 }

@@ -26,6 +26,7 @@ pub fn policy() -> SharingPolicy {
         memory_caps: Default::default(),
         pod_security: Default::default(),
         priority_class_names: vec![],
+        idle_lending_percent: None,
     };
     SharingPolicy::new(
         "default",

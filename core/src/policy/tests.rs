@@ -14,6 +14,7 @@ fn policy(name: &str) -> SharingPolicy {
                     memory_caps: Default::default(),
                     pod_security: Default::default(),
                     priority_class_names: vec![],
+                    idle_lending_percent: None,
                 },
                 Tier {
                     name: "internal".into(),
@@ -23,6 +24,7 @@ fn policy(name: &str) -> SharingPolicy {
                     memory_caps: Default::default(),
                     pod_security: Default::default(),
                     priority_class_names: vec![],
+                    idle_lending_percent: None,
                 },
             ],
             memory_headroom_percent: Some(10),

@@ -102,6 +102,8 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
                 node_file_namespaces: args.node_file_namespaces,
                 cdi_spec_dirs: args.cdi_spec_dirs,
                 agent_state_dirs: args.agent_state_dirs,
+                // Found by discovery, pass by pass (`crate::controller::pass`).
+                kueue: false,
             },
             metrics_addr: args.metrics_addr,
             leader: (!args.no_leader_election).then(|| LeaderOptions {

@@ -77,6 +77,12 @@ pub enum Command {
         /// `yaml` or `json` ({nodes, tenants, problems}) for machines.
         #[arg(short = 'o', long, value_enum, default_value_t = plan::PlanOutput::Table)]
         output: plan::PlanOutput,
+        /// Plan as for a cluster with Kueue's CRDs installed (the controller finds them by
+        /// discovery): each tenant's ClusterQueue, LocalQueues and WorkloadPriorityClass, a
+        /// ResourceFlavor per plan, a Cohort per lending tier, and namespace quotas at the whole
+        /// grant.
+        #[arg(long)]
+        kueue: bool,
     },
     /// Turn an NVIDIA mig-parted config file into GpuPartitionPlans (one per config entry).
     Import {
@@ -127,7 +133,8 @@ pub fn run(cli: Cli) -> i32 {
             paths,
             inventory,
             output,
-        } => plan::run(&paths, inventory.as_deref(), output),
+            kueue,
+        } => plan::run(&paths, inventory.as_deref(), output, kueue),
         Command::Import {
             from: Format::MigParted,
             file,

@@ -40,8 +40,12 @@ struct JsonReport<'a> {
     problems: &'a [String],
 }
 
-pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput) -> i32 {
-    let (mut desired, problem_lines) = match compute(paths, inventory, Time(jiff::Timestamp::now())) {
+pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput, kueue: bool) -> i32 {
+    let settings = Settings {
+        kueue,
+        ..Settings::default()
+    };
+    let (mut desired, problem_lines) = match compute_with(paths, inventory, Time(jiff::Timestamp::now()), &settings) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("error: {e}");
@@ -118,6 +122,16 @@ pub enum PlanError {
 /// manifests (`kubectl get nodes,gpunodes,gputenancy -o yaml`), read as the controller reads
 /// them ([`crate::inventory::cluster_inventories`]), running state and share counts included.
 pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result<(Desired, Vec<String>), PlanError> {
+    compute_with(paths, inventory, now, &Settings::default())
+}
+
+/// [`compute`] with the controller's settings (`plan --kueue`: [`Settings::kueue`]).
+pub fn compute_with(
+    paths: &[PathBuf],
+    inventory: Option<&Path>,
+    now: Time,
+    settings: &Settings,
+) -> Result<(Desired, Vec<String>), PlanError> {
     let limits = Limits::from_env()?;
     // The inventory is parsed on a second thread while the manifests load: at 50,000 nodes each is
     // about a second and a half of YAML.
@@ -171,7 +185,7 @@ pub fn compute(paths: &[PathBuf], inventory: Option<&Path>, now: Time) -> Result
             plans: &loaded.plans,
             nodes: &nodes,
         },
-        &Settings::default(),
+        settings,
         &now,
     );
     for p in &out.problems {

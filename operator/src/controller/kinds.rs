@@ -27,6 +27,9 @@ use std::fmt;
 /// no-tenant pod is refused without the node affinity the mutating policy adds, so a missing one
 /// refuses, never lets a pod through); policies before their bindings, bindings deleted before
 /// their policies. DeviceClasses need no place: a class missing refuses, never hands over.
+/// Kueue's objects go before the quotas: the flavors and cohorts its queues name, then the
+/// queues, then the LocalQueues naming them; a quota that becomes a ceiling (Kueue on) is loosened
+/// after the queues that keep the total exist.
 ///
 /// Each row:
 /// - `ty`: the type;
@@ -109,6 +112,51 @@ macro_rules! owned_kinds {
                 plan: objects,
                 optional: false,
             }
+            ResourceFlavor {
+                ty: crate::kueue::ResourceFlavor,
+                live: resource_flavors share,
+                watch: cluster Owned,
+                write: owned resource_flavors,
+                seen: crate::kueue::ResourceFlavor,
+                plan: objects,
+                optional: true,
+            }
+            Cohort {
+                ty: crate::kueue::Cohort,
+                live: cohorts share,
+                watch: cluster Owned,
+                write: owned cohorts,
+                seen: crate::kueue::Cohort,
+                plan: objects,
+                optional: true,
+            }
+            ClusterQueue {
+                ty: crate::kueue::ClusterQueue,
+                live: cluster_queues share,
+                watch: cluster Owned,
+                write: owned cluster_queues,
+                seen: crate::kueue::ClusterQueue,
+                plan: objects,
+                optional: true,
+            }
+            LocalQueue {
+                ty: crate::kueue::LocalQueue,
+                live: local_queues share,
+                watch: cluster Owned,
+                write: owned local_queues,
+                seen: crate::kueue::LocalQueue,
+                plan: objects,
+                optional: true,
+            }
+            WorkloadPriorityClass {
+                ty: crate::kueue::WorkloadPriorityClass,
+                live: workload_priority_classes share,
+                watch: cluster Owned,
+                write: owned workload_priority_classes,
+                seen: crate::kueue::WorkloadPriorityClass,
+                plan: objects,
+                optional: true,
+            }
             ResourceQuota {
                 ty: k8s_openapi::api::core::v1::ResourceQuota,
                 live: quotas share,
@@ -167,6 +215,16 @@ macro_rules! owned_kinds {
     };
 }
 pub(crate) use owned_kinds;
+
+/// Kueue's kinds (optional rows): the controller writes queues only where the API server serves
+/// them (docs/concepts/queues.md).
+pub const KUEUE_KINDS: &[Kind] = &[
+    Kind::ResourceFlavor,
+    Kind::Cohort,
+    Kind::ClusterQueue,
+    Kind::LocalQueue,
+    Kind::WorkloadPriorityClass,
+];
 
 /// Which objects of a kind the controller watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

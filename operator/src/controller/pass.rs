@@ -57,8 +57,20 @@ pub fn desired_of(s: &Snapshot, settings: &Settings, now: &Time) -> Desired {
 }
 
 /// [`desired_of`], placing again only the parts of the fleet whose inputs changed since the pass
-/// `memo` kept ([`crate::planner::plan_with`]).
+/// `memo` kept ([`crate::planner::plan_with`]). Kueue is on where discovery found its queues
+/// served ([`Settings::kueue`]): every Kueue kind is one CRD of the same release.
 pub fn desired_with_memo(s: &Snapshot, settings: &Settings, now: &Time, memo: Option<&mut PassMemo>) -> Desired {
+    let kueue = !s.absent.contains(&super::kinds::Kind::ClusterQueue);
+    let with_kueue;
+    let settings = if settings.kueue == kueue {
+        settings
+    } else {
+        with_kueue = Settings {
+            kueue,
+            ..settings.clone()
+        };
+        &with_kueue
+    };
     let read;
     let (nodes, memo) = match memo {
         Some(PassMemo { desired, inventories }) => (inventories.read(&s.nodes, &s.gpu_nodes), Some(desired)),

@@ -315,6 +315,11 @@ mod tests {
                 mut admission_policies,
                 mut admission_bindings,
                 device_classes,
+                mut resource_flavors,
+                mut cohorts,
+                mut cluster_queues,
+                mut local_queues,
+                mut workload_priority_classes,
             } = w;
             listed(&mut config_maps);
             listed(&mut nodes);
@@ -328,6 +333,11 @@ mod tests {
             listed(&mut mutating_bindings);
             listed(&mut admission_policies);
             listed(&mut admission_bindings);
+            listed(&mut resource_flavors);
+            listed(&mut cohorts);
+            listed(&mut cluster_queues);
+            listed(&mut local_queues);
+            listed(&mut workload_priority_classes);
             drop(device_classes);
             let waited = tokio::time::timeout(std::time::Duration::from_secs(5), stores.wait_until_ready())
                 .await

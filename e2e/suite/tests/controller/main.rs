@@ -13,6 +13,7 @@
 mod agent_reads;
 mod agents;
 mod attacks;
+mod kueue;
 mod metrics;
 mod metrics_work;
 mod observe;

@@ -4,6 +4,7 @@
 use super::*;
 use crate::api::{GpuNodeStatus, GpuStatus};
 use crate::controller::desired_of;
+use crate::controller::kinds::KUEUE_KINDS;
 use crate::desired::Settings;
 use crate::planner::fixtures::{TenantBuilder, mig_group, now, plan_for, policy};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
@@ -66,8 +67,16 @@ pub(crate) fn snapshot() -> Snapshot {
         plans: vec![plan_for("mig", "h100", vec![mig_group("all", &["3g.40gb", "3g.40gb"])])],
         gpu_nodes: vec![Arc::new(reported("n1"))],
         nodes: vec![Arc::new(cluster_node("n1", "h100", true))],
+        // A cluster without Kueue, as most are; `with_kueue` serves its kinds.
+        absent: KUEUE_KINDS.iter().copied().collect(),
         ..Snapshot::default()
     }
+}
+
+/// [`snapshot`] with Kueue's CRDs installed.
+pub(crate) fn with_kueue(mut s: Snapshot) -> Snapshot {
+    s.absent.retain(|k| !KUEUE_KINDS.contains(k));
+    s
 }
 
 pub(crate) fn writes(d: &Diff) -> Vec<String> {
@@ -135,6 +144,11 @@ fn apply_object(s: &mut Snapshot, kind: Kind, object: &Value) {
         Kind::MutatingAdmissionPolicy => put(&mut s.mutating_policies, object),
         Kind::MutatingAdmissionPolicyBinding => put(&mut s.mutating_bindings, object),
         Kind::DeviceClass => put(&mut s.device_classes, object),
+        Kind::ResourceFlavor => put(&mut s.resource_flavors, object),
+        Kind::Cohort => put(&mut s.cohorts, object),
+        Kind::ClusterQueue => put(&mut s.cluster_queues, object),
+        Kind::LocalQueue => put(&mut s.local_queues, object),
+        Kind::WorkloadPriorityClass => put(&mut s.workload_priority_classes, object),
         other => panic!("unexpected apply of {other}"),
     }
 }
@@ -659,17 +673,43 @@ fn an_owned_object_without_a_resource_version_is_never_taken_as_found() {
 }
 
 /// An optional kind the API server does not serve gets nothing written, neither applies nor
-/// deletes; every other write stays as it is. (No row is optional yet: the mutating policies
-/// stand in for one.)
+/// deletes; every other write stays as it is (the mutating policies stand in for a kind whose
+/// absence changes nothing else).
 #[test]
 fn nothing_is_written_for_a_kind_the_api_server_does_not_serve() {
     let s = snapshot();
     let all = writes(&pass(&s));
     let mut without = s.clone();
-    without.absent = [Kind::MutatingAdmissionPolicy, Kind::MutatingAdmissionPolicyBinding].into();
+    without
+        .absent
+        .extend([Kind::MutatingAdmissionPolicy, Kind::MutatingAdmissionPolicyBinding]);
     let left = writes(&pass(&without));
     let expected: Vec<String> = all.into_iter().filter(|w| !w.contains("Mutating")).collect();
     assert_eq!(left, expected);
+    // Without Kueue's kinds no queue is written; with them, each of its kinds is.
+    let queues = |w: &[String]| -> Vec<String> {
+        w.iter()
+            .filter(|w| KUEUE_KINDS.iter().any(|k| w.contains(&format!(" {k} "))))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(queues(&writes(&pass(&s))), Vec::<String>::new());
+    let on = queues(&writes(&pass(&with_kueue(s.clone()))));
+    assert_eq!(
+        on,
+        [
+            "apply ResourceFlavor gpu-tenancy-any",
+            "apply ResourceFlavor gpu-tenancy-mig",
+            "apply ClusterQueue gpu-tenancy-acme",
+            "apply LocalQueue acme/gpu-tenancy",
+            "apply WorkloadPriorityClass gpu-tenancy-acme",
+        ],
+    );
+    // Applied, they are found so: a second pass writes none of them.
+    let mut live = with_kueue(s.clone());
+    let first = pass(&live);
+    apply(&mut live, &first);
+    assert_eq!(queues(&writes(&pass(&live))), Vec::<String>::new());
     // A live object of an absent kind is not deleted either (the store holds none anyway).
     let mut live = s.clone();
     apply(&mut live, &pass(&s));
