@@ -9,7 +9,9 @@
 //! - serves the kubelet's registration and `DRAPlugin` services ([`server`]): Prepare refuses a
 //!   device of another tenant and hands a device to a new tenant only after its memory was
 //!   scrubbed and verified, checkpointed across restarts ([`prepare`], [`state`],
-//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]);
+//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]), and refuses a claim whose pod
+//!   holds more than its tenant allows or has a container that would get two memory caps
+//!   ([`pods`], [`container_caps`]);
 //! - streams its devices' health to the kubelet ([`health`]).
 //!
 //! Like NVIDIA's DRA driver, the plugin is a mode of its own over shared parts (their kubelet
@@ -20,6 +22,7 @@ pub mod authority;
 pub mod caps;
 pub mod cdi;
 pub mod checkpoint;
+pub mod container_caps;
 pub mod devices;
 pub mod health;
 pub mod pods;
