@@ -1,13 +1,16 @@
 //! The driver's memory cap, node side: on a node whose driver (the simulator's `driverVersion`),
 //! container toolkit and cgroups can cap, the agent reports it in `status.memoryCaps` and the CDI
 //! spec of a time-sliced share carries the toolkit's hook and the share's memory, valid to the
-//! CDI library at the lowest version that expresses it.
+//! CDI library at the lowest version that expresses it. A container given two claims whose specs
+//! carry different caps is refused at Prepare, whichever claim is prepared: the runtime would apply
+//! one value to the GPUs of both.
 
 use gpu_tenancy::agent::dra::devices::{DRIVER, Unit, device_name};
 use gpu_tenancy::api::{GpuNode, MemoryCapMethod, Mode};
 use gpu_tenancy_e2e::kubelet;
 use gpu_tenancy_e2e::procs::SimAgent;
 use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, ensure_operator_namespaces};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -31,26 +34,58 @@ async fn node_says(client: &Client, what: &str, want: impl Fn(&GpuNode) -> bool)
     }
 }
 
-/// The claim of `device`, allocated as the scheduler would write it.
-async fn claim(client: &Client, device: &str) -> kubelet::Claim {
+/// A pod of the tenant whose containers (name, claims) consume claims of the same names, as
+/// the API server holds it.
+async fn pod(client: &Client, name: &str, containers: &[(&str, &[&str])]) -> Pod {
+    let mut entries: Vec<&str> = containers.iter().flat_map(|(_, c)| c.iter().copied()).collect();
+    entries.sort();
+    entries.dedup();
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(n, cs)| {
+            json!({"name": n, "image": "x", "resources": {"claims": cs.iter().map(|c| json!({"name": c})).collect::<Vec<_>>()}})
+        })
+        .collect();
+    let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"containers": containers,
+            "resourceClaims": entries.iter().map(|e| json!({"name": e, "resourceClaimName": e})).collect::<Vec<_>>()}}))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), TENANT)
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("creating the pod")
+}
+
+/// Claim `name` of `devices`, allocated and reserved for `pod` as the scheduler would write it.
+async fn claim(client: &Client, name: &str, devices: &[&str], pod: &Pod) -> kubelet::Claim {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), TENANT);
-    let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "share"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}))
+    let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}}}))
     .unwrap();
     let c = api
         .create(&PostParams::default(), &c)
         .await
         .expect("creating the claim");
-    let status = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "share"},
-        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}});
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .collect();
+    let status = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "status": {"allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": pod.name_any(), "uid": pod.uid().unwrap()}]}});
     api.patch_status(
-        "share",
+        name,
         &PatchParams::apply("e2e-scheduler").force(),
         &Patch::Apply(status),
     )
     .await
     .expect("writing the claim's allocation");
-    kubelet::claim(TENANT, "share", &c.uid().unwrap())
+    kubelet::claim(TENANT, name, &c.uid().unwrap())
+}
+
+/// Share `k` of GPU 0.
+fn share(k: u32) -> String {
+    device_name(0, &Unit::Share { k }, Mode::TimeSlicing, Some(TENANT))
 }
 
 #[tokio::test]
@@ -71,7 +106,7 @@ async fn a_share_the_driver_can_cap_gets_the_hook_and_its_memory() {
     let agent = SimAgent::start_dra_config(&client, &cleanup, NODE, "caps", config, 1).await;
     let spec = json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": NODE},
         "spec": {"plan": "caps", "deviceAccess": "DRA", "gpus": [{"index": 0, "mode": "TimeSlicing",
-            "timeSlicing": {"replicas": 4}, "tenants": [TENANT], "shares": [{"tenant": TENANT, "count": 2}]}]}});
+            "timeSlicing": {"replicas": 4}, "tenants": [TENANT], "shares": [{"tenant": TENANT, "count": 3}]}]}});
     Api::<GpuNode>::all(client.clone())
         .patch(
             NODE,
@@ -109,8 +144,8 @@ async fn a_share_the_driver_can_cap_gets_the_hook_and_its_memory() {
 
     let dir = agent.dir().to_path_buf();
     kubelet::register(&dir.join(format!("plugins_registry/{DRIVER}-reg.sock"))).await;
-    let device = device_name(0, &Unit::Share { k: 0 }, Mode::TimeSlicing, Some(TENANT));
-    let c = claim(&client, &device).await;
+    let one = pod(&client, "one", &[("c", &["share"])]).await;
+    let c = claim(&client, "share", &[&share(0)], &one).await;
     let dra = dir.join(format!("plugins/{DRIVER}/dra.sock"));
     let deadline = Instant::now() + Duration::from_secs(30);
     let ids = loop {
@@ -139,4 +174,45 @@ async fn a_share_the_driver_can_cap_gets_the_hook_and_its_memory() {
     let ids: Vec<String> = ids.into_iter().flat_map(|(_, ids)| ids).collect();
     super::cdi_valid(&dir.join("cdi"), &ids);
     kubelet::unprepare(&dra, &c).await.unwrap().expect("unprepare");
+    two_claims_in_one_container(&client, &dir).await;
+}
+
+/// One share in one claim (20389 MiB), two of the same GPU in the other (40778 MiB): a container
+/// consuming both is refused, whichever claim is prepared; two claims of one share each (the same
+/// cap) are prepared.
+async fn two_claims_in_one_container(client: &Client, dir: &std::path::Path) {
+    let dra = &dir.join(format!("plugins/{DRIVER}/dra.sock"));
+    let mixed = pod(client, "mixed", &[("main", &["small", "large"])]).await;
+    let small = claim(client, "small", &[&share(0)], &mixed).await;
+    let large = claim(client, "large", &[&share(1), &share(2)], &mixed).await;
+    for (c, mine, theirs) in [(&small, "small", "large"), (&large, "large", "small")] {
+        match kubelet::prepare(dra, c).await.expect("the plugin answers") {
+            Err(e) => {
+                for part in [
+                    "container main of pod dra-caps-t/mixed".to_string(),
+                    format!("consumes claim {mine}"),
+                    format!("and claim {theirs}"),
+                    "20389 MiB".into(),
+                    "40778 MiB".into(),
+                    "use one claim with all the shares".into(),
+                ] {
+                    assert!(e.contains(&part), "claim {mine}: {part:?} not in {e}");
+                }
+            }
+            Ok(d) => panic!("claim {mine} beside claim {theirs} was prepared: {d:?}"),
+        }
+    }
+    let spec = |c: &kubelet::Claim| dir.join(format!("cdi/gputenancy.io-gpu_{}.json", c.uid)).exists();
+    assert!(!spec(&small) && !spec(&large), "a refused claim's CDI spec was written");
+
+    let even = pod(client, "even", &[("main", &["x", "y"])]).await;
+    let x = claim(client, "x", &[&share(0)], &even).await;
+    let y = claim(client, "y", &[&share(1)], &even).await;
+    for c in [&x, &y] {
+        let d = kubelet::prepare(dra, c).await.expect("the plugin answers");
+        assert!(d.is_ok(), "claim {} of the same cap: {d:?}", c.name);
+    }
+    for c in [&x, &y] {
+        kubelet::unprepare(dra, c).await.unwrap().expect("unprepare");
+    }
 }

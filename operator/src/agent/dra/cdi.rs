@@ -120,7 +120,8 @@ pub fn spec_path(dir: &Path, claim: &str) -> PathBuf {
 /// claim's memory on one GPU (the sum of its shares there), and where the claim has shares on
 /// several GPUs, the smallest of those sums: no GPU's cap is ever above what the claim holds on
 /// it (fail closed: a claim holding more on another GPU is capped lower there). `None` where the
-/// driver caps none of its devices.
+/// driver caps none of its devices. A container given two claims of different caps is refused at
+/// Prepare ([`super::container_caps`]): it would get one of the two values on every GPU.
 pub fn claim_cap_mib(devices: &[(&DraDevice, &str)]) -> Option<u64> {
     let mut per_gpu: BTreeMap<&str, u64> = BTreeMap::new();
     for (d, uuid) in devices {

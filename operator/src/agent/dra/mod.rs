@@ -9,7 +9,9 @@
 //! - serves the kubelet's registration and `DRAPlugin` services ([`server`]): Prepare refuses a
 //!   device of another tenant and hands a device to a new tenant only after its memory was
 //!   scrubbed and verified, checkpointed across restarts ([`prepare`], [`state`],
-//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]);
+//!   [`checkpoint`]), with one CDI spec per claim ([`cdi`]), and refuses a claim whose pod
+//!   holds more than its tenant allows or has a container that would get two memory caps
+//!   ([`pods`], [`container_caps`]);
 //! - says what each hand-over did where the tenant reads it, in the ResourceClaim's
 //!   `status.devices` ([`evidence`], [`claim_status`]), and in the GpuNode's `status.claims`;
 //! - streams its devices' health to the kubelet ([`health`]).
@@ -23,6 +25,7 @@ pub mod caps;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim_status;
+pub mod container_caps;
 pub mod devices;
 pub mod evidence;
 pub mod health;

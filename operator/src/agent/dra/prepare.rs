@@ -62,6 +62,15 @@ pub enum Refusal {
         holds: u32,
         max: u32,
     },
+    /// The claim's spec caps its container's memory, and it is reserved for no pod, so what else
+    /// its containers consume cannot be told.
+    CapNotReserved {
+        claim: String,
+    },
+    /// A container of a pod the claim is reserved for also consumes another claim whose spec
+    /// carries another memory cap (`other_cap`), or one that cannot be told (why): the runtime
+    /// would apply one of the two to the GPUs of both (docs/concepts/isolation.md#memory-limits).
+    CapsDiffer(Box<super::container_caps::CapsDiffer>),
 }
 
 impl fmt::Display for Refusal {
@@ -110,6 +119,11 @@ impl fmt::Display for Refusal {
                 f,
                 "pod {pod} holds {holds} devices of driver gpu.gputenancy.io through its claims (each claim a pod names counts, a name used twice twice, and the claims of its extended resources), and GpuTenant {tenant} allows at most {max} GPUs per pod (spec.limits.maxGpusPerPod)"
             ),
+            Refusal::CapNotReserved { claim } => write!(
+                f,
+                "claim {claim} caps its container's GPU memory (NVIDIA_GPU_MEMORY_LIMIT), and it is reserved for no pod, so what else its containers consume cannot be checked"
+            ),
+            Refusal::CapsDiffer(d) => d.fmt(f),
         }
     }
 }

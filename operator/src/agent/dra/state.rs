@@ -14,6 +14,7 @@ use super::cdi::{self, CdiContext, CdiError};
 use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointFile, DeviceRecord, PreparedClaim, PreparedDevice, Verified,
 };
+use super::container_caps;
 use super::devices::{DraDevice, Unit};
 use super::evidence;
 use super::pods;
@@ -365,6 +366,51 @@ impl<G: Gpus + 'static> DraState<G> {
         self.save(&inner.cp)
     }
 
+    /// Checks the pods `claim` (of `tenant`) is reserved for ([`pods::check`]): their devices
+    /// against the tenant's `maxGpusPerPod`, their containers' memory caps against the claim's.
+    /// The claim's cap as checked.
+    async fn check_pods(&self, claim: &ResourceClaim, tenant: &str) -> Result<Option<u64>, ClaimError> {
+        let max = self
+            .tenants
+            .state()
+            .iter()
+            .find(|x| x.name_any() == tenant)
+            .and_then(|x| x.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod));
+        // The device table as now, to tell the claims' memory caps (a spec written later is
+        // written from a table as new or newer, and checked against this one); a claim prepared
+        // here is told by the spec written for it.
+        let (devices, written) = {
+            let inner = self.inner.lock().await;
+            let written: std::collections::BTreeMap<_, _> = inner
+                .cp
+                .claims
+                .iter()
+                .map(|(uid, c)| (uid.clone(), container_caps::written_cap(&c.cdi_spec)))
+                .collect();
+            (inner.devices.clone(), written)
+        };
+        let own = claim
+            .uid()
+            .and_then(|u| written.get(&u).cloned())
+            .unwrap_or_else(|| container_caps::claim_cap(claim, &self.node, &devices));
+        let cap = match own {
+            container_caps::ClaimCap::Mib(mib) => Some(mib),
+            // Its own devices are checked by the plan, which refuses what it cannot tell; a
+            // spec this agent wrote sets one value.
+            container_caps::ClaimCap::None | container_caps::ClaimCap::Unknown { .. } => None,
+        };
+        let checks = pods::PodChecks {
+            tenant,
+            max,
+            cap,
+            pool: &self.node,
+            devices: &devices,
+            written: &written,
+        };
+        pods::check(&self.client, claim, &checks).await?;
+        Ok(cap)
+    }
+
     /// Prepares claim `uid` (`namespace/name`); the CDI device IDs per (request, device).
     ///
     /// Claims on different devices prepare at once: the state is locked only to decide and to
@@ -380,16 +426,10 @@ impl<G: Gpus + 'static> DraState<G> {
         // its pod's device count before anything recorded answers for it.
         let claim = self.read_claim(namespace, name, uid).await?;
         let tenant = owner(&self.tenants.state(), namespace);
-        let max = tenant.as_deref().and_then(|t| {
-            self.tenants
-                .state()
-                .iter()
-                .find(|x| x.name_any() == t)
-                .and_then(|x| x.spec.limits.as_ref().and_then(|l| l.max_gpus_per_pod))
-        });
-        if let (Some(t), Some(max)) = (tenant.as_deref(), max) {
-            pods::within_limit(&self.client, &claim, t, max).await?;
-        }
+        let checked_cap = match tenant.as_deref() {
+            Some(t) => self.check_pods(&claim, t).await?,
+            None => None,
+        };
         let view = self.view(&claim, tenant);
         let planned = {
             let mut inner = self.inner.lock().await;
@@ -397,6 +437,15 @@ impl<G: Gpus + 'static> DraState<G> {
                 return Ok(done);
             }
             let mut planned = prepare::plan(&inner.cp, &view, &inner.devices).map_err(ClaimError::Refused)?;
+            // The spec is written from the plan's devices: their cap must be the one checked
+            // against the pod's other claims (the table may have changed between the two).
+            let held: Vec<(&DraDevice, &str)> = planned.iter().map(|p| (&p.device, p.uuid.as_str())).collect();
+            if cdi::claim_cap_mib(&held) != checked_cap {
+                return Err(ClaimError::Refused(Refusal::NotReady {
+                    device: planned.first().map(|p| p.device.name.clone()).unwrap_or_default(),
+                    why: "its GPU's memory cap changed while the claim was checked",
+                }));
+            }
             let Inner {
                 cp, devices, reserved, ..
             } = &mut *inner;
