@@ -5,6 +5,7 @@
 
 mod common;
 mod conditions;
+pub mod evidence;
 pub(crate) mod found;
 mod memory_caps;
 mod node;

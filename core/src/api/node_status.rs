@@ -78,7 +78,7 @@ pub struct DeviceClaim {
     /// What the hand-over of the device to the claim did (the same evidence the agent writes in
     /// the ResourceClaim's `status.devices`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evidence: Option<crate::handover::HandOverEvidence>,
+    pub evidence: Option<super::evidence::HandOverEvidence>,
 }
 
 /// A pod the agent asks the controller to evict.

@@ -12,24 +12,12 @@
 //! and the CUDA side (`cuMemAlloc_v2`) applies the same [`check`] for a process run with
 //! [`CONTAINER_ENV`].
 
+pub use crate::state::MemoryCap;
 use crate::state::{Paths, SimGpu, SimProcess, SimState, now_us, update};
-use serde::{Deserialize, Serialize};
 
 /// Environment variable naming the container a CUDA client of the simulator runs in: its
 /// `cuMemAlloc_v2` calls count against that container's cap.
 pub const CONTAINER_ENV: &str = "GPU_TENANCY_SIM_CONTAINER";
-
-/// A cap the driver holds for one container on one GPU, in MiB.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct MemoryCap {
-    pub gpu_uuid: String,
-    pub container: String,
-    /// `NVIDIA_GPU_MEMORY_REQUEST`, when the container set it (recorded, not enforced).
-    pub request_mib: Option<u64>,
-    /// What allocations are held to.
-    pub limit_mib: u64,
-}
 
 /// Why an allocation or a cap was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

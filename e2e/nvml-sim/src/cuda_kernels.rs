@@ -9,11 +9,11 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use crate::cuda::{
+use crate::cuda_ctx::{
     CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_PTX,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MISALIGNED_ADDRESS, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, Ctx, Target, background,
-    current, fault, with_ctx,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, Ctx, Module, Target,
+    background, current, fault, with_ctx,
 };
 use crate::state::{SimState, read, with_state};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -29,11 +29,6 @@ const MODULE_BASE: u64 = 0x5100_0000;
 const ENTRIES_MAX: u64 = 0x100;
 const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 const ATTR_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
-
-pub(crate) struct Module {
-    pub handle: u64,
-    pub entries: Vec<String>,
-}
 
 /// The entries of a PTX module for a device of compute capability `cc`, or the driver's error.
 pub fn ptx_entries(ptx: &str, cc: (u32, u32)) -> Result<Vec<String>, u32> {

@@ -9,6 +9,7 @@
 pub mod caps;
 pub mod ctl;
 pub mod cuda;
+pub mod cuda_ctx;
 pub mod cuda_kernels;
 pub mod cuda_memory;
 pub mod hook;

@@ -7,18 +7,8 @@
 //! whatever was written over it; it stays until `sim-ctl unplant` (a cell that does not hold what
 //! is written is not repaired by a reset either).
 
+pub use crate::state::StaleByte;
 use crate::state::{MIB, Paths, SimState, update};
-use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct StaleByte {
-    pub gpu: u32,
-    /// The GPU instance ID; `None` for the whole GPU.
-    pub gpu_instance: Option<u32>,
-    /// Offset in the memory a scrub of that device clears, in the order it clears it.
-    pub offset: u64,
-    pub value: u8,
-}
 
 /// The stale bytes of one device, as (offset, value).
 pub fn of(st: &SimState, gpu: u32, gi: Option<u32>) -> Vec<(u64, u8)> {

@@ -87,7 +87,7 @@ pub struct SimState {
     pub scrubs: Vec<ScrubEntry>,
     /// Bytes a memset does not clear (`sim-ctl plant`).
     #[serde(default)]
-    pub stale: Vec<crate::stale::StaleByte>,
+    pub stale: Vec<StaleByte>,
     /// What the driver reported since the node started, for NVML's event sets
     /// (`nvmlEventSetWait_v2`): XID errors and ECC errors, oldest first ([`SimEvent`]).
     #[serde(default)]
@@ -97,7 +97,7 @@ pub struct SimState {
     pub rng: u64,
     /// Per-container memory caps the toolkit's hook set ([`crate::caps`]).
     #[serde(default)]
-    pub caps: Vec<crate::caps::MemoryCap>,
+    pub caps: Vec<MemoryCap>,
     /// Set by [`SimState::record`] when the abort point is reached; never saved.
     #[serde(skip)]
     pub abort_now: bool,
@@ -695,4 +695,27 @@ mod random_fault_tests {
             "the same seed, the same faults"
         );
     }
+}
+
+/// A cap the driver holds for one container on one GPU, in MiB.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryCap {
+    pub gpu_uuid: String,
+    pub container: String,
+    /// `NVIDIA_GPU_MEMORY_REQUEST`, when the container set it (recorded, not enforced).
+    pub request_mib: Option<u64>,
+    /// What allocations are held to.
+    pub limit_mib: u64,
+}
+
+/// A byte that keeps its value through every write (`sim-ctl plant`, [`crate::stale`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StaleByte {
+    pub gpu: u32,
+    /// The GPU instance ID; `None` for the whole GPU.
+    pub gpu_instance: Option<u32>,
+    /// Offset in the memory a scrub of that device clears, in the order it clears it.
+    pub offset: u64,
+    pub value: u8,
 }

@@ -11,8 +11,8 @@
 
 use super::cdi;
 use super::devices::DraDevice;
-use super::pods;
-use super::prepare::Refusal;
+use super::pod_claims;
+use super::refusal::{CapsDiffer, Refusal};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +32,7 @@ pub enum ClaimCap {
 /// rule the spec is written by.
 pub fn claim_cap(claim: &ResourceClaim, pool: &str, devices: &[DraDevice]) -> ClaimCap {
     let mut held = Vec::new();
-    for (_, name) in pods::devices_of(claim, Some(pool)) {
+    for (_, name) in pod_claims::devices_of(claim, Some(pool)) {
         let Some(d) = devices.iter().find(|d| d.name == name) else {
             return ClaimCap::Unknown {
                 why: format!("its device {name} is not one this node's GpuNode binds"),
@@ -80,37 +80,11 @@ pub fn written_cap(spec: &serde_json::Value) -> ClaimCap {
     }
 }
 
-/// A container of a pod `claim` is reserved for also consumes claim `other`, whose spec carries
-/// another memory cap (`other_cap`), or one that cannot be told (why).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CapsDiffer {
-    pub pod: String,
-    pub container: String,
-    pub claim: String,
-    pub cap: u64,
-    pub other: String,
-    pub other_cap: Result<u64, String>,
-}
-
-impl std::fmt::Display for CapsDiffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let theirs = match &self.other_cap {
-            Ok(mib) => format!("whose CDI spec caps it at {mib} MiB"),
-            Err(why) => format!("whose memory cap cannot be told ({why})"),
-        };
-        write!(
-            f,
-            "container {} of pod {} consumes claim {}, whose CDI spec caps the container's GPU memory at {} MiB (NVIDIA_GPU_MEMORY_LIMIT), and claim {}, {theirs}; the container gets one value for all its GPUs, so one GPU could be capped above what its claim holds: use one claim with all the shares, or claims of shares of the same size",
-            self.container, self.pod, self.claim, self.cap, self.other
-        )
-    }
-}
-
 /// Each container of `pod` (init containers too) with the names of the claims it consumes: the
 /// claims of its `resources.claims` entries, those of the pod's own `resources.claims` (every
 /// container's), and the extended resources' claim for the containers it serves.
-pub fn consumed(pod: &Pod) -> Result<Vec<(String, BTreeSet<String>)>, pods::ClaimNotCreated> {
-    let entries: BTreeMap<String, String> = pods::entries(pod)?.into_iter().collect();
+pub fn consumed(pod: &Pod) -> Result<Vec<(String, BTreeSet<String>)>, pod_claims::ClaimNotCreated> {
+    let entries: BTreeMap<String, String> = pod_claims::entries(pod)?.into_iter().collect();
     let spec = pod.spec.as_ref();
     let by_entry = |claims: Option<&Vec<k8s_openapi::api::core::v1::ResourceClaim>>| {
         claims
@@ -120,7 +94,7 @@ pub fn consumed(pod: &Pod) -> Result<Vec<(String, BTreeSet<String>)>, pods::Clai
                 entries
                     .get(&c.name)
                     .cloned()
-                    .ok_or_else(|| pods::ClaimNotCreated { entry: c.name.clone() })
+                    .ok_or_else(|| pod_claims::ClaimNotCreated { entry: c.name.clone() })
             })
             .collect::<Result<BTreeSet<String>, _>>()
     };

@@ -17,8 +17,10 @@ use super::checkpoint::{
 use super::container_caps;
 use super::devices::{DraDevice, Unit};
 use super::evidence;
+use super::pod_claims;
 use super::pods;
-use super::prepare::{self, ClaimView, Planned, Refusal};
+use super::prepare::{self, ClaimView, Planned};
+use super::refusal::Refusal;
 use super::reservations;
 use super::scrubs::ScrubFailed;
 use crate::api::{GpuTenant, ScrubMemory};
@@ -226,7 +228,7 @@ impl<G: Gpus + 'static> DraState<G> {
             namespace: claim.namespace().unwrap_or_default(),
             name: claim.name_any(),
             tenant,
-            allocated: pods::devices_of(claim, Some(&self.node)),
+            allocated: pod_claims::devices_of(claim, Some(&self.node)),
         }
     }
 
