@@ -319,6 +319,15 @@ impl SimAgent {
         }
     }
 
+    /// Sets the agent's `flag` to `value`: the one it has replaced (a flag given twice stops the
+    /// agent), else added. Takes effect at the next restart.
+    fn set_arg(&mut self, flag: &str, value: &str) {
+        match self.args.iter().position(|a| a == flag) {
+            Some(i) => self.args[i + 1] = value.to_string(),
+            None => self.args.extend([flag.to_string(), value.to_string()]),
+        }
+    }
+
     /// Restarts the agent with `--nvidia-ctk` naming the simulator's stand-in for the container
     /// toolkit (`sim-nvidia-ctk`, reporting toolkit `version`), through a wrapper script under
     /// [`SimAgent::dir`] that points it at this node's simulated GPUs: the container runtime runs
@@ -330,7 +339,9 @@ impl SimAgent {
         std::fs::create_dir_all(&cgroup).unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.display()));
         std::fs::write(cgroup.join("cgroup.controllers"), "cpu memory pids\n")
             .unwrap_or_else(|e| panic!("writing {}/cgroup.controllers: {e}", cgroup.display()));
-        self.args.extend(["--cgroup-root".into(), cgroup.display().to_string()]);
+        self.set_arg("--cgroup-root", &cgroup.display().to_string());
+        // The wrapper is a path of this machine, not of the simulated node's host root.
+        self.set_arg("--host-root", "/");
         let wrapper = self.dir.join("nvidia-ctk");
         let script = format!(
             "#!/bin/sh\nexport GPU_TENANCY_SIM_CONFIG='{}' GPU_TENANCY_SIM_STATE='{}' GPU_TENANCY_SIM_CTK_VERSION='{version}'\nexec '{}' \"$@\"\n",
@@ -342,7 +353,7 @@ impl SimAgent {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("making {} executable: {e}", wrapper.display()));
-        self.args.extend(["--nvidia-ctk".into(), wrapper.display().to_string()]);
+        self.set_arg("--nvidia-ctk", &wrapper.display().to_string());
         self.restart();
         wrapper
     }
