@@ -11,7 +11,7 @@ pub fn valid(kind: &str, name: &str) -> Value {
             "tiers": [
                 {"name": "external", "modes": ["MIG", "Exclusive"], "coLocation": "Forbidden", "scrubMemory": "Always", "memoryCaps": "Required"},
                 {"name": "internal", "modes": ["MIG", "MPS", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange",
-                 "podSecurity": "Baseline", "priorityClassNames": ["batch-low"]},
+                 "podSecurity": "Baseline", "priorityClassNames": ["batch-low"], "idleLendingPercent": 50},
                 {"name": "experimental", "modes": ["MIG", "MPS", "TimeSlicing", "Exclusive"], "coLocation": "SameTier", "scrubMemory": "OnTenantChange"}
             ],
             "memoryHeadroomPercent": 10,

@@ -244,6 +244,8 @@ fn cel_cases() -> Vec<(&'static str, Case)> {
     const MAX_UNAVAILABLE: &str = "string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')";
     const NODE_MIG_ONLY: &str = "self.mode == 'MIG' || !has(self.migInstances) || size(self.migInstances) == 0";
     const NO_SYSTEM_CLASSES: &str = "self.all(c, !c.startsWith('system-'))";
+    const FORBIDDEN_LENDS_NOTHING: &str =
+        "!has(self.idleLendingPercent) || !has(self.coLocation) || self.coLocation != 'Forbidden'";
     let max_unavailable_msg = "maxUnavailable must be a number of nodes >= 1 or a percentage from 1% to 100%";
     vec![
         (
@@ -268,6 +270,18 @@ fn cel_cases() -> Vec<(&'static str, Case)> {
                         json!(["batch", "system-cluster-critical"]),
                     )
                 },
+            ),
+        ),
+        (
+            FORBIDDEN_LENDS_NOTHING,
+            cel_case(
+                "SharingPolicy",
+                "forbidden-tier-lends",
+                &[
+                    "spec.tiers[0].idleLendingPercent",
+                    "forbids co-location lends no capacity",
+                ],
+                |o| set(o, "spec.tiers.0.idleLendingPercent", json!(20)),
             ),
         ),
         (
