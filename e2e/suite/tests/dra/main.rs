@@ -814,8 +814,16 @@ async fn a_scrub_holds_up_no_other_device(
     whole_gpu0_to(client, "dra-a").await;
 }
 
-/// A claim allocated `devices` (all of this node's pool), reserved for `pod` (name, UID) when given.
-async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str], pod: Option<&Pod>) -> kubelet::Claim {
+/// A claim allocated `devices` (all of `pool`, a node's), reserved for `pod` (name, UID) when given,
+/// as the scheduler would write it.
+async fn claim_in_pool(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    pool: &str,
+    devices: &[&str],
+    pod: Option<&Pod>,
+) -> kubelet::Claim {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
     let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}}}))
@@ -826,7 +834,7 @@ async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str],
         .expect("creating the claim");
     let results: Vec<Value> = devices
         .iter()
-        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": pool, "device": d}))
         .collect();
     let mut status = json!({"allocation": {"devices": {"results": results}}});
     if let Some(p) = pod {
@@ -840,6 +848,11 @@ async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str],
     .await
     .expect("writing the claim's allocation");
     kubelet::claim(ns, name, &c.uid().unwrap())
+}
+
+/// A claim allocated `devices` (all of this node's pool), reserved for `pod` when given.
+async fn reserved_claim(client: &Client, ns: &str, name: &str, devices: &[&str], pod: Option<&Pod>) -> kubelet::Claim {
+    claim_in_pool(client, ns, name, NODE, devices, pod).await
 }
 
 /// A pod of `ns` naming `claims` (entry name, `Some(claim)` or `None` for a template whose claim

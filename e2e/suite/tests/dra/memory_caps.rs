@@ -11,9 +11,8 @@ use gpu_tenancy_e2e::kubelet;
 use gpu_tenancy_e2e::procs::SimAgent;
 use gpu_tenancy_e2e::{Cleanup, client, create_namespace, ensure_crds, ensure_operator_namespaces};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -58,29 +57,7 @@ async fn pod(client: &Client, name: &str, containers: &[(&str, &[&str])]) -> Pod
 
 /// Claim `name` of `devices`, allocated and reserved for `pod` as the scheduler would write it.
 async fn claim(client: &Client, name: &str, devices: &[&str], pod: &Pod) -> kubelet::Claim {
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), TENANT);
-    let c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}}}))
-    .unwrap();
-    let c = api
-        .create(&PostParams::default(), &c)
-        .await
-        .expect("creating the claim");
-    let results: Vec<Value> = devices
-        .iter()
-        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
-        .collect();
-    let status = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "status": {"allocation": {"devices": {"results": results}},
-            "reservedFor": [{"resource": "pods", "name": pod.name_any(), "uid": pod.uid().unwrap()}]}});
-    api.patch_status(
-        name,
-        &PatchParams::apply("e2e-scheduler").force(),
-        &Patch::Apply(status),
-    )
-    .await
-    .expect("writing the claim's allocation");
-    kubelet::claim(TENANT, name, &c.uid().unwrap())
+    crate::claim_in_pool(client, TENANT, name, NODE, devices, Some(pod)).await
 }
 
 /// Share `k` of GPU 0.
