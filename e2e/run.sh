@@ -23,6 +23,9 @@
 #                           for GPU_TENANCY_FAULTS_SECONDS (default 300 here: `make e2e-faults`)
 #   e2e/run.sh nvml-check   only NVIDIA's NVML client (go-nvml, go-nvlib) against the simulated
 #                           libnvidia-ml.so (e2e/nvml-check); `test` runs it first
+#   e2e/run.sh build-kueue  build e2e/bin/kueue (Kueue's manager) and e2e/bin/kueue-manifests/
+#                           (its CRDs and webhook configurations) from Kueue's Go module
+#                           (e2e/kueue; if needed); `build` does it too
 #   e2e/run.sh build-prometheus [promtool] [prometheus]
 #                           build e2e/bin/promtool and e2e/bin/prometheus (default both; if needed)
 #                           from Prometheus' Go module (e2e/prometheus); `make rules-check` builds
@@ -48,6 +51,7 @@ KUBELET="$BIN_DIR/kubelet"
 KUBELET_SRC="$ROOT/e2e/kubelet"
 GITOPS_SRC="$ROOT/e2e/gitops"
 PROMETHEUS_SRC="$ROOT/e2e/prometheus"
+KUEUE_SRC="$ROOT/e2e/kueue"
 STATE_DIR="$ROOT/target/e2e"
 GO="${GO:-go}"
 CARGO="${CARGO:-cargo}"
@@ -122,6 +126,33 @@ build() {
 	# promtool and the Prometheus server: the rules' tests, and a real Prometheus scraping the
 	# agents in the controller scenarios (tests/controller/metrics.rs) and behind `report`.
 	build_prometheus
+	build_kueue
+}
+
+# build_kueue: e2e/bin/kueue, Kueue's manager, and e2e/bin/kueue-manifests/, the CRDs and
+# webhook configurations of the same release, unchanged (the tests adapt them to the test
+# control plane: tests/controller/kueue_manager.rs), if missing or older than
+# e2e/kueue/go.mod or go.sum. The version is the one that go.mod requires.
+build_kueue() {
+	needs_build "$BIN_DIR/kueue" "$KUEUE_SRC" || return 0
+	command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO') on PATH: Kueue's manager is built from its Go module; install Go (see e2e/kueue/go.mod for the version)"
+	local version dir start=$SECONDS
+	version="$(awk '$1 == "sigs.k8s.io/kueue" && $2 ~ /^v/ { print $2; exit }' "$KUEUE_SRC/go.mod")"
+	[[ -n "$version" ]] || die "cannot read the sigs.k8s.io/kueue version from e2e/kueue/go.mod"
+	say "building e2e/bin/kueue $version from sigs.k8s.io/kueue (the first build takes several minutes; later ones come from the Go build cache) ..."
+	dir="$(cd "$KUEUE_SRC" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kueue)" ||
+		die "cannot find the sigs.k8s.io/kueue module (go list -m in e2e/kueue, above)"
+	rm -rf "$BIN_DIR/kueue-manifests"
+	mkdir -p "$BIN_DIR/kueue-manifests/crds"
+	cp "$dir"/config/components/crd/bases/*.yaml "$BIN_DIR/kueue-manifests/crds/"
+	cp "$dir/config/components/webhook/manifests.yaml" "$BIN_DIR/kueue-manifests/webhooks.yaml"
+	chmod -R u+w "$BIN_DIR/kueue-manifests"
+	(cd "$KUEUE_SRC" && "$GO" build -trimpath -buildvcs=false \
+		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
+		-o "$BIN_DIR/kueue.tmp" sigs.k8s.io/kueue/cmd/kueue) ||
+		die "building e2e/bin/kueue failed (see the Go output above)"
+	mv -f "$BIN_DIR/kueue.tmp" "$BIN_DIR/kueue"
+	say "built e2e/bin/kueue in $((SECONDS - start))s"
 }
 
 # prometheus_release: the Prometheus release e2e/prometheus/go.mod requires, for --version.
@@ -385,12 +416,13 @@ nvml-check)
 	"$CARGO" build -p nvml-sim
 	nvml_check
 	;;
+build-kueue) build_kueue ;;
 build-prometheus)
 	shift
 	build_prometheus "$@"
 	;;
 *)
-	echo "usage: e2e/run.sh build|up|down|test|faults|nvml-check|build-prometheus [ARGS...]" >&2
+	echo "usage: e2e/run.sh build|up|down|test|faults|nvml-check|build-kueue|build-prometheus [ARGS...]" >&2
 	exit 2
 	;;
 esac

@@ -38,6 +38,19 @@ pub struct ClusterQueueSpec {
     pub namespace_selector: Option<LabelSelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_sharing: Option<FairSharing>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<Preemption>,
+}
+
+/// Whom a pending workload of the queue may preempt. Kueue's default is nobody; the lending
+/// tiers' queues set `reclaimWithinCohort: Any`, so a lender takes back what it lent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Preemption {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_within_cohort: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within_cluster_queue: Option<String>,
 }
 
 /// Resources covered together by a list of flavors; each flavor lists every covered resource,

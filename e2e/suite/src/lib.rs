@@ -12,6 +12,7 @@
 pub mod access;
 pub mod auditor;
 pub mod kubelet;
+pub mod kueue;
 pub mod node;
 pub mod procs;
 pub mod prometheus;

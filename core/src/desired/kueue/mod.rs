@@ -18,7 +18,8 @@
 //!   (`resources.excludeResourcePrefixes`). Its fair-sharing weight is the tenant's weight.
 //! - A **LocalQueue** [`LOCAL_QUEUE`] in each of its namespaces.
 //! - Per SharingPolicy tier with `idleLendingPercent`, a **Cohort** its tenants' queues join:
-//!   each lends and borrows at most that percent of its quota, per pool and resource. A tier
+//!   each lends and borrows at most that percent of its quota, per pool and resource, and takes
+//!   back what it lent by preempting the borrowers (`reclaimWithinCohort: Any`). A tier
 //!   that forbids co-location may not set it (the CRD refuses it, and it is ignored here too).
 //! - One **WorkloadPriorityClass** per tenant, `gpu-tenancy-<tenant>`, at its priority.
 //!
@@ -31,7 +32,7 @@ use crate::device_plugin::resource_name;
 use crate::dra::DeviceKind;
 use crate::kueue::{
     ClusterQueue, ClusterQueueSpec, Cohort, CohortSpec, FairSharing, FlavorQuotas, LocalQueue, LocalQueueSpec,
-    ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, WorkloadPriorityClass,
+    Preemption, ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, WorkloadPriorityClass,
 };
 use crate::labels::TENANT;
 use crate::problem::Problem;
@@ -337,6 +338,12 @@ fn cluster_queue(
             namespace_selector: Some(namespace_selector(name, namespaces)),
             fair_sharing: Some(FairSharing {
                 weight: Some(Quantity(t.spec.weight.to_string())),
+            }),
+            // What a lender lent is idle capacity: it takes it back by preempting the borrowers'
+            // workloads when its own need it. Nothing else preempts.
+            preemption: lending.map(|_| Preemption {
+                reclaim_within_cohort: Some("Any".into()),
+                within_cluster_queue: Some("Never".into()),
             }),
         },
     }

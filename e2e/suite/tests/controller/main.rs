@@ -14,6 +14,7 @@ mod agent_reads;
 mod agents;
 mod attacks;
 mod kueue;
+mod kueue_manager;
 mod metrics;
 mod metrics_work;
 mod observe;

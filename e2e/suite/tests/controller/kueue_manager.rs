@@ -1,0 +1,399 @@
+//! The queues the controller writes, run by Kueue's real manager (built from its Go module at the
+//! release e2e/kueue/go.mod pins, with its CRDs and webhooks: `gpu_tenancy_e2e::kueue`).
+//!
+//! The workloads are batch Jobs labelled with the tenant's LocalQueue, admitted by Kueue through
+//! its Job integration (its webhook suspends them, its scheduler unsuspends those it admits). The
+//! test control plane runs no Job controller and no kubelet, so the test plays them: a Job Kueue
+//! unsuspended runs for a set time and then completes (its status written as the Job controller
+//! writes it), and one Kueue suspends again (preempted) stops running at once. What a tenant
+//! "ran" is then what Kueue admitted, measured in GPU-seconds.
+
+use crate::support::*;
+use gpu_tenancy_e2e::kueue::{KueueManager, KueueSettings};
+use gpu_tenancy_e2e::{Cleanup, apply_docs_as_kubectl, create_namespace};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// The pool: 8 nodes of two H100s, every GPU whole (Exclusive), `nvidia.com/gpu`.
+const POOL: &str = "kq";
+const GPU: &str = "nvidia.com/gpu";
+
+/// A policy with a tier that keeps its grants (`solo`) and one whose tenants lend all that is idle.
+fn policy() -> serde_json::Value {
+    json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": POOL},
+        "spec": {"tiers": [
+            {"name": "solo", "modes": ["Exclusive"], "coLocation": "SameTier"},
+            {"name": "lending", "modes": ["Exclusive"], "coLocation": "SameTier", "idleLendingPercent": 100}]}})
+}
+
+fn plan() -> serde_json::Value {
+    json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuPartitionPlan", "metadata": {"name": POOL},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": POOL}}, "gpus": [{"devices": "all", "mode": "Exclusive"}]}})
+}
+
+fn tenant(name: &str, tier: &str, namespaces: &[&str], gpus: u32, weight: u32) -> serde_json::Value {
+    json!({"apiVersion": "gputenancy.io/v1alpha1", "kind": "GpuTenant", "metadata": {"name": name},
+        "spec": {"policyRef": POOL, "tier": tier, "namespaces": namespaces, "weight": weight,
+                 "resources": [{"mode": "Exclusive", "count": gpus}]}})
+}
+
+/// The pool, the policy, `tenants` (name, tier, namespaces, GPUs, weight) and their namespaces;
+/// then the controller, converged: every tenant's queue written and Active in Kueue.
+async fn fleet(client: &Client, cleanup: &Cleanup, kueue: &KueueManager, tenants: &[(&str, &str, &[&str], u32, u32)]) {
+    h100_pool(client, cleanup, POOL, 8).await;
+    let mut docs = vec![policy(), plan()];
+    cleanup.add("SharingPolicy", POOL);
+    cleanup.add("GpuPartitionPlan", POOL);
+    for (name, tier, namespaces, gpus, weight) in tenants {
+        for ns in *namespaces {
+            create_namespace(client, cleanup, ns, &[]).await;
+        }
+        docs.push(tenant(name, tier, namespaces, *gpus, *weight));
+        cleanup.add("GpuTenant", name);
+    }
+    apply_docs_as_kubectl(&docs, "kueue-fleet").await;
+    let c = start_controller(client).await;
+    assert!(c.stores.snapshot().absent.is_empty(), "Kueue's kinds are served");
+    converge(client, &c).await;
+    // Kueue's status, which the operator's ClusterQueue type does not read.
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ClusterQueue"));
+    let queues: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    for (name, ..) in tenants {
+        let queue = format!("gpu-tenancy-{name}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let q = queues.get_opt(&queue).await.unwrap();
+            let status = q.as_ref().map(|q| q.data["status"].clone()).unwrap_or_default();
+            let active = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Active" && c["status"] == "True");
+            if active {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ClusterQueue {queue} not Active in Kueue within 30 s: {q:#?}\n{}",
+                kueue.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A Job of one pod asking for `gpus` whole GPUs, in tenant namespace `ns`'s LocalQueue.
+async fn submit(client: &Client, ns: &str, name: &str, gpus: u32) {
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": "gpu-tenancy"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "train", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {GPU: gpus, "cpu": "100m"}, "limits": {GPU: gpus}}}]}}}}))
+    .unwrap();
+    Api::<Job>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating Job {ns}/{name}: {e}"));
+}
+
+fn finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
+}
+
+fn gpus(job: &Job) -> u64 {
+    let requests = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| {
+            s.containers
+                .iter()
+                .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get(GPU))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    requests.iter().map(|q| q.0.parse::<u64>().unwrap_or(0)).sum()
+}
+
+/// Plays the Job controller for Jobs in some namespaces: a Job runs from the moment Kueue
+/// unsuspends it, completes after `run` (when `run` is set), and stops when Kueue suspends it.
+struct JobRunner {
+    client: Client,
+    namespaces: Vec<String>,
+    run: Option<Duration>,
+    running_since: HashMap<String, Instant>,
+}
+
+impl JobRunner {
+    fn new(client: &Client, namespaces: &[&str], run: Option<Duration>) -> JobRunner {
+        JobRunner {
+            client: client.clone(),
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            run,
+            running_since: HashMap::new(),
+        }
+    }
+
+    /// One look at the Jobs: completes those that ran their time; returns the GPUs running per
+    /// namespace, and the names of the running Jobs.
+    async fn tick(&mut self) -> (BTreeMap<String, u64>, Vec<String>) {
+        let mut gpus_running = BTreeMap::new();
+        let mut names = Vec::new();
+        for ns in self.namespaces.clone() {
+            let jobs: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+            for job in jobs.list(&ListParams::default()).await.unwrap() {
+                let key = format!("{ns}/{}", job.name_any());
+                let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+                if suspended || finished(&job) {
+                    self.running_since.remove(&key);
+                    continue;
+                }
+                let since = *self.running_since.entry(key.clone()).or_insert_with(Instant::now);
+                if self.run.is_some_and(|run| since.elapsed() >= run) {
+                    complete(&jobs, &job.name_any()).await;
+                    self.running_since.remove(&key);
+                    continue;
+                }
+                *gpus_running.entry(ns.clone()).or_default() += gpus(&job);
+                names.push(key);
+            }
+        }
+        (gpus_running, names)
+    }
+}
+
+/// A Job's status as the Job controller writes it when its one pod succeeded.
+async fn complete(jobs: &Api<Job>, name: &str) {
+    let now = jiff::Timestamp::now().to_string();
+    let status = json!({"status": {"startTime": now, "completionTime": now, "succeeded": 1, "conditions": [
+        {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+        {"type": "Complete", "status": "True", "lastTransitionTime": now}]}});
+    jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap_or_else(|e| panic!("completing Job {name}: {e}"));
+}
+
+/// The reason Kueue gave for evicting workload `job`'s Workload, if it did.
+async fn eviction_reason(client: &Client, ns: &str, job: &str) -> Option<String> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"));
+    let workloads: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let list = workloads.list(&ListParams::default()).await.unwrap();
+    list.items
+        .iter()
+        .filter(|w| {
+            w.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "Job" && o.name == job)
+        })
+        .flat_map(|w| w.data["status"]["conditions"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["type"] == "Evicted" && c["status"] == "True")
+        .and_then(|c| c["reason"].as_str().map(String::from))
+}
+
+/// One grant, one queue: a tenant's two namespaces share its four GPUs. One namespace takes all
+/// four while the other is idle (the even split without Kueue gives each two), and the other's
+/// Job is admitted as soon as the first frees a GPU. Each namespace's ResourceQuota is the
+/// ceiling at the whole grant.
+#[tokio::test]
+async fn kueue_manager_one_grant_is_shared_by_the_tenants_namespaces() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let kueue = KueueManager::start(&client, &KueueSettings::default()).await;
+    let (a, b) = ("kq-solo-a", "kq-solo-b");
+    fleet(&client, &cleanup, &kueue, &[("kq-solo", "solo", &[a, b], 4, 1)]).await;
+    for ns in [a, b] {
+        let quota: ResourceQuota = Api::namespaced(client.clone(), ns).get("gpu-tenancy").await.unwrap();
+        assert_eq!(
+            quota.spec.unwrap().hard.unwrap()[&format!("requests.{GPU}")].0,
+            "4",
+            "{ns}"
+        );
+    }
+
+    let mut runner = JobRunner::new(&client, &[a, b], None);
+    for i in 0..5 {
+        submit(&client, a, &format!("a-{i}"), 1).await;
+    }
+    let mut running = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running.get(a).copied().unwrap_or(0) < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {a} ran {running:?} GPUs, not its tenant's 4\n{}",
+            kueue.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running = runner.tick().await.0;
+    }
+    submit(&client, b, "b-0", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (running, names) = runner.tick().await;
+    assert_eq!(
+        running,
+        BTreeMap::from([(a.to_string(), 4)]),
+        "the grant is used up: nothing more runs ({names:?})"
+    );
+
+    // Two of a's Jobs end: one GPU goes to a's fifth Job (queued first), the other to b's.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), a);
+    for name in names.iter().take(2) {
+        complete(&jobs, name.rsplit('/').next().unwrap()).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (running, names) = runner.tick().await;
+        if running.get(b) == Some(&1) {
+            assert_eq!(running.get(a), Some(&3), "{names:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's Job never ran: {running:?}\n{}",
+            kueue.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(kueue);
+}
+
+/// A lending tier: what a tenant leaves idle, another borrows, and the lender takes it back by
+/// preemption when its own Jobs come. Then two tenants of weights 2 and 1, each with a backlog,
+/// contend for a third tenant's idle GPUs: Kueue's fair sharing splits them about 2:1, while each
+/// keeps its own grant.
+#[tokio::test]
+async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight() {
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let settings = KueueSettings {
+        fair_sharing: true,
+        ..KueueSettings::default()
+    };
+    let kueue = KueueManager::start(&client, &settings).await;
+    let (b, c, d) = ("kq-b", "kq-c", "kq-d");
+    fleet(
+        &client,
+        &cleanup,
+        &kueue,
+        &[
+            ("kq-b", "lending", &[b], 3, 2),
+            ("kq-c", "lending", &[c], 3, 1),
+            ("kq-d", "lending", &[d], 3, 1),
+        ],
+    )
+    .await;
+
+    // c runs its own three; b its three and three more, borrowed from d, which is idle.
+    let mut runner = JobRunner::new(&client, &[b, c, d], None);
+    for i in 0..3 {
+        submit(&client, c, &format!("c-{i}"), 1).await;
+    }
+    for i in 0..6 {
+        submit(&client, b, &format!("b-{i}"), 1).await;
+    }
+    let want = BTreeMap::from([(b.to_string(), 6), (c.to_string(), 3)]);
+    let mut running = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running != want {
+        assert!(
+            Instant::now() < deadline,
+            "running {running:?}, not {want:?}\n{}",
+            kueue.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running = runner.tick().await.0;
+    }
+    // d's own Jobs come: Kueue preempts b's three borrowed Jobs to run them.
+    let reclaim_started = Instant::now();
+    for i in 0..3 {
+        submit(&client, d, &format!("d-{i}"), 1).await;
+    }
+    let want = BTreeMap::from([(b.to_string(), 3), (c.to_string(), 3), (d.to_string(), 3)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running != want {
+        assert!(
+            Instant::now() < deadline,
+            "running {running:?}, not {want:?}\n{}",
+            kueue.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running = runner.tick().await.0;
+    }
+    let reclaimed_in = reclaim_started.elapsed();
+    let mut preempted = Vec::new();
+    for i in 0..6 {
+        let job = format!("b-{i}");
+        if let Some(reason) = eviction_reason(&client, b, &job).await {
+            preempted.push((job, reason));
+        }
+    }
+    assert_eq!(preempted.len(), 3, "b's borrowed Jobs preempted: {preempted:?}");
+    assert!(preempted.iter().all(|(_, r)| r == "Preempted"), "{preempted:?}");
+    eprintln!("lend and reclaim: d's 3 GPUs back in {reclaimed_in:?}; preempted {preempted:?}");
+
+    // Everything ends; then b (weight 2) and c (weight 1) each keep a backlog of one-GPU Jobs of
+    // 3 s, while d stays idle.
+    for ns in [b, c, d] {
+        let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+        for job in jobs.list(&ListParams::default()).await.unwrap() {
+            jobs.delete(&job.name_any(), &Default::default()).await.unwrap();
+        }
+    }
+    let mut runner = JobRunner::new(&client, &[b, c], Some(Duration::from_secs(3)));
+    let mut submitted = BTreeMap::from([(b, 0usize), (c, 0usize)]);
+    let mut borrowed_seconds = BTreeMap::from([(b, 0f64), (c, 0f64)]);
+    let mut seconds = BTreeMap::from([(b, 0f64), (c, 0f64)]);
+    let started = Instant::now();
+    let mut last = Instant::now();
+    while started.elapsed() < Duration::from_secs(45) {
+        // Each keeps 8 Jobs queued or running.
+        let (running, _) = runner.tick().await;
+        let dt = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        for ns in [b, c] {
+            let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+            let live = jobs
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|j| !finished(j))
+                .count();
+            for _ in live..8 {
+                let n = submitted.get_mut(ns).unwrap();
+                submit(&client, ns, &format!("{ns}-w{n}"), 1).await;
+                *n += 1;
+            }
+            let gpus = running.get(ns).copied().unwrap_or(0) as f64;
+            // The first 10 s are the queues filling; the split is measured after.
+            if started.elapsed() > Duration::from_secs(10) {
+                *seconds.get_mut(ns).unwrap() += gpus * dt;
+                *borrowed_seconds.get_mut(ns).unwrap() += (gpus - 3.0).max(0.0) * dt;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ratio = borrowed_seconds[b] / borrowed_seconds[c].max(0.001);
+    eprintln!(
+        "fair sharing over 35 s: GPU-seconds {seconds:?}, of them borrowed {borrowed_seconds:?}: {ratio:.2} to 1 (weights 2:1)"
+    );
+    assert!(
+        (1.5..=2.7).contains(&ratio),
+        "borrowed GPU-seconds {borrowed_seconds:?}: {ratio:.2}, not about 2\n{}",
+        kueue.log_tail()
+    );
+    for ns in [b, c] {
+        assert!(seconds[ns] >= 3.0 * 30.0, "{ns} kept its own grant: {seconds:?}");
+    }
+    drop(kueue);
+}
