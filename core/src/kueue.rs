@@ -198,3 +198,39 @@ impl kube::Resource for WorkloadPriorityClass {
         &mut self.metadata
     }
 }
+
+/// An entry of Kueue's Configuration, `resources.deviceClassMappings`: the DeviceClasses whose
+/// devices a ResourceClaim counts as `name` against its ClusterQueue's quota. Kueue reads its
+/// Configuration when it starts; a workload whose claims name an unmapped class is not admitted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClassMapping {
+    pub name: String,
+    pub device_class_names: Vec<String>,
+}
+
+/// A Kueue Configuration holding only `resources.deviceClassMappings`, to merge into Kueue's own.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigurationFragment<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub resources: ResourcesFragment<'a>,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourcesFragment<'a> {
+    pub device_class_mappings: &'a [DeviceClassMapping],
+}
+
+/// [`ConfigurationFragment`] of `mappings`.
+pub fn configuration_fragment(mappings: &[DeviceClassMapping]) -> ConfigurationFragment<'_> {
+    ConfigurationFragment {
+        api_version: "config.kueue.x-k8s.io/v1beta2",
+        kind: "Configuration",
+        resources: ResourcesFragment {
+            device_class_mappings: mappings,
+        },
+    }
+}

@@ -97,6 +97,10 @@ pub struct Desired {
     pub local_queues: Vec<crate::kueue::LocalQueue>,
     /// One per tenant.
     pub workload_priority_classes: Vec<crate::kueue::WorkloadPriorityClass>,
+    /// What Kueue's own Configuration needs to count the tenants' ResourceClaims: one mapping
+    /// per DeviceClass. Not an object the controller writes (`plan -o kueue-config` prints it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kueue_device_class_mappings: Vec<crate::kueue::DeviceClassMapping>,
     /// Which rule set governs each namespace: what the admission bindings say, as data, so the
     /// controller can order a change of rule sets without a namespace under none.
     #[serde(skip)]
@@ -167,6 +171,10 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
     };
     out.problems.append(&mut queues.problems);
     let device_classes = dra::device_classes(&holdings);
+    let kueue_device_class_mappings = match settings.kueue {
+        true => kueue::device_class_mappings(&holdings),
+        false => Vec::new(),
+    };
     let admission = admission::render(
         input.policies,
         &mut out.tenants,
@@ -201,6 +209,7 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         cluster_queues: queues.cluster_queues,
         local_queues: queues.local_queues,
         workload_priority_classes: queues.workload_priority_classes,
+        kueue_device_class_mappings,
         namespace_rules,
         changes: out.changes,
         problems: out.problems,

@@ -29,6 +29,9 @@ pub enum PlanOutput {
     Yaml,
     /// JSON: the whole desired state, with problems.
     Json,
+    /// Kueue's Configuration fragment that counts the tenants' ResourceClaims
+    /// (`resources.deviceClassMappings`), to merge into Kueue's own (implies `--kueue`).
+    KueueConfig,
 }
 
 /// What `plan -o json` prints: the desired state with problems as `FILE: Kind/name: field: message`
@@ -42,7 +45,7 @@ struct JsonReport<'a> {
 
 pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput, kueue: bool) -> i32 {
     let settings = Settings {
-        kueue,
+        kueue: kueue || output == PlanOutput::KueueConfig,
         ..Settings::default()
     };
     let (mut desired, problem_lines) = match compute_with(paths, inventory, Time(jiff::Timestamp::now()), &settings) {
@@ -72,6 +75,16 @@ pub fn run(paths: &[PathBuf], inventory: Option<&Path>, output: PlanOutput, kueu
                 eprintln!("error: cannot write the plan to standard output: {e}");
                 return 2;
             }
+        }
+        PlanOutput::KueueConfig => {
+            for line in &problem_lines {
+                println!("# problem: {line}");
+            }
+            let fragment = crate::kueue::configuration_fragment(&desired.kueue_device_class_mappings);
+            print!(
+                "{}",
+                serde_saphyr::to_string(&fragment).expect("the fragment serialises")
+            );
         }
         PlanOutput::Yaml => {
             for line in &problem_lines {

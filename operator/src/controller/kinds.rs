@@ -419,6 +419,8 @@ macro_rules! table {
                 // Reports: `plan`'s tables and `-o json` show them.
                 changes: _,
                 problems: _,
+                // Kueue's own Configuration, not an object: `plan -o kueue-config` prints it.
+                kueue_device_class_mappings: _,
             } = d;
         }
     };

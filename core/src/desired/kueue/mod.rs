@@ -26,13 +26,15 @@
 //! Everything is derived from the tenants' grants, so it follows the planner, never decides.
 
 use super::admission::NamespaceRules;
+use super::dra::DraHoldings;
 use super::settings::managed_labels;
 use crate::api::{CoLocation, DeviceAccess, GpuNode, GpuPartitionPlan, GpuTenant, SharingPolicy, Tier};
 use crate::device_plugin::resource_name;
 use crate::dra::DeviceKind;
 use crate::kueue::{
-    ClusterQueue, ClusterQueueSpec, Cohort, CohortSpec, FairSharing, FlavorQuotas, LocalQueue, LocalQueueSpec,
-    Preemption, ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, WorkloadPriorityClass,
+    ClusterQueue, ClusterQueueSpec, Cohort, CohortSpec, DeviceClassMapping, FairSharing, FlavorQuotas, LocalQueue,
+    LocalQueueSpec, Preemption, ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota,
+    WorkloadPriorityClass,
 };
 use crate::labels::TENANT;
 use crate::problem::Problem;
@@ -126,6 +128,25 @@ pub fn units_by_pool(
         }
         out.insert(name.to_string(), pools);
     }
+    out
+}
+
+/// Kueue's `deviceClassMappings` for the tenants' DeviceClasses: each class counts as the
+/// extended resource it names (`<tenant>.gputenancy.io/<kind>`), which is the resource the
+/// tenant's ClusterQueue holds its DRA units under ([`units_by_pool`]). So a claim and a pod
+/// asking by that name take the same quota. Sorted by name.
+pub fn device_class_mappings(holdings: &DraHoldings) -> Vec<DeviceClassMapping> {
+    let mut out: Vec<DeviceClassMapping> = holdings
+        .0
+        .iter()
+        .flat_map(|(tenant, kinds)| {
+            kinds.keys().map(move |k| DeviceClassMapping {
+                name: k.extended_resource(tenant),
+                device_class_names: vec![k.class_name(tenant)],
+            })
+        })
+        .collect();
+    out.sort();
     out
 }
 

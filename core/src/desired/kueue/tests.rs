@@ -183,6 +183,11 @@ fn a_lending_tier_shares_a_cohort_within_its_limits() {
     assert_eq!(names, ["gpu-tenancy.internal.default"]);
     let acme = queue(&d, "gpu-tenancy-acme");
     assert_eq!(acme["spec"]["cohortName"], "gpu-tenancy.internal.default");
+    // A lender takes back what it lent, by preempting the borrowers; nothing else preempts.
+    assert_eq!(
+        acme["spec"]["preemption"],
+        json!({"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"})
+    );
     let q =
         |name: &str, n: &str, l: &str| json!({"name": name, "nominalQuota": n, "borrowingLimit": l, "lendingLimit": l});
     assert_eq!(
@@ -214,6 +219,7 @@ fn a_lending_tier_shares_a_cohort_within_its_limits() {
     let d = run(&external, &policies, true);
     assert!(d.cohorts.is_empty());
     assert_eq!(queue(&d, "gpu-tenancy-acme")["spec"].get("cohortName"), None);
+    assert_eq!(queue(&d, "gpu-tenancy-acme")["spec"].get("preemption"), None);
     assert_eq!(hard(&d, "acme-prod", "requests.nvidia.com/gpu"), "3");
 }
 

@@ -39,7 +39,7 @@ pub fn plan(yaml: &str) -> (i32, Value) {
 }
 
 /// `gpu-tenancy plan -f - -o OUTPUT` of `yaml`.
-fn plan_as(yaml: &str, output: &str) -> std::process::Output {
+pub fn plan_as(yaml: &str, output: &str) -> std::process::Output {
     let mut child = std::process::Command::new(repo_root().join("target/debug/gpu-tenancy"))
         .args(["plan", "-f", "-", "-o", output])
         .stdin(std::process::Stdio::piped())
