@@ -2,8 +2,9 @@
 //! operator writes them: only the fields it sets, so a live object read back (with Kueue's
 //! defaults and status) deserialises into them and the diff compares the fields it owns.
 //!
-//! Field names and limits follow Kueue's CRDs (`e2e/kueue/crds/`, vendored from the release this
-//! operator is tested with); the API server validates every object against them.
+//! Field names and limits follow Kueue's CRDs, of the release this operator is tested with
+//! (`e2e/kueue/go.mod`); in the e2e suite the API server validates every object against them,
+//! and Kueue's own manager admits workloads with them.
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

@@ -1,6 +1,7 @@
 //! Queues per tenant with Kueue (docs/concepts/queues.md) on the real API server. Without
-//! Kueue's CRDs the controller is Ready and writes no Kueue object; with them (Kueue v0.19.1's
-//! own CRDs, vendored in e2e/kueue/crds/) it writes every tenant's queues, and the API server
+//! Kueue's CRDs the controller is Ready and writes no Kueue object; with them (Kueue's own CRDs,
+//! of the release e2e/kueue/go.mod pins, which `e2e/run.sh build-kueue` copies into
+//! e2e/bin/kueue-manifests/) it writes every tenant's queues, and the API server
 //! validating them against Kueue's schema is the oracle that they are well-formed. The CRDs are
 //! removed at the end, so the scenarios after these run without Kueue.
 
@@ -25,6 +26,12 @@ const CRDS: [&str; 5] = [
     "workloadpriorityclasses.kueue.x-k8s.io",
 ];
 
+/// The file of CRD `name` (`clusterqueues.kueue.x-k8s.io`) in Kueue's `config/components/crd/bases/`.
+fn crd_file(name: &str) -> String {
+    let (plural, group) = name.split_once('.').expect("a CRD name is plural.group");
+    format!("{group}_{plural}")
+}
+
 fn queue_writes(writes: &[String]) -> Vec<&String> {
     writes
         .iter()
@@ -38,19 +45,14 @@ struct KueueCrds;
 
 impl KueueCrds {
     async fn install(client: &Client) -> KueueCrds {
-        kubectl_async(
-            [
-                "apply",
-                "--server-side",
-                "--field-manager=gpu-tenancy-e2e",
-                "-f",
-                "e2e/kueue/crds/",
-            ]
+        let mut args: Vec<String> = ["apply", "--server-side", "--field-manager=gpu-tenancy-e2e"]
             .map(String::from)
-            .to_vec(),
-        )
-        .await
-        .ok();
+            .to_vec();
+        for name in CRDS {
+            args.push("-f".into());
+            args.push(format!("e2e/bin/kueue-manifests/crds/{}.yaml", crd_file(name)));
+        }
+        kubectl_async(args).await.ok();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for name in CRDS {
             tokio::time::timeout(
