@@ -129,8 +129,9 @@ build() {
 	build_kueue
 }
 
-# build_kueue: e2e/bin/kueue, Kueue's manager, and e2e/bin/kueue-manifests/, the CRDs and
-# webhook configurations of the same release, unchanged (the tests adapt them to the test
+# build_kueue: e2e/bin/kueue, Kueue's manager, and e2e/bin/kueue-manifests/, the CRDs, webhook
+# configurations and the ClusterRoles aggregated into Kubernetes' own roles of the same release,
+# unchanged (the tests adapt them to the test
 # control plane: tests/controller/kueue_manager.rs), if missing or older than
 # e2e/kueue/go.mod or go.sum. The version is the one that go.mod requires.
 build_kueue() {
@@ -146,6 +147,12 @@ build_kueue() {
 	mkdir -p "$BIN_DIR/kueue-manifests/crds"
 	cp "$dir"/config/components/crd/bases/*.yaml "$BIN_DIR/kueue-manifests/crds/"
 	cp "$dir/config/components/webhook/manifests.yaml" "$BIN_DIR/kueue-manifests/webhooks.yaml"
+	# The ClusterRoles Kueue aggregates into Kubernetes' admin, edit and view roles.
+	mkdir -p "$BIN_DIR/kueue-manifests/rbac"
+	local f
+	for f in "$dir"/config/components/rbac/*.yaml; do
+		if grep -q 'rbac.authorization.k8s.io/aggregate-to-' "$f"; then cp "$f" "$BIN_DIR/kueue-manifests/rbac/"; fi
+	done
 	chmod -R u+w "$BIN_DIR/kueue-manifests"
 	(cd "$KUEUE_SRC" && "$GO" build -trimpath -buildvcs=false \
 		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \

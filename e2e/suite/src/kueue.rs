@@ -84,19 +84,22 @@ fn free_port() -> u16 {
         .expect("a free port on 127.0.0.1")
 }
 
-/// Every document to apply: Kueue's CRDs (with the conversion webhook of the converted ones),
-/// its namespace, the Secret its certificate manager fills, the webhook Service, and the webhook
-/// configurations of [`WEBHOOK_GROUPS`], all pointing at `port`.
-fn install_docs(port: u16) -> Vec<Value> {
-    let service = json!({"namespace": NAMESPACE, "name": SERVICE, "port": port});
-    let mut docs = Vec::new();
-    let dir = manifests().join("crds");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+fn sorted_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("reading {} ({e}): run `e2e/run.sh build-kueue`", dir.display()))
         .map(|e| e.expect("dir entry").path())
         .collect();
     files.sort();
-    for f in files {
+    files
+}
+
+/// Every document to apply: Kueue's CRDs (with the conversion webhook of the converted ones),
+/// its ClusterRoles aggregated into Kubernetes' admin, edit and view roles, its namespace, the Secret its certificate manager fills, the webhook Service, and the webhook
+/// configurations of [`WEBHOOK_GROUPS`], all pointing at `port`.
+fn install_docs(port: u16) -> Vec<Value> {
+    let service = json!({"namespace": NAMESPACE, "name": SERVICE, "port": port});
+    let mut docs = Vec::new();
+    for f in sorted_files(&manifests().join("crds")) {
         for mut crd in yaml_docs(&f) {
             let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default().to_string();
             if CONVERTED.contains(&plural.as_str()) {
@@ -106,6 +109,14 @@ fn install_docs(port: u16) -> Vec<Value> {
                     "conversionReviewVersions": ["v1"], "clientConfig": {"service": svc}}});
             }
             docs.push(crd);
+        }
+    }
+    // Kueue's roles aggregated into Kubernetes' own, named as its kustomization names them.
+    for f in sorted_files(&manifests().join("rbac")) {
+        for mut role in yaml_docs(&f) {
+            let name = format!("kueue-{}", role["metadata"]["name"].as_str().unwrap_or_default());
+            role["metadata"]["name"] = json!(name);
+            docs.push(role);
         }
     }
     docs.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}));
@@ -325,11 +336,21 @@ impl Drop for KueueManager {
                 );
             }
         }
-        let crds: Vec<String> = install_docs(0)
-            .iter()
-            .filter(|d| d["kind"] == "CustomResourceDefinition")
-            .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
-            .collect();
+        let installed = install_docs(0);
+        let named = |kind: &str| -> Vec<String> {
+            installed
+                .iter()
+                .filter(|d| d["kind"] == kind)
+                .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
+                .collect()
+        };
+        let mut args = vec!["delete".to_string(), "clusterrole".into(), "--ignore-not-found".into()];
+        args.extend(named("ClusterRole"));
+        let out = kubectl(&args);
+        if !out.success {
+            eprintln!("removing Kueue's ClusterRoles failed: {}", out.stderr);
+        }
+        let crds = named("CustomResourceDefinition");
         let mut args = vec![
             "delete".to_string(),
             "crd".into(),

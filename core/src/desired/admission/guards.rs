@@ -1,12 +1,14 @@
 //! The policies that judge every namespace outside a trusted set, whichever rule set governs it:
 //! ConfigMap and Secret keys named like NVIDIA's device-selecting variables (every namespace that
 //! is not exempt), and host paths of the node's hand-over files (every namespace but the
-//! operator's, the device plugin's and those `--node-files-namespace` names). They need not follow
-//! a namespace from one rule set to another.
+//! operator's, the device plugin's and those `--node-files-namespace` names), and with Kueue on,
+//! the queues and priority classes a namespace's workloads name. They need not follow a namespace
+//! from one rule set to another.
 
 use super::cel::{self, node_file_paths};
 use super::objects::{binding, pod_rules, policy, typed};
 use crate::desired::settings::Settings;
+use crate::labels::TENANT;
 use k8s_openapi::api::admissionregistration::v1::{
     NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -68,4 +70,74 @@ pub(super) fn config_keys(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPoli
         policy,
         binding(CONFIG_KEYS_POLICY, CONFIG_KEYS_POLICY, "NotIn", exempt, None),
     )
+}
+
+/// The policy on Kueue's queue names with Kueue on.
+pub const QUEUES_POLICY: &str = "gputenancy.io-queues";
+
+/// With Kueue on, the policy on what names a tenant's queues and its binding, to every namespace
+/// that is not exempt. A namespace's tenant is its `gputenancy.io/tenant` label (which only the
+/// controller and cluster administrators write; the ClusterQueues select their namespaces by name
+/// as well, so a label written by hand on another namespace takes no queue's quota):
+/// - a LocalQueue points at its tenant's ClusterQueue, never another tenant's;
+/// - an object's `kueue.x-k8s.io/priority-class` label, and a Workload's WorkloadPriorityClass,
+///   name the tenant's own class (its priority), never another tenant's, which may be higher.
+///
+/// A namespace of no tenant names none of this operator's queues or classes. Every kind is
+/// matched, since any kind Kueue integrates (Jobs, JobSets, pods, Ray's) carries the label.
+pub(super) fn queues(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let prefix = crate::desired::kueue::PREFIX;
+    let variables = json!([
+        {"name": "tenant", "expression": format!(
+            "has(namespaceObject.metadata.labels) && '{TENANT}' in namespaceObject.metadata.labels ? namespaceObject.metadata.labels['{TENANT}'] : ''")},
+        {"name": "own", "expression": format!("variables.tenant == '' ? '' : '{prefix}' + variables.tenant")},
+    ]);
+    // Whether `name` is a queue or class this namespace may name.
+    let allowed =
+        |name: &str| format!("(variables.tenant == '' ? !{name}.startsWith('{prefix}') : {name} == variables.own)");
+    let who = "'namespace ' + namespaceObject.metadata.name + (variables.tenant == '' ? ' (of no GpuTenant)' : ' (GpuTenant ' + variables.tenant + ')')";
+    let fix = format!(
+        "(variables.tenant == '' ? ', and a namespace of no GpuTenant may name none of them ({prefix}*)' : ': name ' + variables.own + ' or leave it out')"
+    );
+    let label = "object.metadata.labels['kueue.x-k8s.io/priority-class']";
+    let class_ref = "object.spec.priorityClassRef";
+    let validations = vec![
+        cel::validation_with(
+            &format!(
+                "request.kind.group == 'kueue.x-k8s.io' && request.kind.kind == 'LocalQueue' && has(object.spec.clusterQueue) && !{}",
+                allowed("object.spec.clusterQueue")
+            ),
+            format!(
+                "{who} + ': LocalQueue ' + object.metadata.name + ': spec.clusterQueue ' + object.spec.clusterQueue + ' is not this tenant\\'s ClusterQueue; a LocalQueue may point only at its own tenant\\'s' + {fix}"
+            ),
+        ),
+        cel::validation_with(
+            &format!(
+                "has(object.metadata.labels) && 'kueue.x-k8s.io/priority-class' in object.metadata.labels && !{}",
+                allowed(label)
+            ),
+            format!(
+                "{who} + ': ' + request.kind.kind + ' ' + object.metadata.name + ': label kueue.x-k8s.io/priority-class ' + {label} + ' is not this tenant\\'s WorkloadPriorityClass; a workload may use only its own tenant\\'s priority' + {fix}"
+            ),
+        ),
+        cel::validation_with(
+            &format!(
+                "request.kind.group == 'kueue.x-k8s.io' && request.kind.kind == 'Workload' && has({class_ref}) && {class_ref}.kind == 'WorkloadPriorityClass' && !{}",
+                allowed(&format!("{class_ref}.name"))
+            ),
+            format!(
+                "{who} + ': Workload ' + object.metadata.name + ': spec.priorityClassRef ' + {class_ref}.name + ' is not this tenant\\'s WorkloadPriorityClass; a workload may use only its own tenant\\'s priority' + {fix}"
+            ),
+        ),
+    ];
+    let policy = policy(
+        QUEUES_POLICY,
+        &typed::<Vec<NamedRuleWithOperations>>(json!([{
+            "apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["*"],
+        }])),
+        &typed::<Vec<k8s_openapi::api::admissionregistration::v1::Variable>>(variables),
+        validations,
+        None,
+    );
+    (policy, binding(QUEUES_POLICY, QUEUES_POLICY, "NotIn", exempt, None))
 }

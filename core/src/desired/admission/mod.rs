@@ -340,6 +340,9 @@ pub fn render(
                 .extend(untenanted(namespaces, last.untenanted, &mut memo.bindings));
             out.bindings.push(Arc::new(guards::config_keys(&namespaces.exempt).1));
             out.bindings.push(Arc::new(guards::node_files(settings).1));
+            if settings.kueue {
+                out.bindings.push(Arc::new(guards::queues(&namespaces.exempt).1));
+            }
             crate::api::sort_shared_by_name(&mut out.bindings);
             if remember {
                 memo.all_bindings = Some((namespaces.clone(), out.bindings.clone()));
@@ -425,6 +428,9 @@ fn policies_of(settings: &Settings, exempt: &BTreeSet<String>) -> Vec<Arc<Valida
         Arc::new(guards::config_keys(exempt).0),
         Arc::new(guards::node_files(settings).0),
     ]
+    .into_iter()
+    .chain(settings.kueue.then(|| Arc::new(guards::queues(exempt).0)))
+    .collect()
 }
 
 #[cfg(test)]

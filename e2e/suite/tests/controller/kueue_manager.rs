@@ -528,3 +528,206 @@ async fn kueue_manager_counts_a_dra_claim_against_the_tenant_s_queue_by_its_devi
     }
     drop(kueue);
 }
+
+/// A tenant user with Kubernetes' `edit` role in its namespace (impersonated), with Kueue's own
+/// roles aggregated into it, against the queues the controller wrote: it cannot write
+/// ClusterQueues, Cohorts, WorkloadPriorityClasses or LocalQueues (Kueue gives `edit` read
+/// access only), and its workloads may name only its own tenant's WorkloadPriorityClass. Where a
+/// cluster grants more (LocalQueues and Workloads), the operator's admission policy still keeps a
+/// LocalQueue to its own tenant's ClusterQueue and a Workload to its own priority; a namespace of
+/// no tenant names none of the operator's queues.
+#[tokio::test]
+async fn kueue_manager_a_tenant_user_names_only_its_own_queue_and_priority() {
+    use gpu_tenancy_e2e::access::{eventually, impersonating, outcome};
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    let kueue = KueueManager::start(&client, &KueueSettings::default()).await;
+    let (x, y, none) = ("kq-x", "kq-y", "kq-none");
+    fleet(
+        &client,
+        &cleanup,
+        &kueue,
+        &[(x, "solo", &[x], 2, 1), (y, "solo", &[y], 2, 1)],
+    )
+    .await;
+    create_namespace(&client, &cleanup, none, &[]).await;
+    let user = format!("dev@{x}");
+    let mut bindings = vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "kq-developers", "namespace": x},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+    ];
+    apply_docs_as_kubectl(&bindings, "kueue-developers").await;
+    let dev = impersonating(&user, &["system:authenticated"], None).await;
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let kueue_api = |client: &Client, ns: Option<&str>, kind: &str| -> Api<DynamicObject> {
+        let r = ApiResource::from_gvk(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind));
+        match ns {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &r),
+            None => Api::all_with(client.clone(), &r),
+        }
+    };
+    let object = |kind: &str, name: &str, ns: Option<&str>, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": kind,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}))
+        .unwrap()
+    };
+    let local_queue = |target: &str| object("LocalQueue", "mine", Some(x), json!({"clusterQueue": target}));
+    let workload = |class: &str| {
+        object(
+            "Workload",
+            "mine",
+            Some(x),
+            json!({"queueName": "gpu-tenancy", "priority": 0,
+            "priorityClassRef": {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": class},
+            "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": [{"name": "c", "image": "pause"}]}}}]}),
+        )
+    };
+    let job = |class: &str| -> Job {
+        serde_json::from_value(json!({"metadata": {"name": "mine", "namespace": x, "labels": {
+                "kueue.x-k8s.io/queue-name": "gpu-tenancy", "kueue.x-k8s.io/priority-class": class}},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "pause",
+                "resources": {"requests": {GPU: 1}, "limits": {GPU: 1}}}]}}}}))
+        .unwrap()
+    };
+    let (own, other) = (format!("gpu-tenancy-{x}"), format!("gpu-tenancy-{y}"));
+    let mut failures = Vec::new();
+    let mut expect = |case: &str, got: Result<(), String>, says: Option<&[&str]>| {
+        let ok = match (says, &got) {
+            (None, Ok(())) => true,
+            (Some(words), Err(e)) => words.iter().all(|w| e.contains(w)),
+            _ => false,
+        };
+        if !ok {
+            failures.push(format!(
+                "{case}: got {got:?}, wanted {}",
+                says.map_or("admitted".into(), |w| format!("refused saying {w:?}"))
+            ));
+        }
+    };
+
+    // RBAC: the edit role writes none of Kueue's kinds (Kueue aggregates read access only).
+    let rbac = ["forbidden", &user];
+    let got = outcome(
+        kueue_api(&dev, Some(x), "LocalQueue")
+            .create(&dry, &local_queue(&other))
+            .await,
+    );
+    expect(
+        "a LocalQueue naming another tenant's ClusterQueue (edit)",
+        got,
+        Some(&rbac),
+    );
+    let cq = object("ClusterQueue", "mine", None, json!({"namespaceSelector": {}}));
+    expect(
+        "a ClusterQueue (edit)",
+        outcome(kueue_api(&dev, None, "ClusterQueue").create(&dry, &cq).await),
+        Some(&rbac),
+    );
+    let cohort = object("Cohort", "mine", None, json!({}));
+    expect(
+        "a Cohort (edit)",
+        outcome(kueue_api(&dev, None, "Cohort").create(&dry, &cohort).await),
+        Some(&rbac),
+    );
+    let wpc: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "mine"}, "value": 1000}),
+    )
+    .unwrap();
+    let got = outcome(kueue_api(&dev, None, "WorkloadPriorityClass").create(&dry, &wpc).await);
+    expect("a WorkloadPriorityClass (edit)", got, Some(&rbac));
+    let got = outcome(kueue_api(&dev, Some(x), "Workload").create(&dry, &workload(&own)).await);
+    expect("a Workload (edit)", got, Some(&rbac));
+    // Can read them: the aggregated view reached the edit role.
+    let got = eventually(
+        "Kueue's view roles aggregated into edit",
+        || async { outcome(kueue_api(&dev, Some(x), "LocalQueue").get("gpu-tenancy").await) },
+        |r| r.is_ok(),
+    )
+    .await;
+    expect("reading its LocalQueue (edit)", got, None);
+
+    // Admission: a Job may name only its own tenant's priority.
+    let jobs: Api<Job> = Api::namespaced(dev.clone(), x);
+    let refused_priority = [
+        "GpuTenant kq-x",
+        "kueue.x-k8s.io/priority-class",
+        "gpu-tenancy-kq-y",
+        "name gpu-tenancy-kq-x",
+    ];
+    let got = eventually(
+        "the queue policy bound",
+        || async { outcome(jobs.create(&dry, &job(&other)).await) },
+        |r| r.is_err(),
+    )
+    .await;
+    expect(
+        "a Job with another tenant's priority class",
+        got,
+        Some(&refused_priority),
+    );
+    expect(
+        "a Job with its own priority class",
+        outcome(jobs.create(&dry, &job(&own)).await),
+        None,
+    );
+
+    // A cluster that grants more: LocalQueues and Workloads in the tenant's namespace.
+    let writer = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "kq-queue-writer"},
+        "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": ["create"]}]});
+    cleanup.add_resource("clusterroles.rbac.authorization.k8s.io", "kq-queue-writer");
+    bindings = vec![
+        writer,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "kq-queue-writers", "namespace": x},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kq-queue-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+    ];
+    apply_docs_as_kubectl(&bindings, "kueue-queue-writers").await;
+    let locals = kueue_api(&dev, Some(x), "LocalQueue");
+    let got = eventually(
+        "the queue writer role bound",
+        || async { outcome(locals.create(&dry, &local_queue(&own)).await) },
+        |r| r.is_ok(),
+    )
+    .await;
+    expect("a LocalQueue naming its own ClusterQueue (granted)", got, None);
+    let got = outcome(locals.create(&dry, &local_queue(&other)).await);
+    expect(
+        "a LocalQueue naming another tenant's ClusterQueue (granted)",
+        got,
+        Some(&[
+            "GpuTenant kq-x",
+            "spec.clusterQueue gpu-tenancy-kq-y",
+            "name gpu-tenancy-kq-x",
+        ]),
+    );
+    let workloads = kueue_api(&dev, Some(x), "Workload");
+    let got = outcome(workloads.create(&dry, &workload(&other)).await);
+    expect(
+        "a Workload with another tenant's priority class (granted)",
+        got,
+        Some(&["GpuTenant kq-x", "spec.priorityClassRef gpu-tenancy-kq-y"]),
+    );
+    expect(
+        "a Workload with its own priority class (granted)",
+        outcome(workloads.create(&dry, &workload(&own)).await),
+        None,
+    );
+    // A namespace of no tenant names none of the operator's queues, even as the admin.
+    let mut stray = local_queue(&own);
+    stray.metadata.namespace = Some(none.into());
+    let got = outcome(kueue_api(&client, Some(none), "LocalQueue").create(&dry, &stray).await);
+    expect(
+        "a LocalQueue of a namespace of no tenant naming a tenant's ClusterQueue (admin)",
+        got,
+        Some(&["of no GpuTenant", "gpu-tenancy-*"]),
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+    drop(kueue);
+}
