@@ -71,7 +71,12 @@ pub struct KueueSettings {
 pub struct KueueManager {
     child: Option<Child>,
     dir: PathBuf,
+    /// Where its metrics are served (HTTPS, to a bearer token allowed `get` on `/metrics`).
+    pub metrics_addr: std::net::SocketAddr,
 }
+
+/// The ServiceAccount, and its ClusterRole and binding, whose token reads Kueue's metrics.
+const METRICS_READER: &str = "kueue-e2e-metrics-reader";
 
 fn manifests() -> PathBuf {
     repo_root().join("e2e/bin/kueue-manifests")
@@ -156,16 +161,17 @@ fn install_docs(port: u16) -> Vec<Value> {
     docs
 }
 
-/// Kueue's Configuration for a manager serving webhooks on `webhook_port` and probes on
-/// `probe_port`, its certificates in `cert_dir`.
-fn configuration(settings: &KueueSettings, webhook_port: u16, probe_port: u16, cert_dir: &std::path::Path) -> Value {
+/// Kueue's Configuration for a manager serving webhooks, probes and metrics on `ports`, its
+/// webhook certificates in `cert_dir`.
+fn configuration(settings: &KueueSettings, ports: (u16, u16, u16), cert_dir: &std::path::Path) -> Value {
+    let (webhook_port, probe_port, metrics_port) = ports;
     let mut config = json!({
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": format!("127.0.0.1:{probe_port}")},
-        // Metrics are served over TLS with certificates of their own; the tests read the API.
-        "metrics": {"bindAddress": "0"},
+        // Over HTTPS, to clients Kueue authenticates and authorizes through the API server.
+        "metrics": {"bindAddress": format!("127.0.0.1:{metrics_port}")},
         "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": cert_dir},
         "leaderElection": {"leaderElect": false},
         "internalCertManagement": {"enable": true},
@@ -193,10 +199,10 @@ impl KueueManager {
         let dir = repo_root().join(format!("target/kueue-{}-{}", std::process::id(), free_port()));
         let cert_dir = dir.join("certs");
         std::fs::create_dir_all(&cert_dir).unwrap_or_else(|e| panic!("creating {}: {e}", cert_dir.display()));
-        let (webhook_port, probe_port) = (free_port(), free_port());
+        let (webhook_port, probe_port, metrics_port) = (free_port(), free_port(), free_port());
         crate::apply_docs_as_kubectl(&install_docs(webhook_port), "kueue-install").await;
         let config_file = dir.join("config.yaml");
-        let config = configuration(settings, webhook_port, probe_port, &cert_dir);
+        let config = configuration(settings, (webhook_port, probe_port, metrics_port), &cert_dir);
         std::fs::write(&config_file, serde_json::to_string(&config).expect("JSON")).expect("writing Kueue's config");
         let log = std::fs::File::create(dir.join("kueue.log")).expect("creating kueue.log");
         let bin = repo_root().join("e2e/bin/kueue");
@@ -213,6 +219,7 @@ impl KueueManager {
         let mut manager = KueueManager {
             child: Some(child),
             dir,
+            metrics_addr: std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
         };
         manager.mount_certs(client, &cert_dir).await;
         manager.wait_ready(probe_port).await;
@@ -272,6 +279,35 @@ impl KueueManager {
             "Kueue's manager exited ({exited:?}) while {doing}\n{}",
             self.log_tail()
         );
+    }
+
+    /// A bearer token allowed to read the manager's metrics (a ServiceAccount's, through RBAC on
+    /// the non-resource URL `/metrics`, which Kueue checks with the API server).
+    pub async fn metrics_token(&self) -> String {
+        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": METRICS_READER, "namespace": NAMESPACE}});
+        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": METRICS_READER},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]});
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": METRICS_READER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": METRICS_READER},
+            "subjects": [{"kind": "ServiceAccount", "name": METRICS_READER, "namespace": NAMESPACE}]});
+        crate::apply_docs_as_kubectl(&[sa, role, binding], "kueue-metrics-reader").await;
+        crate::kubectl_async(
+            ["create", "token", METRICS_READER, "-n", NAMESPACE, "--duration=1h"]
+                .map(String::from)
+                .to_vec(),
+        )
+        .await
+        .ok()
+        .trim()
+        .to_string()
+    }
+
+    /// A Prometheus scrape job (a `scrape_configs` item) for the manager's metrics with `token`.
+    pub fn scrape_job(&self, token: &str) -> String {
+        format!(
+            "- job_name: kueue\n  scheme: https\n  tls_config: {{insecure_skip_verify: true}}\n  authorization: {{credentials: {token}}}\n  static_configs:\n  - targets: [\"{}\"]\n",
+            self.metrics_addr
+        )
     }
 
     /// The last lines of the manager's log, its errors first.
@@ -344,8 +380,10 @@ impl Drop for KueueManager {
                 .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
                 .collect()
         };
+        let _ = kubectl(["delete", "clusterrolebinding", METRICS_READER, "--ignore-not-found"]);
         let mut args = vec!["delete".to_string(), "clusterrole".into(), "--ignore-not-found".into()];
         args.extend(named("ClusterRole"));
+        args.push(METRICS_READER.into());
         let out = kubectl(&args);
         if !out.success {
             eprintln!("removing Kueue's ClusterRoles failed: {}", out.stderr);

@@ -17,6 +17,11 @@ pub struct PrometheusProcess {
 impl PrometheusProcess {
     /// Starts Prometheus scraping `targets` (job `gpu-tenancy`) every second; waits until ready.
     pub async fn start(name: &str, targets: &[SocketAddr]) -> PrometheusProcess {
+        Self::start_with_jobs(name, targets, "").await
+    }
+
+    /// [`Self::start`] with more scrape jobs: `jobs`, YAML list items of `scrape_configs`.
+    pub async fn start_with_jobs(name: &str, targets: &[SocketAddr], jobs: &str) -> PrometheusProcess {
         let bin = repo_root().join("e2e/bin/prometheus");
         assert!(bin.is_file(), "{} is missing: run `e2e/run.sh build`", bin.display());
         let dir = std::env::temp_dir().join(format!("gt-prometheus-{name}-{}", std::process::id()));
@@ -24,7 +29,7 @@ impl PrometheusProcess {
         std::fs::create_dir_all(&dir).expect("a directory for Prometheus");
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
         let config = format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: gpu-tenancy\n  static_configs:\n  - targets: [{}]\n",
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: gpu-tenancy\n  static_configs:\n  - targets: [{}]\n{jobs}",
             targets.join(", ")
         );
         std::fs::write(dir.join("prometheus.yml"), config).expect("writing prometheus.yml");

@@ -38,6 +38,15 @@ fn hours(h: f64) -> String {
     format!("{h:.2}")
 }
 
+/// With Kueue: the workloads admitted and their mean wait (`12 x 3.4s`); `-` without a queue.
+fn queue_wait(t: &report::TenantRow) -> String {
+    match (t.admitted_workloads, t.mean_queue_wait_seconds) {
+        (Some(n), Some(w)) => format!("{n:.0} x {w:.1}s"),
+        (Some(n), None) => format!("{n:.0}"),
+        _ => "-".into(),
+    }
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".into(), f)
 }
@@ -56,6 +65,7 @@ fn table(r: &Report) {
             opt(t.used_gpu_hours, hours),
             opt(t.efficiency, |e| format!("{:.0}%", e * 100.0)),
             units,
+            queue_wait(t),
         ]);
         if t.modes.len() > 1 {
             for m in &t.modes {
@@ -64,6 +74,7 @@ fn table(r: &Report) {
                     m.mode.clone(),
                     hours(m.allocated_gpu_hours),
                     opt(m.used_gpu_hours, hours),
+                    String::new(),
                     String::new(),
                     String::new(),
                 ]);
@@ -81,7 +92,15 @@ fn table(r: &Report) {
         hours(r.total_gpu_hours)
     );
     super::output::print_table(
-        &["TENANT", "MODE", "ALLOC GPU-h", "USED GPU-h", "EFFIC", "GRANTED/REQ"],
+        &[
+            "TENANT",
+            "MODE",
+            "ALLOC GPU-h",
+            "USED GPU-h",
+            "EFFIC",
+            "GRANTED/REQ",
+            "QUEUED",
+        ],
         &rows,
     );
     top_namespaces(r);
@@ -129,9 +148,11 @@ fn humanize(seconds: f64) -> String {
 }
 
 /// One line per tenant and mode, then one per tenant and namespace (mode empty, its GPU-hours
-/// held in `allocated_gpu_hours`).
+/// held in `allocated_gpu_hours`), then with Kueue one per tenant's queue (mode `queue`).
 fn csv(r: &Report) {
-    println!("tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency,namespace");
+    println!(
+        "tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency,namespace,admitted_workloads,mean_queue_wait_seconds"
+    );
     for t in &r.tenants {
         for m in &t.modes {
             let eff = match (m.used_gpu_hours, m.allocated_gpu_hours) {
@@ -139,7 +160,7 @@ fn csv(r: &Report) {
                 _ => String::new(),
             };
             println!(
-                "{},{},{:.4},{},{eff},",
+                "{},{},{:.4},{},{eff},,,",
                 t.tenant,
                 m.mode,
                 m.allocated_gpu_hours,
@@ -147,7 +168,11 @@ fn csv(r: &Report) {
             );
         }
         for n in &t.namespaces {
-            println!("{},,{:.4},,,{}", t.tenant, n.allocated_gpu_hours, n.namespace);
+            println!("{},,{:.4},,,{},,", t.tenant, n.allocated_gpu_hours, n.namespace);
+        }
+        if let Some(n) = t.admitted_workloads {
+            let wait = t.mean_queue_wait_seconds.map(|w| format!("{w:.3}")).unwrap_or_default();
+            println!("{},queue,,,,,{n:.0},{wait}", t.tenant);
         }
     }
 }

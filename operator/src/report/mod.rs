@@ -1,7 +1,8 @@
 //! `gpu-tenancy report`: showback from the agents' and the controller's metrics in Prometheus.
 //! Per tenant and mode the GPU-hours allocated (share-weighted, `core/src/accounting.rs`) and
 //! used (where utilization is known) over a window, the tenant's units granted and requested
-//! now, its top namespaces (the GPU-hours its pods there held, by the kubelet), and (with
+//! now, its top namespaces (the GPU-hours its pods there held, by the kubelet), with Kueue the
+//! workloads its queue admitted and how long they waited (Kueue's own metrics), and (with
 //! `--plot`) allocation and use over time per tenant ([`plot`]).
 //!
 //! Figures are Prometheus' `increase()` over the window: it extrapolates each counter to the
@@ -48,6 +49,10 @@ pub struct TenantRow {
     /// Its namespaces by the GPU-hours their pods held, most first (device-plugin mode, where the
     /// agents read the kubelet's pod-resources API; what no pod held is in no namespace).
     pub namespaces: Vec<NamespaceRow>,
+    /// With Kueue: the workloads its ClusterQueue admitted in the window (`None`: no queue).
+    pub admitted_workloads: Option<f64>,
+    /// And their mean wait, from creation or requeue to admission, in seconds (`None`: none admitted).
+    pub mean_queue_wait_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -108,6 +113,9 @@ pub struct Answers {
     pub namespaces: Vec<prometheus::Sample>,
     pub granted: Vec<prometheus::Sample>,
     pub requested: Vec<prometheus::Sample>,
+    /// By tenant: Kueue's admission wait, its count and sum of seconds.
+    pub admitted: Vec<prometheus::Sample>,
+    pub queue_wait: Vec<prometheus::Sample>,
 }
 
 /// The tenants' figures from Prometheus' answers. Pure.
@@ -116,10 +124,11 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
         v.iter().map(|s| (label(s, "tenant"), s.value)).collect()
     };
     let (granted, requested) = (by_tenant(&a.granted), by_tenant(&a.requested));
+    let (admitted, waited) = (by_tenant(&a.admitted), by_tenant(&a.queue_wait));
     let mut tenants = mode_rows(&a.allocated, &a.used);
     let mut held = held_by_tenant(&a.namespaces);
     // Tenants the controller grants but no agent has allocated anything to yet.
-    for t in granted.keys().chain(requested.keys()) {
+    for t in granted.keys().chain(requested.keys()).chain(admitted.keys()) {
         tenants.entry(t.clone()).or_default();
     }
     let rows: Vec<TenantRow> = tenants
@@ -129,8 +138,13 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
             let known: Vec<&ModeRow> = modes.iter().filter(|m| m.used_gpu_hours.is_some()).collect();
             let used = (!known.is_empty()).then(|| known.iter().filter_map(|m| m.used_gpu_hours).sum::<f64>());
             let known_allocated: f64 = known.iter().map(|m| m.allocated_gpu_hours).sum();
+            let admitted_workloads = admitted.get(&tenant).copied();
             TenantRow {
                 namespaces: held.remove(&tenant).unwrap_or_default(),
+                mean_queue_wait_seconds: admitted_workloads
+                    .filter(|n| *n > 0.0)
+                    .and_then(|n| waited.get(&tenant).map(|s| s / n)),
+                admitted_workloads,
                 granted_units: granted.get(&tenant).copied(),
                 requested_units: requested.get(&tenant).copied(),
                 efficiency: used.filter(|_| known_allocated > 0.0).map(|u| u / known_allocated),
@@ -198,6 +212,18 @@ fn leader_only(metric: &str) -> String {
     format!("sum by (tenant) ({metric} and on (job, instance) (gpu_tenancy_controller_is_leader == 1))")
 }
 
+/// Kueue's histogram of each workload's wait until admission, per ClusterQueue.
+const ADMISSION_WAIT: &str = "kueue_admission_wait_time_seconds";
+
+/// `sum by (tenant)` of the increase of Kueue's series `metric` over window `w`, for the
+/// ClusterQueues this operator writes (`gpu-tenancy-<tenant>`), the tenant read from the name.
+fn by_queue_tenant(metric: &str, w: &str) -> String {
+    let prefix = crate::desired::kueue::PREFIX;
+    format!(
+        "sum by (tenant) (label_replace(increase({metric}{{cluster_queue=~\"{prefix}.+\"}}[{w}]), \"tenant\", \"$1\", \"cluster_queue\", \"{prefix}(.+)\"))"
+    )
+}
+
 /// Queries Prometheus for the window of `window_seconds` ending now (the server's clock).
 pub async fn report(prom: &Prometheus, window_seconds: f64) -> Result<Report, PromError> {
     let end = prom.now().await?;
@@ -221,6 +247,12 @@ pub async fn report(prom: &Prometheus, window_seconds: f64) -> Result<Report, Pr
             .await?,
         requested: prom
             .query(&leader_only("gpu_tenancy_controller_tenant_requested"), Some(end))
+            .await?,
+        admitted: prom
+            .query(&by_queue_tenant(&format!("{ADMISSION_WAIT}_count"), &w), Some(end))
+            .await?,
+        queue_wait: prom
+            .query(&by_queue_tenant(&format!("{ADMISSION_WAIT}_sum"), &w), Some(end))
             .await?,
     };
     Ok(assemble(window_seconds, end, &answers))
@@ -258,6 +290,10 @@ mod tests {
         }
     }
 
+    fn a_of(r: &Report) -> &TenantRow {
+        r.tenants.iter().find(|t| t.tenant == "a").unwrap()
+    }
+
     #[test]
     fn windows_are_prometheus_durations() {
         assert_eq!(parse_window("90s"), Ok(90.0));
@@ -292,7 +328,19 @@ mod tests {
                 ],
                 granted: vec![s(&[("tenant", "a")], 3.0), s(&[("tenant", "b")], 0.0)],
                 requested: vec![s(&[("tenant", "a")], 4.0), s(&[("tenant", "b")], 2.0)],
+                admitted: vec![s(&[("tenant", "a")], 4.0), s(&[("tenant", "b")], 0.0)],
+                queue_wait: vec![s(&[("tenant", "a")], 10.0), s(&[("tenant", "b")], 0.0)],
             },
+        );
+        assert_eq!(
+            (a_of(&r).admitted_workloads, a_of(&r).mean_queue_wait_seconds),
+            (Some(4.0), Some(2.5))
+        );
+        let b = r.tenants.iter().find(|t| t.tenant == "b").unwrap();
+        assert_eq!(
+            (b.admitted_workloads, b.mean_queue_wait_seconds),
+            (Some(0.0), None),
+            "none admitted: no mean"
         );
         let a = &r.tenants[0];
         assert_eq!((a.tenant.as_str(), a.allocated_gpu_hours), ("a", 3.0));

@@ -148,6 +148,8 @@ struct JobRunner {
     namespaces: Vec<String>,
     run: Option<Duration>,
     running_since: HashMap<String, Instant>,
+    /// Per namespace, the times a Job started running: Kueue's admissions, as the Jobs show them.
+    admissions: BTreeMap<String, u64>,
 }
 
 impl JobRunner {
@@ -157,6 +159,7 @@ impl JobRunner {
             namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
             run,
             running_since: HashMap::new(),
+            admissions: BTreeMap::new(),
         }
     }
 
@@ -174,7 +177,10 @@ impl JobRunner {
                     self.running_since.remove(&key);
                     continue;
                 }
-                let since = *self.running_since.entry(key.clone()).or_insert_with(Instant::now);
+                let since = *self.running_since.entry(key.clone()).or_insert_with(|| {
+                    *self.admissions.entry(ns.clone()).or_default() += 1;
+                    Instant::now()
+                });
                 if self.run.is_some_and(|run| since.elapsed() >= run) {
                     complete(&jobs, &job.name_any()).await;
                     self.running_since.remove(&key);
@@ -297,6 +303,10 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
         ..KueueSettings::default()
     };
     let kueue = KueueManager::start(&client, &settings).await;
+    // A real Prometheus scraping Kueue's metrics, for the showback report's queue figures.
+    let token = kueue.metrics_token().await;
+    let prom =
+        gpu_tenancy_e2e::prometheus::PrometheusProcess::start_with_jobs("kueue", &[], &kueue.scrape_job(&token)).await;
     let (b, c, d) = ("kq-b", "kq-c", "kq-d");
     fleet(
         &client,
@@ -366,6 +376,10 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
             jobs.delete(&job.name_any(), &Default::default()).await.unwrap();
         }
     }
+    // The report's window starts here: Kueue's series of b's and c's queues exist by now (a
+    // counter's first sample is the base of its increase), and nothing is admitted for 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let window_start = Instant::now();
     let mut runner = JobRunner::new(&client, &[b, c], Some(Duration::from_secs(3)));
     let mut submitted = BTreeMap::from([(b, 0usize), (c, 0usize)]);
     let mut borrowed_seconds = BTreeMap::from([(b, 0f64), (c, 0f64)]);
@@ -412,6 +426,54 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
     );
     for ns in [b, c] {
         assert!(seconds[ns] >= 3.0 * 30.0, "{ns} kept its own grant: {seconds:?}");
+    }
+
+    // Showback: `gpu-tenancy report` counts the workloads each queue admitted in the window as
+    // the Jobs show them, from Kueue's own histogram in Prometheus, with their mean wait.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Whole seconds, reaching back into the idle seconds before the window's start.
+    let window = window_start.elapsed().as_secs() + 2;
+    let out = std::process::Command::new(gpu_tenancy_e2e::repo_root().join("target/debug/gpu-tenancy"))
+        .args([
+            "report",
+            "--prometheus",
+            &prom.url(),
+            "--since",
+            &format!("{window}s"),
+            "-o",
+            "json",
+        ])
+        .output()
+        .expect("gpu-tenancy report runs");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("report printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let row = |t: &str| {
+        report["tenants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["tenant"] == t)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row of {t} in {report:#}"))
+    };
+    for ns in [b, c] {
+        let r = row(ns);
+        let admitted = r["admittedWorkloads"].as_f64().unwrap_or(-1.0);
+        let seen = runner.admissions.get(ns).copied().unwrap_or(0) as f64;
+        eprintln!(
+            "showback over {window} s: {ns} admitted {admitted:.1} (the Jobs show {seen}), mean wait {} s",
+            r["meanQueueWaitSeconds"]
+        );
+        // Prometheus' increase() extrapolates to the window's edges: about a scrape interval's
+        // worth of admissions (about one a second here) at each.
+        assert!(
+            (admitted - seen).abs() <= 3.0 + seen * 0.05,
+            "{ns}: report says {admitted:.1} admitted, the Jobs started {seen} times\n{report:#}"
+        );
+        assert!(
+            r["meanQueueWaitSeconds"].as_f64().is_some_and(|w| w > 0.0),
+            "{report:#}"
+        );
     }
     drop(kueue);
 }
