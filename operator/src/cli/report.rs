@@ -38,15 +38,6 @@ fn hours(h: f64) -> String {
     format!("{h:.2}")
 }
 
-/// With Kueue: the workloads admitted and their mean wait (`12 x 3.4s`); `-` without a queue.
-fn queue_wait(t: &report::TenantRow) -> String {
-    match (t.admitted_workloads, t.mean_queue_wait_seconds) {
-        (Some(n), Some(w)) => format!("{n:.0} x {w:.1}s"),
-        (Some(n), None) => format!("{n:.0}"),
-        _ => "-".into(),
-    }
-}
-
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".into(), f)
 }
@@ -65,7 +56,6 @@ fn table(r: &Report) {
             opt(t.used_gpu_hours, hours),
             opt(t.efficiency, |e| format!("{:.0}%", e * 100.0)),
             units,
-            queue_wait(t),
         ]);
         if t.modes.len() > 1 {
             for m in &t.modes {
@@ -74,7 +64,6 @@ fn table(r: &Report) {
                     m.mode.clone(),
                     hours(m.allocated_gpu_hours),
                     opt(m.used_gpu_hours, hours),
-                    String::new(),
                     String::new(),
                     String::new(),
                 ]);
@@ -92,18 +81,32 @@ fn table(r: &Report) {
         hours(r.total_gpu_hours)
     );
     super::output::print_table(
-        &[
-            "TENANT",
-            "MODE",
-            "ALLOC GPU-h",
-            "USED GPU-h",
-            "EFFIC",
-            "GRANTED/REQ",
-            "QUEUED",
-        ],
+        &["TENANT", "MODE", "ALLOC GPU-h", "USED GPU-h", "EFFIC", "GRANTED/REQ"],
         &rows,
     );
     top_namespaces(r);
+    queues(r);
+}
+
+/// With Kueue: each tenant's queue, the workloads it admitted in the window and their mean wait.
+fn queues(r: &Report) {
+    let rows: Vec<Vec<String>> = r
+        .tenants
+        .iter()
+        .filter_map(|t| {
+            let admitted = t.admitted_workloads?;
+            Some(vec![
+                t.tenant.clone(),
+                format!("{admitted:.0}"),
+                opt(t.mean_queue_wait_seconds, |w| format!("{w:.1}s")),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    println!("\nQueues (Kueue): workloads admitted and their mean wait, from creation or requeue");
+    super::output::print_table(&["TENANT", "ADMITTED", "MEAN WAIT"], &rows);
 }
 
 /// Namespaces shown per tenant in the table (all of them are in the JSON and CSV).

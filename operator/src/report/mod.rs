@@ -134,7 +134,8 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
     let rows: Vec<TenantRow> = tenants
         .into_iter()
         .map(|(tenant, modes)| {
-            let allocated: f64 = modes.iter().map(|m| m.allocated_gpu_hours).sum();
+            // A float sum of nothing is -0.0; + 0.0 makes it 0.0, which prints as 0.00.
+            let allocated: f64 = modes.iter().map(|m| m.allocated_gpu_hours).sum::<f64>() + 0.0;
             let known: Vec<&ModeRow> = modes.iter().filter(|m| m.used_gpu_hours.is_some()).collect();
             let used = (!known.is_empty()).then(|| known.iter().filter_map(|m| m.used_gpu_hours).sum::<f64>());
             let known_allocated: f64 = known.iter().map(|m| m.allocated_gpu_hours).sum();
@@ -158,7 +159,7 @@ pub fn assemble(window_seconds: f64, end: f64, a: &Answers) -> Report {
     Report {
         window_seconds,
         end,
-        total_gpu_hours: rows.iter().map(|t| t.allocated_gpu_hours).sum(),
+        total_gpu_hours: rows.iter().map(|t| t.allocated_gpu_hours).sum::<f64>() + 0.0,
         tenants: rows,
     }
 }
@@ -352,6 +353,7 @@ mod tests {
             (b.allocated_gpu_hours, b.used_gpu_hours, b.efficiency),
             (0.0, None, None)
         );
+        assert!(b.allocated_gpu_hours.is_sign_positive(), "0.00, not -0.00");
         assert_eq!(r.total_gpu_hours, 3.5);
         let ns: Vec<(&str, f64)> = a
             .namespaces

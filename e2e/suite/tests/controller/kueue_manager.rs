@@ -148,8 +148,6 @@ struct JobRunner {
     namespaces: Vec<String>,
     run: Option<Duration>,
     running_since: HashMap<String, Instant>,
-    /// Per namespace, the times a Job started running: Kueue's admissions, as the Jobs show them.
-    admissions: BTreeMap<String, u64>,
 }
 
 impl JobRunner {
@@ -159,7 +157,6 @@ impl JobRunner {
             namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
             run,
             running_since: HashMap::new(),
-            admissions: BTreeMap::new(),
         }
     }
 
@@ -177,10 +174,7 @@ impl JobRunner {
                     self.running_since.remove(&key);
                     continue;
                 }
-                let since = *self.running_since.entry(key.clone()).or_insert_with(|| {
-                    *self.admissions.entry(ns.clone()).or_default() += 1;
-                    Instant::now()
-                });
+                let since = *self.running_since.entry(key.clone()).or_insert_with(Instant::now);
                 if self.run.is_some_and(|run| since.elapsed() >= run) {
                     complete(&jobs, &job.name_any()).await;
                     self.running_since.remove(&key);
@@ -203,6 +197,40 @@ async fn complete(jobs: &Api<Job>, name: &str) {
     jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap_or_else(|e| panic!("completing Job {name}: {e}"));
+}
+
+/// How many times Kueue admitted the Workloads of namespace `ns`'s Jobs whose name contains
+/// `jobs`, by the Workloads' own record: once per eviction (each ended an admission), and once
+/// more for each that holds quota now or finished.
+async fn admissions(client: &Client, ns: &str, jobs: &str) -> u64 {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"));
+    let workloads: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let mut n = 0;
+    for w in workloads.list(&ListParams::default()).await.unwrap() {
+        let owned = w
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.name.contains(jobs));
+        if !owned {
+            continue;
+        }
+        let status = &w.data["status"];
+        let evictions: u64 = status["schedulingStats"]["evictions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["count"].as_u64())
+            .sum();
+        let holds_or_done = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| (c["type"] == "QuotaReserved" || c["type"] == "Finished") && c["status"] == "True");
+        n += evictions + u64::from(holds_or_done);
+    }
+    n
 }
 
 /// The reason Kueue gave for evicting workload `job`'s Workload, if it did.
@@ -428,8 +456,8 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
         assert!(seconds[ns] >= 3.0 * 30.0, "{ns} kept its own grant: {seconds:?}");
     }
 
-    // Showback: `gpu-tenancy report` counts the workloads each queue admitted in the window as
-    // the Jobs show them, from Kueue's own histogram in Prometheus, with their mean wait.
+    // Showback: `gpu-tenancy report` counts the workloads each queue admitted in the window, from
+    // Kueue's own histogram in Prometheus, with their mean wait; the Workloads say how many.
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Whole seconds, reaching back into the idle seconds before the window's start.
     let window = window_start.elapsed().as_secs() + 2;
@@ -459,22 +487,36 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
     for ns in [b, c] {
         let r = row(ns);
         let admitted = r["admittedWorkloads"].as_f64().unwrap_or(-1.0);
-        let seen = runner.admissions.get(ns).copied().unwrap_or(0) as f64;
+        let seen = admissions(&client, ns, "-w").await as f64;
         eprintln!(
-            "showback over {window} s: {ns} admitted {admitted:.1} (the Jobs show {seen}), mean wait {} s",
+            "showback over {window} s: {ns} admitted {admitted:.1} (its Workloads show {seen}), mean wait {} s",
             r["meanQueueWaitSeconds"]
         );
         // Prometheus' increase() extrapolates to the window's edges: about a scrape interval's
         // worth of admissions (about one a second here) at each.
         assert!(
             (admitted - seen).abs() <= 3.0 + seen * 0.05,
-            "{ns}: report says {admitted:.1} admitted, the Jobs started {seen} times\n{report:#}"
+            "{ns}: report says {admitted:.1} admitted, its Workloads {seen}\n{report:#}"
         );
         assert!(
             r["meanQueueWaitSeconds"].as_f64().is_some_and(|w| w > 0.0),
             "{report:#}"
         );
     }
+    let out = std::process::Command::new(gpu_tenancy_e2e::repo_root().join("target/debug/gpu-tenancy"))
+        .args(["report", "--prometheus", &prom.url(), "--since", &format!("{window}s")])
+        .output()
+        .expect("gpu-tenancy report runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    eprintln!("MEASURE report table with Kueue:\n{table}");
+    let queues = table.split("Queues (Kueue)").nth(1).unwrap_or_default();
+    for ns in [b, c] {
+        assert!(queues.lines().any(|l| l.starts_with(ns)), "{table}");
+    }
+    assert!(
+        table.lines().all(|l| l.len() <= 80),
+        "fits an 80-column terminal:\n{table}"
+    );
     drop(kueue);
 }
 
