@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Higher is served first when capacity is short"}"#,
     printcolumn = r#"{"name":"Granted","type":"string","jsonPath":".status.summary","description":"Units granted of units requested"}"#,
     printcolumn = r#"{"name":"Isolation","type":"string","jsonPath":".status.conditions[?(@.type==\"Isolated\")].reason","description":"How the grants are enforced: DraBound or DedicatedNodes (Isolated=True), CountsOnly (only the counts)"}"#,
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue","priority":1,"description":"With Kueue: the tenant's ClusterQueue (kubectl get clusterqueue shows its workloads)"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -133,6 +134,10 @@ pub struct GpuTenantStatus {
     /// or not yet reconciled), its pods get no GPU and may name no PriorityClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<TenantAdmission>,
+    /// With Kueue: the tenant's ClusterQueue, over all its namespaces (`kubectl get clusterqueue
+    /// <queue>` shows its pending and admitted workloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 /// The parameter of the tenants' admission policies (`paramKind: GpuTenant`): kept here rather

@@ -170,6 +170,7 @@ pub fn desired_with(input: &PlanInput, settings: &Settings, now: &Time, memo: Op
         false => kueue::KueueObjects::default(),
     };
     out.problems.append(&mut queues.problems);
+    kueue::name_queues(&mut out.tenants, settings.kueue);
     let device_classes = dra::device_classes(&holdings);
     let kueue_device_class_mappings = match settings.kueue {
         true => kueue::device_class_mappings(&holdings),

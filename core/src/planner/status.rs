@@ -80,6 +80,7 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
             namespaces,
             conditions,
             admission: _,
+            queue,
         } = s;
         GpuTenantStatus {
             observed_generation: *observed_generation,
@@ -91,6 +92,9 @@ fn without_grants(t: &GpuTenant) -> GpuTenant {
             conditions: conditions.clone(),
             // Rendered anew with the admission policies (`desired::admission`).
             admission: None,
+            // Named anew with the queues (`desired::kueue`); kept meanwhile, so it is not written
+            // away and back.
+            queue: queue.clone(),
         }
     });
     GpuTenant {

@@ -182,6 +182,19 @@ pub fn ceiling(tenant: &GpuTenant, policies: &[SharingPolicy], grant: u64) -> u6
     }
 }
 
+/// Names each tenant's ClusterQueue in its status with Kueue on (every tenant has one), and none
+/// without; a status is written only where it differs.
+pub fn name_queues(tenants: &mut [Arc<GpuTenant>], kueue: bool) {
+    for t in tenants.iter_mut() {
+        let queue = kueue.then(|| queue_name(crate::api::name_of(t.as_ref())));
+        if t.status.as_ref().is_some_and(|s| s.queue != queue)
+            && let Some(status) = Arc::make_mut(t).status.as_mut()
+        {
+            status.queue = queue;
+        }
+    }
+}
+
 /// Every Kueue object for the fleet.
 pub fn render(
     tenants: &[Arc<GpuTenant>],

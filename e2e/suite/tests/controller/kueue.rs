@@ -120,6 +120,13 @@ async fn without_kueue(client: &Client) {
     assert!(KUEUE_KINDS.iter().all(|k| absent.contains(k)), "{absent:?}");
     let writes = converge(client, &c).await;
     assert_eq!(queue_writes(&writes), Vec::<&String>::new());
+    for t in Api::<GpuTenant>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        assert_eq!(t.status.and_then(|s| s.queue), None, "no queue without Kueue");
+    }
     // Each namespace's quota is its share of the grant: acme's two namespaces split it.
     let hard = |q: ResourceQuota| q.spec.unwrap().hard.unwrap();
     let prod = hard(
@@ -174,6 +181,22 @@ async fn kueue_queues_are_written_only_with_its_crds_and_pass_its_schema() {
     let names: Vec<String> = queues.iter().map(|q| q.name_any()).collect();
     let want: Vec<String> = tenants.iter().map(|t| format!("gpu-tenancy-{t}")).collect();
     assert_eq!(names, want);
+    // Each tenant's status names its queue, shown by `kubectl get gputenants -o wide`.
+    for t in Api::<GpuTenant>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let queue = t.status.as_ref().and_then(|s| s.queue.clone());
+        assert_eq!(queue, Some(format!("gpu-tenancy-{}", t.name_any())));
+    }
+    let wide = kubectl_async(["get", "gputenants", "-o", "wide"].map(String::from).to_vec())
+        .await
+        .ok();
+    assert!(
+        wide.lines().next().is_some_and(|h| h.contains("QUEUE")) && wide.contains("gpu-tenancy-acme"),
+        "{wide}"
+    );
     let locals = Api::<LocalQueue>::namespaced(client.clone(), "acme-dev")
         .get("gpu-tenancy")
         .await

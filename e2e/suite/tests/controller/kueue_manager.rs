@@ -62,6 +62,7 @@ async fn fleet_of(
     tenants: &[(&str, &str, &[&str], u32, u32)],
     dra: bool,
 ) {
+    settled_from_earlier_tests(client).await;
     h100_pool(client, cleanup, POOL, 8).await;
     let dra_tenants = dra.then(|| tenants.iter().map(|t| t.0).collect());
     let mut docs = vec![policy(), plan(dra_tenants)];
@@ -102,6 +103,46 @@ async fn fleet_of(
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// Waits until the tenants, plans and namespaces of an earlier test of this file are gone (their
+/// deletion is not waited for): a tenant still listed names a namespace that may be gone already.
+async fn settled_from_earlier_tests(client: &Client) {
+    let tenants: Api<gpu_tenancy::api::GpuTenant> = Api::all(client.clone());
+    let plans: Api<gpu_tenancy::api::GpuPartitionPlan> = Api::all(client.clone());
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut left: Vec<String> = tenants
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.name_any())
+            .collect();
+        left.extend(
+            plans
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .iter()
+                .map(|p| p.name_any()),
+        );
+        left.extend(
+            namespaces
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .iter()
+                .map(|n| n.name_any()),
+        );
+        left.retain(|n| n.starts_with("kq-") || n == POOL);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still there from an earlier test: {left:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
