@@ -223,8 +223,9 @@ fn plan_yaml_prints_every_object_the_controller_writes() {
         "localQueues",
         "workloadPriorityClasses",
     ];
-    // The user's own objects (the controller writes only their status), and reports.
-    const NOT_WRITTEN: [&str; 4] = ["tenants", "plans", "policies", "changes"];
+    // The user's own objects (the controller writes only their status), reports, and what Kueue's
+    // own Configuration needs (`-o kueue-config`, below).
+    const NOT_WRITTEN: [&str; 5] = ["tenants", "plans", "policies", "changes", "kueueDeviceClassMappings"];
     // As for a cluster with Kueue, so its objects are planned too.
     let o = plan_examples(&["-o", "json", "--kueue"]);
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -292,6 +293,40 @@ fn plan_yaml_prints_every_object_the_controller_writes() {
     .into();
     // No tier of examples/ lends idle capacity: no Cohort (the unit tests plan one).
     assert_eq!(kinds, all, "plan -o yaml prints every kind the controller writes");
+
+    // `-o kueue-config`: Kueue's Configuration with the mappings of every DeviceClass written.
+    let o = plan_examples(&["-o", "kueue-config"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let config: serde_json::Value = serde_saphyr::from_str(&stdout(&o)).unwrap();
+    assert_eq!(config["kind"], "Configuration");
+    let mappings = config["resources"]["deviceClassMappings"].as_array().unwrap().clone();
+    assert_eq!(
+        serde_json::Value::Array(mappings.clone()),
+        json["kueueDeviceClassMappings"]
+    );
+    let mapped: std::collections::BTreeSet<&str> = mappings
+        .iter()
+        .flat_map(|m| m["deviceClassNames"].as_array().unwrap())
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let classes: std::collections::BTreeSet<&str> = json["deviceClasses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(mapped, classes, "every DeviceClass mapped");
+    // Each to the extended resource its class names, which the tenant's queue holds.
+    for m in &mappings {
+        let class = m["deviceClassNames"][0].as_str().unwrap();
+        let written = json["deviceClasses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["metadata"]["name"] == class)
+            .unwrap();
+        assert_eq!(m["name"], written["spec"]["extendedResourceName"], "{class}");
+    }
 }
 
 #[test]
