@@ -154,7 +154,7 @@ fn humanize(seconds: f64) -> String {
 /// held in `allocated_gpu_hours`), then with Kueue one per tenant's queue (mode `queue`).
 fn csv(r: &Report) {
     println!(
-        "tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency,namespace,admitted_workloads,mean_queue_wait_seconds"
+        "tenant,mode,allocated_gpu_hours,used_gpu_hours,efficiency,admitted_workloads,mean_queue_wait_seconds,namespace"
     );
     for t in &r.tenants {
         for m in &t.modes {
@@ -171,11 +171,11 @@ fn csv(r: &Report) {
             );
         }
         for n in &t.namespaces {
-            println!("{},,{:.4},,,{},,", t.tenant, n.allocated_gpu_hours, n.namespace);
+            println!("{},,{:.4},,,,,{}", t.tenant, n.allocated_gpu_hours, n.namespace);
         }
         if let Some(n) = t.admitted_workloads {
             let wait = t.mean_queue_wait_seconds.map(|w| format!("{w:.3}")).unwrap_or_default();
-            println!("{},queue,,,,,{n:.0},{wait}", t.tenant);
+            println!("{},queue,,,,{n:.0},{wait},", t.tenant);
         }
     }
 }
