@@ -1,6 +1,7 @@
 //! MIG geometry: GPU models and profiles, the placement solver and the layout diff. Pure: no NVML.
 
 mod diff;
+pub mod dynamic;
 mod models;
 mod solver;
 
