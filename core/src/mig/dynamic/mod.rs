@@ -2,8 +2,9 @@
 //! ask for them, not fixed ahead by a plan's layout. Pure geometry: what a GPU may hold next
 //! ([`GpuState::fits`]), in which order its placements are offered ([`offer_order`]), how much of
 //! a pool's free memory no wanted profile can use ([`fragmentation`]), how to repack idle
-//! instances ([`repack`]), the best placement possible ([`optimum`]), and placement policies
-//! compared on a demand trace ([`trace`]).
+//! instances ([`repack`]), the best placement possible ([`optimum`]), placement policies
+//! compared on a demand trace ([`trace`]), and how a dynamic GPU is published to the scheduler as
+//! partitionable devices ([`publish`]).
 //!
 //! Every MIG GPU modelled here has the same shapes and placement rules (`Shape::info`): an
 //! instance takes consecutive memory slices from one of its shape's starts, and a GPU's instances
@@ -11,6 +12,7 @@
 
 pub mod fragmentation;
 pub mod optimum;
+pub mod publish;
 pub mod repack;
 pub mod trace;
 

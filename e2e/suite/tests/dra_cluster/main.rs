@@ -11,6 +11,7 @@
 //! status), what the ResourceSlices say of its tenant, the API server's refusals (quota, the
 //! admission policies), and the simulator's memory marks for scrubs.
 
+mod partitionable;
 mod real_kubelet;
 mod real_kubelet_burst;
 mod real_kubelet_caps;
