@@ -109,12 +109,12 @@ async fn kueue_manager_lends_idle_gpus_takes_them_back_and_shares_them_by_weight
 /// c runs its own three GPUs; b its three and three more, borrowed from d, which is idle. Then d's
 /// own Jobs come, and Kueue preempts b's three borrowed Jobs to run them.
 async fn lend_and_reclaim(client: &Client, kueue: &KueueManager, (b, c, d): (&str, &str, &str)) {
-    let mut runner = JobRunner::new(&client, &[b, c, d], None);
+    let mut runner = JobRunner::new(client, &[b, c, d], None);
     for i in 0..3 {
-        submit(&client, c, &format!("c-{i}"), 1).await;
+        submit(client, c, &format!("c-{i}"), 1).await;
     }
     for i in 0..6 {
-        submit(&client, b, &format!("b-{i}"), 1).await;
+        submit(client, b, &format!("b-{i}"), 1).await;
     }
     let want = BTreeMap::from([(b.to_string(), 6), (c.to_string(), 3)]);
     let mut running = BTreeMap::new();
@@ -131,7 +131,7 @@ async fn lend_and_reclaim(client: &Client, kueue: &KueueManager, (b, c, d): (&st
     // d's own Jobs come: Kueue preempts b's three borrowed Jobs to run them.
     let reclaim_started = Instant::now();
     for i in 0..3 {
-        submit(&client, d, &format!("d-{i}"), 1).await;
+        submit(client, d, &format!("d-{i}"), 1).await;
     }
     let want = BTreeMap::from([(b.to_string(), 3), (c.to_string(), 3), (d.to_string(), 3)]);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -148,7 +148,7 @@ async fn lend_and_reclaim(client: &Client, kueue: &KueueManager, (b, c, d): (&st
     let mut preempted = Vec::new();
     for i in 0..6 {
         let job = format!("b-{i}");
-        if let Some(reason) = eviction_reason(&client, b, &job).await {
+        if let Some(reason) = eviction_reason(client, b, &job).await {
             preempted.push((job, reason));
         }
     }
@@ -171,7 +171,7 @@ async fn fair_share(client: &Client, kueue: &KueueManager, (b, c, d): (&str, &st
     // counter's first sample is the base of its increase), and nothing is admitted for 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let window_start = Instant::now();
-    let mut runner = JobRunner::new(&client, &[b, c], Some(Duration::from_secs(3)));
+    let mut runner = JobRunner::new(client, &[b, c], Some(Duration::from_secs(3)));
     let mut submitted = BTreeMap::from([(b, 0usize), (c, 0usize)]);
     let mut borrowed_seconds = BTreeMap::from([(b, 0f64), (c, 0f64)]);
     let mut seconds = BTreeMap::from([(b, 0f64), (c, 0f64)]);
@@ -194,7 +194,7 @@ async fn fair_share(client: &Client, kueue: &KueueManager, (b, c, d): (&str, &st
                 .count();
             for _ in live..8 {
                 let n = submitted.get_mut(ns).unwrap();
-                submit(&client, ns, &format!("{ns}-w{n}"), 1).await;
+                submit(client, ns, &format!("{ns}-w{n}"), 1).await;
                 *n += 1;
             }
             let gpus = running.get(ns).copied().unwrap_or(0) as f64;
@@ -260,7 +260,7 @@ async fn showback(
     for ns in [b, c] {
         let r = row(ns);
         let admitted = r["admittedWorkloads"].as_f64().unwrap_or(-1.0);
-        let seen = admissions(&client, ns, "-w").await as f64;
+        let seen = admissions(client, ns, "-w").await as f64;
         eprintln!(
             "showback over {window} s: {ns} admitted {admitted:.1} (its Workloads show {seen}), mean wait {} s",
             r["meanQueueWaitSeconds"]
