@@ -12,6 +12,14 @@ use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Prefix of every Kueue object name this operator writes.
+pub const PREFIX: &str = "gpu-tenancy-";
+
+/// The name of tenant `tenant`'s ClusterQueue (and of its WorkloadPriorityClass).
+pub fn queue_name(tenant: &str) -> String {
+    format!("{PREFIX}{tenant}")
+}
+
 /// The label a workload names its LocalQueue by.
 pub const QUEUE_NAME_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label a workload names its WorkloadPriorityClass by.

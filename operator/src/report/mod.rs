@@ -219,7 +219,7 @@ const ADMISSION_WAIT: &str = "kueue_admission_wait_time_seconds";
 /// `sum by (tenant)` of the increase of Kueue's series `metric` over window `w`, for the
 /// ClusterQueues this operator writes (`gpu-tenancy-<tenant>`), the tenant read from the name.
 fn by_queue_tenant(metric: &str, w: &str) -> String {
-    let prefix = crate::desired::kueue::PREFIX;
+    let prefix = crate::kueue::PREFIX;
     format!(
         "sum by (tenant) (label_replace(increase({metric}{{cluster_queue=~\"{prefix}.+\"}}[{w}]), \"tenant\", \"$1\", \"cluster_queue\", \"{prefix}(.+)\"))"
     )

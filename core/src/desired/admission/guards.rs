@@ -86,7 +86,7 @@ pub const QUEUES_POLICY: &str = "gputenancy.io-queues";
 /// A namespace of no tenant names none of this operator's queues or classes. Every kind is
 /// matched, since any kind Kueue integrates (Jobs, JobSets, pods, Ray's) carries the label.
 pub(super) fn queues(exempt: &BTreeSet<String>) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-    let prefix = crate::desired::kueue::PREFIX;
+    let prefix = crate::kueue::PREFIX;
     let variables = json!([
         {"name": "tenant", "expression": format!(
             "has(namespaceObject.metadata.labels) && '{TENANT}' in namespaceObject.metadata.labels ? namespaceObject.metadata.labels['{TENANT}'] : ''")},

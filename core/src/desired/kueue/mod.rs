@@ -43,8 +43,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// Prefix of every Kueue object name this operator writes.
-pub const PREFIX: &str = "gpu-tenancy-";
+pub use crate::kueue::{PREFIX, queue_name};
 /// The LocalQueue in each tenant namespace: what its workloads name in `kueue.x-k8s.io/queue-name`.
 pub const LOCAL_QUEUE: &str = "gpu-tenancy";
 /// The flavor of the resources that are not GPUs: no node labels.
@@ -67,11 +66,6 @@ pub struct KueueObjects {
     pub local_queues: Vec<LocalQueue>,
     pub workload_priority_classes: Vec<WorkloadPriorityClass>,
     pub problems: Vec<Problem>,
-}
-
-/// The name of tenant `tenant`'s ClusterQueue (and of its WorkloadPriorityClass).
-pub fn queue_name(tenant: &str) -> String {
-    format!("{PREFIX}{tenant}")
 }
 
 /// The name of the flavor of plan `plan`'s nodes.
