@@ -440,6 +440,8 @@ pub struct ControllerProcess {
     pub identity: String,
     lease_seconds: u32,
     kubeconfig: PathBuf,
+    /// More flags of `gpu-tenancy controller`.
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -455,6 +457,20 @@ impl ControllerProcess {
             identity: identity.to_string(),
             lease_seconds,
             kubeconfig,
+            args: Vec::new(),
+            child: None,
+        };
+        c.restart();
+        c
+    }
+
+    /// A replica with the cluster's admin kubeconfig and more flags, `args`.
+    pub fn start_with_args(identity: &str, lease_seconds: u32, args: &[&str]) -> ControllerProcess {
+        let mut c = ControllerProcess {
+            identity: identity.to_string(),
+            lease_seconds,
+            kubeconfig: kubeconfig_path(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
         };
         c.restart();
@@ -474,6 +490,7 @@ impl ControllerProcess {
                 "--identity",
                 &self.identity,
             ])
+            .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("POD_NAMESPACE", CONTROLLER_NAMESPACE)
             .env("RUST_LOG", "warn")

@@ -81,6 +81,11 @@ pub struct ControllerArgs {
     /// write the full pass's result wherever the two differ (for benchmarks and for doubt).
     #[arg(long)]
     check_incremental: bool,
+    /// Seconds between asking the API server again whether it serves the optional kinds it did not
+    /// (Kueue's): once it does, the controller watches them and writes the queues, no restart.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    discovery_interval: u64,
 }
 
 pub fn run_controller(args: ControllerArgs) -> i32 {
@@ -115,6 +120,7 @@ pub fn run_controller(args: ControllerArgs) -> i32 {
             debounce: Duration::from_millis(args.debounce_ms),
             writes_in_flight: args.writes_in_flight as usize,
             check_incremental: args.check_incremental,
+            discovery_interval: Duration::from_secs(args.discovery_interval),
         };
         match run(client, options, crate::runtime::client::shutdown_signal()).await {
             Ok(()) => 0,

@@ -164,8 +164,19 @@ pub struct Controller {
 impl Controller {
     /// Creates the stores and spawns the watches that keep them current.
     pub fn start(client: Client, settings: Settings, instance: Option<String>) -> Controller {
+        Self::start_rediscovering(client, settings, instance, None)
+    }
+
+    /// [`Controller::start`], asking discovery again every `rediscovery` for the optional kinds it
+    /// found absent ([`Stores::appeared`]).
+    pub fn start_rediscovering(
+        client: Client,
+        settings: Settings,
+        instance: Option<String>,
+        rediscovery: Option<Duration>,
+    ) -> Controller {
         let changed = Arc::new(Notify::new());
-        let (stores, drive) = stores::stores(&client, &settings.device_plugin_namespace, changed.clone());
+        let (stores, drive) = stores::stores(&client, &settings.device_plugin_namespace, changed.clone(), rediscovery);
         tokio::spawn(futures::StreamExt::for_each(drive, |()| async {}));
         Controller {
             stores,

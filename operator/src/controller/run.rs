@@ -35,6 +35,9 @@ pub struct Options {
     pub writes_in_flight: usize,
     /// Plan every pass from nothing too, and write that where the incremental pass differs.
     pub check_incremental: bool,
+    /// How often discovery is asked again for the optional kinds it found absent (Kueue's): once
+    /// one is served, the controller starts its stores again, keeping its lease.
+    pub discovery_interval: Duration,
 }
 
 /// Why the controller stopped.
@@ -87,7 +90,7 @@ pub async fn run(
     });
     let metrics = Arc::new(Metrics::new());
     let ready = serve_metrics(options.metrics_addr, metrics.clone(), stop.clone()).await?;
-    let controller = start(&client, &options, &metrics);
+    let mut controller = start(&client, &options, &metrics);
     if !caches_synced(&controller, stop.clone()).await {
         return Ok(());
     }
@@ -103,15 +106,28 @@ pub async fn run(
         }
         None => Election::always_leader(),
     };
-    let mut lead = Lead {
-        controller: &controller,
-        metrics: &metrics,
-        debounce: options.debounce,
-        backoff: Backoff::for_api_errors(),
-        retry: None,
-        held_until: None,
-    };
-    lead.until_stopped(election.is_leader.clone(), stop).await;
+    loop {
+        let mut lead = Lead {
+            controller: &controller,
+            metrics: &metrics,
+            debounce: options.debounce,
+            backoff: Backoff::for_api_errors(),
+            retry: None,
+            held_until: None,
+        };
+        let until = stop_or_appeared(stop.clone(), controller.stores.appeared.clone());
+        lead.until_stopped(election.is_leader.clone(), until).await;
+        if *stop.borrow() {
+            break;
+        }
+        // An optional kind is served now: new stores watch it; the lease is kept meanwhile.
+        tracing::info!("starting the watches again, with the kinds the API server serves now");
+        drop(controller);
+        controller = start(&client, &options, &metrics);
+        if !caches_synced(&controller, stop.clone()).await {
+            break;
+        }
+    }
     // Stop writing before giving the lease up, so two replicas never write at once.
     drop(controller);
     if let Err(e) = election.release().await {
@@ -119,6 +135,21 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A stop signal that says true when `stop` does, or when `appeared` is notified.
+fn stop_or_appeared(stop: watch::Receiver<bool>, appeared: Arc<tokio::sync::Notify>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stopped(stop) => {}
+            _ = appeared.notified() => {}
+            // Nobody listens any more.
+            _ = tx.closed() => return,
+        }
+        let _ = tx.send(true);
+    });
+    rx
 }
 
 /// Completes once `stop` says true (or its sender is gone).
@@ -148,7 +179,12 @@ async fn serve_metrics(
 /// The controller with its stores' watches started, writing as `options` say.
 fn start(client: &Client, options: &Options, metrics: &Arc<Metrics>) -> Controller {
     let identity = options.leader.as_ref().map(|l| l.identity.clone());
-    let mut controller = Controller::start(client.clone(), options.settings.clone(), identity);
+    let mut controller = Controller::start_rediscovering(
+        client.clone(),
+        options.settings.clone(),
+        identity,
+        Some(options.discovery_interval),
+    );
     controller.writer.set_in_flight(options.writes_in_flight);
     controller.writer.count_in(metrics.clone());
     controller.check_incremental = options.check_incremental;

@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// The stores of the table's kinds ([`super::kinds::owned_kinds`]): per row its field in
@@ -47,6 +48,9 @@ macro_rules! stores {
             $(pub $field: Store<$ty>,)*
             /// The optional kinds the API server does not serve (discovery): not watched.
             absent: Absent,
+            /// Notified when discovery, asked again, finds an absent kind served: these stores
+            /// never watch it, so the controller starts again with new ones.
+            pub appeared: Arc<Notify>,
         }
 
         /// A copy of every store at one moment: what one pass plans from.
@@ -80,8 +84,17 @@ macro_rules! stores {
         /// Starts nothing by itself: returns the stores and the stream that keeps them current
         /// (poll it, e.g. spawn it). `changed` is notified on every change of any store. An
         /// optional kind is watched once discovery finds it served.
-        pub fn stores(client: &Client, device_plugin_namespace: &str, changed: Arc<Notify>) -> (Stores, Driver) {
-            let watch = Watch { client, device_plugin_namespace, changed };
+        ///
+        /// With `rediscovery`, discovery is asked again at that interval for each optional kind
+        /// it found absent, and [`Stores::appeared`] is notified once one is served.
+        pub fn stores(
+            client: &Client,
+            device_plugin_namespace: &str,
+            changed: Arc<Notify>,
+            rediscovery: Option<Duration>,
+        ) -> (Stores, Driver) {
+            let appeared = Arc::new(Notify::new());
+            let watch = Watch { client, device_plugin_namespace, changed, rediscovery, appeared: appeared.clone() };
             let absent = Absent::default();
             let mut drivers: Vec<Driver> = Vec::new();
             let stores = Stores {
@@ -92,6 +105,7 @@ macro_rules! stores {
                     store
                 },)*
                 absent,
+                appeared,
             };
             (stores, Box::pin(futures::stream::select_all(drivers)))
         }
@@ -109,7 +123,7 @@ macro_rules! stores {
                 found.insert(*k);
             }
             $(let $field = reflector::store::<$ty>();)*
-            let stores = Stores { $($field: $field.0,)* absent: found };
+            let stores = Stores { $($field: $field.0,)* absent: found, appeared: Arc::new(Notify::new()) };
             (stores, Writers { $($field: $field.1,)* })
         }
     };
@@ -179,6 +193,9 @@ struct Watch<'a> {
     client: &'a Client,
     device_plugin_namespace: &'a str,
     changed: Arc<Notify>,
+    /// How often discovery is asked again for an absent optional kind (never: `None`).
+    rediscovery: Option<Duration>,
+    appeared: Arc<Notify>,
 }
 
 impl Watch<'_> {
@@ -220,6 +237,7 @@ impl Watch<'_> {
             return (reader, reflect(api, config(which), writer, changed));
         };
         let client = self.client.clone();
+        let (rediscovery, appeared) = (self.rediscovery, self.appeared.clone());
         let discovered = async move {
             let resource = ApiResource::erase::<K>(&K::DynamicType::default());
             if served(&client, &resource).await {
@@ -228,7 +246,19 @@ impl Watch<'_> {
             tracing::info!(kind = %optional.kind, "not served by the API server: not watched, nothing written");
             optional.absent.insert(optional.kind);
             drop(writer);
-            Box::pin(futures::stream::empty())
+            let Some(every) = rediscovery else {
+                return Box::pin(futures::stream::empty()) as Driver;
+            };
+            Box::pin(futures::stream::once(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if served(&client, &resource).await {
+                        break;
+                    }
+                }
+                tracing::info!(kind = %optional.kind, "now served by the API server: watching it from new stores");
+                appeared.notify_one();
+            }))
         };
         (reader, Box::pin(futures::stream::once(discovered).flatten()))
     }
@@ -258,7 +288,7 @@ where
 
 /// Whether the API server serves `resource` (discovery of its group and version). Not found is
 /// an answer; any other error is retried with backoff, since a kind taken as absent is not
-/// watched until the controller restarts.
+/// watched until discovery is asked again.
 async fn served(client: &Client, resource: &ApiResource) -> bool {
     let mut backoff = Backoff::for_api_errors();
     loop {
@@ -361,6 +391,8 @@ mod tests {
                 client: &client,
                 device_plugin_namespace: "nvidia-device-plugin",
                 changed: Arc::new(Notify::new()),
+                rediscovery: None,
+                appeared: Arc::new(Notify::new()),
             };
             let optional = Optional {
                 kind: Kind::DeviceClass,
@@ -404,6 +436,47 @@ mod tests {
             assert!(!absent.contains(Kind::DeviceClass));
             driven.abort();
         }
+    }
+
+    /// An optional kind absent at start: discovery is asked again at the interval, and once it
+    /// is served, the stores say so (the controller starts new ones).
+    #[tokio::test]
+    async fn an_absent_kind_served_later_is_announced() {
+        use crate::controller::fixtures::mock_client;
+        use k8s_openapi::api::resource::v1::DeviceClass;
+        let (client, mut server) = mock_client();
+        let appeared = Arc::new(Notify::new());
+        let watch = Watch {
+            client: &client,
+            device_plugin_namespace: "nvidia-device-plugin",
+            changed: Arc::new(Notify::new()),
+            rediscovery: Some(std::time::Duration::from_millis(10)),
+            appeared: appeared.clone(),
+        };
+        let absent = Absent::default();
+        let optional = Optional {
+            kind: Kind::DeviceClass,
+            absent: absent.clone(),
+        };
+        let (_store, mut driver) = watch.cluster::<DeviceClass>(Which::Owned, Some(optional));
+        let driven = tokio::spawn(async move { while driver.next().await.is_some() {} });
+        for _ in 0..2 {
+            let discovery = server.expect("GET /apis/resource.k8s.io/v1").await;
+            discovery.refuse(404, "NotFound");
+        }
+        assert!(absent.contains(Kind::DeviceClass));
+        let discovery = server.expect("GET /apis/resource.k8s.io/v1").await;
+        discovery.answer(
+            200,
+            &serde_json::json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
+                "resources": [{"name": "deviceclasses", "singularName": "deviceclass",
+                    "namespaced": false, "kind": "DeviceClass", "verbs": ["list", "watch"]}]}),
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(5), appeared.notified())
+            .await
+            .expect("announced once served");
+        driven.await.unwrap();
+        server.no_more().await;
     }
 
     #[test]

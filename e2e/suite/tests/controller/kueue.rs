@@ -292,3 +292,61 @@ async fn kueue_queues_are_written_only_with_its_crds_and_pass_its_schema() {
             .is_empty()
     );
 }
+
+/// Kueue installed while the controller runs: the real controller binary, asking discovery again
+/// every second, watches Kueue's kinds once they are served and writes the queues, without a
+/// restart (and keeps its lease).
+#[tokio::test]
+async fn kueue_queues_are_written_once_its_crds_are_installed_without_a_restart() {
+    use gpu_tenancy_e2e::procs::{ControllerProcess, lease_holder, wait_for_leader};
+    let cleanup = Cleanup::new();
+    let client = setup(&cleanup).await;
+    apply_examples().await;
+    for n in create_fleet(&client).await {
+        cleanup.add_resource("nodes", &n);
+        cleanup.add("GpuNode", &n);
+    }
+    let identity = "kueue-rediscovery";
+    let mut controller = ControllerProcess::start_with_args(identity, 5, &["--discovery-interval", "1"]);
+    wait_for_leader(&client, identity, Duration::from_secs(60)).await;
+    let tenants: Api<GpuTenant> = Api::all(client.clone());
+    let queue_named = || async {
+        tenants
+            .get("acme")
+            .await
+            .ok()
+            .and_then(|t| t.status)
+            .and_then(|s| s.queue)
+    };
+    // Planning without Kueue first: the tenant's status gets written, naming no queue.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while tenants
+        .get("acme")
+        .await
+        .unwrap()
+        .status
+        .is_none_or(|s| s.summary.is_none())
+    {
+        assert!(std::time::Instant::now() < deadline, "acme's status never written");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(queue_named().await, None);
+    let _crds = KueueCrds::install(&client).await;
+    let queues: Api<ClusterQueue> = Api::all(client.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while queues.get_opt("gpu-tenancy-acme").await.unwrap().is_none() || queue_named().await.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the running controller wrote no queue within 60 s of Kueue's CRDs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(queue_named().await.as_deref(), Some("gpu-tenancy-acme"));
+    assert_eq!(
+        lease_holder(&client).await.as_deref(),
+        Some(identity),
+        "the lease was kept"
+    );
+    // Stopped before Kueue's CRDs go, which it would then fail to write.
+    controller.terminate();
+}
