@@ -82,7 +82,8 @@ pub struct ControllerArgs {
     #[arg(long)]
     check_incremental: bool,
     /// Seconds between asking the API server again whether it serves the optional kinds it did not
-    /// (Kueue's): once it does, the controller watches them and writes the queues, no restart.
+    /// (Kueue's; one discovery request per kind): once it does, the controller watches them and
+    /// writes the queues, no restart.
     #[arg(long, value_name = "SECONDS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     discovery_interval: u64,
