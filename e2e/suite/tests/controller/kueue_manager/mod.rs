@@ -209,6 +209,22 @@ impl JobRunner {
         }
     }
 
+    /// Ticks until the GPUs running per namespace are exactly `want`; fails after 30 s.
+    async fn until_running(&mut self, want: &[(&str, u64)], kueue: &KueueManager) {
+        let want: BTreeMap<String, u64> = want.iter().map(|(ns, n)| (ns.to_string(), *n)).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut running = BTreeMap::new();
+        while running != want {
+            assert!(
+                Instant::now() < deadline,
+                "running {running:?}, not {want:?}\n{}",
+                kueue.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            running = self.tick().await.0;
+        }
+    }
+
     /// One look at the Jobs: completes those that ran their time; returns the GPUs running per
     /// namespace, and the names of the running Jobs.
     async fn tick(&mut self) -> (BTreeMap<String, u64>, Vec<String>) {

@@ -116,34 +116,13 @@ async fn lend_and_reclaim(client: &Client, kueue: &KueueManager, (b, c, d): (&st
     for i in 0..6 {
         submit(client, b, &format!("b-{i}"), 1).await;
     }
-    let want = BTreeMap::from([(b.to_string(), 6), (c.to_string(), 3)]);
-    let mut running = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while running != want {
-        assert!(
-            Instant::now() < deadline,
-            "running {running:?}, not {want:?}\n{}",
-            kueue.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        running = runner.tick().await.0;
-    }
+    runner.until_running(&[(b, 6), (c, 3)], kueue).await;
     // d's own Jobs come: Kueue preempts b's three borrowed Jobs to run them.
     let reclaim_started = Instant::now();
     for i in 0..3 {
         submit(client, d, &format!("d-{i}"), 1).await;
     }
-    let want = BTreeMap::from([(b.to_string(), 3), (c.to_string(), 3), (d.to_string(), 3)]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while running != want {
-        assert!(
-            Instant::now() < deadline,
-            "running {running:?}, not {want:?}\n{}",
-            kueue.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        running = runner.tick().await.0;
-    }
+    runner.until_running(&[(b, 3), (c, 3), (d, 3)], kueue).await;
     let reclaimed_in = reclaim_started.elapsed();
     let mut preempted = Vec::new();
     for i in 0..6 {
