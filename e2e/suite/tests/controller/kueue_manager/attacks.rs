@@ -197,8 +197,20 @@ async fn jobs_name_only_their_own_priority(dev: &Client, verdicts: &mut Verdicts
     )
     .await;
     verdicts.expect("a Job with another tenant's priority class", got, Some(&refused));
-    let got = outcome(jobs.create(&dry(), &job(&own)).await);
+    let got = outcome(jobs.create(&PostParams::default(), &job(&own)).await);
     verdicts.expect("a Job with its own priority class", got, None);
+    // Another verb: the label changed on the Job once created.
+    let relabel = json!({"metadata": {"labels": {"kueue.x-k8s.io/priority-class": other}}});
+    let got = outcome(
+        jobs.patch("mine", &PatchParams::default(), &Patch::Merge(relabel))
+            .await,
+    );
+    verdicts.expect(
+        "a Job relabelled with another tenant's priority class",
+        got,
+        Some(&refused),
+    );
+    let _ = jobs.delete("mine", &Default::default()).await;
 }
 
 /// With LocalQueues and Workloads granted, the admission policy keeps them to the tenant's own
